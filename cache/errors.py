@@ -1,0 +1,28 @@
+"""Typed errors. Each message says what to do; a call that raises one leaves the store unchanged.
+
+`CorpsError` is the root of every error corps raises on purpose (the CLI prints
+these in one line, without a traceback). It lives here because `corps.cache` is
+the lowest layer; every other package imports it from here.
+"""
+
+from __future__ import annotations
+
+
+class CorpsError(Exception):
+    """Base of every deliberate corps error."""
+
+
+class InvalidRequest(CorpsError, ValueError):
+    """A call's arguments are wrong; nothing was computed or stored."""
+
+
+class CacheFullError(CorpsError):
+    """The KV store has too few free slots for a call."""
+
+
+class UnknownHandle(InvalidRequest):
+    """A handle that names no live message of this engine (freed, or from another engine)."""
+
+
+class PositionError(InvalidRequest):
+    """Offsets that are negative, of the wrong length, or past the model's context length."""

@@ -1,0 +1,67 @@
+"""The global KV store: preallocated per-layer K/V for every cached token."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from corps.cache.errors import CacheFullError
+
+
+class KVStore:
+    """K (unrotated) and V of every stored token, for all layers, in fixed slots.
+
+    A slot holds one token; which message and logical position it belongs to is
+    the message table's business. Slots are handed out from a free list, so the
+    tokens of messages decoded in parallel interleave physically.
+    """
+
+    def __init__(
+        self,
+        *,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        capacity: int,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        if capacity <= 0:
+            raise ValueError(f"capacity must be positive, got {capacity}")
+        shape = (num_layers, capacity, num_kv_heads, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)  # (L, S, Hkv, D)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)  # (L, S, Hkv, D)
+        self.capacity = capacity
+        # Lowest slots first: pop() from the end of a descending list.
+        self._free: list[int] = list(range(capacity - 1, -1, -1))
+
+    @staticmethod
+    def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        return 2 * num_layers * num_kv_heads * head_dim * torch.finfo(dtype).bits // 8
+
+    @property
+    def free_slots(self) -> int:
+        return len(self._free)
+
+    @property
+    def used_slots(self) -> int:
+        return self.capacity - len(self._free)
+
+    def alloc(self, n: int, *, request: str = "") -> list[int]:
+        """Reserve n slots or raise CacheFullError, taking nothing."""
+        if n > len(self._free):
+            what = f" for {request}" if request else ""
+            raise CacheFullError(
+                f"KV store full: {n} token slots needed{what}, {len(self._free)} free of "
+                f"capacity {self.capacity}; free unused messages (engine.free) or open the "
+                f"engine with a larger capacity"
+            )
+        return [self._free.pop() for _ in range(n)]
+
+    def release(self, slots: list[int]) -> None:
+        self._free.extend(sorted(slots, reverse=True))
+
+    def write(self, layer: int, slots: Tensor, k: Tensor, v: Tensor) -> None:
+        """Store unrotated k, v (T, Hkv, D) at slots (T,)."""
+        self.k[layer].index_copy_(0, slots, k)
+        self.v[layer].index_copy_(0, slots, v)

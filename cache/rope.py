@@ -1,0 +1,45 @@
+"""RoPE tables and (re)positioning.
+
+Keys are stored *unrotated* in the global store and rotated when a call reads
+them, at whatever logical position that call gives them. Repositioning a
+message is therefore not a mutation but part of reading it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class RopeTables:
+    """cos/sin for every logical position the model supports."""
+
+    cos: Tensor  # (P, D)
+    sin: Tensor  # (P, D)
+
+    @property
+    def max_positions(self) -> int:
+        return self.cos.shape[0]
+
+    @classmethod
+    def from_hf_rotary(cls, rotary_emb, max_positions: int, dtype: torch.dtype) -> RopeTables:
+        """Tabulate an HF rotary module (any rope_type it implements, scaling included)."""
+        pos = torch.arange(max_positions, dtype=torch.long)[None]  # (1, P)
+        probe = torch.zeros(1, dtype=torch.float32)
+        with torch.no_grad():
+            cos, sin = rotary_emb(probe, pos)  # (1, P, D) each, attention scaling applied
+        return cls(cos=cos[0].to(dtype).contiguous(), sin=sin[0].to(dtype).contiguous())
+
+    def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
+        """Rotate x (..., T, H, D) to positions (T,) as HF does (rotate_half convention)."""
+        cos = self.cos[positions].unsqueeze(-2)  # (T, 1, D)
+        sin = self.sin[positions].unsqueeze(-2)  # (T, 1, D)
+        return x * cos + rotate_half(x) * sin
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

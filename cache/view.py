@@ -1,0 +1,64 @@
+"""A call's rotated view of the store: the context one in-flight call attends to.
+
+Design (repositioning and concurrency): the global store keeps keys unrotated.
+When a call starts, the keys of its parents are gathered and rotated to the
+logical positions *this call* gives them, into a contiguous buffer owned by the
+call; the call's own new tokens are appended to it as they are encoded. So:
+
+- two concurrent calls placing the same parent at different offsets each see
+  correctly rotated keys, and neither mutates what the other reads;
+- the per-step attention cost follows the call's own context, never the size
+  of the store (the gather is done once per call, not per step);
+- the store holds exactly one canonical copy per token.
+
+The price is one copy of the context per in-flight call, made once (a memcpy,
+far cheaper than re-encoding those tokens).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from corps.cache.kv import KVStore
+from corps.cache.rope import RopeTables
+
+
+class CallView:
+    """Rotated K and V of one call's context plus its own tokens so far."""
+
+    def __init__(self, k: Tensor, v: Tensor, length: int) -> None:
+        self.k = k  # (L, cap, Hkv, D), rotated
+        self.v = v  # (L, cap, Hkv, D)
+        self.length = length  # tokens filled so far
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[1]
+
+    @classmethod
+    def gather(
+        cls, store: KVStore, rope: RopeTables, slots: Tensor, positions: Tensor, extra: int
+    ) -> CallView:
+        """View of `slots` (C,) placed at `positions` (C,), with room for `extra` new tokens."""
+        n_ctx = int(slots.numel())
+        layers, _, heads, dim = store.k.shape
+        shape = (layers, n_ctx + extra, heads, dim)
+        k = torch.empty(shape, dtype=store.k.dtype, device=store.k.device)
+        v = torch.empty(shape, dtype=store.v.dtype, device=store.v.device)
+        if n_ctx:
+            k[:, :n_ctx] = rope.rotate(store.k[:, slots], positions)  # (L, C, Hkv, D)
+            v[:, :n_ctx] = store.v[:, slots]
+        return cls(k, v, n_ctx)
+
+    def append(self, layer: int, k_rot: Tensor, v: Tensor) -> None:
+        """Write t new rotated keys and values (t, Hkv, D) after the current length.
+
+        The length itself advances once per forward step, in `advance`.
+        """
+        t = k_rot.shape[0]
+        self.k[layer, self.length : self.length + t] = k_rot
+        self.v[layer, self.length : self.length + t] = v
+
+    def advance(self, t: int) -> None:
+        self.length += t

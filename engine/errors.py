@@ -1,0 +1,19 @@
+"""Typed errors of the model layer. Each message says what to do about it."""
+
+from __future__ import annotations
+
+from corps.cache.errors import CorpsError, InvalidRequest
+
+__all__ = ["CorpsError", "FetchError", "InvalidRequest", "ModelNotFound", "UnsupportedModel"]
+
+
+class ModelNotFound(CorpsError):
+    """An alias, directory or hub id that names no loadable model."""
+
+
+class UnsupportedModel(CorpsError):
+    """A model whose architecture corps cannot run (not a RoPE decoder of the Llama family)."""
+
+
+class FetchError(CorpsError):
+    """The embedded default model could not be fetched (no network, no pip, bad wheel)."""

@@ -1,0 +1,69 @@
+"""What the forward pass needs to know about a model, read off its HF config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from corps.engine.errors import UnsupportedModel
+
+SUPPORTED_ARCHITECTURES = frozenset(
+    {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
+)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Shapes and flags of a Llama-family RoPE decoder."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_positions: int
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    qk_norm: bool
+
+    @classmethod
+    def from_config(cls, config) -> ModelSpec:  # config: transformers.PretrainedConfig
+        archs = list(getattr(config, "architectures", None) or [])
+        arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+        if arch is None:
+            arch = _arch_from_model_type(getattr(config, "model_type", ""))
+        if arch is None:
+            named = ", ".join(archs) or getattr(config, "model_type", "?")
+            raise UnsupportedModel(
+                f"unsupported architecture {named}: corps runs RoPE decoders of the Llama "
+                f"family ({', '.join(sorted(SUPPORTED_ARCHITECTURES))}); pick one of those"
+            )
+        heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        return cls(
+            architecture=arch,
+            vocab_size=config.vocab_size,
+            hidden_size=config.hidden_size,
+            intermediate_size=config.intermediate_size,
+            num_layers=config.num_hidden_layers,
+            num_heads=heads,
+            num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+            head_dim=head_dim,
+            rms_norm_eps=float(config.rms_norm_eps),
+            max_positions=int(getattr(config, "max_position_embeddings", 4096)),
+            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+            qkv_bias=arch == "Qwen2ForCausalLM" or bool(getattr(config, "attention_bias", False)),
+            qk_norm=arch == "Qwen3ForCausalLM",
+        )
+
+
+def _arch_from_model_type(model_type: str) -> str | None:
+    return {
+        "llama": "LlamaForCausalLM",
+        "mistral": "MistralForCausalLM",
+        "qwen2": "Qwen2ForCausalLM",
+        "qwen3": "Qwen3ForCausalLM",
+    }.get(model_type)

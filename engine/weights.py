@@ -1,0 +1,111 @@
+"""Weights of a Llama-family decoder, taken from a Hugging Face model and fused for our forward."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from corps.cache.rope import RopeTables
+from corps.engine.errors import ModelNotFound, UnsupportedModel
+from corps.engine.spec import ModelSpec
+
+#: Longest RoPE table we precompute, whatever the config claims.
+MAX_TABLE_POSITIONS = 131072
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    input_norm: Tensor  # (E,)
+    wqkv: Tensor  # ((Hq + 2 Hkv) D, E): q, k, v projections stacked
+    bqkv: Tensor | None  # ((Hq + 2 Hkv) D,)
+    q_norm: Tensor | None  # (D,) Qwen3
+    k_norm: Tensor | None  # (D,) Qwen3
+    wo: Tensor  # (E, Hq D)
+    post_norm: Tensor  # (E,)
+    w_gate_up: Tensor  # (2 I, E): gate and up projections stacked
+    w_down: Tensor  # (E, I)
+
+
+@dataclass(frozen=True)
+class Weights:
+    spec: ModelSpec
+    embed: Tensor  # (V, E)
+    layers: tuple[LayerWeights, ...]
+    final_norm: Tensor  # (E,)
+    lm_head: Tensor  # (V, E), the embedding itself when tied
+    rope: RopeTables
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.device
+
+
+def read_spec(path: str | Path) -> ModelSpec:
+    """Read and check a model's config without loading its weights."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(str(path))
+    except (OSError, ValueError) as exc:
+        raise ModelNotFound(
+            f"no model config at {path!s}: give a directory holding config.json and "
+            f"safetensors weights, a hub id, or an alias from `corps models`"
+        ) from exc
+    return ModelSpec.from_config(config)
+
+
+def load_weights(path: str | Path, *, dtype: torch.dtype, device: str | torch.device) -> Weights:
+    """Load an HF checkpoint with transformers and keep its tensors in our fused layout."""
+    from transformers import AutoModelForCausalLM
+
+    spec = read_spec(path)
+    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    return weights_from_hf(hf, spec, device=device)
+
+
+def weights_from_hf(hf, spec: ModelSpec, *, device: str | torch.device = "cpu") -> Weights:
+    """Take the tensors of a loaded HF Llama-family model (hf: PreTrainedModel)."""
+    inner = getattr(hf, "model", None)
+    if inner is None or not hasattr(inner, "layers"):
+        raise UnsupportedModel(f"{type(hf).__name__} has no decoder layers corps can read")
+
+    def t(x: Tensor) -> Tensor:
+        return x.detach().to(device).contiguous()
+
+    layers = []
+    for layer in inner.layers:
+        att, mlp = layer.self_attn, layer.mlp
+        biases = [att.q_proj.bias, att.k_proj.bias, att.v_proj.bias]
+        layers.append(
+            LayerWeights(
+                input_norm=t(layer.input_layernorm.weight),
+                wqkv=t(torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight])),
+                bqkv=t(torch.cat(biases)) if all(b is not None for b in biases) else None,
+                q_norm=t(att.q_norm.weight) if spec.qk_norm else None,
+                k_norm=t(att.k_norm.weight) if spec.qk_norm else None,
+                wo=t(att.o_proj.weight),
+                post_norm=t(layer.post_attention_layernorm.weight),
+                w_gate_up=t(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
+                w_down=t(mlp.down_proj.weight),
+            )
+        )
+    embed = t(inner.embed_tokens.weight)
+    lm_head = hf.get_output_embeddings().weight
+    tied = lm_head.data_ptr() == inner.embed_tokens.weight.data_ptr()
+    positions = min(spec.max_positions, MAX_TABLE_POSITIONS)
+    rope = RopeTables.from_hf_rotary(inner.rotary_emb, positions, embed.dtype)
+    return Weights(
+        spec=spec,
+        embed=embed,
+        layers=tuple(layers),
+        final_norm=t(inner.norm.weight),
+        lm_head=embed if tied else t(lm_head),
+        rope=RopeTables(cos=rope.cos.to(device), sin=rope.sin.to(device)),
+    )
