@@ -1,1 +1,119 @@
-def app(): print("hi")
+"""The `corps` command line."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from corps.cache.errors import CorpsError
+
+app = typer.Typer(
+    name="corps",
+    help="Multi-agent LLM workflows over one shared, choreographed KV cache.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+bench_app = typer.Typer(help="Benchmarks that print measured ratios side by side.", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+
+err = Console(stderr=True)
+
+ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Alias, local HF directory or hub id.")]
+DtypeOpt = Annotated[str, typer.Option(help="float32 (default on CPU), bfloat16 or float16.")]
+DeviceOpt = Annotated[str, typer.Option(help="cpu or cuda.")]
+
+
+def fail(exc: BaseException) -> None:
+    """Print a deliberate error in one line (a traceback only with CORPS_DEBUG=1)."""
+    if os.environ.get("CORPS_DEBUG"):
+        raise exc
+    err.print(f"[bold red]error:[/] {exc}", highlight=False)
+    raise typer.Exit(1)
+
+
+@app.command()
+def models() -> None:
+    """List model aliases and the models converted in $CORPS_HOME."""
+    from corps.engine.registry import DEFAULT_MODEL, EMBEDDED, cached_models, corps_home
+
+    table = Table(title=f"models (CORPS_HOME={corps_home()})")
+    table.add_column("name")
+    table.add_column("cached")
+    table.add_column("description")
+    cached = {p.name: p for p in cached_models()}
+    for alias, m in EMBEDDED.items():
+        default = " (default)" if alias == DEFAULT_MODEL else ""
+        table.add_row(alias + default, "yes" if alias in cached else "no", m.description)
+    for name, path in cached.items():
+        if name not in EMBEDDED:
+            table.add_row(name, "yes", str(path))
+    Console().print(table)
+
+
+@app.command()
+def chat(
+    question: Annotated[str, typer.Argument(help="What to ask.")],
+    model: ModelOpt = "smollm2-135m",
+    system: Annotated[str | None, typer.Option(help="System prompt (none by default).")] = None,
+    max_tokens: Annotated[int, typer.Option(min=1)] = 256,
+    temperature: Annotated[float, typer.Option(min=0.0, help="0 is greedy.")] = 0.0,
+    top_p: Annotated[float, typer.Option(min=0.0, max=1.0)] = 1.0,
+    seed: Annotated[int | None, typer.Option(help="Seed for reproducible sampling.")] = None,
+    mode: Annotated[str, typer.Option(help="choreographed or baseline.")] = "choreographed",
+    dtype: DtypeOpt = "float32",
+    device: DeviceOpt = "cpu",
+) -> None:
+    """Ask one question and stream the answer to the terminal."""
+    import anyio
+
+    from corps.engine.engine import Engine
+
+    async def run() -> None:
+        async with Engine.open(model, mode=mode, dtype=dtype, device=device) as engine:
+            parents = []
+            if system:
+                parents.append(await engine.prefill(system, role="system"))
+            parents.append(await engine.prefill(question, role="user", parents=parents))
+            stream = engine.stream(parents=parents, max_tokens=max_tokens,
+                                   temperature=temperature, top_p=top_p, seed=seed)  # fmt: skip
+            async for delta in stream:
+                sys.stdout.write(delta)
+                sys.stdout.flush()
+            sys.stdout.write("\n")
+
+    try:
+        anyio.run(run)
+    except CorpsError as exc:
+        fail(exc)
+
+
+@bench_app.command("runner")
+def bench_runner(
+    model: ModelOpt = "smollm2-135m",
+    dtypes: Annotated[str, typer.Option(help="Comma-separated dtypes to measure.")] = "float32,bfloat16",
+    decode_tokens: Annotated[int, typer.Option(min=8)] = 64,
+    prefill_tokens: Annotated[int, typer.Option(min=8)] = 512,
+    repeats: Annotated[int, typer.Option(min=1, help="Best of this many runs.")] = 3,
+) -> None:
+    """Single-stream decode and prefill tokens/s: our runner next to HF generate."""
+    from corps.engine.bench_runner import main
+
+    try:
+        main(model, [d.strip() for d in dtypes.split(",") if d.strip()], decode_tokens,
+             prefill_tokens, repeats)  # fmt: skip
+    except CorpsError as exc:
+        fail(exc)
+
+
+def main() -> None:  # pragma: no cover - `python -m corps.cli.app`
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,134 @@
+"""Token-level radix tree of cached prefixes (baseline mode), SGLang-style.
+
+Each edge holds a run of tokens and the store slots of their K/V, encoded as a
+causal prefix from position 0. A running call locks the path it reuses; only
+unlocked leaves are evicted, least recently used first.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass, field
+
+
+@dataclass(eq=False)
+class Node:
+    key: list[int] = field(default_factory=list)  # tokens on the edge into this node
+    slots: list[int] = field(default_factory=list)  # one per token of key
+    parent: Node | None = None
+    children: dict[int, Node] = field(default_factory=dict)  # first token -> child
+    lock: int = 0
+    last_used: int = 0
+
+
+@dataclass(frozen=True)
+class Match:
+    length: int  # tokens matched
+    slots: list[int]  # their slots
+    node: Node  # deepest node touched (lock this while using the slots)
+
+
+class RadixCache:
+    def __init__(self) -> None:
+        self.root = Node()
+        self._clock = itertools.count(1)
+        self.size = 0  # tokens held
+        self.hit_tokens = 0
+        self.query_tokens = 0
+
+    def match(self, tokens: list[int]) -> Match:
+        """Longest cached prefix of tokens. Splits the last edge if the match ends inside it."""
+        node, i, slots = self.root, 0, []
+        now = next(self._clock)
+        node.last_used = now
+        while i < len(tokens) and tokens[i] in node.children:
+            child = node.children[tokens[i]]
+            n = _common(child.key, tokens, i)
+            if n < len(child.key):
+                child = self._split(child, n)
+            slots.extend(child.slots)
+            child.last_used = now
+            node, i = child, i + n
+        self.query_tokens += len(tokens)
+        self.hit_tokens += i
+        return Match(i, slots, node)
+
+    def insert(self, tokens: list[int], slots: list[int]) -> list[int]:
+        """Cache tokens with their slots; returns the slots that duplicate cached ones.
+
+        The caller releases the returned slots to the store.
+        """
+        assert len(tokens) == len(slots)
+        node, i, dup = self.root, 0, []
+        now = next(self._clock)
+        while i < len(tokens):
+            child = node.children.get(tokens[i])
+            if child is None:
+                leaf = Node(list(tokens[i:]), list(slots[i:]), node, last_used=now)
+                node.children[tokens[i]] = leaf
+                self.size += len(leaf.key)
+                return dup
+            n = _common(child.key, tokens, i)
+            if n < len(child.key):
+                child = self._split(child, n)
+            dup.extend(s for s, c in zip(slots[i : i + n], child.slots, strict=True) if s != c)
+            child.last_used = now
+            node, i = child, i + n
+        return dup
+
+    def lock(self, node: Node) -> None:
+        while node is not None:
+            node.lock += 1
+            node = node.parent
+
+    def unlock(self, node: Node) -> None:
+        while node is not None:
+            node.lock -= 1
+            node = node.parent
+
+    def evictable(self) -> int:
+        """Tokens held by nodes that no running call locks."""
+        return sum(len(n.key) for n in self._nodes() if n.lock == 0 and n is not self.root)
+
+    def evict(self, n_tokens: int) -> list[int]:
+        """Drop least-recently-used unlocked leaves until n_tokens are freed; returns slots."""
+        heap = [(n.last_used, id(n), n) for n in self._nodes() if self._is_free_leaf(n)]
+        heapq.heapify(heap)
+        freed: list[int] = []
+        while heap and len(freed) < n_tokens:
+            _, _, leaf = heapq.heappop(heap)
+            parent = leaf.parent
+            del parent.children[leaf.key[0]]
+            freed.extend(leaf.slots)
+            self.size -= len(leaf.key)
+            if self._is_free_leaf(parent):
+                heapq.heappush(heap, (parent.last_used, id(parent), parent))
+        return freed
+
+    def _is_free_leaf(self, node: Node) -> bool:
+        return node is not self.root and not node.children and node.lock == 0
+
+    def _split(self, child: Node, n: int) -> Node:
+        """Cut child's edge after n tokens; returns the new upper node."""
+        upper = Node(child.key[:n], child.slots[:n], child.parent, lock=child.lock,
+                     last_used=child.last_used)  # fmt: skip
+        upper.children[child.key[n]] = child
+        child.parent.children[child.key[0]] = upper
+        child.key, child.slots, child.parent = child.key[n:], child.slots[n:], upper
+        return upper
+
+    def _nodes(self):
+        stack = [self.root]
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
+
+
+def _common(key: list[int], tokens: list[int], start: int) -> int:
+    n = 0
+    limit = min(len(key), len(tokens) - start)
+    while n < limit and key[n] == tokens[start + n]:
+        n += 1
+    return n

@@ -1,0 +1,462 @@
+"""The synchronous core of the engine: plans calls over the store and runs them.
+
+Two modes share everything but planning:
+
+- choreographed: a call's context is its parents' cached K/V, placed at the
+  offsets the call gives; only the new message is encoded.
+- baseline: a call renders its parents' tokens as one causal prompt; the
+  longest cached prefix comes from a radix tree, the rest is encoded.
+
+Every call is validated and planned before anything is computed, and every
+slot it takes is given back if it fails, so a failed call leaves the store as
+it was.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from corps.cache.errors import CacheFullError, UnknownHandle
+from corps.cache.handle import Handle
+from corps.cache.kv import KVStore
+from corps.cache.messages import Message, MessageTable
+from corps.cache.placement import check_limit, place
+from corps.cache.radix import Node, RadixCache
+from corps.cache.view import CallView
+from corps.engine.chat import ChatFormat
+from corps.engine.errors import InvalidRequest
+from corps.engine.requests import DecodeRequest, PrefillRequest
+from corps.engine.runner import ForwardBatch, ModelRunner, SeqSpan
+from corps.engine.sampling import SamplingParams, sample
+from corps.engine.stats import EngineStats
+from corps.engine.weights import Weights
+
+MODES = ("choreographed", "baseline")
+#: Longest piece of one call's prompt encoded in a single forward step.
+PREFILL_CHUNK = 512
+
+TokenCallback = Callable[[int, int], None]  # (call index, token id)
+
+
+@dataclass
+class _Call:
+    """One planned call: what to attend to, what to encode, and what it becomes."""
+
+    ctx_slots: list[int]
+    ctx_pos: list[int]
+    feed: list[int]  # tokens to encode before sampling (choreo: the message; baseline: uncached)
+    feed_start: int  # logical position of feed[0]
+    own: int  # how many trailing feed tokens belong to the new message
+    role: str
+    text: str
+    kind: str
+    offset: int
+    parents: tuple[int, ...]
+    parent_offsets: tuple[int, ...]
+    owner: str | None
+    visibility: object
+    sampling: SamplingParams | None = None
+    frame_len: int = 0  # leading own tokens that are role framing, not text
+    prefix: list[int] = field(default_factory=list)  # the whole prompt (choreo: = own tokens)
+    lock: Node | None = None
+    pinned: list[Message] = field(default_factory=list)  # parents, pinned while running
+    pins_held: bool = False
+    slots: list[int] = field(default_factory=list)  # slots taken for feed + generated
+    generated: list[int] = field(default_factory=list)
+    view: CallView | None = None
+    done: bool = False
+    generator: torch.Generator | None = None
+
+
+class Core:
+    """Owns the store, the message table and the model runner of one engine."""
+
+    def __init__(
+        self,
+        weights: Weights,
+        tokenizer,
+        *,
+        model_path: Path,
+        mode: str = "choreographed",
+        capacity: int = 32768,
+    ) -> None:
+        if mode not in MODES:
+            raise InvalidRequest(f"mode must be one of {MODES}, got {mode!r}")
+        spec = weights.spec
+        self.mode = mode
+        self.model_path = model_path
+        self.tokenizer = tokenizer
+        self.fmt = ChatFormat(tokenizer)
+        self.store = KVStore(
+            num_layers=spec.num_layers,
+            num_kv_heads=spec.num_kv_heads,
+            head_dim=spec.head_dim,
+            capacity=capacity,
+            dtype=weights.dtype,
+            device=weights.device,
+        )
+        self.runner = ModelRunner(weights, self.store)
+        self.rope = weights.rope
+        self.max_positions = min(spec.max_positions, weights.rope.max_positions)
+        self.table = MessageTable()
+        self.radix = RadixCache() if mode == "baseline" else None
+        self.tokens_encoded = 0
+        self.tokens_reused = 0
+        # Guards slot and pin bookkeeping: `free` runs on the caller's thread while a
+        # call may be running on the worker thread.
+        self._mutex = threading.RLock()
+        self.sink = self._make_sink()
+
+    # ---- public operations (called from one worker thread at a time) ----
+
+    def prefill_many(
+        self, requests: Sequence[PrefillRequest], *, want_logits: bool = False
+    ) -> tuple[list[Handle], list[Tensor] | None]:
+        """Encode messages that do not attend to each other, in one fused pass.
+
+        With want_logits, also returns each message's logits (own tokens x V).
+        """
+        calls = [self._plan_prefill(r) for r in requests]
+        if self.mode == "baseline" and not want_logits:  # text only: nothing to encode
+            return [self._register(c, self._own(c), []) for c in calls], None
+        try:
+            self._take_slots(calls)
+            logits = self._encode_feeds(calls, all_rows=want_logits)
+        except BaseException:
+            self._rollback(calls)
+            raise
+        handles = [self._finish_prefill(c) for c in calls]
+        return handles, (logits if want_logits else None)
+
+    def decode_many(
+        self, requests: Sequence[DecodeRequest], on_token: TokenCallback | None = None
+    ) -> list[Handle]:
+        """Generate messages in parallel; their tokens interleave in the store."""
+        calls = [self._plan_decode(r) for r in requests]
+        try:
+            self._take_slots(calls)
+            last = self._encode_feeds(calls, all_rows=False)
+            self._generate(calls, [row[-1] for row in last], on_token)
+        except BaseException:
+            self._rollback(calls)
+            raise
+        return [self._finish_decode(c) for c in calls]
+
+    def free(self, handle: Handle) -> None:
+        with self._mutex:
+            msg = self._live(handle)
+            if msg.kind == "sink":
+                raise InvalidRequest("the attention sink cannot be freed")
+            msg.freed = True
+            if msg.pins == 0:
+                self._release_message(msg)
+
+    def stats(self) -> EngineStats:
+        radix = self.radix
+        return EngineStats(
+            mode=self.mode,
+            capacity=self.store.capacity,
+            tokens_used=self.store.used_slots,
+            tokens_free=self.store.free_slots,
+            messages=len(self.table) - (1 if self.sink is not None else 0),
+            tokens_encoded=self.tokens_encoded,
+            tokens_reused=self.tokens_reused,
+            prefix_hit_tokens=radix.hit_tokens if radix else 0,
+            prefix_query_tokens=radix.query_tokens if radix else 0,
+        )
+
+    def handle(self, mid: int) -> Handle:
+        return Handle(mid, self.table)
+
+    # ---- planning ----
+
+    def _make_sink(self) -> Handle | None:
+        if self.mode != "choreographed" or not self.fmt.sink:
+            return None
+        call = _Call([], [], list(self.fmt.sink), 0, len(self.fmt.sink), "sink", "", "sink", 0,
+                     (), (), None, None)  # fmt: skip
+        self._take_slots([call])
+        self._encode_feeds([call], all_rows=False)
+        return self._finish_prefill(call)
+
+    def _message_tokens(self, content, role: str, frame: bool) -> tuple[list[int], str]:
+        if not frame:
+            ids = self.fmt.encode(content) if isinstance(content, str) else list(content)
+            text = content if isinstance(content, str) else self.fmt.decode(ids)
+            return ids, text
+        header, footer = self.fmt.frame(role)
+        if isinstance(content, str):
+            return self.fmt.encode(header + content + footer), content
+        ids = list(content)
+        return self.fmt.encode(header) + ids + self.fmt.encode(footer), self.fmt.decode(ids)
+
+    def _header_tokens(self, req: DecodeRequest) -> list[int]:
+        user = self.fmt.encode(req.header) if isinstance(req.header, str) else list(req.header)
+        if not req.frame:
+            return user
+        return self.fmt.encode(self.fmt.frame(req.role)[0]) + user
+
+    def _plan_prefill(self, req: PrefillRequest) -> _Call:
+        tokens, text = self._message_tokens(req.message, req.role, req.frame)
+        self._check_vocab(tokens)
+        return self._plan(req, tokens, text, "prefill", generate=0)
+
+    def _plan_decode(self, req: DecodeRequest) -> _Call:
+        header = self._header_tokens(req)
+        self._check_vocab(header)
+        call = self._plan(req, header, "", "decode", generate=req.sampling.max_tokens)
+        call.sampling = req.sampling
+        call.frame_len = len(self.fmt.encode(self.fmt.frame(req.role)[0])) if req.frame else 0
+        call.generator = req.sampling.generator()
+        return call
+
+    def _plan(self, req, tokens: list[int], text: str, kind: str, generate: int) -> _Call:
+        parents = [self._live(p) for p in req.parents]
+        sink = len(self.fmt.sink)
+        placed = place([len(p.tokens) for p in parents], req.offsets, req.new_offset, sink=sink)
+        ctx_slots: list[int] = list(self.sink and self.table.get(self.sink.id).slots or [])
+        ctx_pos: list[int] = list(range(len(ctx_slots)))
+        for p, start in zip(parents, placed.starts, strict=True):
+            check_limit(start + len(p.tokens) - 1, self.max_positions, f"parent {p.id}")
+            ctx_slots += p.slots
+            ctx_pos += range(start, start + len(p.tokens))
+        call = _Call(ctx_slots, ctx_pos, tokens, placed.new_offset, len(tokens), req.role, text,
+                     kind, placed.new_offset, tuple(p.id for p in parents), placed.starts,
+                     req.owner, req.visibility, prefix=list(tokens))  # fmt: skip
+        if self.mode == "baseline":
+            self._plan_baseline(call, parents)
+        check_limit(call.feed_start + len(call.feed) + generate - 1, self.max_positions,
+                    f"the new {kind} message")  # fmt: skip
+        call.pinned = parents
+        return call
+
+    def _plan_baseline(self, call: _Call, parents: list[Message]) -> None:
+        """Re-render the parents' tokens as one causal prompt ending in the new tokens."""
+        prompt = list(self.fmt.sink) + [t for p in parents for t in p.tokens] + call.feed
+        call.prefix = prompt
+        call.offset = len(prompt) - len(call.feed)
+        call.parent_offsets = tuple(_starts(len(self.fmt.sink), [len(p.tokens) for p in parents]))
+        call.ctx_slots, call.ctx_pos = [], []
+        call.feed, call.feed_start = prompt, 0
+
+    def _check_vocab(self, tokens: list[int]) -> None:
+        vocab = self.runner.spec.vocab_size
+        bad = [t for t in tokens if t >= vocab]
+        if bad:
+            raise InvalidRequest(f"token id {bad[0]} is outside the vocabulary (size {vocab})")
+
+    def _live(self, handle: Handle) -> Message:
+        if not isinstance(handle, Handle):
+            raise InvalidRequest(f"expected a Handle, got {type(handle).__name__}")
+        if handle.table is not self.table:
+            raise UnknownHandle(
+                f"handle {handle.id} belongs to another engine; handles only work in the "
+                f"engine that made them"
+            )
+        return self.table.live(handle.id)
+
+    # ---- running ----
+
+    def _take_slots(self, calls: list[_Call]) -> None:
+        """Pin parents, reuse cached prefixes (baseline) and reserve slots for every feed."""
+        with self._mutex:
+            self._take_slots_locked(calls)
+
+    def _take_slots_locked(self, calls: list[_Call]) -> None:
+        for c in calls:
+            self._live_all(c.pinned)
+            for p in c.pinned:
+                p.pins += 1
+            c.pins_held = True
+            if self.radix is not None:
+                self._match_prefix(c)
+        for c in calls:
+            c.slots = self._alloc(len(c.feed), f"a {len(c.feed)}-token {c.kind} call")
+
+    def _match_prefix(self, c: _Call) -> None:
+        match = self.radix.match(c.prefix)
+        hit = min(match.length, len(c.prefix) - 1)  # re-encode >= 1 token to get logits
+        self.radix.lock(match.node)
+        c.lock = match.node
+        c.ctx_slots, c.ctx_pos = match.slots[:hit], list(range(hit))
+        c.feed, c.feed_start = c.prefix[hit:], hit
+
+    def _live_all(self, parents: list[Message]) -> None:
+        """Parents may have been freed between planning and running."""
+        for p in parents:
+            self.table.live(p.id)
+
+    def _alloc(self, n: int, request: str) -> list[int]:
+        with self._mutex:
+            short = n - self.store.free_slots
+            if short > 0 and self.radix is not None:
+                self.store.release(self.radix.evict(short))
+            return self.store.alloc(n, request=request)
+
+    def _encode_feeds(self, calls: list[_Call], *, all_rows: bool) -> list[Tensor]:
+        """Encode every call's feed, PREFILL_CHUNK tokens per call per step.
+
+        Returns per call the logits of all its own rows (all_rows) or of its last row.
+        """
+        for c in calls:
+            extra = len(c.feed) + (c.sampling.max_tokens if c.sampling else 0)
+            c.view = CallView.gather(self.store, self.rope, _long(c.ctx_slots), _long(c.ctx_pos),
+                                     extra)  # fmt: skip
+            self.tokens_reused += len(c.ctx_slots)
+        out: list[list[Tensor]] = [[] for _ in calls]
+        done = 0
+        while True:
+            pieces = [(i, c, done, min(done + PREFILL_CHUNK, len(c.feed)))
+                      for i, c in enumerate(calls) if done < len(c.feed)]  # fmt: skip
+            if not pieces:
+                break
+            rows, ids, pos, slots, spans, n = [], [], [], [], [], 0
+            for i, c, a, b in pieces:
+                ids += c.feed[a:b]
+                pos += range(c.feed_start + a, c.feed_start + b)
+                slots += c.slots[a:b]
+                spans.append(SeqSpan(n, n + b - a, c.view))
+                own_from = len(c.feed) - c.own
+                if all_rows:
+                    rows += range(n + max(a, own_from) - a, n + b - a)
+                elif b == len(c.feed):
+                    rows.append(n + b - a - 1)
+                n += b - a
+            logits = self.runner.forward(ForwardBatch(_long(ids), _long(pos), _long(slots),
+                                                      tuple(spans), _long(rows)))  # fmt: skip
+            self.tokens_encoded += n
+            r = 0
+            for i, c, a, b in pieces:
+                k = (b - max(a, len(c.feed) - c.own)) if all_rows else int(b == len(c.feed))
+                k = max(k, 0)
+                out[i].append(logits[r : r + k])
+                r += k
+            done += PREFILL_CHUNK
+        return [torch.cat(chunks) for chunks in out]
+
+    def _generate(self, calls: list[_Call], first: list[Tensor], on_token) -> None:
+        """Sample until every call stops; each sampled token is encoded into the store."""
+        logits = dict(enumerate(first))
+        active = list(range(len(calls)))
+        while active:
+            step = []
+            for i in active:
+                c = calls[i]
+                tok = sample(logits[i], c.sampling, c.generator)
+                c.generated.append(tok)
+                if on_token is not None:
+                    on_token(i, tok)
+                c.done = self._stops(c, tok)
+                step.append(i)
+            for i in step:
+                c = calls[i]
+                c.slots.append(self._alloc(1, f"decode call {i}")[0])
+            ids = [calls[i].generated[-1] for i in step]
+            pos = [calls[i].feed_start + len(calls[i].feed) + len(calls[i].generated) - 1
+                   for i in step]  # fmt: skip
+            slots = [calls[i].slots[-1] for i in step]
+            spans = tuple(SeqSpan(k, k + 1, calls[i].view) for k, i in enumerate(step))
+            rows = [k for k, i in enumerate(step) if not calls[i].done]
+            out = self.runner.forward(ForwardBatch(_long(ids), _long(pos), _long(slots), spans,
+                                                   _long(rows)))  # fmt: skip
+            self.tokens_encoded += len(step)
+            active = [i for i in step if not calls[i].done]
+            logits = {i: out[k] for k, i in enumerate(active)}
+
+    def _stops(self, c: _Call, tok: int) -> bool:
+        if len(c.generated) >= c.sampling.max_tokens:
+            return True
+        if tok in self.fmt.stop_ids and not c.sampling.ignore_eos:
+            return True
+        if c.sampling.stop:
+            tail = self.fmt.decode(c.generated[-32:])
+            return any(s in tail for s in c.sampling.stop)
+        return False
+
+    # ---- finishing ----
+
+    def _own(self, c: _Call) -> list[int]:
+        return c.prefix[len(c.prefix) - c.own :]
+
+    def _finish_prefill(self, c: _Call) -> Handle:
+        if self.radix is not None:
+            self._cache_prefix(c, c.prefix)
+            return self._register(c, self._own(c), [])
+        return self._register(c, c.feed, c.slots)
+
+    def _finish_decode(self, c: _Call) -> Handle:
+        tokens = self._own(c) + c.generated
+        c.text = self._decoded_text(tokens[c.frame_len :], c.sampling)
+        if self.radix is not None:
+            self._cache_prefix(c, c.prefix + c.generated)
+            return self._register(c, tokens, [])
+        return self._register(c, tokens, c.slots)
+
+    def _decoded_text(self, tokens: list[int], sampling: SamplingParams) -> str:
+        text = self.fmt.decode([t for t in tokens if t not in self.fmt.stop_ids])
+        cuts = [text.find(s) for s in sampling.stop if s in text]
+        return text[: min(cuts)] if cuts else text
+
+    def _cache_prefix(self, c: _Call, tokens: list[int]) -> None:
+        with self._mutex:
+            self._cache_prefix_locked(c, tokens)
+
+    def _cache_prefix_locked(self, c: _Call, tokens: list[int]) -> None:
+        slots = c.ctx_slots + c.slots
+        self.store.release(self.radix.insert(tokens, slots))
+        self.radix.unlock(c.lock)
+        c.lock, c.slots = None, []
+        self._unpin(c)
+
+    def _register(self, c: _Call, tokens: list[int], slots: list[int]) -> Handle:
+        mid = self.table.next_id()
+        self.table.add(Message(mid, list(tokens), c.text, c.role, c.kind, list(slots), c.offset,
+                               c.parents, c.parent_offsets, c.owner, c.visibility))  # fmt: skip
+        self._unpin(c)
+        return Handle(mid, self.table)
+
+    def _unpin(self, c: _Call) -> None:
+        with self._mutex:
+            if not c.pins_held:
+                return
+            for p in c.pinned:
+                p.pins -= 1
+                if p.freed and p.pins == 0:
+                    self._release_message(p)
+            c.pins_held = False
+
+    def _rollback(self, calls: list[_Call]) -> None:
+        with self._mutex:
+            self._rollback_locked(calls)
+
+    def _rollback_locked(self, calls: list[_Call]) -> None:
+        for c in calls:
+            if c.slots:
+                self.store.release(c.slots)
+                c.slots = []
+            if c.lock is not None:
+                self.radix.unlock(c.lock)
+                c.lock = None
+            self._unpin(c)
+
+    def _release_message(self, msg: Message) -> None:
+        self.store.release(msg.slots)
+        msg.slots = []
+
+
+def _starts(sink: int, lengths: list[int]) -> list[int]:
+    out, cursor = [], sink
+    for n in lengths:
+        out.append(cursor)
+        cursor += n
+    return out
+
+
+def _long(values) -> Tensor:
+    return torch.tensor(values, dtype=torch.long)

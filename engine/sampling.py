@@ -1,0 +1,70 @@
+"""Sampling parameters and next-token sampling (greedy, temperature, top-k, top-p, seed)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from corps.engine.errors import InvalidRequest
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one decode call picks tokens and when it stops.
+
+    temperature 0 is greedy. `seed` makes a sampled call reproducible on its own,
+    whatever else runs beside it. `stop` strings end the message once its text
+    contains one (the text is cut before it); EOS / end-of-turn stops unless
+    `ignore_eos`.
+    """
+
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False  # keep going past EOS / end-of-turn (benchmarks)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
+            raise InvalidRequest(f"max_tokens must be an int, got {self.max_tokens!r}")
+        if self.max_tokens <= 0:
+            raise InvalidRequest(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise InvalidRequest(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise InvalidRequest(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise InvalidRequest(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise InvalidRequest(f"stop must be non-empty strings, got {self.stop!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def generator(self) -> torch.Generator | None:
+        if self.greedy:
+            return None
+        gen = torch.Generator()
+        gen.manual_seed(self.seed if self.seed is not None else int(torch.seed()))
+        return gen
+
+
+def sample(logits: Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
+    """One token id from logits (V,)."""
+    if params.greedy:
+        return int(torch.argmax(logits))
+    scores = logits.float() / params.temperature  # (V,)
+    if params.top_k:
+        kth = torch.topk(scores, min(params.top_k, scores.numel())).values[-1]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)  # (V,)
+    if params.top_p < 1.0:
+        sorted_p, order = torch.sort(probs, descending=True)
+        keep = torch.cumsum(sorted_p, 0) - sorted_p < params.top_p  # (V,) always keeps the top
+        probs = torch.zeros_like(probs).scatter_(0, order[keep], sorted_p[keep])
+    return int(torch.multinomial(probs.cpu(), 1, generator=generator))
