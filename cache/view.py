@@ -28,13 +28,13 @@ class CallView:
     """Rotated K and V of one call's context plus its own tokens so far."""
 
     def __init__(self, k: Tensor, v: Tensor, length: int) -> None:
-        self.k = k  # (L, cap, Hkv, D), rotated
-        self.v = v  # (L, cap, Hkv, D)
+        self.k = k  # (L, Hkv, cap, D), rotated; head-major so each head's keys are contiguous
+        self.v = v  # (L, Hkv, cap, D)
         self.length = length  # tokens filled so far
 
     @property
     def capacity(self) -> int:
-        return self.k.shape[1]
+        return self.k.shape[2]
 
     @classmethod
     def gather(
@@ -43,12 +43,13 @@ class CallView:
         """View of `slots` (C,) placed at `positions` (C,), with room for `extra` new tokens."""
         n_ctx = int(slots.numel())
         layers, _, heads, dim = store.k.shape
-        shape = (layers, n_ctx + extra, heads, dim)
+        shape = (layers, heads, n_ctx + extra, dim)
         k = torch.empty(shape, dtype=store.k.dtype, device=store.k.device)
         v = torch.empty(shape, dtype=store.v.dtype, device=store.v.device)
         if n_ctx:
-            k[:, :n_ctx] = rope.rotate(store.k[:, slots], positions)  # (L, C, Hkv, D)
-            v[:, :n_ctx] = store.v[:, slots]
+            rotated = rope.rotate(store.k[:, slots], positions)  # (L, C, Hkv, D)
+            k[:, :, :n_ctx] = rotated.transpose(1, 2)
+            v[:, :, :n_ctx] = store.v[:, slots].transpose(1, 2)
         return cls(k, v, n_ctx)
 
     def append(self, layer: int, k_rot: Tensor, v: Tensor) -> None:
@@ -57,8 +58,8 @@ class CallView:
         The length itself advances once per forward step, in `advance`.
         """
         t = k_rot.shape[0]
-        self.k[layer, self.length : self.length + t] = k_rot
-        self.v[layer, self.length : self.length + t] = v
+        self.k[layer, :, self.length : self.length + t] = k_rot.transpose(0, 1)
+        self.v[layer, :, self.length : self.length + t] = v.transpose(0, 1)
 
     def advance(self, t: int) -> None:
         self.length += t

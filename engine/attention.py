@@ -27,19 +27,25 @@ class AttentionBackend(Protocol):
 
 
 class SdpaAttention:
-    """Reference backend: torch's scaled_dot_product_attention over the view."""
+    """Reference backend on torch ops.
+
+    Grouped-query attention without copying K/V: the G query heads that share a
+    KV head are stacked as G*t queries of that head, so each KV head is read once.
+    """
 
     def attend(self, layer: int, q: Tensor, view: CallView, scale: float) -> Tensor:
-        t = q.shape[0]
+        t, hq, d = q.shape
         n = view.length + t
-        k = view.k[layer, :n].transpose(0, 1)  # (Hkv, n, D)
-        v = view.v[layer, :n].transpose(0, 1)  # (Hkv, n, D)
-        qh = q.transpose(0, 1)  # (Hq, t, D)
-        mask = None
-        if t > 1:
-            rows = torch.arange(t, device=q.device)[:, None] + view.length  # (t, 1)
-            mask = torch.arange(n, device=q.device)[None, :] <= rows  # (t, n)
-        out = F.scaled_dot_product_attention(
-            qh, k, v, attn_mask=mask, scale=scale, enable_gqa=k.shape[0] != qh.shape[0]
-        )  # (Hq, t, D)
-        return out.transpose(0, 1)
+        k = view.k[layer, :, :n]  # (Hkv, n, D)
+        v = view.v[layer, :, :n]  # (Hkv, n, D)
+        hkv = k.shape[0]
+        g = hq // hkv
+        if t == 1:  # decode: every key is visible, two small matmuls beat SDPA's overhead
+            qg = q.view(hkv, g, d)  # (Hkv, G, D)
+            probs = torch.softmax(torch.bmm(qg, k.transpose(1, 2)) * scale, dim=-1)  # (Hkv, G, n)
+            return torch.bmm(probs, v).view(1, hq, d)
+        qg = q.view(t, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * t, d)  # (Hkv, G t, D)
+        rows = torch.arange(t, device=q.device) + view.length  # (t,)
+        mask = torch.arange(n, device=q.device)[None, :] <= rows[:, None]  # (t, n)
+        out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask.repeat(g, 1), scale=scale)
+        return out.view(hkv, g, t, d).permute(2, 0, 1, 3).reshape(t, hq, d)

@@ -65,15 +65,17 @@ class ModelRunner:
             a = F.rms_norm(x, (x.shape[-1],), lw.input_norm, eps)  # (T, E)
             qkv = F.linear(a, lw.wqkv, lw.bqkv)  # (T, (Hq + 2 Hkv) D)
             q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
-            q = q.view(-1, hq, d)  # (T, Hq, D)
-            k = k.view(-1, hkv, d)  # (T, Hkv, D)
+            k = k.view(-1, hkv, d)  # (T, Hkv, D), unrotated
             v = v.view(-1, hkv, d)  # (T, Hkv, D)
-            if lw.q_norm is not None:
-                q = F.rms_norm(q, (d,), lw.q_norm, eps)
+            if lw.q_norm is None:
+                qk = qkv[:, : (hq + hkv) * d].view(-1, hq + hkv, d)  # (T, Hq + Hkv, D)
+            else:
+                q = F.rms_norm(q.view(-1, hq, d), (d,), lw.q_norm, eps)
                 k = F.rms_norm(k, (d,), lw.k_norm, eps)
+                qk = torch.cat([q, k], dim=1)  # (T, Hq + Hkv, D)
             self.store.write(i, batch.slots, k, v)
-            q = q * cos + rotate_half(q) * sin
-            k = k * cos + rotate_half(k) * sin
+            qk = qk * cos + rotate_half(qk) * sin  # one rotation for q and k
+            q, k = qk[:, :hq], qk[:, hq:]  # (T, Hq, D), (T, Hkv, D)
             x = x + F.linear(self._attend(i, q, k, v, batch.spans), lw.wo)  # (T, E)
             a = F.rms_norm(x, (x.shape[-1],), lw.post_norm, eps)
             gate, up = F.linear(a, lw.w_gate_up).chunk(2, dim=-1)  # (T, I) each
