@@ -1,0 +1,133 @@
+"""Tiny models and tokenizers built from configs (no download), and an HF oracle."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+SMOL_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+    "Face<|im_end|>\\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\\n' + "
+    "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+CORPUS = ["the quick brown fox jumps over the lazy dog", "what is seven times six",
+          "you are a careful solver", "hello world, how are you today?"]  # fmt: skip
+
+
+def make_tokenizer(path: Path, *, bos_sink: bool = False, template: str = SMOL_TEMPLATE):
+    """A byte-level BPE tokenizer (~300 ids) with ChatML specials; optionally adds BOS."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<s>"]
+    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
+    tok.train_from_iterator(CORPUS * 4, trainer)
+    kwargs = dict(eos_token="<|im_end|>", pad_token="<|endoftext|>", chat_template=template)
+    if bos_sink:
+        bos = tok.token_to_id("<s>")
+        tok.post_processor = processors.TemplateProcessing(
+            single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)]
+        )
+        kwargs["bos_token"] = "<s>"
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, **kwargs)
+    fast.save_pretrained(str(path))
+    return fast
+
+
+def tiny_config(arch: str, vocab: int):
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+
+    common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                  bos_token_id=None, eos_token_id=None)  # fmt: skip
+    if arch == "llama":
+        return LlamaConfig(**common, architectures=["LlamaForCausalLM"])
+    if arch == "llama3-scaled":
+        scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                   "high_freq_factor": 4.0, "original_max_position_embeddings": 64}  # fmt: skip
+        return LlamaConfig(**common, rope_scaling=scaling, architectures=["LlamaForCausalLM"])
+    if arch == "qwen2":
+        return Qwen2Config(**common, tie_word_embeddings=False, architectures=["Qwen2ForCausalLM"])
+    if arch == "qwen3":
+        return Qwen3Config(**common, head_dim=32, architectures=["Qwen3ForCausalLM"])
+    raise ValueError(arch)
+
+
+def make_model_dir(path: Path, arch: str, *, bos_sink: bool = False, seed: int = 0) -> Path:
+    from transformers import AutoModelForCausalLM
+
+    path.mkdir(parents=True, exist_ok=True)
+    tok = make_tokenizer(path, bos_sink=bos_sink)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(arch, len(tok)))
+    with torch.no_grad():  # larger weights than init so that logits differ visibly
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.2)
+    model.save_pretrained(str(path))
+    return path
+
+
+def hf_model(path: Path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+
+
+class Oracle:
+    """Brute-force reference for choreographies, built on HF's own attention.
+
+    Each message is encoded by HF with a DynamicCache holding exactly the K/V of
+    the call's context: the parents' keys as HF rotated them when encoding them,
+    moved to the call's offsets by a float64 delta rotation (the paper's method,
+    independent of corps, which stores keys unrotated).
+    """
+
+    def __init__(self, hf) -> None:
+        self.hf = hf
+        self.inv_freq = hf.model.rotary_emb.inv_freq.double()  # (D/2,)
+        self.enc: dict[int, tuple[list[torch.Tensor], list[torch.Tensor], int]] = {}
+
+    def encode(self, mid: int, tokens: list[int], parents: list[tuple[int, int]],
+               new_offset: int) -> torch.Tensor:  # fmt: skip
+        """Encode message mid with parents [(id, start)]; returns its logits (t, V)."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        n = 0
+        if parents:
+            for layer in range(len(self.hf.model.layers)):
+                ks, vs = [], []
+                for pid, start in parents:
+                    k, v, enc_start = self.enc[pid][0][layer], self.enc[pid][1][layer], self.enc[pid][2]
+                    ks.append(self.shift(k, start - enc_start))
+                    vs.append(v)
+                cache.update(torch.cat(ks, 2), torch.cat(vs, 2), layer)
+            n = cache.get_seq_length()
+        t = len(tokens)
+        with torch.no_grad():
+            out = self.hf(input_ids=torch.tensor([tokens]),
+                          position_ids=torch.arange(new_offset, new_offset + t)[None],
+                          cache_position=torch.arange(n, n + t), past_key_values=cache,
+                          use_cache=True)  # fmt: skip
+        keys = [layer.keys[:, :, n:].clone() for layer in out.past_key_values.layers]
+        values = [layer.values[:, :, n:].clone() for layer in out.past_key_values.layers]
+        self.enc[mid] = (keys, values, new_offset)
+        return out.logits[0]
+
+    def shift(self, k: torch.Tensor, delta: int) -> torch.Tensor:
+        """Rotate keys (1, H, n, D) by delta positions, in float64."""
+        if delta == 0:
+            return k
+        ang = delta * torch.cat([self.inv_freq, self.inv_freq])  # (D,)
+        kd = k.double()
+        half = k.shape[-1] // 2
+        rot = torch.cat([-kd[..., half:], kd[..., :half]], dim=-1)
+        return (kd * torch.cos(ang) + rot * torch.sin(ang)).to(k.dtype)

@@ -1,0 +1,193 @@
+"""Exactness of prompt choreography (corps.engine.core) against HF transformers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import open_tiny
+from helpers import Oracle
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from corps.cache.placement import build_mask
+from corps.cache.view import CallView
+from corps.engine.requests import DecodeRequest, PrefillRequest
+from corps.engine.sampling import SamplingParams
+
+TOL = 1e-4
+
+
+def prefill(core, message, **kw):
+    (h,), logits = core.prefill_many([PrefillRequest(message, **kw)], want_logits=True)
+    return h, logits[0]
+
+
+def greedy(n, **kw):
+    return SamplingParams(max_tokens=n, ignore_eos=True, **kw)
+
+
+@pytest.mark.parametrize("arch", ["llama", "llama3-scaled", "qwen2", "qwen3", "llama-sink"])
+def test_chain_equivalence_logits_and_greedy(tiny_dirs, tiny_hf, arch):
+    """Each message attends to all earlier ones in order: identical to HF on the concatenation."""
+    core = open_tiny(tiny_dirs, arch)._core
+    hf = tiny_hf[arch]
+    texts = [("system", "you are a careful solver"), ("user", "what is seven times six"),
+             ("assistant", "the quick brown fox"), ("user", "hello world")]  # fmt: skip
+    handles, ours = [], []
+    for role, text in texts:
+        h, logits = prefill(core, text, role=role, parents=handles)
+        handles.append(h)
+        ours.append(logits)
+    seq = core.fmt.sink + [t for h in handles for t in h.tokens]
+    ref = hf(torch.tensor([seq])).logits[0][len(core.fmt.sink) :]
+    assert (torch.cat(ours) - ref).abs().max().item() <= TOL
+
+    (ans,) = core.decode_many([DecodeRequest(parents=handles, sampling=greedy(12))])
+    header = ans.tokens[: len(ans.tokens) - 12]
+    prompt = torch.tensor([seq + header])
+    hf.generation_config.eos_token_id = None
+    out = hf.generate(prompt, max_new_tokens=12, min_new_tokens=12, do_sample=False,
+                      pad_token_id=0)  # fmt: skip
+    assert ans.tokens[len(header) :] == out[0, prompt.shape[1] :].tolist()
+
+
+def test_repositioning_keys_and_attention(tiny_dirs):
+    """A message encoded at one offset and used at another equals one encoded there directly."""
+    core = open_tiny(tiny_dirs, "llama")._core
+    x_a, _ = prefill(core, "the quick brown fox", new_offset=3)
+    x_b, _ = prefill(core, "the quick brown fox", new_offset=57)
+    n = x_a.length
+    pos = torch.arange(57, 57 + n)
+    slots_a = torch.tensor(core.table.get(x_a.id).slots)
+    slots_b = torch.tensor(core.table.get(x_b.id).slots)
+    view_a = CallView.gather(core.store, core.rope, slots_a, pos, 0)
+    view_b = CallView.gather(core.store, core.rope, slots_b, pos, 0)
+    assert (view_a.k - view_b.k).abs().max().item() <= 1e-5
+    assert (view_a.v - view_b.v).abs().max().item() <= 1e-5
+    _, la = prefill(core, "what is seven", parents=[x_a], offsets=[57])
+    _, lb = prefill(core, "what is seven", parents=[x_b], offsets=[57])
+    assert (la - lb).abs().max().item() <= 1e-5
+
+
+def test_concurrent_placements_of_one_parent_are_both_correct(tiny_dirs, tiny_hf):
+    """Two calls in one parallel batch place the same parent at different offsets."""
+    core = open_tiny(tiny_dirs, "llama")._core
+    oracle = Oracle(tiny_hf["llama"])
+    p, _ = prefill(core, "you are a careful solver")
+    oracle.encode(p.id, p.tokens, [], 0)
+    reqs = [PrefillRequest("hello world", parents=[p], offsets=[off]) for off in (0, 40)]
+    handles, logits = core.prefill_many(reqs, want_logits=True)
+    for h, off, got in zip(handles, (0, 40), logits, strict=True):
+        want = oracle.encode(h.id, h.tokens, [(p.id, off)], off + p.length)
+        assert (got - want).abs().max().item() <= TOL
+
+
+def test_decode_many_equals_sequential(tiny_dirs):
+    core = open_tiny(tiny_dirs, "qwen3")._core
+    sys_h, _ = prefill(core, "you are a careful solver", role="system")
+    q1, _ = prefill(core, "what is seven times six", parents=[sys_h])
+    q2, _ = prefill(core, "hello world", parents=[sys_h])
+    reqs = [DecodeRequest(parents=[sys_h, q1], sampling=greedy(10)),
+            DecodeRequest(parents=[sys_h, q2], header="the", sampling=greedy(7)),
+            DecodeRequest(parents=[q2, q1], offsets=[20, 3], sampling=greedy(9))]  # fmt: skip
+    together = core.decode_many(reqs)
+    alone = [core.decode_many([r])[0] for r in reqs]
+    assert [h.tokens for h in together] == [h.tokens for h in alone]
+    # their tokens interleave physically in the store and are kept apart
+    slots = [core.table.get(h.id).slots for h in together]
+    assert max(slots[0][-3:]) > min(slots[1][-3:])
+
+
+def test_prefill_many_equals_sequential(tiny_dirs):
+    core = open_tiny(tiny_dirs, "qwen2")._core
+    base, _ = prefill(core, "you are a careful solver", role="system")
+    reqs = [PrefillRequest("what is seven", parents=[base]),
+            PrefillRequest("hello world, how are you", parents=[base], offsets=[9]),
+            PrefillRequest("the lazy dog", role="assistant")]  # fmt: skip
+    _, together = core.prefill_many(reqs, want_logits=True)
+    alone = [core.prefill_many([r], want_logits=True)[1][0] for r in reqs]
+    for a, b in zip(together, alone, strict=True):
+        assert (a - b).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("arch", ["llama", "llama-sink"])
+def test_modes_agree_on_a_single_chain(tiny_dirs, arch):
+    outs = []
+    for mode in ("choreographed", "baseline"):
+        core = open_tiny(tiny_dirs, arch, mode=mode)._core
+        (s,), _ = core.prefill_many([PrefillRequest("you are a careful solver", role="system")])
+        (q,), _ = core.prefill_many([PrefillRequest("what is seven times six", parents=[s])])
+        (a,) = core.decode_many([DecodeRequest(parents=[s, q], sampling=greedy(16))])
+        outs.append(a.tokens)
+    assert outs[0] == outs[1]
+
+
+def test_overlapping_parents_mask(tiny_dirs, tiny_hf):
+    """Two parents at the same offset (MultiQA 'parallel' layout): masked exactly as specified."""
+    core = open_tiny(tiny_dirs, "llama")._core
+    oracle = Oracle(tiny_hf["llama"])
+    a, _ = prefill(core, "what is seven times six")
+    b, _ = prefill(core, "the quick brown fox")
+    for h in (a, b):
+        oracle.encode(h.id, h.tokens, [], 0)
+    req = PrefillRequest("hello world", parents=[a, b], offsets=[2, 2])
+    call = core._plan_prefill(req)
+    assert call.ctx_slots == core.table.get(a.id).slots + core.table.get(b.id).slots
+    assert call.ctx_pos == list(range(2, 2 + a.length)) + list(range(2, 2 + b.length))
+    c, got = prefill(core, "hello world", parents=[a, b], offsets=[2, 2])
+    # The reference mask over the whole store agrees with what the call attended to.
+    msgs = {s: m.id for m in core.table.all() for s in m.slots}
+    slot_msgs = torch.tensor([msgs.get(s, -1) for s in range(core.store.capacity)])
+    slot_pos = torch.full((core.store.capacity,), 10**6)
+    for m in core.table.all():
+        slot_pos[m.slots] = torch.arange(len(m.slots))
+    qpos = torch.arange(c.length)
+    mask = build_mask(torch.full((c.length,), c.id), [{a.id, b.id}] * c.length, qpos, slot_msgs,
+                      slot_pos)  # fmt: skip
+    seen = set(call.ctx_slots)
+    own = core.table.get(c.id).slots
+    for i in range(c.length):
+        assert set(torch.nonzero(mask[i]).flatten().tolist()) == seen | set(own[: i + 1])
+    want = oracle.encode(c.id, c.tokens, [(a.id, 2), (b.id, 2)], 2 + max(a.length, b.length))
+    assert (got - want).abs().max().item() <= TOL
+
+
+@st.composite
+def choreographies(draw):
+    """Groups of messages; each group is prefilled in parallel and attends to earlier groups."""
+    groups, n = [], 0
+    for _ in range(draw(st.integers(1, 4))):
+        group = []
+        for _ in range(draw(st.integers(1, 3))):
+            parents = draw(st.permutations(range(n)).map(lambda p: p[: draw(st.integers(0, len(p)))]))
+            offsets = [draw(st.one_of(st.none(), st.integers(0, 40))) for _ in parents]
+            new_offset = draw(st.one_of(st.none(), st.integers(0, 80)))
+            tokens = draw(st.lists(st.integers(5, 300), min_size=1, max_size=6))
+            group.append((tokens, parents, offsets, new_offset))
+        n += len(group)
+        groups.append(group)
+    return groups
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "llama-sink"])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(groups=choreographies())
+def test_random_choreographies_match_brute_force(tiny_dirs, tiny_hf, arch, groups):
+    core = open_tiny(tiny_dirs, arch)._core
+    oracle = Oracle(tiny_hf[arch])
+    sink = []
+    if core.sink is not None:
+        oracle.encode(core.sink.id, core.sink.tokens, [], 0)
+        sink = [(core.sink.id, 0)]
+    handles = []
+    for group in groups:
+        reqs = [PrefillRequest(tok, frame=False, parents=[handles[p] for p in parents],
+                               offsets=offsets, new_offset=new)
+                for tok, parents, offsets, new in group]  # fmt: skip
+        made, logits = core.prefill_many(reqs, want_logits=True)
+        for h, got in zip(made, logits, strict=True):
+            msg = core.table.get(h.id)
+            placed = sink + list(zip(msg.parents, msg.parent_offsets, strict=True))
+            want = oracle.encode(h.id, msg.tokens, placed, msg.offset)
+            assert (got - want).abs().max().item() <= TOL
+        handles += made
