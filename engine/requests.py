@@ -58,7 +58,8 @@ class DecodeRequest:
 def decode_request(**kwargs: Any) -> DecodeRequest:
     """A DecodeRequest from the flat keyword arguments of `Engine.decode`."""
     names = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")
-    sampling = {k: kwargs.pop(k) for k in names if k in kwargs and kwargs[k] is not None}
+    given = {k: kwargs.pop(k) for k in names if k in kwargs}
+    sampling = {k: v for k, v in given.items() if v is not None}  # None means the default
     if "stop" in sampling:
         stop = sampling["stop"]
         sampling["stop"] = (stop,) if isinstance(stop, str) else tuple(stop)

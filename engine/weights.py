@@ -64,8 +64,10 @@ def read_spec(path: str | Path) -> ModelSpec:
 def load_weights(path: str | Path, *, dtype: torch.dtype, device: str | torch.device) -> Weights:
     """Load an HF checkpoint with transformers and keep its tensors in our fused layout."""
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
     spec = read_spec(path)
+    hf_logging.disable_progress_bar()
     hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
     return weights_from_hf(hf, spec, device=device)
 

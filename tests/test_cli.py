@@ -1,0 +1,28 @@
+"""The `corps` command line (corps.cli.app)."""
+
+from __future__ import annotations
+
+from typer.testing import CliRunner
+
+from corps.cli.app import app
+
+runner = CliRunner()
+
+
+def test_models_lists_the_default_alias(tmp_path, monkeypatch):
+    monkeypatch.setenv("CORPS_HOME", str(tmp_path))
+    result = runner.invoke(app, ["models"])
+    assert result.exit_code == 0 and "smollm2-135m" in result.output
+
+
+def test_chat_errors_are_one_line(tmp_path):
+    result = runner.invoke(app, ["chat", "hi", "--model", str(tmp_path / "missing")])
+    assert result.exit_code == 1
+    assert "error:" in result.output and "Traceback" not in result.output
+
+
+def test_chat_streams_an_answer(tiny_dirs):
+    result = runner.invoke(app, ["chat", "hello world", "--model", str(tiny_dirs["llama"]),
+                                 "--max-tokens", "5"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert result.output.endswith("\n")

@@ -1,0 +1,94 @@
+"""Bad input: each a typed error with a clear message, the store left exactly as it was."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import open_tiny
+
+from corps.cache.errors import CacheFullError, PositionError, UnknownHandle
+from corps.engine.errors import InvalidRequest
+
+
+def snapshot(engine):
+    core = engine._core
+    return (engine.stats().tokens_used, len(core.table), sorted(core.store._free),
+            [(m.id, m.pins, m.freed, tuple(m.slots)) for m in core.table.all()])  # fmt: skip
+
+
+@pytest.fixture
+def engine(tiny_dirs):
+    return open_tiny(tiny_dirs, "llama", capacity=200)
+
+
+async def test_bad_inputs_raise_typed_errors_and_change_nothing(engine, tiny_dirs):
+    s = await engine.prefill("you are a careful solver", role="system")
+    q = await engine.prefill("what is seven", parents=[s])
+    gone = await engine.prefill("hello world")
+    engine.free(gone)
+    other = open_tiny(tiny_dirs, "llama")
+    foreign = await other.prefill("hello")
+    cases = [
+        (UnknownHandle, "freed", engine.decode(parents=[s, gone], max_tokens=4)),
+        (UnknownHandle, "another engine", engine.prefill("x", parents=[foreign])),
+        (PositionError, "2 parents", engine.decode(parents=[s, q], offsets=[0], max_tokens=4)),
+        (PositionError, ">= 0", engine.prefill("x", parents=[s], offsets=[-1])),
+        (PositionError, "context length", engine.prefill("x", parents=[s], offsets=[10**6])),
+        (PositionError, "context length", engine.decode(parents=[s], max_tokens=10**6)),
+        (InvalidRequest, "non-empty header", engine.decode(parents=[s], frame=False, max_tokens=4)),
+        (InvalidRequest, "max_tokens", engine.decode(parents=[s], max_tokens=0)),
+        (InvalidRequest, "temperature", engine.decode(parents=[s], temperature=-1.0)),
+        (InvalidRequest, "vocabulary", engine.prefill([10**7], frame=False)),
+        (InvalidRequest, "Handles", engine.prefill("x", parents=["not a handle"])),
+    ]
+    before = snapshot(engine)
+    for kind, words, call in cases:
+        with pytest.raises(kind, match=words):
+            await call
+        assert snapshot(engine) == before, kind
+
+
+async def test_capacity_exhausted_mid_decode_rolls_back(engine):
+    s = await engine.prefill("you are a careful solver", role="system")
+    before = snapshot(engine)
+    with pytest.raises(CacheFullError, match="capacity 200"):
+        await engine.decode(parents=[s], max_tokens=400, ignore_eos=True)
+    assert snapshot(engine) == before
+    ok = await engine.decode(parents=[s], max_tokens=5, ignore_eos=True)
+    assert len(ok.tokens) > 5
+
+
+async def test_capacity_exhausted_in_prefill_names_request(engine):
+    with pytest.raises(CacheFullError, match="token slots needed"):
+        await engine.prefill(list(range(5, 250)), frame=False)
+    assert engine.stats().tokens_used == 0
+
+
+async def test_free_releases_slots_and_pins_defer(engine):
+    s = await engine.prefill("you are a careful solver", role="system")
+    used = engine.stats().tokens_used
+    engine.free(s)
+    assert engine.stats().tokens_used == used - s.length
+    assert s.text == "you are a careful solver"  # metadata survives
+    with pytest.raises(UnknownHandle):
+        engine.free(s)
+
+
+def test_parent_freed_mid_decode_stays_until_the_call_ends(tiny_dirs):
+    from corps.engine.requests import DecodeRequest, PrefillRequest
+    from corps.engine.sampling import SamplingParams
+
+    core = open_tiny(tiny_dirs, "llama")._core
+    (p,), _ = core.prefill_many([PrefillRequest("the quick brown fox")])
+    req = DecodeRequest(parents=[p], sampling=SamplingParams(max_tokens=8, ignore_eos=True))
+    (undisturbed,) = core.decode_many([req])
+    freed_during = []
+
+    def free_once(i: int, tok: int) -> None:
+        if not freed_during:
+            core.free(p)
+            freed_during.append(len(core.table.get(p.id).slots))
+
+    (h,) = core.decode_many([req], on_token=free_once)
+    assert freed_during == [p.length]  # still held while the call ran
+    assert core.table.get(p.id).slots == []  # released when it ended
+    assert h.tokens == undisturbed.tokens

@@ -1,0 +1,41 @@
+"""The radix prefix cache on its own (corps.cache.radix)."""
+
+from __future__ import annotations
+
+from corps.cache.radix import RadixCache
+
+
+def test_longest_prefix_and_split():
+    r = RadixCache()
+    assert r.insert([1, 2, 3, 4], [10, 11, 12, 13]) == []
+    m = r.match([1, 2, 9])
+    assert (m.length, m.slots) == (2, [10, 11])
+    assert r.root.children[1].key == [1, 2]  # split on divergence
+    assert r.insert([1, 2, 9], [20, 21, 22]) == [20, 21]  # duplicates handed back
+    assert r.match([1, 2, 9, 9]).slots == [10, 11, 22]
+    assert r.match([1, 2, 3, 4, 5]).length == 4
+    assert r.size == 5
+
+
+def test_evicts_lru_unlocked_leaves_only():
+    r = RadixCache()
+    r.insert([1, 2, 3], [0, 1, 2])
+    r.insert([1, 2, 4], [0, 1, 3])  # shares [1, 2]
+    r.insert([7, 8], [4, 5])
+    r.match([1, 2, 4])  # most recent
+    locked = r.match([7, 8]).node
+    r.lock(locked)
+    assert sorted(r.evict(1)) == [2]  # the LRU unlocked leaf: [3]
+    assert r.evict(10) == [3, 0, 1]  # then [4], then its parent [1, 2]
+    assert r.match([7, 8]).length == 2  # the locked path survived
+    r.unlock(locked)
+    assert sorted(r.evict(10)) == [4, 5]
+    assert r.size == 0
+
+
+def test_hit_rate_counts_tokens():
+    r = RadixCache()
+    r.match([1, 2, 3])
+    r.insert([1, 2, 3], [0, 1, 2])
+    r.match([1, 2, 3, 4])
+    assert (r.hit_tokens, r.query_tokens) == (3, 7)

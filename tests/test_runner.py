@@ -1,0 +1,86 @@
+"""Our forward (corps.engine.runner) against HF transformers: tiny random models and the real one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from corps.cache.kv import KVStore
+from corps.cache.view import CallView
+from corps.engine.runner import ForwardBatch, ModelRunner, SeqSpan
+from corps.engine.spec import ModelSpec
+from corps.engine.weights import weights_from_hf
+
+
+def run_ours(hf, ids: list[int], chunks: list[int]) -> torch.Tensor:
+    """Our logits for ids, encoded in the given chunk sizes through one view."""
+    spec = ModelSpec.from_config(hf.config)
+    w = weights_from_hf(hf, spec)
+    store = KVStore(num_layers=spec.num_layers, num_kv_heads=spec.num_kv_heads,
+                    head_dim=spec.head_dim, capacity=len(ids), dtype=w.dtype)  # fmt: skip
+    runner = ModelRunner(w, store)
+    empty = torch.empty(0, dtype=torch.long)
+    view = CallView.gather(store, w.rope, empty, empty, len(ids))
+    out, start = [], 0
+    for n in chunks:
+        idx = torch.arange(start, start + n)
+        batch = ForwardBatch(torch.tensor(ids[start : start + n]), idx, idx,
+                             (SeqSpan(0, n, view),), torch.arange(n))  # fmt: skip
+        out.append(runner.forward(batch))
+        start += n
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("arch", ["llama", "llama3-scaled", "qwen2", "qwen3"])
+def test_tiny_logits_match_hf(tiny_hf, arch):
+    hf = tiny_hf[arch]
+    ids = torch.randint(5, 300, (40,), generator=torch.Generator().manual_seed(1)).tolist()
+    ref = hf(torch.tensor([ids])).logits[0]
+    for chunks in ([40], [17, 1, 1, 21]):
+        assert (run_ours(hf, ids, chunks) - ref).abs().max().item() <= 1e-4
+
+
+def test_unsupported_architecture_from_config():
+    from transformers import GPT2Config
+
+    from corps.engine.errors import UnsupportedModel
+
+    with pytest.raises(UnsupportedModel):
+        ModelSpec.from_config(GPT2Config())
+
+
+@pytest.mark.real_model
+def test_real_model_logits_match_hf(real_engine, real_hf):
+    fmt = real_engine._core.fmt
+    ids = fmt.encode(fmt.render("system", "You are a careful solver.")
+                     + fmt.render("user", "What is 7*6? Explain step by step."))  # fmt: skip
+    ref = real_hf(torch.tensor([ids])).logits[0]
+    ours = run_ours(real_hf, ids, [len(ids) - 5, 1, 4])
+    assert (ours - ref).abs().max().item() <= 1e-3
+
+
+@pytest.mark.real_model
+async def test_real_model_greedy_matches_hf_generate(real_engine, real_hf):
+    sys = await real_engine.prefill("You are a careful solver.", role="system")
+    q = await real_engine.prefill("What is 7*6? Explain step by step.", parents=[sys])
+    ans = await real_engine.decode(parents=[sys, q], max_tokens=64, ignore_eos=True)
+    prompt = sys.tokens + q.tokens + ans.tokens[: len(ans.tokens) - 64]
+    real_hf.generation_config.eos_token_id = None  # run 64 tokens, like ignore_eos
+    out = real_hf.generate(torch.tensor([prompt]), max_new_tokens=64, do_sample=False,
+                           pad_token_id=2)  # fmt: skip
+    assert ans.tokens[-64:] == out[0, len(prompt) :].tolist()
+
+
+@pytest.mark.real_model
+async def test_real_model_modes_agree_and_stop_at_end_of_turn(real_dir):
+    from corps.engine.engine import Engine
+
+    texts = []
+    for mode in ("choreographed", "baseline"):
+        engine = Engine.load(str(real_dir), mode=mode, capacity=4096)
+        sys = await engine.prefill("You are a careful solver.", role="system")
+        q = await engine.prefill("What is 7*6?", parents=[sys])
+        ans = await engine.decode(parents=[sys, q], max_tokens=96)
+        texts.append(ans.tokens)
+    assert texts[0] == texts[1]
+    assert texts[0][-1] == 2 or len(texts[0]) > 96  # stopped on <|im_end|> or ran to the limit
