@@ -61,14 +61,16 @@ def test_real_model_logits_match_hf(real_engine, real_hf):
 
 @pytest.mark.real_model
 async def test_real_model_greedy_matches_hf_generate(real_engine, real_hf):
-    sys = await real_engine.prefill("You are a careful solver.", role="system")
-    q = await real_engine.prefill("What is 7*6? Explain step by step.", parents=[sys])
-    ans = await real_engine.decode(parents=[sys, q], max_tokens=64, ignore_eos=True)
-    prompt = sys.tokens + q.tokens + ans.tokens[: len(ans.tokens) - 64]
-    real_hf.generation_config.eos_token_id = None  # run 64 tokens, like ignore_eos
-    out = real_hf.generate(torch.tensor([prompt]), max_new_tokens=64, do_sample=False,
-                           pad_token_id=2)  # fmt: skip
-    assert ans.tokens[-64:] == out[0, len(prompt) :].tolist()
+    """64 greedy tokens, both sides with their default end-of-turn handling."""
+    sys = await real_engine.prefill("You are a storyteller.", role="system")
+    q = await real_engine.prefill("Write a long story about a dragon and a lighthouse.",
+                                  parents=[sys])  # fmt: skip
+    ans = await real_engine.decode(parents=[sys, q], max_tokens=64)
+    header = real_engine._core.fmt.encode(real_engine._core.fmt.frame("assistant")[0])
+    prompt = sys.tokens + q.tokens + header
+    out = real_hf.generate(torch.tensor([prompt]), max_new_tokens=64, do_sample=False)
+    assert ans.tokens[len(header) :] == out[0, len(prompt) :].tolist()
+    assert len(ans.tokens) - len(header) == 64  # the answer really ran 64 tokens
 
 
 @pytest.mark.real_model
