@@ -59,9 +59,12 @@ def check_limit(last_position: int, max_positions: int, what: str) -> None:
 
 
 def build_mask(
-    query_msgs: Tensor, query_parents: Sequence[set[int]], query_pos: Tensor,
-    slot_msgs: Tensor, slot_pos: Tensor,
-) -> Tensor:  # fmt: skip
+    query_msgs: Tensor,
+    query_parents: Sequence[set[int]],
+    query_pos: Tensor,
+    slot_msgs: Tensor,
+    slot_pos: Tensor,
+) -> Tensor:
     """Reference mask over store slots, for checking (the engine attends through views).
 
     Query q (in message query_msgs[q] at logical position query_pos[q]) may see slot s

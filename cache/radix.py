@@ -111,8 +111,9 @@ class RadixCache:
 
     def _split(self, child: Node, n: int) -> Node:
         """Cut child's edge after n tokens; returns the new upper node."""
-        upper = Node(child.key[:n], child.slots[:n], child.parent, lock=child.lock,
-                     last_used=child.last_used)  # fmt: skip
+        upper = Node(
+            child.key[:n], child.slots[:n], child.parent, lock=child.lock, last_used=child.last_used
+        )
         upper.children[child.key[n]] = child
         child.parent.children[child.key[0]] = upper
         child.key, child.slots, child.parent = child.key[n:], child.slots[n:], upper

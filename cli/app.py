@@ -19,12 +19,16 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-bench_app = typer.Typer(help="Benchmarks that print measured ratios side by side.", no_args_is_help=True)
+bench_app = typer.Typer(
+    help="Benchmarks that print measured ratios side by side.", no_args_is_help=True
+)
 app.add_typer(bench_app, name="bench")
 
 err = Console(stderr=True)
 
-ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Alias, local HF directory or hub id.")]
+ModelOpt = Annotated[
+    str, typer.Option("--model", "-m", help="Alias, local HF directory or hub id.")
+]
 DtypeOpt = Annotated[str, typer.Option(help="float32 (default on CPU), bfloat16 or float16.")]
 DeviceOpt = Annotated[str, typer.Option(help="cpu or cuda.")]
 
@@ -80,8 +84,13 @@ def chat(
             if system:
                 parents.append(await engine.prefill(system, role="system"))
             parents.append(await engine.prefill(question, role="user", parents=parents))
-            stream = engine.stream(parents=parents, max_tokens=max_tokens,
-                                   temperature=temperature, top_p=top_p, seed=seed)  # fmt: skip
+            stream = engine.stream(
+                parents=parents,
+                max_tokens=max_tokens,
+                temperature=temperature,
+                top_p=top_p,
+                seed=seed,
+            )
             async for delta in stream:
                 sys.stdout.write(delta)
                 sys.stdout.flush()
@@ -96,7 +105,9 @@ def chat(
 @bench_app.command("runner")
 def bench_runner(
     model: ModelOpt = "smollm2-135m",
-    dtypes: Annotated[str, typer.Option(help="Comma-separated dtypes to measure.")] = "float32,bfloat16",
+    dtypes: Annotated[
+        str, typer.Option(help="Comma-separated dtypes to measure.")
+    ] = "float32,bfloat16",
     decode_tokens: Annotated[int, typer.Option(min=8)] = 64,
     prefill_tokens: Annotated[int, typer.Option(min=8)] = 512,
     repeats: Annotated[int, typer.Option(min=1, help="Best of this many runs.")] = 3,
@@ -105,8 +116,13 @@ def bench_runner(
     from corps.engine.bench_runner import main
 
     try:
-        main(model, [d.strip() for d in dtypes.split(",") if d.strip()], decode_tokens,
-             prefill_tokens, repeats)  # fmt: skip
+        main(
+            model,
+            [d.strip() for d in dtypes.split(",") if d.strip()],
+            decode_tokens,
+            prefill_tokens,
+            repeats,
+        )
     except CorpsError as exc:
         fail(exc)
 

@@ -29,15 +29,19 @@ def best(fn: Callable[[], object], repeats: int) -> float:
     return min(times)
 
 
-def measure_ours(engine, decode_tokens: int, prefill_tokens: int, repeats: int) -> tuple[float, float]:
+def measure_ours(
+    engine, decode_tokens: int, prefill_tokens: int, repeats: int
+) -> tuple[float, float]:
     core = engine._core
     (q,), _ = core.prefill_many([PrefillRequest(PROMPT)])
 
     def decode(n: int) -> Callable[[], object]:
         sp = SamplingParams(max_tokens=n, ignore_eos=True)
+
         def run() -> None:
             (h,) = core.decode_many([DecodeRequest(parents=[q], sampling=sp)])
             core.free(h)
+
         return run
 
     t_n, t_1 = best(decode(decode_tokens), repeats), best(decode(1), repeats)
@@ -55,14 +59,24 @@ def measure_hf(path, dtype: torch.dtype, decode_tokens: int, prefill_tokens: int
 
     tok = AutoTokenizer.from_pretrained(str(path))
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).eval()
-    ids = tok.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True,
-                                  return_tensors="pt", return_dict=True)["input_ids"]  # fmt: skip
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": PROMPT}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )["input_ids"]
 
     def gen(n: int) -> Callable[[], object]:
         def run() -> None:
             with torch.inference_mode():
-                model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                               pad_token_id=tok.eos_token_id)  # fmt: skip
+                model.generate(
+                    ids,
+                    max_new_tokens=n,
+                    min_new_tokens=n,
+                    do_sample=False,
+                    pad_token_id=tok.eos_token_id,
+                )
+
         return run
 
     t_n, t_1 = best(gen(decode_tokens), repeats), best(gen(1), repeats)
@@ -75,7 +89,9 @@ def measure_hf(path, dtype: torch.dtype, decode_tokens: int, prefill_tokens: int
     return (decode_tokens - 1) / (t_n - t_1), prefill_tokens / best(prefill, repeats)
 
 
-def main(model: str, dtypes: list[str], decode_tokens: int, prefill_tokens: int, repeats: int) -> None:
+def main(
+    model: str, dtypes: list[str], decode_tokens: int, prefill_tokens: int, repeats: int
+) -> None:
     from corps.engine.engine import DTYPES, Engine
 
     console = Console()

@@ -70,7 +70,7 @@ class ChatFormat:
 
     def _difference(self, base: list[dict[str, str]], msg: dict[str, str]) -> str | None:
         try:
-            full = self._apply(base + [msg])
+            full = self._apply([*base, msg])
             pre = self._apply(base) if base else ""
         except Exception:  # templates raise for conversations they do not accept
             return None

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from corps.cache.errors import CacheFullError, UnknownHandle
+from corps.cache.errors import UnknownHandle
 from corps.cache.handle import Handle
 from corps.cache.kv import KVStore
 from corps.cache.messages import Message, MessageTable
@@ -179,8 +179,21 @@ class Core:
     def _make_sink(self) -> Handle | None:
         if self.mode != "choreographed" or not self.fmt.sink:
             return None
-        call = _Call([], [], list(self.fmt.sink), 0, len(self.fmt.sink), "sink", "", "sink", 0,
-                     (), (), None, None)  # fmt: skip
+        call = _Call(
+            [],
+            [],
+            list(self.fmt.sink),
+            0,
+            len(self.fmt.sink),
+            "sink",
+            "",
+            "sink",
+            0,
+            (),
+            (),
+            None,
+            None,
+        )
         self._take_slots([call])
         self._encode_feeds([call], all_rows=False)
         return self._finish_prefill(call)
@@ -220,19 +233,35 @@ class Core:
         parents = [self._live(p) for p in req.parents]
         sink = len(self.fmt.sink)
         placed = place([len(p.tokens) for p in parents], req.offsets, req.new_offset, sink=sink)
-        ctx_slots: list[int] = list(self.sink and self.table.get(self.sink.id).slots or [])
+        ctx_slots: list[int] = list((self.sink and self.table.get(self.sink.id).slots) or [])
         ctx_pos: list[int] = list(range(len(ctx_slots)))
         for p, start in zip(parents, placed.starts, strict=True):
             check_limit(start + len(p.tokens) - 1, self.max_positions, f"parent {p.id}")
             ctx_slots += p.slots
             ctx_pos += range(start, start + len(p.tokens))
-        call = _Call(ctx_slots, ctx_pos, tokens, placed.new_offset, len(tokens), req.role, text,
-                     kind, placed.new_offset, tuple(p.id for p in parents), placed.starts,
-                     req.owner, req.visibility, prefix=list(tokens))  # fmt: skip
+        call = _Call(
+            ctx_slots,
+            ctx_pos,
+            tokens,
+            placed.new_offset,
+            len(tokens),
+            req.role,
+            text,
+            kind,
+            placed.new_offset,
+            tuple(p.id for p in parents),
+            placed.starts,
+            req.owner,
+            req.visibility,
+            prefix=list(tokens),
+        )
         if self.mode == "baseline":
             self._plan_baseline(call, parents)
-        check_limit(call.feed_start + len(call.feed) + generate - 1, self.max_positions,
-                    f"the new {kind} message")  # fmt: skip
+        check_limit(
+            call.feed_start + len(call.feed) + generate - 1,
+            self.max_positions,
+            f"the new {kind} message",
+        )
         call.pinned = parents
         return call
 
@@ -306,18 +335,22 @@ class Core:
         """
         for c in calls:
             extra = len(c.feed) + (c.sampling.max_tokens if c.sampling else 0)
-            c.view = CallView.gather(self.store, self.rope, _long(c.ctx_slots), _long(c.ctx_pos),
-                                     extra)  # fmt: skip
+            c.view = CallView.gather(
+                self.store, self.rope, _long(c.ctx_slots), _long(c.ctx_pos), extra
+            )
             self.tokens_reused += len(c.ctx_slots)
         out: list[list[Tensor]] = [[] for _ in calls]
         done = 0
         while True:
-            pieces = [(i, c, done, min(done + PREFILL_CHUNK, len(c.feed)))
-                      for i, c in enumerate(calls) if done < len(c.feed)]  # fmt: skip
+            pieces = [
+                (i, c, done, min(done + PREFILL_CHUNK, len(c.feed)))
+                for i, c in enumerate(calls)
+                if done < len(c.feed)
+            ]
             if not pieces:
                 break
             rows, ids, pos, slots, spans, n = [], [], [], [], [], 0
-            for i, c, a, b in pieces:
+            for _, c, a, b in pieces:
                 ids += c.feed[a:b]
                 pos += range(c.feed_start + a, c.feed_start + b)
                 slots += c.slots[a:b]
@@ -328,8 +361,9 @@ class Core:
                 elif b == len(c.feed):
                     rows.append(n + b - a - 1)
                 n += b - a
-            logits = self.runner.forward(ForwardBatch(_long(ids), _long(pos), _long(slots),
-                                                      tuple(spans), _long(rows)))  # fmt: skip
+            logits = self.runner.forward(
+                ForwardBatch(_long(ids), _long(pos), _long(slots), tuple(spans), _long(rows))
+            )
             self.tokens_encoded += n
             r = 0
             for i, c, a, b in pieces:
@@ -358,13 +392,15 @@ class Core:
                 c = calls[i]
                 c.slots.append(self._alloc(1, f"decode call {i}")[0])
             ids = [calls[i].generated[-1] for i in step]
-            pos = [calls[i].feed_start + len(calls[i].feed) + len(calls[i].generated) - 1
-                   for i in step]  # fmt: skip
+            pos = [
+                calls[i].feed_start + len(calls[i].feed) + len(calls[i].generated) - 1 for i in step
+            ]
             slots = [calls[i].slots[-1] for i in step]
             spans = tuple(SeqSpan(k, k + 1, calls[i].view) for k, i in enumerate(step))
             rows = [k for k, i in enumerate(step) if not calls[i].done]
-            out = self.runner.forward(ForwardBatch(_long(ids), _long(pos), _long(slots), spans,
-                                                   _long(rows)))  # fmt: skip
+            out = self.runner.forward(
+                ForwardBatch(_long(ids), _long(pos), _long(slots), spans, _long(rows))
+            )
             self.tokens_encoded += len(step)
             active = [i for i in step if not calls[i].done]
             logits = {i: out[k] for k, i in enumerate(active)}
@@ -416,8 +452,21 @@ class Core:
 
     def _register(self, c: _Call, tokens: list[int], slots: list[int]) -> Handle:
         mid = self.table.next_id()
-        self.table.add(Message(mid, list(tokens), c.text, c.role, c.kind, list(slots), c.offset,
-                               c.parents, c.parent_offsets, c.owner, c.visibility))  # fmt: skip
+        self.table.add(
+            Message(
+                mid,
+                list(tokens),
+                c.text,
+                c.role,
+                c.kind,
+                list(slots),
+                c.offset,
+                c.parents,
+                c.parent_offsets,
+                c.owner,
+                c.visibility,
+            )
+        )
         self._unpin(c)
         return Handle(mid, self.table)
 

@@ -169,7 +169,9 @@ class TextStream:
 
         async def run() -> None:
             async with send:
-                (self.handle,) = await self._engine._run(core.decode_many, [self._request], on_token)
+                (self.handle,) = await self._engine._run(
+                    core.decode_many, [self._request], on_token
+                )
                 final = self.handle.text  # flush what was held back (a partial character)
                 if final.startswith(shown[0]) and len(final) > len(shown[0]):
                     send.send_nowait(final[len(shown[0]) :])

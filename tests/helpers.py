@@ -13,8 +13,12 @@ SMOL_TEMPLATE = (
     "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}"
     "{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
-CORPUS = ["the quick brown fox jumps over the lazy dog", "what is seven times six",
-          "you are a careful solver", "hello world, how are you today?"]  # fmt: skip
+CORPUS = [
+    "the quick brown fox jumps over the lazy dog",
+    "what is seven times six",
+    "you are a careful solver",
+    "hello world, how are you today?",
+]
 
 
 def make_tokenizer(path: Path, *, bos_sink: bool = False, template: str = SMOL_TEMPLATE):
@@ -26,8 +30,11 @@ def make_tokenizer(path: Path, *, bos_sink: bool = False, template: str = SMOL_T
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<s>"]
-    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=specials,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
+    trainer = trainers.BpeTrainer(
+        vocab_size=320,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(CORPUS * 4, trainer)
     kwargs = dict(eos_token="<|im_end|>", pad_token="<|endoftext|>", chat_template=template)
     if bos_sink:
@@ -44,14 +51,27 @@ def make_tokenizer(path: Path, *, bos_sink: bool = False, template: str = SMOL_T
 def tiny_config(arch: str, vocab: int):
     from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
-    common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                  bos_token_id=None, eos_token_id=None)  # fmt: skip
+    common = dict(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=None,
+        eos_token_id=None,
+    )
     if arch == "llama":
         return LlamaConfig(**common, architectures=["LlamaForCausalLM"])
     if arch == "llama3-scaled":
-        scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                   "high_freq_factor": 4.0, "original_max_position_embeddings": 64}  # fmt: skip
+        scaling = {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        }
         return LlamaConfig(**common, rope_scaling=scaling, architectures=["LlamaForCausalLM"])
     if arch == "qwen2":
         return Qwen2Config(**common, tie_word_embeddings=False, architectures=["Qwen2ForCausalLM"])
@@ -95,8 +115,9 @@ class Oracle:
         self.inv_freq = hf.model.rotary_emb.inv_freq.double()  # (D/2,)
         self.enc: dict[int, tuple[list[torch.Tensor], list[torch.Tensor], int]] = {}
 
-    def encode(self, mid: int, tokens: list[int], parents: list[tuple[int, int]],
-               new_offset: int) -> torch.Tensor:  # fmt: skip
+    def encode(
+        self, mid: int, tokens: list[int], parents: list[tuple[int, int]], new_offset: int
+    ) -> torch.Tensor:
         """Encode message mid with parents [(id, start)]; returns its logits (t, V)."""
         from transformers import DynamicCache
 
@@ -106,17 +127,24 @@ class Oracle:
             for layer in range(len(self.hf.model.layers)):
                 ks, vs = [], []
                 for pid, start in parents:
-                    k, v, enc_start = self.enc[pid][0][layer], self.enc[pid][1][layer], self.enc[pid][2]
+                    k, v, enc_start = (
+                        self.enc[pid][0][layer],
+                        self.enc[pid][1][layer],
+                        self.enc[pid][2],
+                    )
                     ks.append(self.shift(k, start - enc_start))
                     vs.append(v)
                 cache.update(torch.cat(ks, 2), torch.cat(vs, 2), layer)
             n = cache.get_seq_length()
         t = len(tokens)
         with torch.no_grad():
-            out = self.hf(input_ids=torch.tensor([tokens]),
-                          position_ids=torch.arange(new_offset, new_offset + t)[None],
-                          cache_position=torch.arange(n, n + t), past_key_values=cache,
-                          use_cache=True)  # fmt: skip
+            out = self.hf(
+                input_ids=torch.tensor([tokens]),
+                position_ids=torch.arange(new_offset, new_offset + t)[None],
+                cache_position=torch.arange(n, n + t),
+                past_key_values=cache,
+                use_cache=True,
+            )
         keys = [layer.keys[:, :, n:].clone() for layer in out.past_key_values.layers]
         values = [layer.values[:, :, n:].clone() for layer in out.past_key_values.layers]
         self.enc[mid] = (keys, values, new_offset)

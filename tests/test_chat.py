@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from helpers import SMOL_TEMPLATE, make_tokenizer
 
 from corps.engine.chat import ChatFormat
+
+from helpers import SMOL_TEMPLATE, make_tokenizer
 
 QWEN2 = (
     "{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content']"
@@ -42,10 +43,17 @@ CHATML = {r: (f"<|im_start|>{r}\n", "<|im_end|>\n") for r in ("system", "user", 
 EXPECTED = {
     "smollm2": (SMOL_TEMPLATE, CHATML),
     "qwen2": (QWEN2, CHATML),
-    "qwen3": (QWEN3, {**CHATML, "assistant": ("<|im_start|>assistant\n<think>\n\n</think>\n\n",
-                                              "<|im_end|>\n")}),  # fmt: skip
-    "llama3": (LLAMA3, {r: (f"<|start_header_id|>{r}<|end_header_id|>\n\n", "<|eot_id|>")
-                        for r in ("system", "user", "assistant")}),  # fmt: skip
+    "qwen3": (
+        QWEN3,
+        {**CHATML, "assistant": ("<|im_start|>assistant\n<think>\n\n</think>\n\n", "<|im_end|>\n")},
+    ),
+    "llama3": (
+        LLAMA3,
+        {
+            r: (f"<|start_header_id|>{r}<|end_header_id|>\n\n", "<|eot_id|>")
+            for r in ("system", "user", "assistant")
+        },
+    ),
 }
 
 
@@ -57,8 +65,9 @@ def test_frames_each_role_with_nothing_injected(tmp_path, name):
         assert fmt.frame(role) == frame
         rendered = fmt.render(role, "What is 7*6?")
         assert "helpful" not in rendered and "<s>" not in rendered
-    assert fmt.encode(fmt.render("user", "hi")) == fmt.encode(expected["user"][0] + "hi" +
-                                                              expected["user"][1])  # fmt: skip
+    assert fmt.encode(fmt.render("user", "hi")) == fmt.encode(
+        expected["user"][0] + "hi" + expected["user"][1]
+    )
 
 
 def test_stop_ids_and_sink(tmp_path):

@@ -22,7 +22,8 @@ def test_chat_errors_are_one_line(tmp_path):
 
 
 def test_chat_streams_an_answer(tiny_dirs):
-    result = runner.invoke(app, ["chat", "hello world", "--model", str(tiny_dirs["llama"]),
-                                 "--max-tokens", "5"])  # fmt: skip
+    result = runner.invoke(
+        app, ["chat", "hello world", "--model", str(tiny_dirs["llama"]), "--max-tokens", "5"]
+    )
     assert result.exit_code == 0, result.output
     assert result.output.endswith("\n")

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import open_tiny
-from helpers import Oracle
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -13,6 +11,9 @@ from corps.cache.placement import build_mask
 from corps.cache.view import CallView
 from corps.engine.requests import DecodeRequest, PrefillRequest
 from corps.engine.sampling import SamplingParams
+
+from conftest import open_tiny
+from helpers import Oracle
 
 TOL = 1e-4
 
@@ -31,8 +32,12 @@ def test_chain_equivalence_logits_and_greedy(tiny_dirs, tiny_hf, arch):
     """Each message attends to all earlier ones in order: identical to HF on the concatenation."""
     core = open_tiny(tiny_dirs, arch)._core
     hf = tiny_hf[arch]
-    texts = [("system", "you are a careful solver"), ("user", "what is seven times six"),
-             ("assistant", "the quick brown fox"), ("user", "hello world")]  # fmt: skip
+    texts = [
+        ("system", "you are a careful solver"),
+        ("user", "what is seven times six"),
+        ("assistant", "the quick brown fox"),
+        ("user", "hello world"),
+    ]
     handles, ours = [], []
     for role, text in texts:
         h, logits = prefill(core, text, role=role, parents=handles)
@@ -46,8 +51,7 @@ def test_chain_equivalence_logits_and_greedy(tiny_dirs, tiny_hf, arch):
     header = ans.tokens[: len(ans.tokens) - 12]
     prompt = torch.tensor([seq + header])
     hf.generation_config.eos_token_id = None
-    out = hf.generate(prompt, max_new_tokens=12, min_new_tokens=12, do_sample=False,
-                      pad_token_id=0)  # fmt: skip
+    out = hf.generate(prompt, max_new_tokens=12, min_new_tokens=12, do_sample=False, pad_token_id=0)
     assert ans.tokens[len(header) :] == out[0, prompt.shape[1] :].tolist()
 
 
@@ -87,9 +91,11 @@ def test_decode_many_equals_sequential(tiny_dirs):
     sys_h, _ = prefill(core, "you are a careful solver", role="system")
     q1, _ = prefill(core, "what is seven times six", parents=[sys_h])
     q2, _ = prefill(core, "hello world", parents=[sys_h])
-    reqs = [DecodeRequest(parents=[sys_h, q1], sampling=greedy(10)),
-            DecodeRequest(parents=[sys_h, q2], header="the", sampling=greedy(7)),
-            DecodeRequest(parents=[q2, q1], offsets=[20, 3], sampling=greedy(9))]  # fmt: skip
+    reqs = [
+        DecodeRequest(parents=[sys_h, q1], sampling=greedy(10)),
+        DecodeRequest(parents=[sys_h, q2], header="the", sampling=greedy(7)),
+        DecodeRequest(parents=[q2, q1], offsets=[20, 3], sampling=greedy(9)),
+    ]
     together = core.decode_many(reqs)
     alone = [core.decode_many([r])[0] for r in reqs]
     assert [h.tokens for h in together] == [h.tokens for h in alone]
@@ -101,9 +107,11 @@ def test_decode_many_equals_sequential(tiny_dirs):
 def test_prefill_many_equals_sequential(tiny_dirs):
     core = open_tiny(tiny_dirs, "qwen2")._core
     base, _ = prefill(core, "you are a careful solver", role="system")
-    reqs = [PrefillRequest("what is seven", parents=[base]),
-            PrefillRequest("hello world, how are you", parents=[base], offsets=[9]),
-            PrefillRequest("the lazy dog", role="assistant")]  # fmt: skip
+    reqs = [
+        PrefillRequest("what is seven", parents=[base]),
+        PrefillRequest("hello world, how are you", parents=[base], offsets=[9]),
+        PrefillRequest("the lazy dog", role="assistant"),
+    ]
     _, together = core.prefill_many(reqs, want_logits=True)
     alone = [core.prefill_many([r], want_logits=True)[1][0] for r in reqs]
     for a, b in zip(together, alone, strict=True):
@@ -142,8 +150,9 @@ def test_overlapping_parents_mask(tiny_dirs, tiny_hf):
     for m in core.table.all():
         slot_pos[m.slots] = torch.arange(len(m.slots))
     qpos = torch.arange(c.length)
-    mask = build_mask(torch.full((c.length,), c.id), [{a.id, b.id}] * c.length, qpos, slot_msgs,
-                      slot_pos)  # fmt: skip
+    mask = build_mask(
+        torch.full((c.length,), c.id), [{a.id, b.id}] * c.length, qpos, slot_msgs, slot_pos
+    )
     seen = set(call.ctx_slots)
     own = core.table.get(c.id).slots
     for i in range(c.length):
@@ -159,7 +168,9 @@ def choreographies(draw):
     for _ in range(draw(st.integers(1, 4))):
         group = []
         for _ in range(draw(st.integers(1, 3))):
-            parents = draw(st.permutations(range(n)).map(lambda p: p[: draw(st.integers(0, len(p)))]))
+            parents = draw(
+                st.permutations(range(n)).map(lambda p: p[: draw(st.integers(0, len(p)))])
+            )
             offsets = [draw(st.one_of(st.none(), st.integers(0, 40))) for _ in parents]
             new_offset = draw(st.one_of(st.none(), st.integers(0, 80)))
             tokens = draw(st.lists(st.integers(5, 300), min_size=1, max_size=6))
@@ -170,7 +181,9 @@ def choreographies(draw):
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "llama-sink"])
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(groups=choreographies())
 def test_random_choreographies_match_brute_force(tiny_dirs, tiny_hf, arch, groups):
     core = open_tiny(tiny_dirs, arch)._core
@@ -181,9 +194,16 @@ def test_random_choreographies_match_brute_force(tiny_dirs, tiny_hf, arch, group
         sink = [(core.sink.id, 0)]
     handles = []
     for group in groups:
-        reqs = [PrefillRequest(tok, frame=False, parents=[handles[p] for p in parents],
-                               offsets=offsets, new_offset=new)
-                for tok, parents, offsets, new in group]  # fmt: skip
+        reqs = [
+            PrefillRequest(
+                tok,
+                frame=False,
+                parents=[handles[p] for p in parents],
+                offsets=offsets,
+                new_offset=new,
+            )
+            for tok, parents, offsets, new in group
+        ]
         made, logits = core.prefill_many(reqs, want_logits=True)
         for h, got in zip(made, logits, strict=True):
             msg = core.table.get(h.id)

@@ -2,24 +2,28 @@
 
 from __future__ import annotations
 
-from conftest import open_tiny
-
 from corps.cache.handle import Handle
+
+from conftest import open_tiny
 
 
 async def test_documented_api_shape(tiny_dirs):
     engine = open_tiny(tiny_dirs, "llama")
     sys = await engine.prefill("You are a careful solver.", role="system")
     q = await engine.prefill("What is 7*6?", role="user", parents=[sys])
-    ans = await engine.decode(parents=[sys, q], role="assistant", header="", max_tokens=8,
-                              temperature=0.0)  # fmt: skip
+    ans = await engine.decode(
+        parents=[sys, q], role="assistant", header="", max_tokens=8, temperature=0.0
+    )
     assert isinstance(ans, Handle) and ans.parents == (sys, q)
     assert ans.role == "assistant" and ans.offset == sys.length + q.length
     assert ans.length == len(ans.tokens) and isinstance(ans.text, str)
-    many = await engine.decode_many([dict(parents=[sys, q], max_tokens=6, seed=i, temperature=1.0)
-                                     for i in range(4)])  # fmt: skip
+    many = await engine.decode_many(
+        [dict(parents=[sys, q], max_tokens=6, seed=i, temperature=1.0) for i in range(4)]
+    )
     assert len(many) == 4 and len({h.id for h in many}) == 4
-    assert engine.tokenizer is engine._core.tokenizer and (engine.model_path / "config.json").exists()
+    assert (
+        engine.tokenizer is engine._core.tokenizer and (engine.model_path / "config.json").exists()
+    )
     stats = engine.stats()
     assert stats.messages == 7 and stats.tokens_reused > 0
 

@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import pytest
-from conftest import open_tiny
 
 from corps.cache.errors import CacheFullError, PositionError, UnknownHandle
 from corps.engine.errors import InvalidRequest
 
+from conftest import open_tiny
+
 
 def snapshot(engine):
     core = engine._core
-    return (engine.stats().tokens_used, len(core.table), sorted(core.store._free),
-            [(m.id, m.pins, m.freed, tuple(m.slots)) for m in core.table.all()])  # fmt: skip
+    return (
+        engine.stats().tokens_used,
+        len(core.table),
+        sorted(core.store._free),
+        [(m.id, m.pins, m.freed, tuple(m.slots)) for m in core.table.all()],
+    )
 
 
 @pytest.fixture

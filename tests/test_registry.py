@@ -1,4 +1,4 @@
-"""Model names, the embedded default's fetch and conversion, and their errors (corps.engine.registry)."""
+"""Model names, fetching and converting the embedded default, and their errors."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from corps.engine.weights import read_spec
 def test_missing_directory(tmp_path):
     with pytest.raises(ModelNotFound, match="no such model directory"):
         registry.resolve_model(str(tmp_path / "nope" / "model"))
-    with pytest.raises(ModelNotFound, match="config.json"):
+    with pytest.raises(ModelNotFound, match=r"config\.json"):
         registry.resolve_model(str(tmp_path))
 
 

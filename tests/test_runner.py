@@ -1,4 +1,4 @@
-"""Our forward (corps.engine.runner) against HF transformers: tiny random models and the real one."""
+"""Our forward (corps.engine.runner) against HF: tiny random models and the real one."""
 
 from __future__ import annotations
 
@@ -16,16 +16,22 @@ def run_ours(hf, ids: list[int], chunks: list[int]) -> torch.Tensor:
     """Our logits for ids, encoded in the given chunk sizes through one view."""
     spec = ModelSpec.from_config(hf.config)
     w = weights_from_hf(hf, spec)
-    store = KVStore(num_layers=spec.num_layers, num_kv_heads=spec.num_kv_heads,
-                    head_dim=spec.head_dim, capacity=len(ids), dtype=w.dtype)  # fmt: skip
+    store = KVStore(
+        num_layers=spec.num_layers,
+        num_kv_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim,
+        capacity=len(ids),
+        dtype=w.dtype,
+    )
     runner = ModelRunner(w, store)
     empty = torch.empty(0, dtype=torch.long)
     view = CallView.gather(store, w.rope, empty, empty, len(ids))
     out, start = [], 0
     for n in chunks:
         idx = torch.arange(start, start + n)
-        batch = ForwardBatch(torch.tensor(ids[start : start + n]), idx, idx,
-                             (SeqSpan(0, n, view),), torch.arange(n))  # fmt: skip
+        batch = ForwardBatch(
+            torch.tensor(ids[start : start + n]), idx, idx, (SeqSpan(0, n, view),), torch.arange(n)
+        )
         out.append(runner.forward(batch))
         start += n
     return torch.cat(out)
@@ -52,8 +58,10 @@ def test_unsupported_architecture_from_config():
 @pytest.mark.real_model
 def test_real_model_logits_match_hf(real_engine, real_hf):
     fmt = real_engine._core.fmt
-    ids = fmt.encode(fmt.render("system", "You are a careful solver.")
-                     + fmt.render("user", "What is 7*6? Explain step by step."))  # fmt: skip
+    ids = fmt.encode(
+        fmt.render("system", "You are a careful solver.")
+        + fmt.render("user", "What is 7*6? Explain step by step.")
+    )
     ref = real_hf(torch.tensor([ids])).logits[0]
     ours = run_ours(real_hf, ids, [len(ids) - 5, 1, 4])
     assert (ours - ref).abs().max().item() <= 1e-3
@@ -63,8 +71,9 @@ def test_real_model_logits_match_hf(real_engine, real_hf):
 async def test_real_model_greedy_matches_hf_generate(real_engine, real_hf):
     """64 greedy tokens, both sides with their default end-of-turn handling."""
     sys = await real_engine.prefill("You are a storyteller.", role="system")
-    q = await real_engine.prefill("Write a long story about a dragon and a lighthouse.",
-                                  parents=[sys])  # fmt: skip
+    q = await real_engine.prefill(
+        "Write a long story about a dragon and a lighthouse.", parents=[sys]
+    )
     ans = await real_engine.decode(parents=[sys, q], max_tokens=64)
     header = real_engine._core.fmt.encode(real_engine._core.fmt.frame("assistant")[0])
     prompt = sys.tokens + q.tokens + header

@@ -32,8 +32,17 @@ def test_top_k_and_top_p_restrict_support():
     assert set(draws(SamplingParams(temperature=1.0, top_p=0.6, seed=0))) == {1, 2}
 
 
-@pytest.mark.parametrize("bad", [dict(max_tokens=0), dict(max_tokens=1.5), dict(temperature=-1),
-                                 dict(top_p=0.0), dict(top_k=-1), dict(stop=("",))])  # fmt: skip
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(max_tokens=0),
+        dict(max_tokens=1.5),
+        dict(temperature=-1),
+        dict(top_p=0.0),
+        dict(top_k=-1),
+        dict(stop=("",)),
+    ],
+)
 def test_bad_params(bad):
     with pytest.raises(InvalidRequest):
         SamplingParams(**bad)
