@@ -2,7 +2,13 @@
 
 from corps.cache.handle import Handle
 from corps.engine.engine import Engine, TextStream
-from corps.engine.errors import CorpsError, FetchError, InvalidRequest, ModelNotFound, UnsupportedModel
+from corps.engine.errors import (
+    CorpsError,
+    FetchError,
+    InvalidRequest,
+    ModelNotFound,
+    UnsupportedModel,
+)
 from corps.engine.sampling import SamplingParams
 from corps.engine.stats import EngineStats
 
