@@ -44,45 +44,48 @@ class ForwardBatch:
 class ModelRunner:
     """Runs forward steps of one model over one KV store."""
 
-    def __init__(self, weights: Weights, store: KVStore, attention: AttentionBackend | None = None):
+    def __init__(
+        self,
+        weights: Weights,
+        store: KVStore,
+        attention: AttentionBackend | None = None,
+    ) -> None:
         self.w = weights
         self.spec = weights.spec
         self.store = store
         self.attention = attention or SdpaAttention()
         self.scale = self.spec.head_dim**-0.5
+        # Pure per-layer math around attention (torch.compile of these gave no gain on CPU).
+        self._qkv = layer_qkv
+        self._mlp = layer_mlp
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> Tensor:
         """Encode the batch, write its K/V to the store and views, return logits (N, V)."""
         spec, w = self.spec, self.w
-        hq, hkv, d = spec.num_heads, spec.num_kv_heads, spec.head_dim
-        eps = spec.rms_norm_eps
         x = w.embed[batch.input_ids]  # (T, E)
-        pos = batch.positions
-        cos = w.rope.cos[pos].unsqueeze(1)  # (T, 1, D)
-        sin = w.rope.sin[pos].unsqueeze(1)  # (T, 1, D)
+        cos = w.rope.cos[batch.positions].unsqueeze(1)  # (T, 1, D)
+        sin = w.rope.sin[batch.positions].unsqueeze(1)  # (T, 1, D)
         for i, lw in enumerate(w.layers):
-            a = F.rms_norm(x, (x.shape[-1],), lw.input_norm, eps)  # (T, E)
-            qkv = F.linear(a, lw.wqkv, lw.bqkv)  # (T, (Hq + 2 Hkv) D)
-            q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
-            k = k.view(-1, hkv, d)  # (T, Hkv, D), unrotated
-            v = v.view(-1, hkv, d)  # (T, Hkv, D)
-            if lw.q_norm is None:
-                qk = qkv[:, : (hq + hkv) * d].view(-1, hq + hkv, d)  # (T, Hq + Hkv, D)
-            else:
-                q = F.rms_norm(q.view(-1, hq, d), (d,), lw.q_norm, eps)
-                k = F.rms_norm(k, (d,), lw.k_norm, eps)
-                qk = torch.cat([q, k], dim=1)  # (T, Hq + Hkv, D)
+            q, k_rot, k, v = self._qkv(
+                x,
+                lw.input_norm,
+                lw.wqkv,
+                lw.bqkv,
+                lw.q_norm,
+                lw.k_norm,
+                cos,
+                sin,
+                spec.num_heads,
+                spec.num_kv_heads,
+                spec.rms_norm_eps,
+            )
             self.store.write(i, batch.slots, k, v)
-            qk = qk * cos + rotate_half(qk) * sin  # one rotation for q and k
-            q, k = qk[:, :hq], qk[:, hq:]  # (T, Hq, D), (T, Hkv, D)
-            x = x + F.linear(self._attend(i, q, k, v, batch.spans), lw.wo)  # (T, E)
-            a = F.rms_norm(x, (x.shape[-1],), lw.post_norm, eps)
-            gate, up = F.linear(a, lw.w_gate_up).chunk(2, dim=-1)  # (T, I) each
-            x = x + F.linear(F.silu(gate) * up, lw.w_down)
+            attn = self._attend(i, q, k_rot, v, batch.spans)  # (T, Hq D)
+            x = self._mlp(x, attn, lw.wo, lw.post_norm, lw.w_gate_up, lw.w_down, spec.rms_norm_eps)
         for span in batch.spans:
             span.view.advance(span.end - span.start)
-        h = F.rms_norm(x[batch.logit_rows], (x.shape[-1],), w.final_norm, eps)  # (N, E)
+        h = F.rms_norm(x[batch.logit_rows], (x.shape[-1],), w.final_norm, spec.rms_norm_eps)
         return F.linear(h, w.lm_head)  # (N, V)
 
     def _attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, spans) -> Tensor:
@@ -97,3 +100,32 @@ class ModelRunner:
     def _attend_span(self, layer: int, q: Tensor, k: Tensor, v: Tensor, span: SeqSpan) -> Tensor:
         span.view.append(layer, k, v)
         return self.attention.attend(layer, q, span.view, self.scale)
+
+
+def layer_qkv(x, norm, wqkv, bqkv, q_norm, k_norm, cos, sin, hq: int, hkv: int, eps: float):
+    """Attention inputs of one layer for x (T, E).
+
+    Returns q rotated (T, Hq, D), k rotated (T, Hkv, D), k unrotated and v (T, Hkv, D).
+    """
+    d = cos.shape[-1]
+    a = F.rms_norm(x, (x.shape[-1],), norm, eps)  # (T, E)
+    qkv = F.linear(a, wqkv, bqkv)  # (T, (Hq + 2 Hkv) D)
+    q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
+    k = k.view(-1, hkv, d)
+    v = v.view(-1, hkv, d)
+    if q_norm is None:
+        qk = qkv[:, : (hq + hkv) * d].view(-1, hq + hkv, d)  # (T, Hq + Hkv, D)
+    else:
+        q = F.rms_norm(q.view(-1, hq, d), (d,), q_norm, eps)
+        k = F.rms_norm(k, (d,), k_norm, eps)
+        qk = torch.cat([q, k], dim=1)
+    qk = qk * cos + rotate_half(qk) * sin  # one rotation for q and k
+    return qk[:, :hq], qk[:, hq:], k, v
+
+
+def layer_mlp(x, attn, wo, norm, w_gate_up, w_down, eps: float):
+    """Residual attention output, then the SiLU MLP, for x (T, E) and attn (T, Hq D)."""
+    x = x + F.linear(attn, wo)
+    a = F.rms_norm(x, (x.shape[-1],), norm, eps)
+    gate, up = F.linear(a, w_gate_up).chunk(2, dim=-1)  # (T, I) each
+    return x + F.linear(F.silu(gate) * up, w_down)
