@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from corps.cache.errors import UnknownHandle
+from corps.cache.errors import CacheFullError, UnknownHandle
 from corps.cache.handle import Handle
 from corps.cache.kv import KVStore
 from corps.cache.messages import Message, MessageTable
@@ -42,6 +42,14 @@ MODES = ("choreographed", "baseline")
 PREFILL_CHUNK = 512
 
 TokenCallback = Callable[[int, int], None]  # (call index, token id)
+
+
+@dataclass
+class StepOutput:
+    """What one step did: tokens sampled, and calls that failed (already rolled back)."""
+
+    tokens: list[tuple[_Call, int]] = field(default_factory=list)
+    failed: list[tuple[_Call, BaseException]] = field(default_factory=list)
 
 
 @dataclass
@@ -70,8 +78,17 @@ class _Call:
     slots: list[int] = field(default_factory=list)  # slots taken for feed + generated
     generated: list[int] = field(default_factory=list)
     view: CallView | None = None
-    done: bool = False
     generator: torch.Generator | None = None
+    want_logits: bool = False
+    fed: int = 0  # feed tokens encoded so far
+    pending: int | None = None  # sampled token not yet encoded
+    finishing: bool = False  # the pending token is the last one
+    done: bool = False  # everything encoded; ready for finish()
+    logits: list[Tensor] = field(default_factory=list)  # want_logits: own rows, per chunk
+
+    @property
+    def is_decode(self) -> bool:
+        return self.sampling is not None
 
 
 class Core:
@@ -118,35 +135,165 @@ class Core:
     def prefill_many(
         self, requests: Sequence[PrefillRequest], *, want_logits: bool = False
     ) -> tuple[list[Handle], list[Tensor] | None]:
-        """Encode messages that do not attend to each other, in one fused pass.
+        """Encode messages that do not attend to each other, fused; all or nothing.
 
         With want_logits, also returns each message's logits (own tokens x V).
         """
-        calls = [self._plan_prefill(r) for r in requests]
-        if self.mode == "baseline" and not want_logits:  # text only: nothing to encode
-            return [self._register(c, self._own(c), []) for c in calls], None
-        try:
-            self._take_slots(calls)
-            logits = self._encode_feeds(calls, all_rows=want_logits)
-        except BaseException:
-            self._rollback(calls)
-            raise
-        handles = [self._finish_prefill(c) for c in calls]
-        return handles, (logits if want_logits else None)
+        calls = self._run_all([(r, want_logits) for r in requests], None)
+        logits = [torch.cat(c.logits) for c in calls] if want_logits else None
+        return [self.finish(c) for c in calls], logits
 
     def decode_many(
         self, requests: Sequence[DecodeRequest], on_token: TokenCallback | None = None
     ) -> list[Handle]:
-        """Generate messages in parallel; their tokens interleave in the store."""
-        calls = [self._plan_decode(r) for r in requests]
+        """Generate messages in parallel, fused; all or nothing. Tokens interleave in the store."""
+        calls = self._run_all([(r, False) for r in requests], on_token)
+        return [self.finish(c) for c in calls]
+
+    def _run_all(self, requests, on_token: TokenCallback | None) -> list[_Call]:
+        calls: list[_Call] = []
         try:
-            self._take_slots(calls)
-            last = self._encode_feeds(calls, all_rows=False)
-            self._generate(calls, [row[-1] for row in last], on_token)
+            for req, want in requests:
+                calls.append(self.admit(req, want_logits=want))
+            while not all(c.done for c in calls):
+                out = self.step([c for c in calls if not c.done], budget=None)
+                if out.failed:
+                    raise out.failed[0][1]
+                if on_token is not None:
+                    for c, tok in out.tokens:
+                        on_token(calls.index(c), tok)
         except BaseException:
-            self._rollback(calls)
+            for c in calls:
+                self.abort(c)
             raise
-        return [self._finish_decode(c) for c in calls]
+        return calls
+
+    # ---- the step machine (driven by _run_all or by the scheduler) ----
+
+    def admit(self, request: PrefillRequest | DecodeRequest, *, want_logits: bool = False) -> _Call:
+        """Check and plan a call, reserve its slots and gather its view. Atomic."""
+        if isinstance(request, DecodeRequest):
+            call = self._plan_decode(request)
+        else:
+            call = self._plan_prefill(request)
+        call.want_logits = want_logits
+        if self.radix is not None and not call.is_decode and not want_logits:
+            call.done = True  # baseline prefill stores text only
+            return call
+        try:
+            self._take_slots([call])
+            extra = len(call.feed) + (call.sampling.max_tokens if call.sampling else 0)
+            call.view = CallView.gather(
+                self.store, self.rope, _long(call.ctx_slots), _long(call.ctx_pos), extra
+            )
+        except BaseException:
+            self.abort(call)
+            raise
+        self.tokens_reused += len(call.ctx_slots)
+        return call
+
+    def step(self, calls: Sequence[_Call], budget: int | None) -> StepOutput:
+        """One fused forward: a token for every decoding call, then prefill chunks.
+
+        Decoding calls go first, so a long prefill never starves them; prefill
+        chunks (at most PREFILL_CHUNK tokens each) fill what is left of `budget`
+        tokens, in the order given. A call that fails here (its slot allocation or
+        its sampling) is rolled back and reported in `failed`; the others go on.
+        """
+        out = StepOutput()
+        plan: list[tuple[_Call, int, int]] = []  # (call, first feed index or -1, n tokens)
+        left = budget if budget is not None else 1 << 62
+        for c in calls:
+            if c.pending is None:
+                continue
+            try:
+                c.slots.append(self._alloc(1, f"the next token of a {c.kind} call")[0])
+            except CacheFullError as exc:
+                self.abort(c)
+                out.failed.append((c, exc))
+                continue
+            plan.append((c, -1, 1))
+            left -= 1
+        for c in calls:
+            if c.pending is None and c.fed < len(c.feed) and left > 0:
+                n = min(len(c.feed) - c.fed, PREFILL_CHUNK, left)
+                plan.append((c, c.fed, n))
+                left -= n
+        if not plan:
+            return out
+        logits, rows = self._forward(plan)
+        r = 0
+        for (c, start, n), k in zip(plan, rows, strict=True):
+            self._advance(c, start, n, logits[r : r + k], out)
+            r += k
+        return out
+
+    def _forward(self, plan: list[tuple[_Call, int, int]]) -> tuple[Tensor, list[int]]:
+        ids, pos, slots, spans, rows, counts, t = [], [], [], [], [], [], 0
+        for c, start, n in plan:
+            if start < 0:  # the pending sampled token
+                ids.append(c.pending)
+                pos.append(c.feed_start + len(c.feed) + len(c.generated) - 1)
+                slots.append(c.slots[-1])
+                mine = [] if c.finishing else [t]
+            else:
+                ids += c.feed[start : start + n]
+                pos += range(c.feed_start + start, c.feed_start + start + n)
+                slots += c.slots[start : start + n]
+                mine = self._feed_rows(c, start, n, t)
+            spans.append(SeqSpan(t, t + n, c.view))
+            rows += mine
+            counts.append(len(mine))
+            t += n
+        batch = ForwardBatch(_long(ids), _long(pos), _long(slots), tuple(spans), _long(rows))
+        logits = self.runner.forward(batch)  # (len(rows), V)
+        self.tokens_encoded += t
+        return logits, counts
+
+    def _feed_rows(self, c: _Call, start: int, n: int, t: int) -> list[int]:
+        """Rows of a feed chunk whose logits the call needs."""
+        if c.want_logits:
+            own_from = len(c.feed) - c.own
+            return list(range(t + max(start, own_from) - start, t + n))
+        if c.is_decode and start + n == len(c.feed):
+            return [t + n - 1]
+        return []
+
+    def _advance(self, c: _Call, start: int, n: int, logits: Tensor, out: StepOutput) -> None:
+        if start < 0:
+            c.pending = None
+            if c.finishing:
+                c.done = True
+                return
+        else:
+            c.fed += n
+            if c.want_logits:
+                c.logits.append(logits)
+            if c.fed < len(c.feed):
+                return
+            if not c.is_decode:
+                c.done = True
+                return
+        try:
+            tok = sample(logits[-1], c.sampling, c.generator)
+        except Exception as exc:  # a sampling error fails this call only
+            self.abort(c)
+            out.failed.append((c, exc))
+            return
+        c.generated.append(tok)
+        c.pending = tok
+        c.finishing = self._stops(c, tok)
+        out.tokens.append((c, tok))
+
+    def finish(self, c: _Call) -> Handle:
+        """Register a done call's message and return its handle."""
+        assert c.done, "finish() needs a call whose step machine is done"
+        return self._finish_decode(c) if c.is_decode else self._finish_prefill(c)
+
+    def abort(self, c: _Call) -> None:
+        """Give back everything a call holds; the store is as if it never ran."""
+        self._rollback([c])
+        c.done = True
 
     def free(self, handle: Handle) -> None:
         with self._mutex:
@@ -179,23 +326,27 @@ class Core:
     def _make_sink(self) -> Handle | None:
         if self.mode != "choreographed" or not self.fmt.sink:
             return None
+        sink = list(self.fmt.sink)
         call = _Call(
-            [],
-            [],
-            list(self.fmt.sink),
-            0,
-            len(self.fmt.sink),
-            "sink",
-            "",
-            "sink",
-            0,
-            (),
-            (),
-            None,
-            None,
+            ctx_slots=[],
+            ctx_pos=[],
+            feed=sink,
+            feed_start=0,
+            own=len(sink),
+            role="sink",
+            text="",
+            kind="sink",
+            offset=0,
+            parents=(),
+            parent_offsets=(),
+            owner=None,
+            visibility=None,
+            prefix=list(sink),
         )
         self._take_slots([call])
-        self._encode_feeds([call], all_rows=False)
+        call.view = CallView.gather(self.store, self.rope, _long([]), _long([]), len(sink))
+        while not call.done:
+            self.step([call], budget=None)
         return self._finish_prefill(call)
 
     def _message_tokens(self, content, role: str, frame: bool) -> tuple[list[int], str]:
@@ -240,19 +391,19 @@ class Core:
             ctx_slots += p.slots
             ctx_pos += range(start, start + len(p.tokens))
         call = _Call(
-            ctx_slots,
-            ctx_pos,
-            tokens,
-            placed.new_offset,
-            len(tokens),
-            req.role,
-            text,
-            kind,
-            placed.new_offset,
-            tuple(p.id for p in parents),
-            placed.starts,
-            req.owner,
-            req.visibility,
+            ctx_slots=ctx_slots,
+            ctx_pos=ctx_pos,
+            feed=tokens,
+            feed_start=placed.new_offset,
+            own=len(tokens),
+            role=req.role,
+            text=text,
+            kind=kind,
+            offset=placed.new_offset,
+            parents=tuple(p.id for p in parents),
+            parent_offsets=placed.starts,
+            owner=req.owner,
+            visibility=req.visibility,
             prefix=list(tokens),
         )
         if self.mode == "baseline":
@@ -328,83 +479,6 @@ class Core:
                 self.store.release(self.radix.evict(short))
             return self.store.alloc(n, request=request)
 
-    def _encode_feeds(self, calls: list[_Call], *, all_rows: bool) -> list[Tensor]:
-        """Encode every call's feed, PREFILL_CHUNK tokens per call per step.
-
-        Returns per call the logits of all its own rows (all_rows) or of its last row.
-        """
-        for c in calls:
-            extra = len(c.feed) + (c.sampling.max_tokens if c.sampling else 0)
-            c.view = CallView.gather(
-                self.store, self.rope, _long(c.ctx_slots), _long(c.ctx_pos), extra
-            )
-            self.tokens_reused += len(c.ctx_slots)
-        out: list[list[Tensor]] = [[] for _ in calls]
-        done = 0
-        while True:
-            pieces = [
-                (i, c, done, min(done + PREFILL_CHUNK, len(c.feed)))
-                for i, c in enumerate(calls)
-                if done < len(c.feed)
-            ]
-            if not pieces:
-                break
-            rows, ids, pos, slots, spans, n = [], [], [], [], [], 0
-            for _, c, a, b in pieces:
-                ids += c.feed[a:b]
-                pos += range(c.feed_start + a, c.feed_start + b)
-                slots += c.slots[a:b]
-                spans.append(SeqSpan(n, n + b - a, c.view))
-                own_from = len(c.feed) - c.own
-                if all_rows:
-                    rows += range(n + max(a, own_from) - a, n + b - a)
-                elif b == len(c.feed):
-                    rows.append(n + b - a - 1)
-                n += b - a
-            logits = self.runner.forward(
-                ForwardBatch(_long(ids), _long(pos), _long(slots), tuple(spans), _long(rows))
-            )
-            self.tokens_encoded += n
-            r = 0
-            for i, c, a, b in pieces:
-                k = (b - max(a, len(c.feed) - c.own)) if all_rows else int(b == len(c.feed))
-                k = max(k, 0)
-                out[i].append(logits[r : r + k])
-                r += k
-            done += PREFILL_CHUNK
-        return [torch.cat(chunks) for chunks in out]
-
-    def _generate(self, calls: list[_Call], first: list[Tensor], on_token) -> None:
-        """Sample until every call stops; each sampled token is encoded into the store."""
-        logits = dict(enumerate(first))
-        active = list(range(len(calls)))
-        while active:
-            step = []
-            for i in active:
-                c = calls[i]
-                tok = sample(logits[i], c.sampling, c.generator)
-                c.generated.append(tok)
-                if on_token is not None:
-                    on_token(i, tok)
-                c.done = self._stops(c, tok)
-                step.append(i)
-            for i in step:
-                c = calls[i]
-                c.slots.append(self._alloc(1, f"decode call {i}")[0])
-            ids = [calls[i].generated[-1] for i in step]
-            pos = [
-                calls[i].feed_start + len(calls[i].feed) + len(calls[i].generated) - 1 for i in step
-            ]
-            slots = [calls[i].slots[-1] for i in step]
-            spans = tuple(SeqSpan(k, k + 1, calls[i].view) for k, i in enumerate(step))
-            rows = [k for k, i in enumerate(step) if not calls[i].done]
-            out = self.runner.forward(
-                ForwardBatch(_long(ids), _long(pos), _long(slots), spans, _long(rows))
-            )
-            self.tokens_encoded += len(step)
-            active = [i for i in step if not calls[i].done]
-            logits = {i: out[k] for k, i in enumerate(active)}
-
     def _stops(self, c: _Call, tok: int) -> bool:
         if len(c.generated) >= c.sampling.max_tokens:
             return True
@@ -421,6 +495,8 @@ class Core:
         return c.prefix[len(c.prefix) - c.own :]
 
     def _finish_prefill(self, c: _Call) -> Handle:
+        if self.radix is not None and c.view is None:  # baseline prefill: text only
+            return self._register(c, self._own(c), [])
         if self.radix is not None:
             self._cache_prefix(c, c.prefix)
             return self._register(c, self._own(c), [])
