@@ -15,6 +15,7 @@ it was.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -125,6 +126,7 @@ class Core:
         self.radix = RadixCache() if mode == "baseline" else None
         self.tokens_encoded = 0
         self.tokens_reused = 0
+        self.forward_seconds = 0.0  # time spent in the model's forward
         # Guards slot and pin bookkeeping: `free` runs on the caller's thread while a
         # call may be running on the worker thread.
         self._mutex = threading.RLock()
@@ -246,7 +248,9 @@ class Core:
             counts.append(len(mine))
             t += n
         batch = ForwardBatch(_long(ids), _long(pos), _long(slots), tuple(spans), _long(rows))
+        t0 = time.perf_counter()
         logits = self.runner.forward(batch)  # (len(rows), V)
+        self.forward_seconds += time.perf_counter() - t0
         self.tokens_encoded += t
         return logits, counts
 

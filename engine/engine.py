@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Generator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import anyio
-import anyio.from_thread
 import anyio.to_thread
 import torch
 from rich.console import Console
@@ -21,6 +21,7 @@ from corps.engine.core import Core
 from corps.engine.errors import InvalidRequest
 from corps.engine.registry import DEFAULT_MODEL, resolve_model
 from corps.engine.requests import decode_request, prefill_request
+from corps.engine.scheduler import Job, Scheduler
 from corps.engine.stats import EngineStats
 from corps.engine.weights import load_weights, read_spec
 
@@ -30,17 +31,20 @@ DEFAULT_MEMORY_BUDGET = 1 << 30
 
 
 class Engine:
-    """One model, one global KV store, shared by every caller in the process.
+    """One model, one global KV store and one batching loop, shared by every caller.
 
-    Open it with `async with Engine.open(...) as engine:`. Calls are serialized
-    onto one worker thread, so the event loop stays free while the model runs.
+    Open it with `async with Engine.open(...) as engine:` (or `async with engine:`
+    after `Engine.load`). Every call from any task is queued to the engine's
+    scheduler, which fuses all concurrent calls into shared forward steps run on
+    a worker thread, so the event loop stays free while the model computes.
     """
 
-    def __init__(self, core: Core) -> None:
+    def __init__(self, core: Core, *, queue_size: int = 256, step_tokens: int = 512) -> None:
         self._core = core
-        self._lock = anyio.Lock()
+        self._sched = Scheduler(core, queue_size=queue_size, step_tokens=step_tokens)
+        self._tg: anyio.abc.TaskGroup | None = None
 
-    # ---- construction ----
+    # ---- construction and lifetime ----
 
     @classmethod
     def load(
@@ -52,9 +56,11 @@ class Engine:
         dtype: str = "float32",
         capacity: int | None = None,
         memory_budget: int = DEFAULT_MEMORY_BUDGET,
+        queue_size: int = 256,
+        step_tokens: int = 512,
         console: Console | None = None,
     ) -> Engine:
-        """Load synchronously (blocks). Prefer `Engine.open` in async code."""
+        """Load synchronously (blocks); start it with `async with engine:`."""
         if dtype not in DTYPES:
             raise InvalidRequest(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
         if device.startswith("cuda") and not torch.cuda.is_available():
@@ -71,14 +77,30 @@ class Engine:
 
         weights = load_weights(path, dtype=torch_dtype, device=device)
         tokenizer = AutoTokenizer.from_pretrained(str(path))
-        return cls(Core(weights, tokenizer, model_path=path, mode=mode, capacity=capacity))
+        core = Core(weights, tokenizer, model_path=path, mode=mode, capacity=capacity)
+        return cls(core, queue_size=queue_size, step_tokens=step_tokens)
 
     @classmethod
     @asynccontextmanager
     async def open(cls, model: str = DEFAULT_MODEL, **kwargs: Any) -> AsyncIterator[Engine]:
         """`async with Engine.open("smollm2-135m", mode="choreographed") as engine:`."""
         engine = await anyio.to_thread.run_sync(partial(cls.load, model, **kwargs))
-        yield engine
+        async with engine:
+            yield engine
+
+    async def __aenter__(self) -> Engine:
+        if self._tg is not None or self._sched.started:
+            raise InvalidRequest("this engine was already started; an engine runs once")
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        self._sched.started = True
+        self._tg.start_soon(self._sched.run)
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        """Shut down: calls still queued or running fail with EngineClosed; never hangs."""
+        await self._sched.close()
+        return await self._tg.__aexit__(*exc_info)
 
     # ---- introspection ----
 
@@ -97,7 +119,7 @@ class Engine:
         return self._core.mode
 
     def stats(self) -> EngineStats:
-        return self._core.stats()
+        return dataclasses.replace(self._core.stats(), **self._sched.figures())
 
     def free(self, handle: Handle) -> None:
         """Release a message's encoding; a call still reading it keeps it until it ends."""
@@ -111,41 +133,77 @@ class Engine:
         Keywords: role="user", parents=(), offsets=None, new_offset=None, frame=True,
         owner=None, visibility=None.
         """
-        (handle,) = await self.prefill_many([dict(message=message, **kwargs)])
-        return handle
-
-    async def prefill_many(self, requests: Iterable[Mapping[str, Any]]) -> list[Handle]:
-        """Prefill messages that do not attend to each other, in one fused pass."""
-        reqs = [prefill_request(**dict(r)) for r in requests]
-        handles, _ = await self._run(self._core.prefill_many, reqs)
-        return handles
+        return await self._submit(Job(prefill_request(message, **kwargs)))
 
     async def decode(self, **kwargs: Any) -> Handle:
         """Generate a message that starts with the role marker + `header`.
 
         Keywords: parents=(), offsets=None, new_offset=None, role="assistant",
         header="", frame=True, max_tokens=256, temperature=0.0, top_p=1.0, top_k=0,
-        seed=None, stop=(), owner=None, visibility=None.
+        seed=None, stop=(), ignore_eos=False, owner=None, visibility=None.
         """
-        (handle,) = await self.decode_many([kwargs])
-        return handle
+        return await self._submit(Job(decode_request(**kwargs)))
+
+    async def prefill_many(self, requests: Iterable[Mapping[str, Any]]) -> list[Handle]:
+        """Prefill messages that do not attend to each other; handles in order."""
+        return await self._submit_all([Job(prefill_request(**dict(r))) for r in requests])
 
     async def decode_many(self, requests: Iterable[Mapping[str, Any]]) -> list[Handle]:
-        """Decode several messages in parallel; returns handles in order."""
-        reqs = [decode_request(**dict(r)) for r in requests]
-        return await self._run(self._core.decode_many, reqs)
+        """Decode several messages in parallel; handles in order.
+
+        If one fails, its error is raised; the others still complete.
+        """
+        return await self._submit_all([Job(decode_request(**dict(r))) for r in requests])
+
+    def prefill_nowait(self, message: str | list[int], **kwargs: Any) -> Pending:
+        """Queue a prefill without waiting for queue space (EngineBusy if full)."""
+        return self._submit_nowait(Job(prefill_request(message, **kwargs)))
+
+    def decode_nowait(self, **kwargs: Any) -> Pending:
+        """Queue a decode without waiting for queue space (EngineBusy if full)."""
+        return self._submit_nowait(Job(decode_request(**kwargs)))
 
     def stream(self, **kwargs: Any) -> TextStream:
         """`async for delta in engine.stream(...)`: text deltas; then `.handle`."""
         return TextStream(self, decode_request(**kwargs))
 
-    async def _run(self, fn: Callable, *args: Any) -> Any:
-        async with self._lock:
-            return await anyio.to_thread.run_sync(partial(fn, *args))
+    async def _submit(self, job: Job) -> Handle:
+        await self._sched.submit(job)
+        return await job.wait()
+
+    async def _submit_all(self, jobs: list[Job]) -> list[Handle]:
+        try:
+            for job in jobs:
+                await self._sched.submit(job)
+            return [await job.wait() for job in jobs]
+        except BaseException:
+            for job in jobs:
+                job.cancelled = True
+            raise
+
+    def _submit_nowait(self, job: Job) -> Pending:
+        self._sched.submit_nowait(job)
+        return Pending(job)
+
+
+class Pending:
+    """A queued call: `await pending` for its handle; cancelling the await cancels it."""
+
+    def __init__(self, job: Job) -> None:
+        self._job = job
+
+    def __await__(self) -> Generator[Any, None, Handle]:
+        return self._job.wait().__await__()
+
+    def cancel(self) -> None:
+        self._job.cancelled = True
 
 
 class TextStream:
-    """Text deltas of one decode call as they are generated; `.handle` once done."""
+    """Text deltas of one decode call as they are generated; `.handle` once done.
+
+    Breaking out of the loop early cancels the call.
+    """
 
     def __init__(self, engine: Engine, request) -> None:
         self._engine = engine
@@ -153,31 +211,30 @@ class TextStream:
         self.handle: Handle | None = None
 
     async def __aiter__(self) -> AsyncIterator[str]:
-        core = self._engine._core
+        fmt = self._engine._core.fmt
         send, recv = anyio.create_memory_object_stream[str](max_buffer_size=math.inf)
         ids: list[int] = []
         shown = [""]
 
-        def on_token(_: int, tok: int) -> None:
-            if tok in core.fmt.stop_ids:
+        def on_token(tok: int) -> None:  # runs on the event loop, between steps
+            if tok in fmt.stop_ids:
                 return
             ids.append(tok)
-            text = core.fmt.decode(ids)
+            text = fmt.decode(ids)
             if len(text) > len(shown[0]) and not text.endswith("\ufffd"):
                 delta, shown[0] = text[len(shown[0]) :], text
-                anyio.from_thread.run_sync(send.send_nowait, delta)
+                send.send_nowait(delta)
 
-        async def run() -> None:
-            async with send:
-                (self.handle,) = await self._engine._run(
-                    core.decode_many, [self._request], on_token
-                )
-                final = self.handle.text  # flush what was held back (a partial character)
-                if final.startswith(shown[0]) and len(final) > len(shown[0]):
-                    send.send_nowait(final[len(shown[0]) :])
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(run)
+        job = Job(self._request, on_token=on_token, on_done=send.close)
+        await self._engine._sched.submit(job)
+        try:
             async with recv:
                 async for delta in recv:
                     yield delta
+            self.handle = await job.wait()
+        except BaseException:
+            job.cancelled = True
+            raise
+        final = self.handle.text  # flush what was held back (a partial character)
+        if final.startswith(shown[0]) and len(final) > len(shown[0]):
+            yield final[len(shown[0]) :]

@@ -16,6 +16,12 @@ class EngineStats:
     tokens_reused: int  # cached tokens attended to without being re-encoded
     prefix_hit_tokens: int  # baseline: prompt tokens found in the radix cache
     prefix_query_tokens: int  # baseline: prompt tokens looked up
+    steps: int = 0  # fused forward steps run by the scheduler
+    mean_batch_size: float = 0.0  # calls per step
+    queue_depth: int = 0  # calls waiting to be admitted
+    tokens_per_s: float = 0.0  # tokens sampled per second of stepping
+    mean_ttft_s: float = float("nan")  # mean time from submit to first token
+    overhead: float = 0.0  # share of step time spent outside the forward
 
     @property
     def prefix_hit_rate(self) -> float:

@@ -81,10 +81,10 @@ def test_stop_ids_and_sink(tmp_path):
 async def test_unframed_messages_pass_through(tiny_dirs):
     from conftest import open_tiny
 
-    engine = open_tiny(tiny_dirs, "llama")
-    raw = await engine.prefill([7, 8, 9], frame=False)
-    assert raw.tokens == [7, 8, 9]
-    text = await engine.prefill("hello world", frame=False)
-    assert text.tokens == engine._core.fmt.encode("hello world") and text.text == "hello world"
-    framed = await engine.prefill("hello world", role="user")
-    assert framed.tokens == engine._core.fmt.encode("<|im_start|>user\nhello world<|im_end|>\n")
+    async with open_tiny(tiny_dirs, "llama") as engine:
+        raw = await engine.prefill([7, 8, 9], frame=False)
+        assert raw.tokens == [7, 8, 9]
+        text = await engine.prefill("hello world", frame=False)
+        assert text.tokens == engine._core.fmt.encode("hello world") and text.text == "hello world"
+        framed = await engine.prefill("hello world", role="user")
+        assert framed.tokens == engine._core.fmt.encode("<|im_start|>user\nhello world<|im_end|>\n")

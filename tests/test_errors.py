@@ -20,62 +20,77 @@ def snapshot(engine):
     )
 
 
-@pytest.fixture
-def engine(tiny_dirs):
+def small(tiny_dirs):
     return open_tiny(tiny_dirs, "llama", capacity=200)
 
 
-async def test_bad_inputs_raise_typed_errors_and_change_nothing(engine, tiny_dirs):
-    s = await engine.prefill("you are a careful solver", role="system")
-    q = await engine.prefill("what is seven", parents=[s])
-    gone = await engine.prefill("hello world")
-    engine.free(gone)
-    other = open_tiny(tiny_dirs, "llama")
-    foreign = await other.prefill("hello")
-    cases = [
-        (UnknownHandle, "freed", engine.decode(parents=[s, gone], max_tokens=4)),
-        (UnknownHandle, "another engine", engine.prefill("x", parents=[foreign])),
-        (PositionError, "2 parents", engine.decode(parents=[s, q], offsets=[0], max_tokens=4)),
-        (PositionError, ">= 0", engine.prefill("x", parents=[s], offsets=[-1])),
-        (PositionError, "context length", engine.prefill("x", parents=[s], offsets=[10**6])),
-        (PositionError, "context length", engine.decode(parents=[s], max_tokens=10**6)),
-        (InvalidRequest, "non-empty header", engine.decode(parents=[s], frame=False, max_tokens=4)),
-        (InvalidRequest, "max_tokens", engine.decode(parents=[s], max_tokens=0)),
-        (InvalidRequest, "temperature", engine.decode(parents=[s], temperature=-1.0)),
-        (InvalidRequest, "vocabulary", engine.prefill([10**7], frame=False)),
-        (InvalidRequest, "Handles", engine.prefill("x", parents=["not a handle"])),
-    ]
-    before = snapshot(engine)
-    for kind, words, call in cases:
-        with pytest.raises(kind, match=words):
-            await call
-        assert snapshot(engine) == before, kind
+async def test_bad_inputs_raise_typed_errors_and_change_nothing(tiny_dirs):
+    async with small(tiny_dirs) as engine:
+        s = await engine.prefill("you are a careful solver", role="system")
+        q = await engine.prefill("what is seven", parents=[s])
+        gone = await engine.prefill("hello world")
+        engine.free(gone)
+        async with open_tiny(tiny_dirs, "llama") as other:
+            foreign = await other.prefill("hello")
+            cases = [
+                (UnknownHandle, "freed", engine.decode(parents=[s, gone], max_tokens=4)),
+                (UnknownHandle, "another engine", engine.prefill("x", parents=[foreign])),
+                (
+                    PositionError,
+                    "2 parents",
+                    engine.decode(parents=[s, q], offsets=[0], max_tokens=4),
+                ),
+                (PositionError, ">= 0", engine.prefill("x", parents=[s], offsets=[-1])),
+                (
+                    PositionError,
+                    "context length",
+                    engine.prefill("x", parents=[s], offsets=[10**6]),
+                ),
+                (PositionError, "context length", engine.decode(parents=[s], max_tokens=10**6)),
+                (
+                    InvalidRequest,
+                    "non-empty header",
+                    engine.decode(parents=[s], frame=False, max_tokens=4),
+                ),
+                (InvalidRequest, "max_tokens", engine.decode(parents=[s], max_tokens=0)),
+                (InvalidRequest, "temperature", engine.decode(parents=[s], temperature=-1.0)),
+                (InvalidRequest, "vocabulary", engine.prefill([10**7], frame=False)),
+                (InvalidRequest, "Handles", engine.prefill("x", parents=["not a handle"])),
+            ]
+            before = snapshot(engine)
+            for kind, words, call in cases:
+                with pytest.raises(kind, match=words):
+                    await call
+                assert snapshot(engine) == before, kind
 
 
-async def test_capacity_exhausted_mid_decode_rolls_back(engine):
-    s = await engine.prefill("you are a careful solver", role="system")
-    before = snapshot(engine)
-    with pytest.raises(CacheFullError, match="capacity 200"):
-        await engine.decode(parents=[s], max_tokens=400, ignore_eos=True)
-    assert snapshot(engine) == before
-    ok = await engine.decode(parents=[s], max_tokens=5, ignore_eos=True)
-    assert len(ok.tokens) > 5
+async def test_capacity_exhausted_mid_decode_rolls_back(tiny_dirs):
+    async with small(tiny_dirs) as engine:
+        s = await engine.prefill("you are a careful solver", role="system")
+        before = snapshot(engine)
+        with pytest.raises(CacheFullError, match="capacity 200"):
+            await engine.decode(parents=[s], max_tokens=400, ignore_eos=True)
+        assert snapshot(engine) == before
+        ok = await engine.decode(parents=[s], max_tokens=5, ignore_eos=True)
+        assert len(ok.tokens) > 5
 
 
-async def test_capacity_exhausted_in_prefill_names_request(engine):
-    with pytest.raises(CacheFullError, match="token slots needed"):
-        await engine.prefill(list(range(5, 250)), frame=False)
-    assert engine.stats().tokens_used == 0
+async def test_capacity_exhausted_in_prefill_names_request(tiny_dirs):
+    async with small(tiny_dirs) as engine:
+        with pytest.raises(CacheFullError, match="token slots needed"):
+            await engine.prefill(list(range(5, 250)), frame=False)
+        assert engine.stats().tokens_used == 0
 
 
-async def test_free_releases_slots_and_pins_defer(engine):
-    s = await engine.prefill("you are a careful solver", role="system")
-    used = engine.stats().tokens_used
-    engine.free(s)
-    assert engine.stats().tokens_used == used - s.length
-    assert s.text == "you are a careful solver"  # metadata survives
-    with pytest.raises(UnknownHandle):
+async def test_free_releases_slots_and_pins_defer(tiny_dirs):
+    async with small(tiny_dirs) as engine:
+        s = await engine.prefill("you are a careful solver", role="system")
+        used = engine.stats().tokens_used
         engine.free(s)
+        assert engine.stats().tokens_used == used - s.length
+        assert s.text == "you are a careful solver"  # metadata survives
+        with pytest.raises(UnknownHandle):
+            engine.free(s)
 
 
 def test_parent_freed_mid_decode_stays_until_the_call_ends(tiny_dirs):

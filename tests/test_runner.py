@@ -68,14 +68,17 @@ def test_real_model_logits_match_hf(real_engine, real_hf):
 
 
 @pytest.mark.real_model
-async def test_real_model_greedy_matches_hf_generate(real_engine, real_hf):
+async def test_real_model_greedy_matches_hf_generate(real_dir, real_hf):
     """64 greedy tokens, both sides with their default end-of-turn handling."""
-    sys = await real_engine.prefill("You are a storyteller.", role="system")
-    q = await real_engine.prefill(
-        "Write a long story about a dragon and a lighthouse.", parents=[sys]
-    )
-    ans = await real_engine.decode(parents=[sys, q], max_tokens=64)
-    header = real_engine._core.fmt.encode(real_engine._core.fmt.frame("assistant")[0])
+    from corps.engine.engine import Engine
+
+    async with Engine.load(str(real_dir), capacity=4096) as engine:
+        sys = await engine.prefill("You are a storyteller.", role="system")
+        q = await engine.prefill(
+            "Write a long story about a dragon and a lighthouse.", parents=[sys]
+        )
+        ans = await engine.decode(parents=[sys, q], max_tokens=64)
+        header = engine._core.fmt.encode(engine._core.fmt.frame("assistant")[0])
     prompt = sys.tokens + q.tokens + header
     out = real_hf.generate(torch.tensor([prompt]), max_new_tokens=64, do_sample=False)
     assert ans.tokens[len(header) :] == out[0, len(prompt) :].tolist()
@@ -88,10 +91,10 @@ async def test_real_model_modes_agree_and_stop_at_end_of_turn(real_dir):
 
     texts = []
     for mode in ("choreographed", "baseline"):
-        engine = Engine.load(str(real_dir), mode=mode, capacity=4096)
-        sys = await engine.prefill("You are a careful solver.", role="system")
-        q = await engine.prefill("What is 7*6?", parents=[sys])
-        ans = await engine.decode(parents=[sys, q], max_tokens=96)
-        texts.append(ans.tokens)
+        async with Engine.load(str(real_dir), mode=mode, capacity=4096) as engine:
+            sys = await engine.prefill("You are a careful solver.", role="system")
+            q = await engine.prefill("What is 7*6?", parents=[sys])
+            ans = await engine.decode(parents=[sys, q], max_tokens=96)
+            texts.append(ans.tokens)
     assert texts[0] == texts[1]
     assert texts[0][-1] == 2 or len(texts[0]) > 96  # stopped on <|im_end|> or ran to the limit

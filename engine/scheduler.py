@@ -1,0 +1,279 @@
+"""The batching loop: one task per engine fuses every concurrent call into shared steps.
+
+Every `prefill` / `decode` becomes a `Job` on a bounded queue. Each iteration
+the loop admits what has arrived, then runs ONE fused forward step off the
+event loop (a worker thread): a next token for every running decode plus
+prefill chunks for waiting calls. Callers only await their own job.
+
+Policy (fairness): running decodes always get their token first; prefill
+chunks (at most 512 tokens each, see `PREFILL_CHUNK`) fill the rest of the
+per-step token budget in arrival order. A long prompt is thus spread over
+several steps and delays the running decodes by at most one chunk per step;
+it never starves them.
+
+Failure isolation: a bad request or a sampling error fails its own job only.
+If a step's forward raises, the jobs in that step fail with the cause and the
+loop keeps serving new ones. If the loop itself dies, every waiter fails with
+the cause (`EngineClosed`), none hangs.
+
+Cancellation: a cancelled waiter marks its job; between steps the loop aborts
+it, which rolls back its partial tokens and frees its slots.
+Shutdown (`close`) aborts queued and running jobs with `EngineClosed`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.to_thread
+
+from corps.cache.errors import CorpsError
+from corps.cache.handle import Handle
+from corps.engine.core import Core, _Call
+
+
+class EngineBusy(CorpsError):
+    """The engine's queue is full (raised by the *_nowait calls); retry or await instead."""
+
+
+class EngineClosed(CorpsError):
+    """The engine is not running: not started, shut down, or its loop crashed."""
+
+
+@dataclass(eq=False)
+class Job:
+    """One call waiting for, or running in, the loop."""
+
+    request: Any
+    want_logits: bool = False
+    on_token: Callable[[int], None] | None = None  # called on the event loop
+    on_done: Callable[[], None] | None = None  # called on the event loop when the job ends
+    done: anyio.Event = field(default_factory=anyio.Event)
+    handle: Handle | None = None
+    error: BaseException | None = None
+    call: _Call | None = None
+    cancelled: bool = False
+    submitted: float = field(default_factory=time.perf_counter)
+    first_token: float | None = None
+
+    def end(self) -> None:
+        self.done.set()
+        if self.on_done is not None:
+            self.on_done()
+
+    async def wait(self) -> Handle:
+        """The handle, or the job's error; cancelling the wait cancels the job."""
+        try:
+            await self.done.wait()
+        except BaseException:
+            self.cancelled = True
+            raise
+        if self.error is not None:
+            raise self.error
+        return self.handle
+
+
+@dataclass
+class _Counters:
+    steps: int = 0
+    calls_in_steps: int = 0
+    tokens_sampled: int = 0
+    step_seconds: float = 0.0  # wall time of steps, measured on the loop
+    forward_seconds: float = 0.0  # of which in the model's forward
+    ttft_sum: float = 0.0
+    ttft_n: int = 0
+
+
+class Scheduler:
+    def __init__(self, core: Core, *, queue_size: int = 256, step_tokens: int = 512) -> None:
+        if queue_size < 1 or step_tokens < 1:
+            raise ValueError("queue_size and step_tokens must be >= 1")
+        self.core = core
+        self.step_tokens = step_tokens
+        self.queue_size = queue_size
+        self._send, self._recv = anyio.create_memory_object_stream[Job](queue_size)
+        self._running: list[Job] = []
+        self._finished: list[Job] = []
+        self._tokens: list[tuple[Job, int]] = []
+        self._closing = False
+        self._dead: BaseException | None = None
+        self.started = False
+        self.n = _Counters()
+
+    # ---- submitting (event loop) ----
+
+    async def submit(self, job: Job) -> None:
+        self._check_open()
+        try:
+            await self._send.send(job)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            raise self._closed_error() from None
+
+    def submit_nowait(self, job: Job) -> None:
+        self._check_open()
+        try:
+            self._send.send_nowait(job)
+        except anyio.WouldBlock:
+            raise EngineBusy(
+                f"engine queue full ({self.queue_size} calls waiting); await the call instead "
+                f"of the _nowait form, or open the engine with a larger queue_size"
+            ) from None
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            raise self._closed_error() from None
+
+    def queue_depth(self) -> int:
+        return self._send.statistics().current_buffer_used
+
+    def _check_open(self) -> None:
+        if not self.started or self._closing or self._dead is not None:
+            raise self._closed_error()
+
+    def _closed_error(self) -> EngineClosed:
+        if self._dead is not None:
+            return EngineClosed(f"the engine's loop crashed: {self._dead!r}")
+        if not self.started:
+            return EngineClosed(
+                "engine not started: use `async with Engine.open(...) as engine` "
+                "(or `async with engine:` after Engine.load)"
+            )
+        return EngineClosed("the engine is shut down")
+
+    # ---- the loop ----
+
+    async def run(self) -> None:
+        """The loop task. Returns after close(); fails every waiter if it dies."""
+        self.started = True
+        try:
+            while not self._closing:
+                new = await self._collect()
+                if new is None:
+                    break
+                self._reap_cancelled()
+                if new or self._running:
+                    await self._step(new)
+        except BaseException as exc:
+            self._dead = exc if not isinstance(exc, anyio.get_cancelled_exc_class()) else None
+            raise
+        finally:
+            self._shut_down()
+
+    async def close(self) -> None:
+        """Stop taking calls; queued and running ones fail with EngineClosed."""
+        self._closing = True
+        await self._send.aclose()
+
+    async def _collect(self) -> list[Job] | None:
+        """New jobs: wait for one when idle, else take what is queued. None once closed."""
+        new: list[Job] = []
+        if not self._running:
+            try:
+                new.append(await self._recv.receive())
+            except (anyio.EndOfStream, anyio.ClosedResourceError):
+                return None
+        while True:
+            try:
+                new.append(self._recv.receive_nowait())
+            except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+                return new
+
+    def _reap_cancelled(self) -> None:
+        for job in [j for j in self._running if j.cancelled]:
+            self.core.abort(job.call)
+            self._running.remove(job)
+            job.end()
+
+    async def _step(self, new: list[Job]) -> None:
+        t0 = time.perf_counter()
+        forward0 = self.core.forward_seconds
+        await anyio.to_thread.run_sync(self._step_sync, new)
+        self.n.step_seconds += time.perf_counter() - t0
+        self.n.forward_seconds += self.core.forward_seconds - forward0
+        now = time.perf_counter()
+        for job, tok in self._tokens:
+            if job.first_token is None:
+                job.first_token = now
+                self.n.ttft_sum += now - job.submitted
+                self.n.ttft_n += 1
+            if job.on_token is not None and not job.cancelled:
+                job.on_token(tok)
+        self.n.tokens_sampled += len(self._tokens)
+        for job in self._finished:
+            if job.handle is not None and job.first_token is not None:
+                self.core.table.get(job.handle.id).extra["ttft_s"] = job.first_token - job.submitted
+            job.end()
+        self._tokens, self._finished = [], []
+
+    def _step_sync(self, new: list[Job]) -> None:
+        """Worker thread: admit new jobs, run one fused step, finish what is done."""
+        for job in new:
+            if job.cancelled:
+                self._finished.append(job)
+                continue
+            try:
+                job.call = self.core.admit(job.request, want_logits=job.want_logits)
+            except Exception as exc:  # bad input fails this job only
+                job.error = exc
+                self._finished.append(job)
+                continue
+            self._running.append(job)
+        by_call = {id(j.call): j for j in self._running}
+        active = [j.call for j in self._running if not j.call.done]
+        if active:
+            try:
+                out = self.core.step(active, budget=self.step_tokens)
+            except Exception as exc:  # the forward failed: fail this step's jobs, go on
+                for call in active:
+                    self.core.abort(call)
+                    by_call[id(call)].error = exc
+            else:
+                for call, exc in out.failed:
+                    by_call[id(call)].error = exc
+                self._tokens = [(by_call[id(c)], tok) for c, tok in out.tokens]
+                self.n.steps += 1
+                self.n.calls_in_steps += len(active)
+        for job in [j for j in self._running if j.call.done]:
+            self._running.remove(job)
+            if job.error is None:
+                try:
+                    job.handle = self.core.finish(job.call)
+                except Exception as exc:
+                    self.core.abort(job.call)
+                    job.error = exc
+            self._finished.append(job)
+
+    def _shut_down(self) -> None:
+        """Fail every job still queued or running; nothing is left waiting."""
+        self._closing = True
+        error = self._closed_error()
+        leftover = list(self._running)
+        self._running = []
+        while True:
+            try:
+                leftover.append(self._recv.receive_nowait())
+            except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+                break
+        self._recv.close()
+        for job in leftover:
+            if job.call is not None:
+                self.core.abort(job.call)
+            if job.error is None and job.handle is None:
+                job.error = error
+            job.end()
+
+    # ---- statistics ----
+
+    def figures(self) -> dict[str, float]:
+        n = self.n
+        return dict(
+            steps=n.steps,
+            mean_batch_size=n.calls_in_steps / n.steps if n.steps else 0.0,
+            queue_depth=self.queue_depth(),
+            tokens_per_s=n.tokens_sampled / n.step_seconds if n.step_seconds else 0.0,
+            mean_ttft_s=n.ttft_sum / n.ttft_n if n.ttft_n else math.nan,
+            overhead=1 - n.forward_seconds / n.step_seconds if n.step_seconds else 0.0,
+        )
