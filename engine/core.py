@@ -547,6 +547,7 @@ class Core:
                 c.visibility,
             )
         )
+        c.slots = []  # the message owns them now; an abort must not release them
         self._unpin(c)
         return Handle(mid, self.table)
 

@@ -98,6 +98,7 @@ class Scheduler:
         self.queue_size = queue_size
         self._send, self._recv = anyio.create_memory_object_stream[Job](queue_size)
         self._running: list[Job] = []
+        self._incoming: list[Job] = []
         self._finished: list[Job] = []
         self._tokens: list[tuple[Job, int]] = []
         self._closing = False
@@ -156,9 +157,8 @@ class Scheduler:
                 self._reap_cancelled()
                 if new or self._running:
                     await self._step(new)
-        except BaseException as exc:
-            self._dead = exc if not isinstance(exc, anyio.get_cancelled_exc_class()) else None
-            raise
+        except Exception as exc:  # the loop itself died: every waiter learns why
+            self._dead = exc
         finally:
             self._shut_down()
 
@@ -190,7 +190,9 @@ class Scheduler:
     async def _step(self, new: list[Job]) -> None:
         t0 = time.perf_counter()
         forward0 = self.core.forward_seconds
+        self._incoming = new  # owned by the loop until the step has taken them
         await anyio.to_thread.run_sync(self._step_sync, new)
+        self._incoming = []
         self.n.step_seconds += time.perf_counter() - t0
         self.n.forward_seconds += self.core.forward_seconds - forward0
         now = time.perf_counter()
@@ -250,8 +252,10 @@ class Scheduler:
         """Fail every job still queued or running; nothing is left waiting."""
         self._closing = True
         error = self._closed_error()
-        leftover = list(self._running)
-        self._running = []
+        error.__cause__ = self._dead
+        leftover = [j for j in self._incoming if j not in self._running] + self._running
+        leftover += [j for j in self._finished if not j.done.is_set()]
+        self._running, self._incoming, self._finished = [], [], []
         while True:
             try:
                 leftover.append(self._recv.receive_nowait())
@@ -259,7 +263,7 @@ class Scheduler:
                 break
         self._recv.close()
         for job in leftover:
-            if job.call is not None:
+            if job.call is not None and job.handle is None:
                 self.core.abort(job.call)
             if job.error is None and job.handle is None:
                 job.error = error

@@ -1,0 +1,209 @@
+"""The batching loop (corps.engine.scheduler): concurrency, cancellation, failures, shutdown."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from corps.engine.errors import InvalidRequest
+from corps.engine.scheduler import EngineBusy, EngineClosed, Scheduler
+
+from conftest import open_tiny
+
+PROMPTS = ["hello world", "the quick brown fox", "what is seven", "you are a careful solver"]
+
+
+def used(engine) -> int:
+    return engine.stats().tokens_used
+
+
+async def test_many_concurrent_callers_share_steps(tiny_dirs):
+    async with open_tiny(tiny_dirs, "llama") as engine:
+        qs = await engine.prefill_many([dict(message=p) for p in PROMPTS])
+        results = {}
+
+        async def ask(i: int) -> None:
+            results[i] = await engine.decode(parents=[qs[i % 4]], max_tokens=8, ignore_eos=True)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(20):
+                tg.start_soon(ask, i)
+        assert len(results) == 20
+        stats = engine.stats()
+        assert stats.mean_batch_size > 2  # calls really shared forward steps
+        assert stats.steps < 20 * 9
+        assert stats.queue_depth == 0 and stats.tokens_per_s > 0 and stats.mean_ttft_s > 0
+
+
+async def test_greedy_and_seeded_outputs_do_not_depend_on_the_batch(tiny_dirs):
+    async with open_tiny(tiny_dirs, "qwen3") as engine:
+        qs = await engine.prefill_many([dict(message=p) for p in PROMPTS])
+        greedy = dict(parents=[qs[0], qs[1]], max_tokens=12, ignore_eos=True)
+        seeded = dict(parents=[qs[2]], max_tokens=12, temperature=1.0, seed=5, ignore_eos=True)
+        alone = [await engine.decode(**greedy), await engine.decode(**seeded)]
+        crowd = {}
+
+        async def other(i: int) -> None:
+            await engine.decode(parents=[qs[i % 4]], max_tokens=6 + i, temperature=0.7, seed=i)
+
+        async def mine(key: str, kw: dict) -> None:
+            await anyio.sleep(0.01)  # join a batch that is already running
+            crowd[key] = await engine.decode(**kw)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(15):
+                tg.start_soon(other, i)
+            tg.start_soon(mine, "greedy", greedy)
+            tg.start_soon(mine, "seeded", seeded)
+        assert crowd["greedy"].tokens == alone[0].tokens
+        assert crowd["seeded"].tokens == alone[1].tokens
+
+
+async def test_cancel_mid_decode_rolls_back_and_spares_others(tiny_dirs):
+    async with open_tiny(tiny_dirs, "llama") as engine:
+        q = await engine.prefill("hello world")
+        reference = await engine.decode(parents=[q], max_tokens=20, ignore_eos=True)
+        engine.free(reference)
+        messages = engine.stats().messages
+        survivor = {}
+
+        async def victim(scope: anyio.CancelScope) -> None:
+            with scope:
+                async for _ in engine.stream(parents=[q], max_tokens=400, ignore_eos=True):
+                    if len(survivor) == 0:
+                        continue
+                    scope.cancel()  # cancel once it has produced tokens amid another call
+
+        async def bystander() -> None:
+            survivor["h"] = await engine.decode(parents=[q], max_tokens=20, ignore_eos=True)
+
+        scope = anyio.CancelScope()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(victim, scope)
+            tg.start_soon(bystander)
+        await anyio.sleep(0)
+        assert scope.cancel_called
+        assert survivor["h"].tokens == reference.tokens
+        engine.free(survivor["h"])
+        await engine.prefill("x")  # one more trip through the loop reaps the cancelled call
+        stats = engine.stats()
+        assert stats.messages == messages + 1  # the cancelled decode left no message
+        live = sum(len(m.slots) for m in engine._core.table.all())
+        assert stats.tokens_used == live  # every used slot belongs to a live message
+
+
+async def test_timeout_cancels_the_call_and_frees_its_slots(tiny_dirs):
+    async with open_tiny(tiny_dirs, "llama") as engine:
+        q = await engine.prefill("hello world")
+        messages = engine.stats().messages
+        with anyio.move_on_after(0.05) as scope:
+            await engine.decode(parents=[q], max_tokens=450, ignore_eos=True)
+        assert scope.cancelled_caught
+        await engine.prefill("x")  # the loop reaps the cancelled call between steps
+        assert engine.stats().messages == messages + 1  # only "x"; the decode left nothing
+        live = sum(len(m.slots) for m in engine._core.table.all())
+        assert engine.stats().tokens_used == live
+
+
+async def test_queue_full_nowait_raises_and_await_waits(tiny_dirs):
+    async with open_tiny(tiny_dirs, "llama", queue_size=2) as engine:
+        q = await engine.prefill("hello world")
+        a = engine.decode_nowait(parents=[q], max_tokens=3)
+        b = engine.decode_nowait(parents=[q], max_tokens=3)
+        with pytest.raises(EngineBusy, match="queue full"):
+            engine.decode_nowait(parents=[q], max_tokens=3)
+        c = await engine.decode(parents=[q], max_tokens=3)  # waits for room instead
+        assert (await a).tokens == (await b).tokens == c.tokens
+
+
+async def test_one_bad_call_fails_alone(tiny_dirs, monkeypatch):
+    import corps.engine.core as core_mod
+
+    real_sample = core_mod.sample
+
+    def flaky(logits, params, generator):
+        if params.seed == 666:
+            raise RuntimeError("injected sampling failure")
+        return real_sample(logits, params, generator)
+
+    monkeypatch.setattr(core_mod, "sample", flaky)
+    async with open_tiny(tiny_dirs, "llama") as engine:
+        q = await engine.prefill("hello world")
+        outcomes = {}
+
+        async def run(name: str, **kw) -> None:
+            try:
+                outcomes[name] = await engine.decode(parents=[q], max_tokens=5, **kw)
+            except Exception as exc:
+                outcomes[name] = exc
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(partial_run(run, "ok1"))
+            tg.start_soon(partial_run(run, "bad-sample", temperature=1.0, seed=666))
+            tg.start_soon(partial_run(run, "bad-input", offsets=[-3]))
+            tg.start_soon(partial_run(run, "ok2", temperature=1.0, seed=1))
+        assert isinstance(outcomes["bad-sample"], RuntimeError)
+        assert isinstance(outcomes["bad-input"], InvalidRequest)
+        assert not isinstance(outcomes["ok1"], Exception)
+        assert not isinstance(outcomes["ok2"], Exception)
+        live = sum(len(m.slots) for m in engine._core.table.all())
+        assert engine.stats().tokens_used == live
+
+
+def partial_run(fn, name, **kw):
+    async def go() -> None:
+        await fn(name, **kw)
+
+    return go
+
+
+async def test_shutdown_with_work_in_flight_fails_waiters_and_never_hangs(tiny_dirs):
+    errors = []
+    with anyio.fail_after(60):
+        async with open_tiny(tiny_dirs, "llama") as engine:
+            q = await engine.prefill("hello world")
+
+            async def waiter() -> None:
+                try:
+                    await engine.decode(parents=[q], max_tokens=400, ignore_eos=True)
+                except EngineClosed as exc:
+                    errors.append(exc)
+
+            async with anyio.create_task_group() as outer:
+                for _ in range(3):
+                    outer.start_soon(waiter)
+                await anyio.sleep(0.05)
+                await engine._sched.close()
+    assert len(errors) == 3
+    with pytest.raises(EngineClosed, match="shut down"):
+        await engine.prefill("after")
+
+
+async def test_loop_crash_fails_every_waiter_with_the_cause(tiny_dirs, monkeypatch):
+    def boom(self, new):
+        raise MemoryError("injected loop failure")
+
+    monkeypatch.setattr(Scheduler, "_step_sync", boom)
+    got = []
+    with anyio.fail_after(30):
+        async with open_tiny(tiny_dirs, "llama") as engine:
+
+            async def call() -> None:
+                try:
+                    await engine.prefill("hello")
+                except EngineClosed as exc:
+                    got.append(exc)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call)
+                tg.start_soon(call)
+            with pytest.raises(EngineClosed, match="crashed"):
+                await engine.prefill("later")
+    assert len(got) == 2
+    assert all("crashed" in str(e) and isinstance(e.__cause__, MemoryError) for e in got)
+
+
+async def test_engine_must_be_started(tiny_dirs):
+    engine = open_tiny(tiny_dirs, "llama")
+    with pytest.raises(EngineClosed, match="not started"):
+        await engine.prefill("hello")
