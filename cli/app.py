@@ -127,6 +127,22 @@ def bench_runner(
         fail(exc)
 
 
+@bench_app.command("batching")
+def bench_batching(
+    model: ModelOpt = "smollm2-135m",
+    dtype: DtypeOpt = "float32",
+    streams: Annotated[str, typer.Option(help="Comma-separated stream counts.")] = "1,4,16,64",
+    tokens: Annotated[int, typer.Option(min=2, help="Tokens decoded per stream.")] = 32,
+) -> None:
+    """Aggregate decode tokens/s for concurrent streams through the batching loop."""
+    from corps.engine.bench_batching import main
+
+    try:
+        main(model, dtype, [int(x) for x in streams.split(",") if x.strip()], tokens)
+    except CorpsError as exc:
+        fail(exc)
+
+
 def main() -> None:  # pragma: no cover - `python -m corps.cli.app`
     app()
 

@@ -70,8 +70,7 @@ class ModelRunner:
             q, k_rot, k, v = self._qkv(
                 x,
                 lw.input_norm,
-                lw.wqkv,
-                lw.bqkv,
+                lw.qkv,
                 lw.q_norm,
                 lw.k_norm,
                 cos,
@@ -82,11 +81,11 @@ class ModelRunner:
             )
             self.store.write(i, batch.slots, k, v)
             attn = self._attend(i, q, k_rot, v, batch.spans)  # (T, Hq D)
-            x = self._mlp(x, attn, lw.wo, lw.post_norm, lw.w_gate_up, lw.w_down, spec.rms_norm_eps)
+            x = self._mlp(x, attn, lw.o, lw.post_norm, lw.gate_up, lw.down, spec.rms_norm_eps)
         for span in batch.spans:
             span.view.advance(span.end - span.start)
         h = F.rms_norm(x[batch.logit_rows], (x.shape[-1],), w.final_norm, spec.rms_norm_eps)
-        return F.linear(h, w.lm_head)  # (N, V)
+        return w.lm_head(h)  # (N, V)
 
     def _attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, spans) -> Tensor:
         if len(spans) == 1 and spans[0].start == 0 and spans[0].end == q.shape[0]:
@@ -102,14 +101,14 @@ class ModelRunner:
         return self.attention.attend(layer, q, span.view, self.scale)
 
 
-def layer_qkv(x, norm, wqkv, bqkv, q_norm, k_norm, cos, sin, hq: int, hkv: int, eps: float):
+def layer_qkv(x, norm, qkv_proj, q_norm, k_norm, cos, sin, hq: int, hkv: int, eps: float):
     """Attention inputs of one layer for x (T, E).
 
     Returns q rotated (T, Hq, D), k rotated (T, Hkv, D), k unrotated and v (T, Hkv, D).
     """
     d = cos.shape[-1]
     a = F.rms_norm(x, (x.shape[-1],), norm, eps)  # (T, E)
-    qkv = F.linear(a, wqkv, bqkv)  # (T, (Hq + 2 Hkv) D)
+    qkv = qkv_proj(a)  # (T, (Hq + 2 Hkv) D)
     q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
     k = k.view(-1, hkv, d)
     v = v.view(-1, hkv, d)
@@ -123,9 +122,9 @@ def layer_qkv(x, norm, wqkv, bqkv, q_norm, k_norm, cos, sin, hq: int, hkv: int, 
     return qk[:, :hq], qk[:, hq:], k, v
 
 
-def layer_mlp(x, attn, wo, norm, w_gate_up, w_down, eps: float):
+def layer_mlp(x, attn, o_proj, norm, gate_up_proj, down_proj, eps: float):
     """Residual attention output, then the SiLU MLP, for x (T, E) and attn (T, Hq D)."""
-    x = x + F.linear(attn, wo)
+    x = x + o_proj(attn)
     a = F.rms_norm(x, (x.shape[-1],), norm, eps)
-    gate, up = F.linear(a, w_gate_up).chunk(2, dim=-1)  # (T, I) each
-    return x + F.linear(F.silu(gate) * up, w_down)
+    gate, up = gate_up_proj(a).chunk(2, dim=-1)  # (T, I) each
+    return x + down_proj(F.silu(gate) * up)

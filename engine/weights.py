@@ -10,6 +10,7 @@ from torch import Tensor
 
 from corps.cache.rope import RopeTables
 from corps.engine.errors import ModelNotFound, UnsupportedModel
+from corps.engine.linear import Linear
 from corps.engine.spec import ModelSpec
 
 #: Longest RoPE table we precompute, whatever the config claims.
@@ -19,14 +20,13 @@ MAX_TABLE_POSITIONS = 131072
 @dataclass(frozen=True)
 class LayerWeights:
     input_norm: Tensor  # (E,)
-    wqkv: Tensor  # ((Hq + 2 Hkv) D, E): q, k, v projections stacked
-    bqkv: Tensor | None  # ((Hq + 2 Hkv) D,)
+    qkv: Linear  # E -> (Hq + 2 Hkv) D: q, k, v projections stacked (with Qwen2's bias)
     q_norm: Tensor | None  # (D,) Qwen3
     k_norm: Tensor | None  # (D,) Qwen3
-    wo: Tensor  # (E, Hq D)
+    o: Linear  # Hq D -> E
     post_norm: Tensor  # (E,)
-    w_gate_up: Tensor  # (2 I, E): gate and up projections stacked
-    w_down: Tensor  # (E, I)
+    gate_up: Linear  # E -> 2 I: gate and up projections stacked
+    down: Linear  # I -> E
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class Weights:
     embed: Tensor  # (V, E)
     layers: tuple[LayerWeights, ...]
     final_norm: Tensor  # (E,)
-    lm_head: Tensor  # (V, E), the embedding itself when tied
+    lm_head: Linear  # E -> V (its weight is the embedding itself when tied)
     rope: RopeTables
 
     @property
@@ -88,14 +88,16 @@ def weights_from_hf(hf, spec: ModelSpec, *, device: str | torch.device = "cpu") 
         layers.append(
             LayerWeights(
                 input_norm=t(layer.input_layernorm.weight),
-                wqkv=t(torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight])),
-                bqkv=t(torch.cat(biases)) if all(b is not None for b in biases) else None,
+                qkv=Linear.of(
+                    t(torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight])),
+                    t(torch.cat(biases)) if all(b is not None for b in biases) else None,
+                ),
                 q_norm=t(att.q_norm.weight) if spec.qk_norm else None,
                 k_norm=t(att.k_norm.weight) if spec.qk_norm else None,
-                wo=t(att.o_proj.weight),
+                o=Linear.of(t(att.o_proj.weight)),
                 post_norm=t(layer.post_attention_layernorm.weight),
-                w_gate_up=t(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
-                w_down=t(mlp.down_proj.weight),
+                gate_up=Linear.of(t(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))),
+                down=Linear.of(t(mlp.down_proj.weight)),
             )
         )
     embed = t(inner.embed_tokens.weight)
@@ -108,6 +110,6 @@ def weights_from_hf(hf, spec: ModelSpec, *, device: str | torch.device = "cpu") 
         embed=embed,
         layers=tuple(layers),
         final_norm=t(inner.norm.weight),
-        lm_head=embed if tied else t(lm_head),
+        lm_head=Linear.of(embed if tied else t(lm_head)),
         rope=RopeTables(cos=rope.cos.to(device), sin=rope.sin.to(device)),
     )
