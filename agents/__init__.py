@@ -1,1 +1,17 @@
-"""corps.agents."""
+"""corps.agents: agents as async actors that exchange message handles."""
+
+from corps.agents.agent import Agent
+from corps.agents.errors import AgentError, AgentStopped, MailboxFull, UnknownAgent
+from corps.agents.runtime import DEAD_LETTERS, AgentRuntime, DeadLetter, Runtime
+
+__all__ = [
+    "DEAD_LETTERS",
+    "Agent",
+    "AgentError",
+    "AgentRuntime",
+    "AgentStopped",
+    "DeadLetter",
+    "MailboxFull",
+    "Runtime",
+    "UnknownAgent",
+]

@@ -1,4 +1,5 @@
-"""corps.cache: the KV store, messages and handles, RoPE repositioning, the radix cache."""
+"""corps.cache: the KV store, messages and handles, RoPE repositioning, the radix cache,
+visibility and provenance."""
 
 from corps.cache.errors import (
     CacheFullError,
@@ -8,12 +9,19 @@ from corps.cache.errors import (
     UnknownHandle,
 )
 from corps.cache.handle import Handle
+from corps.cache.visibility import AccessDenied, Leak, LeakageError, Private, Public, Shared
 
 __all__ = [
+    "AccessDenied",
     "CacheFullError",
     "CorpsError",
     "Handle",
     "InvalidRequest",
+    "Leak",
+    "LeakageError",
     "PositionError",
+    "Private",
+    "Public",
+    "Shared",
     "UnknownHandle",
 ]

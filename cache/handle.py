@@ -44,6 +44,11 @@ class Handle:
         return tuple(Handle(p, self.table) for p in self._msg.parents)
 
     @property
+    def sources(self) -> frozenset[Handle]:
+        """Every message this one's encoding attended to, transitively (its provenance)."""
+        return frozenset(Handle(s, self.table) for s in self._msg.sources)
+
+    @property
     def offset(self) -> int:
         return self._msg.offset
 

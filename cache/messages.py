@@ -24,6 +24,7 @@ class Message:
     parent_offsets: tuple[int, ...]  # where each parent sat when this was encoded
     owner: str | None = None
     visibility: Any = None
+    sources: frozenset[int] = frozenset()  # every message its encoding attended to, transitively
     freed: bool = False
     pins: int = 0  # in-flight calls reading its slots
     extra: dict[str, Any] = field(default_factory=dict)

@@ -547,9 +547,23 @@ class Core:
                 c.visibility,
             )
         )
+        self.table.get(mid).sources = self._sources(c.parents)
         c.slots = []  # the message owns them now; an abort must not release them
         self._unpin(c)
         return Handle(mid, self.table)
+
+    def _sources(self, parents: tuple[int, ...]) -> frozenset[int]:
+        """What a new encoding attends to: its parents and (choreographed) their sources.
+
+        In baseline mode parents are re-encoded from their text inside the call,
+        so only the parents themselves are attended to.
+        """
+        if self.mode == "baseline":
+            return frozenset(parents)
+        out: set[int] = set(parents)
+        for p in parents:
+            out |= self.table.get(p).sources
+        return frozenset(out)
 
     def _unpin(self, c: _Call) -> None:
         with self._mutex:

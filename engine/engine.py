@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from collections.abc import AsyncIterator, Generator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from functools import partial
@@ -17,13 +18,27 @@ from rich.console import Console
 
 from corps.cache.handle import Handle
 from corps.cache.kv import KVStore
+from corps.cache.visibility import Leak, LeakageError, can_read, check_policy
+from corps.engine.access import check_access, explain, find_leaks, hidden_sources
 from corps.engine.core import Core
 from corps.engine.errors import InvalidRequest
 from corps.engine.registry import DEFAULT_MODEL, resolve_model
-from corps.engine.requests import decode_request, prefill_request
+from corps.engine.requests import PrefillRequest, decode_request, prefill_request
 from corps.engine.scheduler import Job, Scheduler
 from corps.engine.stats import EngineStats
 from corps.engine.weights import load_weights, read_spec
+
+
+class LeakWarning(UserWarning):
+    """A call attended to another agent's hidden context (leak_policy="warn")."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TraceEvent:
+    kind: str  # "leak" or "reencode"
+    detail: str
+    leak: Leak | None = None
+
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 #: Default KV store budget when no capacity is given.
@@ -39,10 +54,21 @@ class Engine:
     a worker thread, so the event loop stays free while the model computes.
     """
 
-    def __init__(self, core: Core, *, queue_size: int = 256, step_tokens: int = 512) -> None:
+    def __init__(
+        self,
+        core: Core,
+        *,
+        queue_size: int = 256,
+        step_tokens: int = 512,
+        leak_policy: str = "warn",
+    ) -> None:
         self._core = core
         self._sched = Scheduler(core, queue_size=queue_size, step_tokens=step_tokens)
         self._tg: anyio.abc.TaskGroup | None = None
+        self.leak_policy = check_policy(leak_policy)
+        self._leaks: list[Leak] = []
+        self._events: list[TraceEvent] = []
+        self._clean: dict[tuple[int, str | None], Handle] = {}  # reencoded views, per reader
 
     # ---- construction and lifetime ----
 
@@ -58,6 +84,7 @@ class Engine:
         memory_budget: int = DEFAULT_MEMORY_BUDGET,
         queue_size: int = 256,
         step_tokens: int = 512,
+        leak_policy: str = "warn",
         console: Console | None = None,
     ) -> Engine:
         """Load synchronously (blocks); start it with `async with engine:`."""
@@ -78,7 +105,7 @@ class Engine:
         weights = load_weights(path, dtype=torch_dtype, device=device)
         tokenizer = AutoTokenizer.from_pretrained(str(path))
         core = Core(weights, tokenizer, model_path=path, mode=mode, capacity=capacity)
-        return cls(core, queue_size=queue_size, step_tokens=step_tokens)
+        return cls(core, queue_size=queue_size, step_tokens=step_tokens, leak_policy=leak_policy)
 
     @classmethod
     @asynccontextmanager
@@ -100,7 +127,10 @@ class Engine:
     async def __aexit__(self, *exc_info: Any) -> bool | None:
         """Shut down: calls still queued or running fail with EngineClosed; never hangs."""
         await self._sched.close()
-        return await self._tg.__aexit__(*exc_info)
+        # The loop task ends on close(); the body's own exception (if any) propagates
+        # as itself rather than wrapped in an ExceptionGroup.
+        await self._tg.__aexit__(None, None, None)
+        return None
 
     # ---- introspection ----
 
@@ -121,6 +151,18 @@ class Engine:
     def stats(self) -> EngineStats:
         return dataclasses.replace(self._core.stats(), **self._sched.figures())
 
+    def leaks(self) -> list[Leak]:
+        """Every leak recorded so far (policies allow and warn), oldest first."""
+        return list(self._leaks)
+
+    def trace(self) -> list[TraceEvent]:
+        return list(self._events)
+
+    def read(self, handle: Handle, *, reader: str | None) -> str:
+        """The text of a message, if `reader` may see it (else AccessDenied)."""
+        check_access(self._core.table, reader, [handle])
+        return handle.text
+
     def free(self, handle: Handle) -> None:
         """Release a message's encoding; a call still reading it keeps it until it ends."""
         self._core.free(handle)
@@ -133,7 +175,8 @@ class Engine:
         Keywords: role="user", parents=(), offsets=None, new_offset=None, frame=True,
         owner=None, visibility=None.
         """
-        return await self._submit(Job(prefill_request(message, **kwargs)))
+        policy = kwargs.pop("leak_policy", None)
+        return await self._submit(await self._guard(prefill_request(message, **kwargs), policy))
 
     async def decode(self, **kwargs: Any) -> Handle:
         """Generate a message that starts with the role marker + `header`.
@@ -142,18 +185,23 @@ class Engine:
         header="", frame=True, max_tokens=256, temperature=0.0, top_p=1.0, top_k=0,
         seed=None, stop=(), ignore_eos=False, owner=None, visibility=None.
         """
-        return await self._submit(Job(decode_request(**kwargs)))
+        policy = kwargs.pop("leak_policy", None)
+        return await self._submit(await self._guard(decode_request(**kwargs), policy))
 
     async def prefill_many(self, requests: Iterable[Mapping[str, Any]]) -> list[Handle]:
         """Prefill messages that do not attend to each other; handles in order."""
-        return await self._submit_all([Job(prefill_request(**dict(r))) for r in requests])
+        return await self._submit_all(
+            [await self._guard(prefill_request(**r), p) for r, p in _split_policy(requests)]
+        )
 
     async def decode_many(self, requests: Iterable[Mapping[str, Any]]) -> list[Handle]:
         """Decode several messages in parallel; handles in order.
 
         If one fails, its error is raised; the others still complete.
         """
-        return await self._submit_all([Job(decode_request(**dict(r))) for r in requests])
+        return await self._submit_all(
+            [await self._guard(decode_request(**r), p) for r, p in _split_policy(requests)]
+        )
 
     def prefill_nowait(self, message: str | list[int], **kwargs: Any) -> Pending:
         """Queue a prefill without waiting for queue space (EngineBusy if full)."""
@@ -165,7 +213,64 @@ class Engine:
 
     def stream(self, **kwargs: Any) -> TextStream:
         """`async for delta in engine.stream(...)`: text deltas; then `.handle`."""
-        return TextStream(self, decode_request(**kwargs))
+        policy = kwargs.pop("leak_policy", None)
+        return TextStream(self, decode_request(**kwargs), policy)
+
+    async def _guard(self, request, policy: str | None) -> Job:
+        """Access check and leak policy for a call, before anything is computed."""
+        reader, parents = request.owner, list(request.parents)
+        for p in parents:
+            self._core._live(p)  # unknown, freed or foreign handles fail first
+        check_access(self._core.table, reader, parents)
+        if reader is None or self.mode == "baseline":  # baseline re-encodes: it cannot leak
+            return Job(request)
+        kind = "decode" if hasattr(request, "sampling") else "prefill"
+        leaks = find_leaks(self._core.table, reader, parents, f"{kind} by {reader}")
+        if not leaks:
+            return Job(request)
+        policy = check_policy(policy or self.leak_policy)
+        if policy == "deny":
+            raise LeakageError(explain(self._core.table, leaks[0]) + " (leak_policy='deny')")
+        if policy == "reencode":
+            clean = [await self._clean_view(p, reader) for p in parents]
+            return Job(dataclasses.replace(request, parents=clean))
+        for leak in leaks:
+            text = explain(self._core.table, leak)
+            self._leaks.append(leak)
+            self._events.append(TraceEvent("leak", text, leak))
+            if policy == "warn":
+                warnings.warn(text, LeakWarning, stacklevel=3)
+        return Job(request)
+
+    async def _clean_view(self, parent: Handle, reader: str) -> Handle:
+        """`parent` itself if its encoding hides nothing from `reader`; else a re-encoding
+        of its tokens that attends only to what `reader` may see (cached per reader)."""
+        table = self._core.table
+        if not hidden_sources(table, reader, parent.id):
+            return parent
+        key = (parent.id, reader)
+        cached = self._clean.get(key)
+        if cached is not None and not cached.freed:
+            return cached
+        msg = table.get(parent.id)
+        kept = [
+            (Handle(q, table), off)
+            for q, off in zip(msg.parents, msg.parent_offsets, strict=True)
+            if can_read(reader, table.get(q).owner, table.get(q).visibility)
+        ]
+        parents = [await self._clean_view(q, reader) for q, _ in kept]
+        request = PrefillRequest(
+            list(msg.tokens), role=msg.role, parents=parents, offsets=[off for _, off in kept],
+            new_offset=msg.offset, frame=False, owner=msg.owner, visibility=msg.visibility,
+        )  # fmt: skip
+        view = await self._submit(Job(request))
+        copy = table.get(view.id)
+        copy.text, copy.extra["view_of"], copy.extra["view_for"] = msg.text, msg.id, reader
+        self._clean[key] = view
+        self._events.append(
+            TraceEvent("reencode", f"re-encoded message {msg.id} for {reader} as {view.id}")
+        )
+        return view
 
     async def _submit(self, job: Job) -> Handle:
         await self._sched.submit(job)
@@ -184,6 +289,13 @@ class Engine:
     def _submit_nowait(self, job: Job) -> Pending:
         self._sched.submit_nowait(job)
         return Pending(job)
+
+
+def _split_policy(requests: Iterable[Mapping[str, Any]]):
+    for r in requests:
+        r = dict(r)
+        policy = r.pop("leak_policy", None)
+        yield r, policy
 
 
 class Pending:
@@ -205,9 +317,10 @@ class TextStream:
     Breaking out of the loop early cancels the call.
     """
 
-    def __init__(self, engine: Engine, request) -> None:
+    def __init__(self, engine: Engine, request, policy: str | None = None) -> None:
         self._engine = engine
         self._request = request
+        self._policy = policy
         self.handle: Handle | None = None
 
     async def __aiter__(self) -> AsyncIterator[str]:
@@ -225,7 +338,8 @@ class TextStream:
                 delta, shown[0] = text[len(shown[0]) :], text
                 send.send_nowait(delta)
 
-        job = Job(self._request, on_token=on_token, on_done=send.close)
+        job = await self._engine._guard(self._request, self._policy)
+        job.on_token, job.on_done = on_token, send.close
         await self._engine._sched.submit(job)
         try:
             async with recv:

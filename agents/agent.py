@@ -1,0 +1,98 @@
+"""Agents: async actors that call the engine as themselves and exchange handles."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pydantic import BaseModel
+
+from corps.agents import envelope as env_mod
+from corps.cache.handle import Handle
+from corps.cache.visibility import Private, Public, Visibility
+
+if TYPE_CHECKING:
+    from corps.agents.runtime import Runtime
+
+
+class Agent:
+    """Subclass this and define `async def handle(self, msg)`.
+
+    ```python
+    class Solver(Agent):
+        system = "You solve math problems step by step."
+        async def handle(self, msg: Handle) -> Handle:
+            return await self.decode(parents=[self.system_prompt, msg], max_tokens=256)
+    ```
+
+    Class settings: `system` (prefilled once at spawn, private to this agent, kept
+    across restarts), `mailbox_size` (bounded), `max_concurrency` (1: one message
+    at a time, FIFO), `supervision` ("restart", "stop" or "escalate") with
+    `max_restarts`, and `leak_policy` (None: the runtime's).
+    """
+
+    system: ClassVar[str | None] = None
+    mailbox_size: ClassVar[int] = 64
+    max_concurrency: ClassVar[int] = 1
+    supervision: ClassVar[str] = "restart"
+    max_restarts: ClassVar[int] = 3
+    leak_policy: ClassVar[str | None] = None
+
+    def __init__(self, name: str, runtime: Runtime, system_prompt: Handle | None) -> None:
+        self.name = name
+        self.runtime = runtime
+        self.system_prompt = system_prompt
+
+    async def handle(self, msg: Handle | BaseModel) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} must define async handle(msg)")
+
+    # ---- the engine, as this agent ----
+
+    @property
+    def engine(self):
+        return self.runtime.engine
+
+    def _policy(self) -> str:
+        return self.leak_policy or self.runtime.leak_policy
+
+    async def prefill(
+        self, message: str | list[int], *, visibility: Visibility | None = None, **kw: Any
+    ) -> Handle:
+        """Encode a message owned by this agent (public unless `visibility` says otherwise)."""
+        return await self.engine.prefill(
+            message, owner=self.name, visibility=visibility or Public(),
+            leak_policy=self._policy(), **kw,
+        )  # fmt: skip
+
+    async def decode(self, *, visibility: Visibility | None = None, **kw: Any) -> Handle:
+        """Generate a message owned by this agent. Inside `ask_stream`, its text streams out."""
+        kw.update(owner=self.name, visibility=visibility or Public(), leak_policy=self._policy())
+        envelope = env_mod.current.get()
+        if envelope is None or envelope.deltas is None:
+            return await self.engine.decode(**kw)
+        stream = self.engine.stream(**kw)
+        async for delta in stream:
+            envelope.deltas.send_nowait(delta)
+        return stream.handle
+
+    async def think(self, **kw: Any) -> Handle:
+        """decode() with Private visibility: a thought only this agent can read."""
+        return await self.decode(visibility=Private(), **kw)
+
+    def read(self, handle: Handle) -> str:
+        """The text of a message this agent may see (else AccessDenied)."""
+        return self.engine.read(handle, reader=self.name)
+
+    # ---- other agents ----
+
+    async def ask(self, to: str, msg: Handle | BaseModel, *, timeout: float | None = None,
+                  stream: bool = False) -> Any:  # fmt: skip
+        """Request/response. With stream=True the callee's text deltas flow to our asker."""
+        envelope = env_mod.current.get()
+        deltas = envelope.deltas if stream and envelope is not None else None
+        return await self.runtime.ask(to, msg, timeout=timeout, sender=self.name, deltas=deltas)
+
+    async def send(self, to: str, msg: Handle | BaseModel) -> None:
+        await self.runtime.send(to, msg, sender=self.name)
+
+    async def publish(self, topic: str, msg: Handle | BaseModel) -> None:
+        await self.runtime.publish(topic, msg, sender=self.name)

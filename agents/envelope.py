@@ -1,0 +1,65 @@
+"""What travels through a mailbox: a message plus how to answer, stream and cancel it."""
+
+from __future__ import annotations
+
+import contextvars
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+from anyio.streams.memory import MemoryObjectSendStream
+from pydantic import BaseModel
+
+from corps.cache.errors import InvalidRequest
+from corps.cache.handle import Handle
+
+
+@dataclass(eq=False)
+class Envelope:
+    message: Handle | BaseModel
+    sender: str | None
+    expects_reply: bool
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    done: anyio.Event = field(default_factory=anyio.Event)
+    result: Any = None
+    error: BaseException | None = None
+    cancelled: bool = False
+    deltas: MemoryObjectSendStream[str] | None = None  # ask_stream: where text deltas go
+
+    def reply(self, result: Any = None, error: BaseException | None = None) -> None:
+        self.result, self.error = result, error
+        self.done.set()
+        if self.deltas is not None:
+            self.deltas.close()
+
+    async def wait(self) -> Any:
+        """The handler's result; cancelling this wait cancels the handler and its nested work."""
+        try:
+            await self.done.wait()
+        except BaseException:
+            self.cancelled = True
+            self.scope.cancel()
+            raise
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+#: The envelope whose handler is running in the current task (for streaming and nesting).
+current: contextvars.ContextVar[Envelope | None] = contextvars.ContextVar(
+    "corps_envelope", default=None
+)
+
+
+def check_payload(message: object) -> None:
+    if not isinstance(message, Handle | BaseModel):
+        raise InvalidRequest(
+            f"agents exchange Handles or pydantic payloads, not {type(message).__name__}: "
+            f"prefill text first and send its handle"
+        )
+
+
+def describe(message: Handle | BaseModel) -> str:
+    if isinstance(message, Handle):
+        return repr(message)
+    return f"{type(message).__name__} payload"

@@ -1,0 +1,269 @@
+"""The in-process actor runtime: spawn, send, ask, publish, supervise, shut down.
+
+Each agent has a bounded mailbox and `max_concurrency` worker tasks (1 by
+default: one message at a time, in arrival order). An `ask` runs the handler in
+the agent's task inside a cancel scope owned by the envelope, so cancelling the
+ask (or its timeout) cancels the handler, every nested ask it is awaiting, and
+their engine calls.
+
+Failures are never swallowed: a handler's exception goes back to the asker as
+`AgentError`; for a fire-and-forget message it goes to supervision
+(`restart` with a budget, `stop`, or `escalate` to the runtime, which then
+fails). Messages that cannot be delivered go to `dead_letters` and the
+"dead-letters" topic. Leaving `async with` cancels every worker and fails
+every queued message with AgentStopped; no task is left running.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from pydantic import BaseModel
+
+from corps.agents.agent import Agent
+from corps.agents.envelope import Envelope, check_payload, current, describe
+from corps.agents.errors import AgentError, AgentStopped, MailboxFull, UnknownAgent
+from corps.cache.errors import InvalidRequest
+from corps.cache.handle import Handle
+from corps.cache.visibility import Private, check_policy
+
+DEAD_LETTERS = "dead-letters"
+SUPERVISION = ("restart", "stop", "escalate")
+
+
+class AgentRuntime(Protocol):
+    """What agent code may rely on; an out-of-process runtime implements the same."""
+
+    leak_policy: str
+
+    async def spawn(self, cls: type[Agent], name: str | None = None) -> str: ...
+    async def ask(self, to: str, msg: Handle | BaseModel, *, timeout: float | None = None,
+                  sender: str | None = None) -> Any: ...  # fmt: skip
+    async def send(
+        self, to: str, msg: Handle | BaseModel, *, sender: str | None = None
+    ) -> None: ...
+    def send_nowait(
+        self, to: str, msg: Handle | BaseModel, *, sender: str | None = None
+    ) -> None: ...
+    async def publish(
+        self, topic: str, msg: Handle | BaseModel, *, sender: str | None = None
+    ) -> None: ...
+    def subscribe(self, topic: str, name: str) -> None: ...
+    def ask_stream(self, to: str, msg: Handle | BaseModel, *, timeout: float | None = None
+                   ) -> AsyncIterator[str]: ...  # fmt: skip
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    to: str
+    message: Handle | BaseModel
+    reason: str
+
+
+@dataclass(eq=False)
+class _Actor:
+    name: str
+    cls: type[Agent]
+    instance: Agent
+    send: MemoryObjectSendStream[Envelope]
+    recv: MemoryObjectReceiveStream[Envelope]
+    restarts: int = 0
+    stopped: bool = False
+    failures: list[AgentError] = field(default_factory=list)
+
+
+class Runtime:
+    """`async with Runtime(engine, leak_policy="warn") as rt:` — the in-process runtime."""
+
+    def __init__(self, engine, *, leak_policy: str = "warn") -> None:
+        self.engine = engine
+        self.leak_policy = check_policy(leak_policy)
+        self.dead_letters: list[DeadLetter] = []
+        self._actors: dict[str, _Actor] = {}
+        self._topics: dict[str, list[str]] = defaultdict(list)
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._escalated: AgentError | None = None
+
+    async def __aenter__(self) -> Runtime:
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        for actor in self._actors.values():
+            self._stop(actor, "the runtime shut down")
+        self._tg.cancel_scope.cancel()
+        # The workers only ever end by this cancellation; the body's own exception
+        # (if any) propagates as itself rather than wrapped in an ExceptionGroup.
+        await self._tg.__aexit__(None, None, None)
+        if self._escalated is not None and exc_info[0] is None:
+            raise self._escalated
+        return None
+
+    # ---- agents ----
+
+    async def spawn(self, cls: type[Agent], name: str | None = None) -> str:
+        """Start an agent; its system prompt is prefilled once, private to it."""
+        if self._tg is None:
+            raise InvalidRequest("use `async with Runtime(engine) as rt:` before spawning")
+        name = name or cls.__name__.lower()
+        if name in self._actors:
+            raise InvalidRequest(f"an agent named {name!r} is already running")
+        if cls.supervision not in SUPERVISION:
+            raise InvalidRequest(f"{cls.__name__}.supervision must be one of {SUPERVISION}")
+        system = None
+        if cls.system:
+            system = await self.engine.prefill(
+                cls.system, role="system", owner=name, visibility=Private()
+            )
+        send, recv = anyio.create_memory_object_stream[Envelope](cls.mailbox_size)
+        actor = _Actor(name, cls, cls(name, self, system), send, recv)
+        self._actors[name] = actor
+        for _ in range(max(1, cls.max_concurrency)):
+            self._tg.start_soon(self._work, actor)
+        return name
+
+    def agent(self, name: str) -> Agent:
+        return self._actor(name).instance
+
+    def _actor(self, name: str) -> _Actor:
+        actor = self._actors.get(name)
+        if actor is None:
+            raise UnknownAgent(f"no agent named {name!r}; spawn it first")
+        return actor
+
+    # ---- messaging ----
+
+    async def ask(self, to: str, msg: Handle | BaseModel, *, timeout: float | None = None,
+                  sender: str | None = None, deltas=None) -> Any:  # fmt: skip
+        """Send and wait for the handler's result (its exception comes back as AgentError)."""
+        envelope = Envelope(msg, sender, True, deltas=deltas)
+        with anyio.fail_after(timeout) if timeout is not None else nullcontext():
+            try:
+                await self._deliver(to, envelope)
+            except BaseException:
+                envelope.cancelled = True
+                raise
+            return await envelope.wait()
+
+    async def send(self, to: str, msg: Handle | BaseModel, *, sender: str | None = None) -> None:
+        """Fire and forget; waits while the mailbox is full. Failures go to supervision."""
+        await self._deliver(to, Envelope(msg, sender, False))
+
+    def send_nowait(self, to: str, msg: Handle | BaseModel, *, sender: str | None = None) -> None:
+        check_payload(msg)
+        actor = self._actor(to)
+        if actor.stopped:
+            self._dead(to, msg, "the agent is stopped")
+            return
+        try:
+            actor.send.send_nowait(Envelope(msg, sender, False))
+        except anyio.WouldBlock:
+            raise MailboxFull(
+                f"{to}'s mailbox is full ({actor.cls.mailbox_size} messages); await send() "
+                f"instead, or raise {actor.cls.__name__}.mailbox_size"
+            ) from None
+
+    def subscribe(self, topic: str, name: str) -> None:
+        self._actor(name)
+        if name not in self._topics[topic]:
+            self._topics[topic].append(name)
+
+    async def publish(
+        self, topic: str, msg: Handle | BaseModel, *, sender: str | None = None
+    ) -> None:
+        """Send to every subscriber of topic; with none, the message is a dead letter."""
+        check_payload(msg)
+        names = self._topics.get(topic, [])
+        if not names and topic != DEAD_LETTERS:
+            self._dead(f"topic {topic}", msg, "no subscribers")
+        for name in names:
+            await self.send(name, msg, sender=sender)
+
+    async def ask_stream(self, to: str, msg: Handle | BaseModel, *,
+                         timeout: float | None = None) -> AsyncIterator[str]:  # fmt: skip
+        """Text deltas of every decode the handler (and nested streamed asks) makes."""
+        send, recv = anyio.create_memory_object_stream[str](max_buffer_size=math.inf)
+        result: list[Any] = []
+
+        async def run() -> None:
+            try:
+                result.append(await self.ask(to, msg, timeout=timeout, deltas=send))
+            finally:
+                send.close()
+
+        async with anyio.create_task_group() as tg, recv:
+            tg.start_soon(run)
+            async for delta in recv:
+                yield delta
+
+    async def _deliver(self, to: str, envelope: Envelope) -> None:
+        check_payload(envelope.message)
+        actor = self._actor(to)
+        if actor.stopped:
+            reason = f"{to} is stopped"
+            self._dead(to, envelope.message, reason)
+            if envelope.expects_reply:
+                raise AgentStopped(f"{reason}: cannot deliver {describe(envelope.message)}")
+            return
+        await actor.send.send(envelope)
+
+    def _dead(self, to: str, msg: Handle | BaseModel, reason: str) -> None:
+        self.dead_letters.append(DeadLetter(to, msg, reason))
+
+    # ---- the actor loop ----
+
+    async def _work(self, actor: _Actor) -> None:
+        async for envelope in actor.recv:
+            if envelope.cancelled:
+                continue
+            token = current.set(envelope)
+            try:
+                with envelope.scope:
+                    result = await actor.instance.handle(envelope.message)
+                    envelope.reply(result)
+                if envelope.scope.cancelled_caught and not envelope.done.is_set():
+                    envelope.reply(error=AgentStopped(f"{actor.name}: the ask was cancelled"))
+            except Exception as exc:
+                self._failed(actor, envelope, exc)
+            finally:
+                current.reset(token)
+            if actor.stopped:
+                break
+
+    def _failed(self, actor: _Actor, envelope: Envelope, exc: Exception) -> None:
+        error = AgentError(f"agent {actor.name!r} failed on {describe(envelope.message)}: {exc}")
+        error.__cause__ = exc
+        if envelope.expects_reply:
+            envelope.reply(error=error)
+            return
+        actor.failures.append(error)
+        policy = actor.cls.supervision
+        if policy == "restart" and actor.restarts < actor.cls.max_restarts:
+            actor.restarts += 1  # fresh state, same (already encoded) system prompt
+            actor.instance = actor.cls(actor.name, self, actor.instance.system_prompt)
+        elif policy == "escalate":
+            self._escalated = error
+            self._tg.cancel_scope.cancel()
+        else:
+            self._stop(actor, f"{actor.name} stopped after: {exc}")
+
+    def _stop(self, actor: _Actor, reason: str) -> None:
+        """Close the mailbox; queued messages become dead letters (asks fail)."""
+        actor.stopped = True
+        actor.send.close()
+        while True:
+            try:
+                envelope = actor.recv.receive_nowait()
+            except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+                break
+            self._dead(actor.name, envelope.message, reason)
+            if envelope.expects_reply:
+                envelope.reply(error=AgentStopped(reason))
