@@ -103,8 +103,11 @@ class Runtime:
         # The workers only ever end by this cancellation; the body's own exception
         # (if any) propagates as itself rather than wrapped in an ExceptionGroup.
         await self._tg.__aexit__(None, None, None)
-        if self._escalated is not None and exc_info[0] is None:
-            raise self._escalated
+        cancelled = exc_info[0] is not None and issubclass(
+            exc_info[0], anyio.get_cancelled_exc_class()
+        )
+        if self._escalated is not None and (exc_info[0] is None or cancelled):
+            raise self._escalated  # the body was cancelled by the escalation itself
         return None
 
     # ---- agents ----
@@ -233,6 +236,10 @@ class Runtime:
                     envelope.reply(error=AgentStopped(f"{actor.name}: the ask was cancelled"))
             except Exception as exc:
                 self._failed(actor, envelope, exc)
+            except BaseException:  # cancelled from outside: shutdown or escalation
+                if not envelope.done.is_set():
+                    envelope.reply(error=AgentStopped(f"{actor.name} stopped: runtime shut down"))
+                raise
             finally:
                 current.reset(token)
             if actor.stopped:

@@ -58,7 +58,7 @@ def tiny_config(arch: str, vocab: int):
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=512,
+        max_position_embeddings=4096,
         bos_token_id=None,
         eos_token_id=None,
     )

@@ -1,0 +1,71 @@
+"""The examples in examples/ run and do what they claim (tiny model for speed)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from corps.agents import AgentError
+from corps.cache import LeakageError
+from corps.engine.access import hidden_sources
+
+from conftest import open_tiny
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(f"examples_{name}", EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[f"examples_{name}"] = module  # pydantic resolves annotations through it
+    spec.loader.exec_module(module)
+    return module
+
+
+pd = load("prisoners_dilemma")
+
+
+@pytest.mark.filterwarnings("ignore::corps.engine.engine.LeakWarning")
+async def test_prisoners_dilemma_warn_flags_leaks_both_ways(tiny_dirs):
+    async with open_tiny(tiny_dirs, "llama") as engine:
+        game = await pd.play(engine, policy="warn", max_tokens=6)
+        table = engine._core.table
+        owners = {
+            (leak.reader, table.get(next(iter(leak.sources))).owner) for leak in game["leaks"]
+        }
+        assert owners == {("bob", "alice"), ("alice", "bob")}
+        # every leak the detector can see is flagged: each call by a player that attends
+        # to the other's utterance is in the record
+        for leak in game["leaks"]:
+            assert leak.sources == hidden_sources(table, leak.reader, leak.parent)
+        assert len(game["transcript"]) == 4 and set(game["decisions"]) == {"alice", "bob"}
+
+
+async def test_prisoners_dilemma_reencode_leaves_no_leak(tiny_dirs):
+    async with open_tiny(tiny_dirs, "llama") as engine:
+        game = await pd.play(engine, policy="reencode", max_tokens=6)
+        assert game["leaks"] == []
+        table = engine._core.table
+        for msg in table.all():
+            if msg.owner in ("alice", "bob") and "view_of" not in msg.extra:
+                assert hidden_sources(table, msg.owner, msg.id) == frozenset(), msg
+        assert any(e.kind == "reencode" for e in engine.trace())
+
+
+async def test_prisoners_dilemma_deny_fails_the_first_offending_call(tiny_dirs):
+    async with open_tiny(tiny_dirs, "llama") as engine:
+        with pytest.raises(AgentError) as info:
+            await pd.play(engine, policy="deny", max_tokens=6)
+        cause = info.value.__cause__
+        assert isinstance(cause, LeakageError)
+        assert "decode by bob" in str(cause) and "alice's system" in str(cause)
+
+
+async def test_ask_example_runs(tiny_dirs, monkeypatch, capsys):
+    ask = load("ask")
+    monkeypatch.setattr(ask.Engine, "open", lambda *a, **k: open_tiny(tiny_dirs, "llama"))
+    await ask.main()
+    assert "Q: What is 7*6?" in capsys.readouterr().out

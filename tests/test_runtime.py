@@ -1,0 +1,222 @@
+"""Actor semantics of the in-process runtime (corps.agents)."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+from pydantic import BaseModel
+
+from corps.agents import Agent, AgentError, AgentStopped, MailboxFull, Runtime
+from corps.cache import Handle, InvalidRequest
+
+from conftest import open_tiny
+
+
+class Note(BaseModel):
+    n: int = 0
+    fail: bool = False
+
+
+class Recorder(Agent):
+    seen: list[int]
+
+    async def handle(self, msg: Note) -> int:
+        self.seen = [*getattr(self, "seen", []), msg.n]
+        await anyio.sleep(0)
+        if msg.fail:
+            raise ValueError(f"bad note {msg.n}")
+        return msg.n * 2
+
+
+async def test_ask_fifo_and_errors_come_back(tiny_dirs):
+    async with open_tiny(tiny_dirs, "llama") as engine, Runtime(engine) as rt:
+        await rt.spawn(Recorder, "rec")
+        for i in range(10):
+            await rt.send("rec", Note(n=i))
+        assert await rt.ask("rec", Note(n=10)) == 20
+        assert rt.agent("rec").seen == list(range(11))  # one at a time, in order
+        with pytest.raises(AgentError, match=r"'rec' failed on Note payload: bad note 3") as info:
+            await rt.ask("rec", Note(n=3, fail=True))
+        assert isinstance(info.value.__cause__, ValueError)
+        with pytest.raises(InvalidRequest, match="not str"):
+            await rt.ask("rec", "plain text")
+
+
+async def test_bounded_mailbox(tiny_dirs):
+    class Tiny(Recorder):
+        mailbox_size = 2
+
+    async with open_tiny(tiny_dirs, "llama") as engine, Runtime(engine) as rt:
+        await rt.spawn(Tiny, "tiny")
+        rt.send_nowait("tiny", Note(n=1))  # no await between: the worker cannot drain
+        rt.send_nowait("tiny", Note(n=2))
+        with pytest.raises(MailboxFull, match="mailbox is full"):
+            rt.send_nowait("tiny", Note(n=3))
+        await rt.send("tiny", Note(n=3))  # waits for room instead
+        assert await rt.ask("tiny", Note(n=4)) == 8
+        assert rt.agent("tiny").seen == [1, 2, 3, 4]
+
+
+async def test_max_concurrency_runs_handlers_side_by_side(tiny_dirs):
+    both_in = anyio.Event()
+    inside = []
+
+    class Pair(Agent):
+        max_concurrency = 2
+
+        async def handle(self, msg: Note) -> int:
+            inside.append(msg.n)
+            if len(inside) == 2:
+                both_in.set()
+            await both_in.wait()
+            return msg.n
+
+    async with open_tiny(tiny_dirs, "llama") as engine, Runtime(engine) as rt:
+        await rt.spawn(Pair, "pair")
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(rt.ask, "pair", Note(n=1))
+                tg.start_soon(rt.ask, "pair", Note(n=2))
+
+
+async def test_timeout_cancels_three_nested_asks_and_their_engine_calls(tiny_dirs):
+    cancelled = []
+
+    class Outer(Agent):
+        async def handle(self, msg: Handle) -> Handle:
+            try:
+                return await self.ask("middle", msg)
+            except anyio.get_cancelled_exc_class():
+                cancelled.append(self.name)
+                raise
+
+    class Middle(Outer):
+        async def handle(self, msg: Handle) -> Handle:
+            try:
+                return await self.ask("inner", msg)
+            except anyio.get_cancelled_exc_class():
+                cancelled.append(self.name)
+                raise
+
+    class Inner(Agent):
+        async def handle(self, msg: Handle) -> Handle:
+            try:
+                return await self.decode(parents=[msg], max_tokens=450, ignore_eos=True)
+            except anyio.get_cancelled_exc_class():
+                cancelled.append(self.name)
+                raise
+
+    async with open_tiny(tiny_dirs, "llama") as engine, Runtime(engine) as rt:
+        for cls, name in ((Outer, "outer"), (Middle, "middle"), (Inner, "inner")):
+            await rt.spawn(cls, name)
+        q = await engine.prefill("hello world")
+        messages = engine.stats().messages
+        with pytest.raises(TimeoutError):
+            await rt.ask("outer", q, timeout=0.3)
+        with anyio.fail_after(10):
+            while len(cancelled) < 3:
+                await anyio.sleep(0.01)
+        assert sorted(cancelled) == ["inner", "middle", "outer"]
+        await engine.prefill("x")  # one more step: the loop has reaped the cancelled decode
+        assert engine._sched._running == []  # no engine call left running
+        assert engine.stats().messages == messages + 1
+        live = sum(len(m.slots) for m in engine._core.table.all())
+        assert engine.stats().tokens_used == live
+        assert await rt.ask("outer", q, timeout=30)  # the actors still work
+
+
+async def test_restart_budget_then_stop_and_dead_letters(tiny_dirs):
+    class Fragile(Recorder):
+        system = "you are a careful solver"
+        max_restarts = 2
+
+    async with open_tiny(tiny_dirs, "llama") as engine, Runtime(engine) as rt:
+        await rt.spawn(Fragile, "fragile")
+        system = rt.agent("fragile").system_prompt
+        first = rt.agent("fragile")
+        await rt.send("fragile", Note(n=1, fail=True))
+        assert await rt.ask("fragile", Note(n=2)) == 4  # restarted
+        assert rt.agent("fragile") is not first  # fresh state...
+        assert rt.agent("fragile").system_prompt == system  # ...same encoded system prompt
+        assert rt.agent("fragile").seen == [2]
+        await rt.send("fragile", Note(n=3, fail=True))
+        await rt.send("fragile", Note(n=4, fail=True))  # over budget: stops
+        with anyio.fail_after(10):
+            while not rt._actor("fragile").stopped:
+                await anyio.sleep(0.01)
+        with pytest.raises(AgentStopped):
+            await rt.ask("fragile", Note(n=5))
+        await rt.send("fragile", Note(n=6))
+        await rt.publish("nobody-listens", Note(n=7))
+        reasons = [(d.to, d.message.n) for d in rt.dead_letters]
+        assert ("fragile", 5) in reasons and ("fragile", 6) in reasons
+        assert ("topic nobody-listens", 7) in reasons
+        assert len(rt._actor("fragile").failures) == 3
+
+
+async def test_escalate_fails_the_runtime(tiny_dirs):
+    class Boss(Recorder):
+        supervision = "escalate"
+
+    async with open_tiny(tiny_dirs, "llama") as engine:
+        with pytest.raises(AgentError, match="bad note 1"):
+            async with Runtime(engine) as rt:
+                await rt.spawn(Boss, "boss")
+                await rt.send("boss", Note(n=1, fail=True))
+                await anyio.sleep(5)  # cancelled by the escalation
+
+
+async def test_publish_subscribe(tiny_dirs):
+    async with open_tiny(tiny_dirs, "llama") as engine, Runtime(engine) as rt:
+        await rt.spawn(Recorder, "a")
+        await rt.spawn(Recorder, "b")
+        rt.subscribe("news", "a")
+        rt.subscribe("news", "b")
+        await rt.publish("news", Note(n=9))
+        assert await rt.ask("a", Note(n=0)) == 0 and await rt.ask("b", Note(n=0)) == 0
+        assert rt.agent("a").seen == [9, 0] and rt.agent("b").seen == [9, 0]
+
+
+async def test_shutdown_with_work_in_flight(tiny_dirs):
+    outcome = []
+
+    class Slow(Agent):
+        async def handle(self, msg: Handle) -> Handle:
+            return await self.decode(parents=[msg], max_tokens=450, ignore_eos=True)
+
+    async with open_tiny(tiny_dirs, "llama") as engine:
+        q = await engine.prefill("hello world")
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as outer:
+                async with Runtime(engine) as rt:
+                    await rt.spawn(Slow, "slow")
+
+                    async def asker() -> None:
+                        try:
+                            await rt.ask("slow", q)
+                        except AgentStopped as exc:
+                            outcome.append(exc)
+
+                    outer.start_soon(asker)
+                    await anyio.sleep(0.1)
+        assert len(outcome) == 1
+        await engine.prefill("x")
+        assert engine._sched._running == []
+
+
+async def test_ask_stream_through_nested_actors(tiny_dirs):
+    class Writer(Agent):
+        async def handle(self, msg: Handle) -> Handle:
+            return await self.decode(parents=[msg], max_tokens=12, ignore_eos=True)
+
+    class Editor(Agent):
+        async def handle(self, msg: Handle) -> Handle:
+            self.got = await self.ask("writer", msg, stream=True)
+            return self.got
+
+    async with open_tiny(tiny_dirs, "llama") as engine, Runtime(engine) as rt:
+        await rt.spawn(Writer, "writer")
+        await rt.spawn(Editor, "editor")
+        q = await engine.prefill("hello world")
+        deltas = [d async for d in rt.ask_stream("editor", q)]
+        assert "".join(deltas) == rt.agent("editor").got.text
