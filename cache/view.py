@@ -31,6 +31,8 @@ class CallView:
         self.k = k  # (L, Hkv, cap, D), rotated; head-major so each head's keys are contiguous
         self.v = v  # (L, Hkv, cap, D)
         self.length = length  # tokens filled so far
+        self.k_layers = k.unbind(0)  # per layer (Hkv, cap, D), made once: decode steps are hot
+        self.v_layers = v.unbind(0)
 
     @property
     def capacity(self) -> int:
@@ -57,9 +59,13 @@ class CallView:
 
         The length itself advances once per forward step, in `advance`.
         """
-        t = k_rot.shape[0]
-        self.k[layer, :, self.length : self.length + t] = k_rot.transpose(0, 1)
-        self.v[layer, :, self.length : self.length + t] = v.transpose(0, 1)
+        t, n = k_rot.shape[0], self.length
+        if t == 1:
+            self.k_layers[layer][:, n].copy_(k_rot[0])
+            self.v_layers[layer][:, n].copy_(v[0])
+        else:
+            self.k_layers[layer][:, n : n + t] = k_rot.transpose(0, 1)
+            self.v_layers[layer][:, n : n + t] = v.transpose(0, 1)
 
     def advance(self, t: int) -> None:
         self.length += t

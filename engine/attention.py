@@ -36,13 +36,13 @@ class SdpaAttention:
     def attend(self, layer: int, q: Tensor, view: CallView, scale: float) -> Tensor:
         t, hq, d = q.shape
         n = view.length + t
-        k = view.k[layer, :, :n]  # (Hkv, n, D)
-        v = view.v[layer, :, :n]  # (Hkv, n, D)
+        k = view.k_layers[layer][:, :n]  # (Hkv, n, D)
+        v = view.v_layers[layer][:, :n]  # (Hkv, n, D)
         hkv = k.shape[0]
         g = hq // hkv
         if t == 1:  # decode: every key is visible, two small matmuls beat SDPA's overhead
-            qg = q.view(hkv, g, d)  # (Hkv, G, D)
-            probs = torch.softmax(torch.bmm(qg, k.transpose(1, 2)) * scale, dim=-1)  # (Hkv, G, n)
+            qg = q.view(hkv, g, d) * scale  # (Hkv, G, D)
+            probs = torch.softmax(torch.bmm(qg, k.transpose(1, 2)), dim=-1)  # (Hkv, G, n)
             return torch.bmm(probs, v).view(1, hq, d)
         qg = q.view(t, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * t, d)  # (Hkv, G t, D)
         rows = torch.arange(t, device=q.device) + view.length  # (t,)

@@ -88,13 +88,16 @@ class ModelRunner:
         return w.lm_head(h)  # (N, V)
 
     def _attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, spans) -> Tensor:
-        if len(spans) == 1 and spans[0].start == 0 and spans[0].end == q.shape[0]:
-            return self._attend_span(layer, q, k, v, spans[0]).reshape(q.shape[0], -1)
-        out = torch.empty_like(q)  # (T, Hq, D)
-        for span in spans:
-            s, e = span.start, span.end
-            out[s:e] = self._attend_span(layer, q[s:e], k[s:e], v[s:e], span)
-        return out.view(q.shape[0], -1)  # (T, Hq D)
+        """Each span attends through its own view; outputs concatenated in row order."""
+        if len(spans) == q.shape[0]:  # one token per span (a decode step): unbind, no slicing
+            rows = zip(q.unbind(0), k.unbind(0), v.unbind(0), spans, strict=True)
+            outs = [self._attend_span(layer, qi[None], ki[None], vi[None], sp)
+                    for qi, ki, vi, sp in rows]  # fmt: skip
+        else:
+            outs = [self._attend_span(layer, q[sp.start : sp.end], k[sp.start : sp.end],
+                                      v[sp.start : sp.end], sp) for sp in spans]  # fmt: skip
+        out = outs[0] if len(outs) == 1 else torch.cat(outs)  # (T, Hq, D)
+        return out.reshape(q.shape[0], -1)  # (T, Hq D)
 
     def _attend_span(self, layer: int, q: Tensor, k: Tensor, v: Tensor, span: SeqSpan) -> Tensor:
         span.view.append(layer, k, v)
