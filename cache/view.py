@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from corps.cache.arena import ViewArena
 from corps.cache.kv import KVStore
 from corps.cache.rope import RopeTables
 
@@ -27,12 +28,21 @@ from corps.cache.rope import RopeTables
 class CallView:
     """Rotated K and V of one call's context plus its own tokens so far."""
 
-    def __init__(self, k: Tensor, v: Tensor, length: int) -> None:
+    def __init__(
+        self,
+        k: Tensor,
+        v: Tensor,
+        length: int,
+        arena: ViewArena | None = None,
+        base: int = 0,
+    ) -> None:
         self.k = k  # (L, Hkv, cap, D), rotated; head-major so each head's keys are contiguous
         self.v = v  # (L, Hkv, cap, D)
         self.length = length  # tokens filled so far
         self.k_layers = k.unbind(0)  # per layer (Hkv, cap, D), made once: decode steps are hot
         self.v_layers = v.unbind(0)
+        self.arena = arena  # k, v are arena.k/v[:, :, base : base + cap] when set
+        self.base = base
 
     @property
     def capacity(self) -> int:
@@ -40,19 +50,39 @@ class CallView:
 
     @classmethod
     def gather(
-        cls, store: KVStore, rope: RopeTables, slots: Tensor, positions: Tensor, extra: int
+        cls,
+        store: KVStore,
+        rope: RopeTables,
+        slots: Tensor,
+        positions: Tensor,
+        extra: int,
+        arena: ViewArena | None = None,
     ) -> CallView:
-        """View of `slots` (C,) placed at `positions` (C,), with room for `extra` new tokens."""
+        """View of `slots` (C,) placed at `positions` (C,), with room for `extra` new tokens.
+
+        Carved from `arena` when it has room, else standalone.
+        """
         n_ctx = int(slots.numel())
         layers, _, heads, dim = store.k.shape
-        shape = (layers, heads, n_ctx + extra, dim)
-        k = torch.empty(shape, dtype=store.k.dtype, device=store.k.device)
-        v = torch.empty(shape, dtype=store.v.dtype, device=store.v.device)
+        cap = n_ctx + extra
+        base = arena.alloc(cap) if arena is not None else None
+        if base is not None:
+            k, v = arena.k[:, :, base : base + cap], arena.v[:, :, base : base + cap]
+        else:
+            shape = (layers, heads, cap, dim)
+            k = torch.empty(shape, dtype=store.k.dtype, device=store.k.device)
+            v = torch.empty(shape, dtype=store.v.dtype, device=store.v.device)
         if n_ctx:
             rotated = rope.rotate(store.k[:, slots], positions)  # (L, C, Hkv, D)
             k[:, :, :n_ctx] = rotated.transpose(1, 2)
             v[:, :, :n_ctx] = store.v[:, slots].transpose(1, 2)
-        return cls(k, v, n_ctx)
+        return cls(k, v, n_ctx, arena if base is not None else None, base or 0)
+
+    def release(self) -> None:
+        """Give an arena range back (idempotent; standalone views are garbage collected)."""
+        if self.arena is not None:
+            self.arena.release(self.base, self.capacity)
+            self.arena = None
 
     def append(self, layer: int, k_rot: Tensor, v: Tensor) -> None:
         """Write t new rotated keys and values (t, Hkv, D) after the current length.

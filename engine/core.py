@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from corps.cache.arena import ViewArena
 from corps.cache.errors import CacheFullError, UnknownHandle
 from corps.cache.handle import Handle
 from corps.cache.kv import KVStore
@@ -119,6 +120,16 @@ class Core:
             dtype=weights.dtype,
             device=weights.device,
         )
+        # Room for the views of in-flight calls (their context + new tokens); a call that
+        # does not fit gets a standalone view. Sized like the store.
+        self.arena = ViewArena(
+            num_layers=spec.num_layers,
+            num_kv_heads=spec.num_kv_heads,
+            head_dim=spec.head_dim,
+            capacity=capacity,
+            dtype=weights.dtype,
+            device=weights.device,
+        )
         self.runner = ModelRunner(weights, self.store)
         self.rope = weights.rope
         self.max_positions = min(spec.max_positions, weights.rope.max_positions)
@@ -186,7 +197,12 @@ class Core:
             self._take_slots([call])
             extra = len(call.feed) + (call.sampling.max_tokens if call.sampling else 0)
             call.view = CallView.gather(
-                self.store, self.rope, _long(call.ctx_slots), _long(call.ctx_pos), extra
+                self.store,
+                self.rope,
+                _long(call.ctx_slots),
+                _long(call.ctx_pos),
+                extra,
+                self.arena,
             )
         except BaseException:
             self.abort(call)
@@ -292,11 +308,19 @@ class Core:
     def finish(self, c: _Call) -> Handle:
         """Register a done call's message and return its handle."""
         assert c.done, "finish() needs a call whose step machine is done"
-        return self._finish_decode(c) if c.is_decode else self._finish_prefill(c)
+        handle = self._finish_decode(c) if c.is_decode else self._finish_prefill(c)
+        self._drop_view(c)
+        return handle
+
+    def _drop_view(self, c: _Call) -> None:
+        if c.view is not None:
+            with self._mutex:
+                c.view.release()
 
     def abort(self, c: _Call) -> None:
         """Give back everything a call holds; the store is as if it never ran."""
         self._rollback([c])
+        self._drop_view(c)
         c.done = True
 
     def free(self, handle: Handle) -> None:
@@ -351,7 +375,7 @@ class Core:
         call.view = CallView.gather(self.store, self.rope, _long([]), _long([]), len(sink))
         while not call.done:
             self.step([call], budget=None)
-        return self._finish_prefill(call)
+        return self.finish(call)
 
     def _message_tokens(self, content, role: str, frame: bool) -> tuple[list[int], str]:
         if not frame:

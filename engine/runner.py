@@ -11,7 +11,7 @@ from torch import Tensor
 from corps.cache.kv import KVStore
 from corps.cache.rope import rotate_half
 from corps.cache.view import CallView
-from corps.engine.attention import AttentionBackend, SdpaAttention
+from corps.engine.attention import AttentionBackend, DecodePlan, SdpaAttention
 from corps.engine.weights import Weights
 
 
@@ -64,6 +64,9 @@ class ModelRunner:
         """Encode the batch, write its K/V to the store and views, return logits (N, V)."""
         spec, w = self.spec, self.w
         x = w.embed[batch.input_ids]  # (T, E)
+        plan = None
+        if len(batch.spans) == batch.input_ids.shape[0]:  # one token per call: a decode step
+            plan = DecodePlan.of([sp.view for sp in batch.spans])
         cos = w.rope.cos[batch.positions].unsqueeze(1)  # (T, 1, D)
         sin = w.rope.sin[batch.positions].unsqueeze(1)  # (T, 1, D)
         for i, lw in enumerate(w.layers):
@@ -80,7 +83,11 @@ class ModelRunner:
                 spec.rms_norm_eps,
             )
             self.store.write(i, batch.slots, k, v)
-            attn = self._attend(i, q, k_rot, v, batch.spans)  # (T, Hq D)
+            if plan is not None:
+                attn = self.attention.attend_decode(i, q, k_rot, v, plan, self.scale)
+                attn = attn.reshape(q.shape[0], -1)  # (B, Hq D)
+            else:
+                attn = self._attend(i, q, k_rot, v, batch.spans)  # (T, Hq D)
             x = self._mlp(x, attn, lw.o, lw.post_norm, lw.gate_up, lw.down, spec.rms_norm_eps)
         for span in batch.spans:
             span.view.advance(span.end - span.start)

@@ -1,0 +1,58 @@
+"""One buffer that every in-flight call's view is carved from.
+
+Views of calls live side by side in one (L, Hkv, A, D) tensor, so a decode step
+over many calls can append all their new keys with one `index_copy_` and read
+all their contexts with one `index_select` per layer, instead of a dozen small
+ops per call. Ranges are handed out first-fit; a call that does not fit gets a
+standalone view and takes the per-call path.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+import torch
+
+
+class ViewArena:
+    def __init__(
+        self,
+        *,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        capacity: int,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        shape = (num_layers, num_kv_heads, capacity, head_dim)
+        self.k = torch.empty(shape, dtype=dtype, device=device)  # (L, Hkv, A, D), rotated keys
+        self.v = torch.empty(shape, dtype=dtype, device=device)  # (L, Hkv, A, D)
+        self.k_layers = self.k.unbind(0)
+        self.v_layers = self.v.unbind(0)
+        self.capacity = capacity
+        self._free: list[tuple[int, int]] = [(0, capacity)]  # sorted (start, length)
+
+    @property
+    def free_tokens(self) -> int:
+        return sum(n for _, n in self._free)
+
+    def alloc(self, n: int) -> int | None:
+        """Start of a free range of n tokens, or None if no range is long enough."""
+        for i, (start, length) in enumerate(self._free):
+            if length >= n:
+                if length == n:
+                    del self._free[i]
+                else:
+                    self._free[i] = (start + n, length - n)
+                return start
+        return None
+
+    def release(self, start: int, n: int) -> None:
+        i = bisect.bisect(self._free, (start, n))
+        self._free.insert(i, (start, n))
+        if i + 1 < len(self._free) and start + n == self._free[i + 1][0]:  # merge right
+            self._free[i] = (start, n + self._free.pop(i + 1)[1])
+        if i > 0 and self._free[i - 1][0] + self._free[i - 1][1] == start:  # merge left
+            prev = self._free.pop(i - 1)
+            self._free[i - 1] = (prev[0], prev[1] + self._free[i - 1][1])
