@@ -3,6 +3,8 @@
 Decode tokens/s is measured as (N - 1) / (t(N tokens) - t(1 token)) for both, so
 prompt encoding and start-up cancel out; prefill tokens/s is one forward pass
 over a prompt of the given length. Each figure is the best of `repeats` runs.
+The "decode bound" row is what a decode step would reach if it did nothing but
+stream the weights once through our projections: the machine's limit.
 """
 
 from __future__ import annotations
@@ -54,6 +56,19 @@ def measure_ours(
     return (decode_tokens - 1) / (t_n - t_1), prefill_tokens / best(prefill, repeats)
 
 
+def measure_bound(engine, repeats: int) -> float:
+    """tok/s if a decode step did nothing but stream the weights through our projections."""
+    w = engine._core.runner.w
+    projs = [p for lw in w.layers for p in (lw.qkv, lw.o, lw.gate_up, lw.down)] + [w.lm_head]
+    xs = [torch.randn(1, p.w.shape[1], dtype=p.w.dtype) for p in projs]
+
+    def stream() -> None:
+        for p, x in zip(projs, xs, strict=True):
+            p(x)
+
+    return 1 / best(stream, repeats + 2)
+
+
 def measure_hf(path, dtype: torch.dtype, decode_tokens: int, prefill_tokens: int, repeats: int):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -101,10 +116,13 @@ def main(
     for dtype in dtypes:
         engine = Engine.load(model, dtype=dtype)
         ours = measure_ours(engine, decode_tokens, prefill_tokens, repeats)
+        bound = measure_bound(engine, repeats)
         hf = measure_hf(engine.model_path, DTYPES[dtype], decode_tokens, prefill_tokens, repeats)
         names = (f"decode ({decode_tokens} tok)", f"prefill ({prefill_tokens} tok)")
         for name, o, h in zip(names, ours, hf, strict=True):
             table.add_row(dtype, name, f"{o:.1f}", f"{h:.1f}", f"{o / h:.2f}x")
+        table.add_row(dtype, "decode bound: weights only", f"{bound:.1f}", f"{hf[0]:.1f}",
+                      f"{bound / hf[0]:.2f}x")  # fmt: skip
         del engine
     console.print(table)
 
