@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from corps.agents.agent import Agent
 from corps.agents.envelope import Envelope, check_payload, current, describe
@@ -60,8 +60,10 @@ class AgentRuntime(Protocol):
                    ) -> AsyncIterator[str]: ...  # fmt: skip
 
 
-@dataclass(frozen=True)
-class DeadLetter:
+class DeadLetter(BaseModel):
+    """A message that could not be delivered; also sent to the "dead-letters" topic."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, frozen=True)
     to: str
     message: Handle | BaseModel
     reason: str
@@ -219,7 +221,16 @@ class Runtime:
         await actor.send.send(envelope)
 
     def _dead(self, to: str, msg: Handle | BaseModel, reason: str) -> None:
-        self.dead_letters.append(DeadLetter(to, msg, reason))
+        letter = DeadLetter(to=to, message=msg, reason=reason)
+        self.dead_letters.append(letter)
+        for name in self._topics.get(DEAD_LETTERS, []):
+            actor = self._actors[name]
+            if actor.stopped or isinstance(msg, DeadLetter):
+                continue  # never let dead letters breed dead letters
+            try:
+                actor.send.send_nowait(Envelope(letter, None, False))
+            except (anyio.WouldBlock, anyio.ClosedResourceError):
+                pass  # the letter stays recorded in dead_letters
 
     # ---- the actor loop ----
 

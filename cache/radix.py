@@ -87,10 +87,6 @@ class RadixCache:
             node.lock -= 1
             node = node.parent
 
-    def evictable(self) -> int:
-        """Tokens held by nodes that no running call locks."""
-        return sum(len(n.key) for n in self._nodes() if n.lock == 0 and n is not self.root)
-
     def evict(self, n_tokens: int) -> list[int]:
         """Drop least-recently-used unlocked leaves until n_tokens are freed; returns slots."""
         heap = [(n.last_used, id(n), n) for n in self._nodes() if self._is_free_leaf(n)]

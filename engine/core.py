@@ -346,9 +346,6 @@ class Core:
             prefix_query_tokens=radix.query_tokens if radix else 0,
         )
 
-    def handle(self, mid: int) -> Handle:
-        return Handle(mid, self.table)
-
     # ---- planning ----
 
     def _make_sink(self) -> Handle | None:

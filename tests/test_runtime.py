@@ -6,7 +6,15 @@ import anyio
 import pytest
 from pydantic import BaseModel
 
-from corps.agents import Agent, AgentError, AgentStopped, MailboxFull, Runtime
+from corps.agents import (
+    DEAD_LETTERS,
+    Agent,
+    AgentError,
+    AgentStopped,
+    DeadLetter,
+    MailboxFull,
+    Runtime,
+)
 from corps.cache import Handle, InvalidRequest
 
 from conftest import open_tiny
@@ -130,7 +138,13 @@ async def test_restart_budget_then_stop_and_dead_letters(tiny_dirs):
         system = "you are a careful solver"
         max_restarts = 2
 
+    class Morgue(Agent):
+        async def handle(self, letter):
+            self.letters = [*getattr(self, "letters", []), letter]
+
     async with open_tiny(tiny_dirs, "llama") as engine, Runtime(engine) as rt:
+        await rt.spawn(Morgue, "morgue")
+        rt.subscribe(DEAD_LETTERS, "morgue")
         await rt.spawn(Fragile, "fragile")
         system = rt.agent("fragile").system_prompt
         first = rt.agent("fragile")
@@ -152,6 +166,9 @@ async def test_restart_budget_then_stop_and_dead_letters(tiny_dirs):
         assert ("fragile", 5) in reasons and ("fragile", 6) in reasons
         assert ("topic nobody-listens", 7) in reasons
         assert len(rt._actor("fragile").failures) == 3
+        await rt.ask("morgue", Note(n=0))  # the morgue has handled what was sent before
+        letters = [x for x in rt.agent("morgue").letters if isinstance(x, DeadLetter)]
+        assert [x.message.n for x in letters] == [5, 6, 7]
 
 
 async def test_escalate_fails_the_runtime(tiny_dirs):
