@@ -57,6 +57,11 @@ class Handle:
         return len(self._msg.tokens)
 
     @property
+    def ttft(self) -> float | None:
+        """Seconds from submitting this decode to its first token (None for prefills)."""
+        return self._msg.extra.get("ttft_s")
+
+    @property
     def freed(self) -> bool:
         return self._msg.freed
 

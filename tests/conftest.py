@@ -11,7 +11,7 @@ from corps.engine.engine import Engine
 
 from helpers import hf_model, make_model_dir
 
-ARCHS = ["llama", "llama3-scaled", "qwen2", "qwen3"]
+ARCHS = ["llama", "llama3-scaled", "mistral", "qwen2", "qwen3"]
 
 
 @pytest.fixture(scope="session")

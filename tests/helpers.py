@@ -49,7 +49,7 @@ def make_tokenizer(path: Path, *, bos_sink: bool = False, template: str = SMOL_T
 
 
 def tiny_config(arch: str, vocab: int):
-    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
     common = dict(
         vocab_size=vocab,
@@ -73,6 +73,8 @@ def tiny_config(arch: str, vocab: int):
             "original_max_position_embeddings": 64,
         }
         return LlamaConfig(**common, rope_scaling=scaling, architectures=["LlamaForCausalLM"])
+    if arch == "mistral":
+        return MistralConfig(**common, architectures=["MistralForCausalLM"])
     if arch == "qwen2":
         return Qwen2Config(**common, tie_word_embeddings=False, architectures=["Qwen2ForCausalLM"])
     if arch == "qwen3":

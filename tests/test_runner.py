@@ -37,7 +37,7 @@ def run_ours(hf, ids: list[int], chunks: list[int]) -> torch.Tensor:
     return torch.cat(out)
 
 
-@pytest.mark.parametrize("arch", ["llama", "llama3-scaled", "qwen2", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "llama3-scaled", "mistral", "qwen2", "qwen3"])
 def test_tiny_logits_match_hf(tiny_hf, arch):
     hf = tiny_hf[arch]
     ids = torch.randint(5, 300, (40,), generator=torch.Generator().manual_seed(1)).tolist()

@@ -29,6 +29,7 @@ async def test_many_concurrent_callers_share_steps(tiny_dirs):
             for i in range(20):
                 tg.start_soon(ask, i)
         assert len(results) == 20
+        assert all(h.ttft is not None and h.ttft > 0 for h in results.values())
         stats = engine.stats()
         assert stats.mean_batch_size > 2  # calls really shared forward steps
         assert stats.steps < 20 * 9
