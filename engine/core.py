@@ -24,15 +24,15 @@ import torch
 from torch import Tensor
 
 from corps.cache.arena import ViewArena
-from corps.cache.errors import CacheFullError, UnknownHandle
+from corps.cache.errors import CacheFullError
 from corps.cache.handle import Handle
 from corps.cache.kv import KVStore
 from corps.cache.messages import Message, MessageTable
-from corps.cache.placement import check_limit, place
-from corps.cache.radix import Node, RadixCache
+from corps.cache.radix import RadixCache
 from corps.cache.view import CallView
 from corps.engine.chat import ChatFormat
 from corps.engine.errors import InvalidRequest
+from corps.engine.planner import Call, Planner
 from corps.engine.requests import DecodeRequest, PrefillRequest
 from corps.engine.runner import ForwardBatch, ModelRunner, SeqSpan
 from corps.engine.sampling import SamplingParams, sample
@@ -50,47 +50,8 @@ TokenCallback = Callable[[int, int], None]  # (call index, token id)
 class StepOutput:
     """What one step did: tokens sampled, and calls that failed (already rolled back)."""
 
-    tokens: list[tuple[_Call, int]] = field(default_factory=list)
-    failed: list[tuple[_Call, BaseException]] = field(default_factory=list)
-
-
-@dataclass
-class _Call:
-    """One planned call: what to attend to, what to encode, and what it becomes."""
-
-    ctx_slots: list[int]
-    ctx_pos: list[int]
-    feed: list[int]  # tokens to encode before sampling (choreo: the message; baseline: uncached)
-    feed_start: int  # logical position of feed[0]
-    own: int  # how many trailing feed tokens belong to the new message
-    role: str
-    text: str
-    kind: str
-    offset: int
-    parents: tuple[int, ...]
-    parent_offsets: tuple[int, ...]
-    owner: str | None
-    visibility: object
-    sampling: SamplingParams | None = None
-    frame_len: int = 0  # leading own tokens that are role framing, not text
-    prefix: list[int] = field(default_factory=list)  # the whole prompt (choreo: = own tokens)
-    lock: Node | None = None
-    pinned: list[Message] = field(default_factory=list)  # parents, pinned while running
-    pins_held: bool = False
-    slots: list[int] = field(default_factory=list)  # slots taken for feed + generated
-    generated: list[int] = field(default_factory=list)
-    view: CallView | None = None
-    generator: torch.Generator | None = None
-    want_logits: bool = False
-    fed: int = 0  # feed tokens encoded so far
-    pending: int | None = None  # sampled token not yet encoded
-    finishing: bool = False  # the pending token is the last one
-    done: bool = False  # everything encoded; ready for finish()
-    logits: list[Tensor] = field(default_factory=list)  # want_logits: own rows, per chunk
-
-    @property
-    def is_decode(self) -> bool:
-        return self.sampling is not None
+    tokens: list[tuple[Call, int]] = field(default_factory=list)
+    failed: list[tuple[Call, BaseException]] = field(default_factory=list)
 
 
 class Core:
@@ -134,6 +95,13 @@ class Core:
         self.rope = weights.rope
         self.max_positions = min(spec.max_positions, weights.rope.max_positions)
         self.table = MessageTable()
+        self.planner = Planner(
+            self.fmt,
+            self.table,
+            mode=mode,
+            max_positions=self.max_positions,
+            vocab_size=spec.vocab_size,
+        )
         self.radix = RadixCache() if mode == "baseline" else None
         self.tokens_encoded = 0
         self.tokens_reused = 0
@@ -142,6 +110,8 @@ class Core:
         # call may be running on the worker thread.
         self._mutex = threading.RLock()
         self.sink = self._make_sink()
+        if self.sink is not None:
+            self.planner.sink_slots = list(self.table.get(self.sink.id).slots)
 
     # ---- public operations (called from one worker thread at a time) ----
 
@@ -163,8 +133,8 @@ class Core:
         calls = self._run_all([(r, False) for r in requests], on_token)
         return [self.finish(c) for c in calls]
 
-    def _run_all(self, requests, on_token: TokenCallback | None) -> list[_Call]:
-        calls: list[_Call] = []
+    def _run_all(self, requests, on_token: TokenCallback | None) -> list[Call]:
+        calls: list[Call] = []
         try:
             for req, want in requests:
                 calls.append(self.admit(req, want_logits=want))
@@ -183,12 +153,12 @@ class Core:
 
     # ---- the step machine (driven by _run_all or by the scheduler) ----
 
-    def admit(self, request: PrefillRequest | DecodeRequest, *, want_logits: bool = False) -> _Call:
+    def admit(self, request: PrefillRequest | DecodeRequest, *, want_logits: bool = False) -> Call:
         """Check and plan a call, reserve its slots and gather its view. Atomic."""
         if isinstance(request, DecodeRequest):
-            call = self._plan_decode(request)
+            call = self.planner.decode(request)
         else:
-            call = self._plan_prefill(request)
+            call = self.planner.prefill(request)
         call.want_logits = want_logits
         if self.radix is not None and not call.is_decode and not want_logits:
             call.done = True  # baseline prefill stores text only
@@ -210,7 +180,7 @@ class Core:
         self.tokens_reused += len(call.ctx_slots)
         return call
 
-    def step(self, calls: Sequence[_Call], budget: int | None) -> StepOutput:
+    def step(self, calls: Sequence[Call], budget: int | None) -> StepOutput:
         """One fused forward: a token for every decoding call, then prefill chunks.
 
         Decoding calls go first, so a long prefill never starves them; prefill
@@ -219,7 +189,7 @@ class Core:
         its sampling) is rolled back and reported in `failed`; the others go on.
         """
         out = StepOutput()
-        plan: list[tuple[_Call, int, int]] = []  # (call, first feed index or -1, n tokens)
+        plan: list[tuple[Call, int, int]] = []  # (call, first feed index or -1, n tokens)
         left = budget if budget is not None else 1 << 62
         for c in calls:
             if c.pending is None:
@@ -246,7 +216,7 @@ class Core:
             r += k
         return out
 
-    def _forward(self, plan: list[tuple[_Call, int, int]]) -> tuple[Tensor, list[int]]:
+    def _forward(self, plan: list[tuple[Call, int, int]]) -> tuple[Tensor, list[int]]:
         ids, pos, slots, spans, rows, counts, t = [], [], [], [], [], [], 0
         for c, start, n in plan:
             if start < 0:  # the pending sampled token
@@ -270,7 +240,7 @@ class Core:
         self.tokens_encoded += t
         return logits, counts
 
-    def _feed_rows(self, c: _Call, start: int, n: int, t: int) -> list[int]:
+    def _feed_rows(self, c: Call, start: int, n: int, t: int) -> list[int]:
         """Rows of a feed chunk whose logits the call needs."""
         if c.want_logits:
             own_from = len(c.feed) - c.own
@@ -279,7 +249,7 @@ class Core:
             return [t + n - 1]
         return []
 
-    def _advance(self, c: _Call, start: int, n: int, logits: Tensor, out: StepOutput) -> None:
+    def _advance(self, c: Call, start: int, n: int, logits: Tensor, out: StepOutput) -> None:
         if start < 0:
             c.pending = None
             if c.finishing:
@@ -305,19 +275,19 @@ class Core:
         c.finishing = self._stops(c, tok)
         out.tokens.append((c, tok))
 
-    def finish(self, c: _Call) -> Handle:
+    def finish(self, c: Call) -> Handle:
         """Register a done call's message and return its handle."""
         assert c.done, "finish() needs a call whose step machine is done"
         handle = self._finish_decode(c) if c.is_decode else self._finish_prefill(c)
         self._drop_view(c)
         return handle
 
-    def _drop_view(self, c: _Call) -> None:
+    def _drop_view(self, c: Call) -> None:
         if c.view is not None:
             with self._mutex:
                 c.view.release()
 
-    def abort(self, c: _Call) -> None:
+    def abort(self, c: Call) -> None:
         """Give back everything a call holds; the store is as if it never ran."""
         self._rollback([c])
         self._drop_view(c)
@@ -352,7 +322,7 @@ class Core:
         if self.mode != "choreographed" or not self.fmt.sink:
             return None
         sink = list(self.fmt.sink)
-        call = _Call(
+        call = Call(
             ctx_slots=[],
             ctx_pos=[],
             feed=sink,
@@ -374,106 +344,17 @@ class Core:
             self.step([call], budget=None)
         return self.finish(call)
 
-    def _message_tokens(self, content, role: str, frame: bool) -> tuple[list[int], str]:
-        if not frame:
-            ids = self.fmt.encode(content) if isinstance(content, str) else list(content)
-            text = content if isinstance(content, str) else self.fmt.decode(ids)
-            return ids, text
-        header, footer = self.fmt.frame(role)
-        if isinstance(content, str):
-            return self.fmt.encode(header + content + footer), content
-        ids = list(content)
-        return self.fmt.encode(header) + ids + self.fmt.encode(footer), self.fmt.decode(ids)
-
-    def _header_tokens(self, req: DecodeRequest) -> list[int]:
-        user = self.fmt.encode(req.header) if isinstance(req.header, str) else list(req.header)
-        if not req.frame:
-            return user
-        return self.fmt.encode(self.fmt.frame(req.role)[0]) + user
-
-    def _plan_prefill(self, req: PrefillRequest) -> _Call:
-        tokens, text = self._message_tokens(req.message, req.role, req.frame)
-        self._check_vocab(tokens)
-        return self._plan(req, tokens, text, "prefill", generate=0)
-
-    def _plan_decode(self, req: DecodeRequest) -> _Call:
-        header = self._header_tokens(req)
-        self._check_vocab(header)
-        call = self._plan(req, header, "", "decode", generate=req.sampling.max_tokens)
-        call.sampling = req.sampling
-        call.frame_len = len(self.fmt.encode(self.fmt.frame(req.role)[0])) if req.frame else 0
-        call.generator = req.sampling.generator()
-        return call
-
-    def _plan(self, req, tokens: list[int], text: str, kind: str, generate: int) -> _Call:
-        parents = [self._live(p) for p in req.parents]
-        sink = len(self.fmt.sink)
-        placed = place([len(p.tokens) for p in parents], req.offsets, req.new_offset, sink=sink)
-        ctx_slots: list[int] = list((self.sink and self.table.get(self.sink.id).slots) or [])
-        ctx_pos: list[int] = list(range(len(ctx_slots)))
-        for p, start in zip(parents, placed.starts, strict=True):
-            check_limit(start + len(p.tokens) - 1, self.max_positions, f"parent {p.id}")
-            ctx_slots += p.slots
-            ctx_pos += range(start, start + len(p.tokens))
-        call = _Call(
-            ctx_slots=ctx_slots,
-            ctx_pos=ctx_pos,
-            feed=tokens,
-            feed_start=placed.new_offset,
-            own=len(tokens),
-            role=req.role,
-            text=text,
-            kind=kind,
-            offset=placed.new_offset,
-            parents=tuple(p.id for p in parents),
-            parent_offsets=placed.starts,
-            owner=req.owner,
-            visibility=req.visibility,
-            prefix=list(tokens),
-        )
-        if self.mode == "baseline":
-            self._plan_baseline(call, parents)
-        check_limit(
-            call.feed_start + len(call.feed) + generate - 1,
-            self.max_positions,
-            f"the new {kind} message",
-        )
-        call.pinned = parents
-        return call
-
-    def _plan_baseline(self, call: _Call, parents: list[Message]) -> None:
-        """Re-render the parents' tokens as one causal prompt ending in the new tokens."""
-        prompt = list(self.fmt.sink) + [t for p in parents for t in p.tokens] + call.feed
-        call.prefix = prompt
-        call.offset = len(prompt) - len(call.feed)
-        call.parent_offsets = tuple(_starts(len(self.fmt.sink), [len(p.tokens) for p in parents]))
-        call.ctx_slots, call.ctx_pos = [], []
-        call.feed, call.feed_start = prompt, 0
-
-    def _check_vocab(self, tokens: list[int]) -> None:
-        vocab = self.runner.spec.vocab_size
-        bad = [t for t in tokens if t >= vocab]
-        if bad:
-            raise InvalidRequest(f"token id {bad[0]} is outside the vocabulary (size {vocab})")
-
     def _live(self, handle: Handle) -> Message:
-        if not isinstance(handle, Handle):
-            raise InvalidRequest(f"expected a Handle, got {type(handle).__name__}")
-        if handle.table is not self.table:
-            raise UnknownHandle(
-                f"handle {handle.id} belongs to another engine; handles only work in the "
-                f"engine that made them"
-            )
-        return self.table.live(handle.id)
+        return self.planner.live(handle)
 
     # ---- running ----
 
-    def _take_slots(self, calls: list[_Call]) -> None:
+    def _take_slots(self, calls: list[Call]) -> None:
         """Pin parents, reuse cached prefixes (baseline) and reserve slots for every feed."""
         with self._mutex:
             self._take_slots_locked(calls)
 
-    def _take_slots_locked(self, calls: list[_Call]) -> None:
+    def _take_slots_locked(self, calls: list[Call]) -> None:
         for c in calls:
             self._live_all(c.pinned)
             for p in c.pinned:
@@ -484,7 +365,7 @@ class Core:
         for c in calls:
             c.slots = self._alloc(len(c.feed), f"a {len(c.feed)}-token {c.kind} call")
 
-    def _match_prefix(self, c: _Call) -> None:
+    def _match_prefix(self, c: Call) -> None:
         match = self.radix.match(c.prefix)
         hit = min(match.length, len(c.prefix) - 1)  # re-encode >= 1 token to get logits
         self.radix.lock(match.node)
@@ -504,7 +385,7 @@ class Core:
                 self.store.release(self.radix.evict(short))
             return self.store.alloc(n, request=request)
 
-    def _stops(self, c: _Call, tok: int) -> bool:
+    def _stops(self, c: Call, tok: int) -> bool:
         if len(c.generated) >= c.sampling.max_tokens:
             return True
         if tok in self.fmt.stop_ids and not c.sampling.ignore_eos:
@@ -516,10 +397,10 @@ class Core:
 
     # ---- finishing ----
 
-    def _own(self, c: _Call) -> list[int]:
+    def _own(self, c: Call) -> list[int]:
         return c.prefix[len(c.prefix) - c.own :]
 
-    def _finish_prefill(self, c: _Call) -> Handle:
+    def _finish_prefill(self, c: Call) -> Handle:
         if self.radix is not None and c.view is None:  # baseline prefill: text only
             return self._register(c, self._own(c), [])
         if self.radix is not None:
@@ -527,7 +408,7 @@ class Core:
             return self._register(c, self._own(c), [])
         return self._register(c, c.feed, c.slots)
 
-    def _finish_decode(self, c: _Call) -> Handle:
+    def _finish_decode(self, c: Call) -> Handle:
         tokens = self._own(c) + c.generated
         c.text = self._decoded_text(tokens[c.frame_len :], c.sampling)
         if self.radix is not None:
@@ -540,18 +421,18 @@ class Core:
         cuts = [text.find(s) for s in sampling.stop if s in text]
         return text[: min(cuts)] if cuts else text
 
-    def _cache_prefix(self, c: _Call, tokens: list[int]) -> None:
+    def _cache_prefix(self, c: Call, tokens: list[int]) -> None:
         with self._mutex:
             self._cache_prefix_locked(c, tokens)
 
-    def _cache_prefix_locked(self, c: _Call, tokens: list[int]) -> None:
+    def _cache_prefix_locked(self, c: Call, tokens: list[int]) -> None:
         slots = c.ctx_slots + c.slots
         self.store.release(self.radix.insert(tokens, slots))
         self.radix.unlock(c.lock)
         c.lock, c.slots = None, []
         self._unpin(c)
 
-    def _register(self, c: _Call, tokens: list[int], slots: list[int]) -> Handle:
+    def _register(self, c: Call, tokens: list[int], slots: list[int]) -> Handle:
         mid = self.table.next_id()
         self.table.add(
             Message(
@@ -586,7 +467,7 @@ class Core:
             out |= self.table.get(p).sources
         return frozenset(out)
 
-    def _unpin(self, c: _Call) -> None:
+    def _unpin(self, c: Call) -> None:
         with self._mutex:
             if not c.pins_held:
                 return
@@ -596,11 +477,11 @@ class Core:
                     self._release_message(p)
             c.pins_held = False
 
-    def _rollback(self, calls: list[_Call]) -> None:
+    def _rollback(self, calls: list[Call]) -> None:
         with self._mutex:
             self._rollback_locked(calls)
 
-    def _rollback_locked(self, calls: list[_Call]) -> None:
+    def _rollback_locked(self, calls: list[Call]) -> None:
         for c in calls:
             if c.slots:
                 self.store.release(c.slots)
@@ -613,14 +494,6 @@ class Core:
     def _release_message(self, msg: Message) -> None:
         self.store.release(msg.slots)
         msg.slots = []
-
-
-def _starts(sink: int, lengths: list[int]) -> list[int]:
-    out, cursor = [], sink
-    for n in lengths:
-        out.append(cursor)
-        cursor += n
-    return out
 
 
 def _long(values) -> Tensor:

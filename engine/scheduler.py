@@ -34,7 +34,8 @@ import anyio.to_thread
 
 from corps.cache.errors import CorpsError
 from corps.cache.handle import Handle
-from corps.engine.core import Core, _Call
+from corps.engine.core import Core
+from corps.engine.planner import Call
 
 
 class EngineBusy(CorpsError):
@@ -56,7 +57,7 @@ class Job:
     done: anyio.Event = field(default_factory=anyio.Event)
     handle: Handle | None = None
     error: BaseException | None = None
-    call: _Call | None = None
+    call: Call | None = None
     cancelled: bool = False
     submitted: float = field(default_factory=time.perf_counter)
     first_token: float | None = None

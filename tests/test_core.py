@@ -139,7 +139,7 @@ def test_overlapping_parents_mask(tiny_dirs, tiny_hf):
     for h in (a, b):
         oracle.encode(h.id, h.tokens, [], 0)
     req = PrefillRequest("hello world", parents=[a, b], offsets=[2, 2])
-    call = core._plan_prefill(req)
+    call = core.planner.prefill(req)
     assert call.ctx_slots == core.table.get(a.id).slots + core.table.get(b.id).slots
     assert call.ctx_pos == list(range(2, 2 + a.length)) + list(range(2, 2 + b.length))
     c, got = prefill(core, "hello world", parents=[a, b], offsets=[2, 2])

@@ -1,0 +1,185 @@
+"""Planning a call: framing its tokens, placing its parents, checking it, before any compute.
+
+A `Call` is one planned prefill or decode: what it attends to (context slots at
+the positions the call gives them), what it must encode (its feed), and the
+step-machine state the core advances. Planning raises on bad input and touches
+nothing, so a rejected call leaves the store exactly as it was.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from corps.cache.errors import UnknownHandle
+from corps.cache.handle import Handle
+from corps.cache.messages import Message, MessageTable
+from corps.cache.placement import check_limit, place
+from corps.cache.radix import Node
+from corps.cache.view import CallView
+from corps.engine.chat import ChatFormat
+from corps.engine.errors import InvalidRequest
+from corps.engine.requests import DecodeRequest, PrefillRequest
+from corps.engine.sampling import SamplingParams
+
+
+@dataclass
+class Call:
+    """One planned call: what to attend to, what to encode, and what it becomes."""
+
+    ctx_slots: list[int]
+    ctx_pos: list[int]
+    feed: list[int]  # tokens to encode before sampling (choreo: the message; baseline: uncached)
+    feed_start: int  # logical position of feed[0]
+    own: int  # how many trailing feed tokens belong to the new message
+    role: str
+    text: str
+    kind: str
+    offset: int
+    parents: tuple[int, ...]
+    parent_offsets: tuple[int, ...]
+    owner: str | None
+    visibility: object
+    sampling: SamplingParams | None = None
+    frame_len: int = 0  # leading own tokens that are role framing, not text
+    prefix: list[int] = field(default_factory=list)  # the whole prompt (choreo: = own tokens)
+    lock: Node | None = None
+    pinned: list[Message] = field(default_factory=list)  # parents, pinned while running
+    pins_held: bool = False
+    slots: list[int] = field(default_factory=list)  # slots taken for feed + generated
+    generated: list[int] = field(default_factory=list)
+    view: CallView | None = None
+    generator: torch.Generator | None = None
+    want_logits: bool = False
+    fed: int = 0  # feed tokens encoded so far
+    pending: int | None = None  # sampled token not yet encoded
+    finishing: bool = False  # the pending token is the last one
+    done: bool = False  # everything encoded; ready for finish()
+    logits: list[Tensor] = field(default_factory=list)  # want_logits: own rows, per chunk
+
+    @property
+    def is_decode(self) -> bool:
+        return self.sampling is not None
+
+
+class Planner:
+    """Turns requests into Calls for one engine's format, message table and mode."""
+
+    def __init__(
+        self,
+        fmt: ChatFormat,
+        table: MessageTable,
+        *,
+        mode: str,
+        max_positions: int,
+        vocab_size: int,
+    ) -> None:
+        self.fmt = fmt
+        self.table = table
+        self.mode = mode
+        self.max_positions = max_positions
+        self.vocab_size = vocab_size
+        self.sink_slots: list[int] = []  # the attention sink every call sees, once encoded
+
+    def _message_tokens(self, content, role: str, frame: bool) -> tuple[list[int], str]:
+        if not frame:
+            ids = self.fmt.encode(content) if isinstance(content, str) else list(content)
+            text = content if isinstance(content, str) else self.fmt.decode(ids)
+            return ids, text
+        header, footer = self.fmt.frame(role)
+        if isinstance(content, str):
+            return self.fmt.encode(header + content + footer), content
+        ids = list(content)
+        return self.fmt.encode(header) + ids + self.fmt.encode(footer), self.fmt.decode(ids)
+
+    def _header_tokens(self, req: DecodeRequest) -> list[int]:
+        user = self.fmt.encode(req.header) if isinstance(req.header, str) else list(req.header)
+        if not req.frame:
+            return user
+        return self.fmt.encode(self.fmt.frame(req.role)[0]) + user
+
+    def prefill(self, req: PrefillRequest) -> Call:
+        tokens, text = self._message_tokens(req.message, req.role, req.frame)
+        self._check_vocab(tokens)
+        return self._plan(req, tokens, text, "prefill", generate=0)
+
+    def decode(self, req: DecodeRequest) -> Call:
+        header = self._header_tokens(req)
+        self._check_vocab(header)
+        call = self._plan(req, header, "", "decode", generate=req.sampling.max_tokens)
+        call.sampling = req.sampling
+        call.frame_len = len(self.fmt.encode(self.fmt.frame(req.role)[0])) if req.frame else 0
+        call.generator = req.sampling.generator()
+        return call
+
+    def _plan(self, req, tokens: list[int], text: str, kind: str, generate: int) -> Call:
+        parents = [self.live(p) for p in req.parents]
+        sink = len(self.fmt.sink)
+        placed = place([len(p.tokens) for p in parents], req.offsets, req.new_offset, sink=sink)
+        ctx_slots: list[int] = list(self.sink_slots)
+        ctx_pos: list[int] = list(range(len(ctx_slots)))
+        for p, start in zip(parents, placed.starts, strict=True):
+            check_limit(start + len(p.tokens) - 1, self.max_positions, f"parent {p.id}")
+            ctx_slots += p.slots
+            ctx_pos += range(start, start + len(p.tokens))
+        call = Call(
+            ctx_slots=ctx_slots,
+            ctx_pos=ctx_pos,
+            feed=tokens,
+            feed_start=placed.new_offset,
+            own=len(tokens),
+            role=req.role,
+            text=text,
+            kind=kind,
+            offset=placed.new_offset,
+            parents=tuple(p.id for p in parents),
+            parent_offsets=placed.starts,
+            owner=req.owner,
+            visibility=req.visibility,
+            prefix=list(tokens),
+        )
+        if self.mode == "baseline":
+            self._plan_baseline(call, parents)
+        check_limit(
+            call.feed_start + len(call.feed) + generate - 1,
+            self.max_positions,
+            f"the new {kind} message",
+        )
+        call.pinned = parents
+        return call
+
+    def _plan_baseline(self, call: Call, parents: list[Message]) -> None:
+        """Re-render the parents' tokens as one causal prompt ending in the new tokens."""
+        prompt = list(self.fmt.sink) + [t for p in parents for t in p.tokens] + call.feed
+        call.prefix = prompt
+        call.offset = len(prompt) - len(call.feed)
+        call.parent_offsets = tuple(_starts(len(self.fmt.sink), [len(p.tokens) for p in parents]))
+        call.ctx_slots, call.ctx_pos = [], []
+        call.feed, call.feed_start = prompt, 0
+
+    def _check_vocab(self, tokens: list[int]) -> None:
+        vocab = self.vocab_size
+        bad = [t for t in tokens if t >= vocab]
+        if bad:
+            raise InvalidRequest(f"token id {bad[0]} is outside the vocabulary (size {vocab})")
+
+    def live(self, handle: Handle) -> Message:
+        """The live message a handle names, or UnknownHandle / InvalidRequest."""
+        if not isinstance(handle, Handle):
+            raise InvalidRequest(f"expected a Handle, got {type(handle).__name__}")
+        if handle.table is not self.table:
+            raise UnknownHandle(
+                f"handle {handle.id} belongs to another engine; handles only work in the "
+                f"engine that made them"
+            )
+        return self.table.live(handle.id)
+
+
+def _starts(sink: int, lengths: list[int]) -> list[int]:
+    out, cursor = [], sink
+    for n in lengths:
+        out.append(cursor)
+        cursor += n
+    return out
