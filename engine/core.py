@@ -73,7 +73,7 @@ class Core:
         self.model_path = model_path
         self.tokenizer = tokenizer
         self.fmt = ChatFormat(tokenizer)
-        self.store = KVStore(
+        dims = dict(
             num_layers=spec.num_layers,
             num_kv_heads=spec.num_kv_heads,
             head_dim=spec.head_dim,
@@ -81,16 +81,10 @@ class Core:
             dtype=weights.dtype,
             device=weights.device,
         )
+        self.store = KVStore(**dims)
         # Room for the views of in-flight calls (their context + new tokens); a call that
         # does not fit gets a standalone view. Sized like the store.
-        self.arena = ViewArena(
-            num_layers=spec.num_layers,
-            num_kv_heads=spec.num_kv_heads,
-            head_dim=spec.head_dim,
-            capacity=capacity,
-            dtype=weights.dtype,
-            device=weights.device,
-        )
+        self.arena = ViewArena(**dims)
         self.runner = ModelRunner(weights, self.store)
         self.rope = weights.rope
         self.max_positions = min(spec.max_positions, weights.rope.max_positions)
