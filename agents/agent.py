@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from pydantic import BaseModel
 
 from corps.agents import envelope as env_mod
+from corps.cache.errors import InvalidRequest
 from corps.cache.handle import Handle
 from corps.cache.visibility import Private, Public, Visibility
 
@@ -27,7 +28,11 @@ class Agent:
     Class settings: `system` (prefilled once at spawn, private to this agent, kept
     across restarts), `mailbox_size` (bounded), `max_concurrency` (1: one message
     at a time, FIFO), `supervision` ("restart", "stop" or "escalate") with
-    `max_restarts`, and `leak_policy` (None: the runtime's).
+    `max_restarts`, and `leak_policy` (None: the engine's default; a call's own
+    `leak_policy=` overrides both).
+
+    Every handle the agent receives (messages, payload fields, replies) is bound
+    to it: reading the content of a message it cannot see raises AccessDenied.
     """
 
     system: ClassVar[str | None] = None
@@ -51,21 +56,35 @@ class Agent:
     def engine(self):
         return self.runtime.engine
 
-    def _policy(self) -> str:
-        return self.leak_policy or self.runtime.leak_policy
+    def _as_me(self, kw: dict[str, Any], visibility: Visibility | None, policy: str | None):
+        owner = kw.pop("owner", self.name)
+        if owner != self.name:
+            raise InvalidRequest(
+                f"{self.name} cannot make a call owned by {owner!r}: an agent's calls are its own"
+            )
+        kw.update(owner=self.name, visibility=visibility or Public())
+        kw["leak_policy"] = policy or self.leak_policy  # None: the engine's default
+        return kw
 
     async def prefill(
-        self, message: str | list[int], *, visibility: Visibility | None = None, **kw: Any
+        self,
+        message: str | list[int],
+        *,
+        visibility: Visibility | None = None,
+        leak_policy: str | None = None,
+        **kw: Any,
     ) -> Handle:
-        """Encode a message owned by this agent (public unless `visibility` says otherwise)."""
-        return await self.engine.prefill(
-            message, owner=self.name, visibility=visibility or Public(),
-            leak_policy=self._policy(), **kw,
-        )  # fmt: skip
+        """Encode a message owned by this agent (public unless `visibility` says otherwise).
 
-    async def decode(self, *, visibility: Visibility | None = None, **kw: Any) -> Handle:
+        `leak_policy` overrides the class's, which overrides the engine's default.
+        """
+        return await self.engine.prefill(message, **self._as_me(kw, visibility, leak_policy))
+
+    async def decode(
+        self, *, visibility: Visibility | None = None, leak_policy: str | None = None, **kw: Any
+    ) -> Handle:
         """Generate a message owned by this agent. Inside `ask_stream`, its text streams out."""
-        kw.update(owner=self.name, visibility=visibility or Public(), leak_policy=self._policy())
+        kw = self._as_me(kw, visibility, leak_policy)
         envelope = env_mod.current.get()
         if envelope is None or envelope.deltas is None:
             return await self.engine.decode(**kw)
@@ -84,8 +103,14 @@ class Agent:
 
     # ---- other agents ----
 
-    async def ask(self, to: str, msg: Handle | BaseModel, *, timeout: float | None = None,
-                  stream: bool = False) -> Any:  # fmt: skip
+    async def ask(
+        self,
+        to: str,
+        msg: Handle | BaseModel,
+        *,
+        timeout: float | None = None,
+        stream: bool = False,
+    ) -> Any:
         """Request/response. With stream=True the callee's text deltas flow to our asker."""
         envelope = env_mod.current.get()
         deltas = envelope.deltas if stream and envelope is not None else None

@@ -24,13 +24,13 @@ class Envelope:
     result: Any = None
     error: BaseException | None = None
     cancelled: bool = False
-    deltas: MemoryObjectSendStream[str] | None = None  # ask_stream: where text deltas go
+    # ask_stream: where text deltas go. Shared by nested streamed asks; only the
+    # ask_stream that made it closes it.
+    deltas: MemoryObjectSendStream[str] | None = None
 
     def reply(self, result: Any = None, error: BaseException | None = None) -> None:
         self.result, self.error = result, error
         self.done.set()
-        if self.deltas is not None:
-            self.deltas.close()
 
     async def wait(self) -> Any:
         """The handler's result; cancelling this wait cancels the handler and its nested work."""

@@ -31,21 +31,33 @@ from corps.agents.agent import Agent
 from corps.agents.envelope import Envelope, check_payload, current, describe
 from corps.agents.errors import AgentError, AgentStopped, MailboxFull, UnknownAgent
 from corps.cache.errors import InvalidRequest
-from corps.cache.handle import Handle
-from corps.cache.visibility import Private, check_policy
+from corps.cache.handle import Handle, bind
+from corps.cache.visibility import Private
 
 DEAD_LETTERS = "dead-letters"
 SUPERVISION = ("restart", "stop", "escalate")
 
 
 class AgentRuntime(Protocol):
-    """What agent code may rely on; an out-of-process runtime implements the same."""
+    """What agent code relies on; an out-of-process runtime implements the same.
 
-    leak_policy: str
+    `Agent` uses exactly these members: `engine` (the engine its calls go to),
+    `ask` (with `sender` and `deltas`, the stream of an enclosing `ask_stream`),
+    `send`, `publish`.
+    """
+
+    engine: Any
 
     async def spawn(self, cls: type[Agent], name: str | None = None) -> str: ...
-    async def ask(self, to: str, msg: Handle | BaseModel, *, timeout: float | None = None,
-                  sender: str | None = None) -> Any: ...  # fmt: skip
+    async def ask(
+        self,
+        to: str,
+        msg: Handle | BaseModel,
+        *,
+        timeout: float | None = None,
+        sender: str | None = None,
+        deltas: MemoryObjectSendStream[str] | None = None,
+    ) -> Any: ...
     async def send(
         self, to: str, msg: Handle | BaseModel, *, sender: str | None = None
     ) -> None: ...
@@ -56,8 +68,9 @@ class AgentRuntime(Protocol):
         self, topic: str, msg: Handle | BaseModel, *, sender: str | None = None
     ) -> None: ...
     def subscribe(self, topic: str, name: str) -> None: ...
-    def ask_stream(self, to: str, msg: Handle | BaseModel, *, timeout: float | None = None
-                   ) -> AsyncIterator[str]: ...  # fmt: skip
+    def ask_stream(
+        self, to: str, msg: Handle | BaseModel, *, timeout: float | None = None
+    ) -> AskStream: ...
 
 
 class DeadLetter(BaseModel):
@@ -82,11 +95,14 @@ class _Actor:
 
 
 class Runtime:
-    """`async with Runtime(engine, leak_policy="warn") as rt:` — the in-process runtime."""
+    """`async with Runtime(engine) as rt:` — the in-process runtime.
 
-    def __init__(self, engine, *, leak_policy: str = "warn") -> None:
+    The leak policy lives on the engine (`Engine.open(leak_policy=...)`); agent
+    classes and single calls may override it.
+    """
+
+    def __init__(self, engine) -> None:
         self.engine = engine
-        self.leak_policy = check_policy(leak_policy)
         self.dead_letters: list[DeadLetter] = []
         self._actors: dict[str, _Actor] = {}
         self._topics: dict[str, list[str]] = defaultdict(list)
@@ -105,6 +121,10 @@ class Runtime:
         # The workers only ever end by this cancellation; the body's own exception
         # (if any) propagates as itself rather than wrapped in an ExceptionGroup.
         await self._tg.__aexit__(None, None, None)
+        for actor in self._actors.values():  # their encoded system prompts go too
+            prompt = actor.instance.system_prompt
+            if prompt is not None and not prompt.freed:
+                self.engine.free(prompt)
         cancelled = exc_info[0] is not None and issubclass(
             exc_info[0], anyio.get_cancelled_exc_class()
         )
@@ -146,9 +166,19 @@ class Runtime:
 
     # ---- messaging ----
 
-    async def ask(self, to: str, msg: Handle | BaseModel, *, timeout: float | None = None,
-                  sender: str | None = None, deltas=None) -> Any:  # fmt: skip
-        """Send and wait for the handler's result (its exception comes back as AgentError)."""
+    async def ask(
+        self,
+        to: str,
+        msg: Handle | BaseModel,
+        *,
+        timeout: float | None = None,
+        sender: str | None = None,
+        deltas: MemoryObjectSendStream[str] | None = None,
+    ) -> Any:
+        """Send and wait for the handler's result (its exception comes back as AgentError).
+
+        Handles in the result are bound to `sender` (None: the runtime's caller).
+        """
         envelope = Envelope(msg, sender, True, deltas=deltas)
         with anyio.fail_after(timeout) if timeout is not None else nullcontext():
             try:
@@ -156,7 +186,7 @@ class Runtime:
             except BaseException:
                 envelope.cancelled = True
                 raise
-            return await envelope.wait()
+            return bind(await envelope.wait(), sender)
 
     async def send(self, to: str, msg: Handle | BaseModel, *, sender: str | None = None) -> None:
         """Fire and forget; waits while the mailbox is full. Failures go to supervision."""
@@ -192,22 +222,16 @@ class Runtime:
         for name in names:
             await self.send(name, msg, sender=sender)
 
-    async def ask_stream(self, to: str, msg: Handle | BaseModel, *,
-                         timeout: float | None = None) -> AsyncIterator[str]:  # fmt: skip
-        """Text deltas of every decode the handler (and nested streamed asks) makes."""
-        send, recv = anyio.create_memory_object_stream[str](max_buffer_size=math.inf)
-        result: list[Any] = []
+    def ask_stream(
+        self, to: str, msg: Handle | BaseModel, *, timeout: float | None = None
+    ) -> AskStream:
+        """`async for delta in rt.ask_stream(...)`: text deltas of every decode the handler
+        (and nested streamed asks) makes; then `.result` is the handler's result.
 
-        async def run() -> None:
-            try:
-                result.append(await self.ask(to, msg, timeout=timeout, deltas=send))
-            finally:
-                send.close()
-
-        async with anyio.create_task_group() as tg, recv:
-            tg.start_soon(run)
-            async for delta in recv:
-                yield delta
+        A handler failure is raised as AgentError once the deltas end; leaving the
+        loop early cancels the ask.
+        """
+        return AskStream(self, to, msg, timeout)
 
     async def _deliver(self, to: str, envelope: Envelope) -> None:
         check_payload(envelope.message)
@@ -241,7 +265,8 @@ class Runtime:
             token = current.set(envelope)
             try:
                 with envelope.scope:
-                    result = await actor.instance.handle(envelope.message)
+                    message = bind(envelope.message, actor.name)  # what it may read, checked
+                    result = await actor.instance.handle(message)
                     envelope.reply(result)
                 if envelope.scope.cancelled_caught and not envelope.done.is_set():
                     envelope.reply(error=AgentStopped(f"{actor.name}: the ask was cancelled"))
@@ -285,3 +310,54 @@ class Runtime:
             self._dead(actor.name, envelope.message, reason)
             if envelope.expects_reply:
                 envelope.reply(error=AgentStopped(reason))
+
+
+class AskStream:
+    """The text deltas of one ask, then its `result` (see `Runtime.ask_stream`).
+
+    The ask runs in the runtime's own task group, so iterating never yields from
+    inside a task group or cancel scope of the caller's.
+    """
+
+    def __init__(self, rt: Runtime, to: str, msg: Handle | BaseModel, timeout: float | None):
+        self._rt, self._to, self._msg, self._timeout = rt, to, msg, timeout
+        self.result: Any = None
+
+    async def __aiter__(self) -> AsyncIterator[str]:
+        rt = self._rt
+        if rt._tg is None:
+            raise InvalidRequest("use `async with Runtime(engine) as rt:` before asking")
+        check_payload(self._msg)
+        rt._actor(self._to)
+        send, recv = anyio.create_memory_object_stream[str](max_buffer_size=math.inf)
+        scope, finished = anyio.CancelScope(), anyio.Event()
+        outcome: list[Any] = []  # [result] or [None, error]
+
+        async def run() -> None:
+            try:
+                with scope:
+                    result = await rt.ask(self._to, self._msg, timeout=self._timeout, deltas=send)
+                    outcome.append(result)
+            except Exception as exc:
+                outcome.extend([None, exc])
+            except BaseException:
+                outcome.extend([None, AgentStopped(f"{self._to}: the runtime shut down")])
+                raise
+            finally:
+                send.close()
+                finished.set()
+
+        rt._tg.start_soon(run)
+        try:
+            async with recv:
+                async for delta in recv:
+                    yield delta
+        finally:
+            if not finished.is_set():
+                scope.cancel()  # the consumer left early (or was cancelled)
+        await finished.wait()
+        if len(outcome) == 2:
+            raise outcome[1]
+        if not outcome:
+            raise AgentStopped(f"{self._to}: the ask was cancelled")
+        self.result = outcome[0]

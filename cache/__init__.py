@@ -9,7 +9,15 @@ from corps.cache.errors import (
     UnknownHandle,
 )
 from corps.cache.handle import Handle
-from corps.cache.visibility import AccessDenied, Leak, LeakageError, Private, Public, Shared
+from corps.cache.visibility import (
+    AccessDenied,
+    Leak,
+    LeakageError,
+    LeakWarning,
+    Private,
+    Public,
+    Shared,
+)
 
 __all__ = [
     "AccessDenied",
@@ -18,6 +26,7 @@ __all__ = [
     "Handle",
     "InvalidRequest",
     "Leak",
+    "LeakWarning",
     "LeakageError",
     "PositionError",
     "Private",

@@ -1,31 +1,61 @@
-"""Handles: the small immutable references agents pass around instead of text."""
+"""Handles: the small immutable references agents pass around instead of text.
+
+A handle may be *bound* to a reader (an agent name). Reading a bound handle's
+content (`text`, `tokens`) checks that its reader may see the message, and the
+handles it leads to (`parents`, `sources`) stay bound to the same reader, so
+walking from a public message to a private parent and reading it raises
+`AccessDenied`. An unbound handle (reader None) belongs to the engine's own
+caller, who sees everything. Metadata (role, owner, visibility, length,
+offset) is readable by anyone holding the handle.
+
+The engine binds the handles of calls made as an agent (`owner=`) to that
+agent, and the runtime rebinds every handle it delivers to the receiving agent.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 from typing import Any
 
 from corps.cache.messages import Message, MessageTable
+from corps.cache.visibility import AccessDenied, can_read
 
 
 @dataclass(frozen=True)
 class Handle:
-    """A message in one engine's store, by id. Cheap to copy, hash and send."""
+    """A message in one engine's store, by id. Cheap to copy, hash and send.
+
+    Two handles are equal when they name the same message of the same engine,
+    whoever they are bound to.
+    """
 
     id: int
     table: MessageTable
+    reader: str | None = field(default=None, compare=False)
 
     @property
     def _msg(self) -> Message:
         return self.table.get(self.id)
 
+    def _readable(self) -> Message:
+        msg = self._msg
+        if not can_read(self.reader, msg.owner, msg.visibility):
+            raise AccessDenied(
+                f"{self.reader} cannot read message {self.id} ({msg.owner}'s {msg.role}): it is "
+                f"{type(msg.visibility).__name__.lower()} to {msg.owner}"
+            )
+        return msg
+
     @property
     def text(self) -> str:
-        return self._msg.text
+        """The message's content text (AccessDenied if this handle's reader cannot see it)."""
+        return self._readable().text
 
     @property
     def tokens(self) -> list[int]:
-        return list(self._msg.tokens)
+        """The message's framed token ids (AccessDenied if its reader cannot see it)."""
+        return list(self._readable().tokens)
 
     @property
     def role(self) -> str:
@@ -41,12 +71,13 @@ class Handle:
 
     @property
     def parents(self) -> tuple[Handle, ...]:
-        return tuple(Handle(p, self.table) for p in self._msg.parents)
+        """The messages this one attended to, bound to the same reader."""
+        return tuple(Handle(p, self.table, self.reader) for p in self._msg.parents)
 
     @property
     def sources(self) -> frozenset[Handle]:
         """Every message this one's encoding attended to, transitively (its provenance)."""
-        return frozenset(Handle(s, self.table) for s in self._msg.sources)
+        return frozenset(Handle(s, self.table, self.reader) for s in self._msg.sources)
 
     @property
     def offset(self) -> int:
@@ -67,5 +98,33 @@ class Handle:
 
     def __repr__(self) -> str:
         msg = self._msg
+        if not can_read(self.reader, msg.owner, msg.visibility):
+            return f"Handle(id={self.id}, role={msg.role!r}, hidden from {self.reader})"
         text = msg.text if len(msg.text) <= 40 else msg.text[:39] + "…"
         return f"Handle(id={self.id}, role={msg.role!r}, text={text!r})"
+
+
+def bind(value: Any, reader: str | None) -> Any:
+    """`value` with every handle in it bound to `reader`: a handle, or a pydantic payload
+    (fields, and lists / tuples / sets / dicts of them, nested payloads included)."""
+    from pydantic import BaseModel
+
+    if isinstance(value, Handle):
+        return dataclasses.replace(value, reader=reader)
+    if isinstance(value, BaseModel):
+        update = {}
+        for name in type(value).model_fields:
+            old = getattr(value, name)
+            new = bind(old, reader)
+            if new is not old:
+                update[name] = new
+        return value.model_copy(update=update) if update else value
+    if isinstance(value, list | tuple | set | frozenset):
+        items = [bind(v, reader) for v in value]
+        if all(a is b for a, b in zip(items, value, strict=False)):
+            return value
+        return type(value)(items)
+    if isinstance(value, dict):
+        items = {k: bind(v, reader) for k, v in value.items()}
+        return items if any(items[k] is not value[k] for k in value) else value
+    return value

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,14 +32,20 @@ class Message:
 
 
 class MessageTable:
-    """Messages by id, with pinning so an in-flight call's parents outlive `free`."""
+    """Messages by id, with pinning so an in-flight call's parents outlive `free`.
+
+    Threads: the engine's worker thread adds messages while the event loop reads
+    the table (stats, access checks). Adding and iterating hold a lock; a single
+    lookup by id is atomic on its own.
+    """
 
     def __init__(self) -> None:
         self._messages: dict[int, Message] = {}
         self._ids = itertools.count()
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
-        return sum(1 for m in self._messages.values() if not m.freed)
+        return sum(1 for m in self.all() if not m.freed)
 
     def __eq__(self, other: object) -> bool:
         return self is other
@@ -49,7 +56,8 @@ class MessageTable:
         return next(self._ids)
 
     def add(self, message: Message) -> None:
-        self._messages[message.id] = message
+        with self._lock:
+            self._messages[message.id] = message
 
     def get(self, mid: int) -> Message:
         """The message, freed or not (for reading text and provenance)."""
@@ -69,7 +77,9 @@ class MessageTable:
         return msg
 
     def all(self) -> list[Message]:
-        return list(self._messages.values())
+        """A snapshot of every message, freed ones included."""
+        with self._lock:
+            return list(self._messages.values())
 
 
 def _preview(text: str, n: int = 32) -> str:

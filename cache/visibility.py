@@ -55,6 +55,10 @@ class AccessDenied(InvalidRequest):
     """A reader used (or read) a message it cannot see. Nothing was computed."""
 
 
+class LeakWarning(UserWarning):
+    """A call attended to another agent's hidden context (leak_policy="warn")."""
+
+
 class LeakageError(CorpsError):
     """Under leak_policy="deny": a call would attend to another agent's hidden context."""
 

@@ -1,9 +1,12 @@
 """corps.engine: model loading, our forward over HF weights, sampling, and the public Engine."""
 
 from corps.cache.handle import Handle
-from corps.engine.engine import Engine, TextStream
+from corps.cache.visibility import LeakWarning
+from corps.engine.engine import Engine, Pending, TextStream
 from corps.engine.errors import (
     CorpsError,
+    EngineBusy,
+    EngineClosed,
     FetchError,
     InvalidRequest,
     ModelNotFound,
@@ -15,11 +18,15 @@ from corps.engine.stats import EngineStats
 __all__ = [
     "CorpsError",
     "Engine",
+    "EngineBusy",
+    "EngineClosed",
     "EngineStats",
     "FetchError",
     "Handle",
     "InvalidRequest",
+    "LeakWarning",
     "ModelNotFound",
+    "Pending",
     "SamplingParams",
     "TextStream",
     "UnsupportedModel",

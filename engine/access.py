@@ -1,12 +1,40 @@
-"""Access checks and leak detection for a call, applied before anything is computed."""
+"""Access checks and the leak policy of every call, applied before anything is computed.
+
+This is the one home of visibility enforcement and leak handling in the engine:
+`Guard.check` runs for every submission path (awaited calls, `_nowait` calls,
+streams, `*_many`), so no path skips it.
+
+Leak policy precedence: the call's own `leak_policy=` argument, else the
+agent class's `leak_policy` (agents pass it per call), else the engine's
+default (`Engine.open(leak_policy=...)`, "warn").
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+import warnings
+from collections.abc import Awaitable, Callable, Sequence
 
 from corps.cache.handle import Handle
 from corps.cache.messages import Message, MessageTable
-from corps.cache.visibility import AccessDenied, Leak, can_read
+from corps.cache.visibility import (
+    AccessDenied,
+    Leak,
+    LeakageError,
+    LeakWarning,
+    can_read,
+    check_policy,
+)
+from corps.engine.requests import PrefillRequest
+
+__all__ = ["Guard", "LeakWarning", "TraceEvent", "check_access", "explain", "hidden_sources"]
+
+
+@dataclasses.dataclass(frozen=True)
+class TraceEvent:
+    kind: str  # "leak" or "reencode"
+    detail: str
+    leak: Leak | None = None
 
 
 def describe(msg: Message) -> str:
@@ -54,3 +82,101 @@ def explain(table: MessageTable, leak: Leak) -> str:
         f"{leak.call} attends to {describe(table.get(leak.parent))}, whose encoding attended "
         f"to what {leak.reader} cannot see: {hidden}"
     )
+
+
+Submit = Callable[[PrefillRequest], Awaitable[Handle]]
+
+
+class Guard:
+    """Checks access and applies the leak policy for one engine; records leaks."""
+
+    def __init__(self, table: MessageTable, *, mode: str, policy: str) -> None:
+        self.table = table
+        self.mode = mode
+        self.policy = check_policy(policy)
+        self.leaks: list[Leak] = []
+        self.events: list[TraceEvent] = []
+        self._clean: dict[tuple[int, str], Handle] = {}  # re-encoded copies, per reader
+
+    def check(self, request, policy: str | None) -> tuple[object, list[Handle]]:
+        """Check a call; returns (the request to run, parents to re-encode first).
+
+        Raises AccessDenied / LeakageError / UnknownHandle before anything runs.
+        Under "reencode" the returned request already uses every cached clean copy;
+        the parents listed still need one (see `reencode`).
+        """
+        reader, parents = request.owner, list(request.parents)
+        for p in parents:
+            self.table.live(p.id)  # unknown or freed handles fail first
+        check_access(self.table, reader, parents)
+        if reader is None or self.mode == "baseline":  # baseline re-encodes: it cannot leak
+            return request, []
+        kind = "decode" if hasattr(request, "sampling") else "prefill"
+        leaks = find_leaks(self.table, reader, parents, f"{kind} by {reader}")
+        if not leaks:
+            return request, []
+        policy = check_policy(policy or self.policy)
+        if policy == "deny":
+            raise LeakageError(explain(self.table, leaks[0]) + " (leak_policy='deny')")
+        if policy == "reencode":
+            clean = [self._cached_clean(p, reader) for p in parents]
+            missing = [p for p, c in zip(parents, clean, strict=True) if c is None]
+            fixed = [c if c is not None else p for p, c in zip(parents, clean, strict=True)]
+            return dataclasses.replace(request, parents=fixed), missing
+        for leak in leaks:
+            text = explain(self.table, leak)
+            self.leaks.append(leak)
+            self.events.append(TraceEvent("leak", text, leak))
+            if policy == "warn":
+                warnings.warn(text, LeakWarning, stacklevel=4)
+        return request, []
+
+    async def reencode(self, request, submit: Submit) -> object:
+        """`request` with every leaking parent replaced by a clean copy for its reader."""
+        reader = request.owner
+        parents = [await self.clean_view(p, reader, submit) for p in request.parents]
+        return dataclasses.replace(request, parents=parents)
+
+    def _cached_clean(self, parent: Handle, reader: str) -> Handle | None:
+        if not hidden_sources(self.table, reader, parent.id):
+            return parent
+        cached = self._clean.get((parent.id, reader))
+        return cached if cached is not None and not cached.freed else None
+
+    async def clean_view(self, parent: Handle, reader: str, submit: Submit) -> Handle:
+        """`parent` itself if its encoding hides nothing from `reader`; else a re-encoding
+        of its tokens that attends only to what `reader` may see (cached per reader)."""
+        cached = self._cached_clean(parent, reader)
+        if cached is not None:
+            return cached
+        table = self.table
+        msg = table.get(parent.id)
+        kept = [
+            (Handle(q, table), off)
+            for q, off in zip(msg.parents, msg.parent_offsets, strict=True)
+            if can_read(reader, table.get(q).owner, table.get(q).visibility)
+        ]
+        parents = [await self.clean_view(q, reader, submit) for q, _ in kept]
+        request = PrefillRequest(
+            list(msg.tokens),
+            role=msg.role,
+            parents=parents,
+            offsets=[off for _, off in kept],
+            new_offset=msg.offset,
+            frame=False,
+            owner=msg.owner,
+            visibility=msg.visibility,
+        )
+        view = await submit(request)
+        copy = table.get(view.id)
+        copy.text, copy.extra["view_of"], copy.extra["view_for"] = msg.text, msg.id, reader
+        self._clean[(parent.id, reader)] = view
+        self.events.append(
+            TraceEvent("reencode", f"re-encoded message {msg.id} for {reader} as {view.id}")
+        )
+        return view
+
+    def forget(self, mid: int) -> list[Handle]:
+        """Drop the clean copies of message `mid` (it was freed); returns them to free."""
+        keys = [k for k in self._clean if k[0] == mid]
+        return [self._clean.pop(k) for k in keys]

@@ -32,10 +32,11 @@ class DecodePlan:
         arena = views[0].arena
         if len(views) < 2 or arena is None or any(v.arena is not arena for v in views):
             return None
-        base = torch.tensor([v.base for v in views])  # (B,)
-        n = torch.tensor([v.length + 1 for v in views])  # (B,)
+        dev = arena.k.device  # index tensors live where the arena does
+        base = torch.tensor([v.base for v in views], device=dev)  # (B,)
+        n = torch.tensor([v.length + 1 for v in views], device=dev)  # (B,)
         width = int(n.max())
-        ar = torch.arange(width)  # (N,)
+        ar = torch.arange(width, device=dev)  # (N,)
         idx = base[:, None] + torch.minimum(ar[None, :], n[:, None] - 1)  # (B, N), pads repeat
         return cls(arena, base + n - 1, idx.flatten(), ar[None, :] < n[:, None], width)
 

@@ -19,8 +19,16 @@ from rich.table import Table
 
 from corps.engine.bench_runner import measure_hf
 
-TOPICS = ["a lighthouse", "a dragon", "the sea", "a city at night", "a robot", "a garden",
-          "the moon", "a train"]  # fmt: skip
+TOPICS = [
+    "a lighthouse",
+    "a dragon",
+    "the sea",
+    "a city at night",
+    "a robot",
+    "a garden",
+    "the moon",
+    "a train",
+]
 
 
 async def _streams(engine, n: int, tokens: int, concurrent: bool) -> tuple[float, float]:
@@ -61,12 +69,26 @@ def main(model: str, dtype: str, counts: list[int], tokens: int) -> None:
     rows, path = anyio.run(_measure, model, dtype, counts, tokens)
     hf, _ = measure_hf(path, DTYPES[dtype], tokens, 8, 1)
     base = rows[0][1]
-    table = Table(title=f"batching loop ({model}, {dtype}, {tokens} tokens per stream, "
-                        f"CPU threads={torch.get_num_threads()})")  # fmt: skip
-    for col in ("streams", "loop tok/s", "one at a time", "HF generate bs=1", "vs 1 stream",
-                "overhead"):  # fmt: skip
+    table = Table(
+        title=f"batching loop ({model}, {dtype}, {tokens} tokens per stream, "
+        f"CPU threads={torch.get_num_threads()})"
+    )
+    for col in (
+        "streams",
+        "loop tok/s",
+        "one at a time",
+        "HF generate bs=1",
+        "vs 1 stream",
+        "overhead",
+    ):
         table.add_column(col, justify="right")
     for n, together, alone, overhead in rows:
-        table.add_row(str(n), f"{together:.1f}", f"{alone:.1f}", f"{hf:.1f}",
-                      f"{together / base:.2f}x", f"{overhead:.1%}")  # fmt: skip
+        table.add_row(
+            str(n),
+            f"{together:.1f}",
+            f"{alone:.1f}",
+            f"{hf:.1f}",
+            f"{together / base:.2f}x",
+            f"{overhead:.1%}",
+        )
     Console().print(table)

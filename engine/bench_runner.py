@@ -121,8 +121,13 @@ def main(
         names = (f"decode ({decode_tokens} tok)", f"prefill ({prefill_tokens} tok)")
         for name, o, h in zip(names, ours, hf, strict=True):
             table.add_row(dtype, name, f"{o:.1f}", f"{h:.1f}", f"{o / h:.2f}x")
-        table.add_row(dtype, "decode bound: weights only", f"{bound:.1f}", f"{hf[0]:.1f}",
-                      f"{bound / hf[0]:.2f}x")  # fmt: skip
+        table.add_row(
+            dtype,
+            "decode bound: weights only",
+            f"{bound:.1f}",
+            f"{hf[0]:.1f}",
+            f"{bound / hf[0]:.2f}x",
+        )
         del engine
     console.print(table)
 

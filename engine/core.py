@@ -81,6 +81,7 @@ class Core:
             dtype=weights.dtype,
             device=weights.device,
         )
+        self.device = weights.device
         self.store = KVStore(**dims)
         # Room for the views of in-flight calls (their context + new tokens); a call that
         # does not fit gets a standalone view. Sized like the store.
@@ -163,8 +164,8 @@ class Core:
             call.view = CallView.gather(
                 self.store,
                 self.rope,
-                _long(call.ctx_slots),
-                _long(call.ctx_pos),
+                _long(call.ctx_slots, self.device),
+                _long(call.ctx_pos, self.device),
                 extra,
                 self.arena,
             )
@@ -227,7 +228,10 @@ class Core:
             rows += mine
             counts.append(len(mine))
             t += n
-        batch = ForwardBatch(_long(ids), _long(pos), _long(slots), tuple(spans), _long(rows))
+        dev = self.device
+        batch = ForwardBatch(
+            _long(ids, dev), _long(pos, dev), _long(slots, dev), tuple(spans), _long(rows, dev)
+        )
         t0 = time.perf_counter()
         logits = self.runner.forward(batch)  # (len(rows), V)
         self.forward_seconds += time.perf_counter() - t0
@@ -287,9 +291,25 @@ class Core:
         self._drop_view(c)
         c.done = True
 
+    def pin(self, handles: Sequence[Handle]) -> list[Message]:
+        """Keep these messages' encodings until `unpin`, even if freed meanwhile."""
+        with self._mutex:
+            msgs = [self.table.live(h.id) for h in handles]
+            for m in msgs:
+                m.pins += 1
+            return msgs
+
+    def unpin(self, msgs: Sequence[Message]) -> None:
+        with self._mutex:
+            for m in msgs:
+                m.pins -= 1
+                if m.freed and m.pins == 0:
+                    self._release_message(m)
+
     def free(self, handle: Handle) -> None:
         with self._mutex:
-            msg = self._live(handle)
+            self._live(handle)  # a handle of this engine
+            msg = self.table.live(handle.id)  # not freed yet
             if msg.kind == "sink":
                 raise InvalidRequest("the attention sink cannot be freed")
             msg.freed = True
@@ -333,7 +353,8 @@ class Core:
             prefix=list(sink),
         )
         self._take_slots([call])
-        call.view = CallView.gather(self.store, self.rope, _long([]), _long([]), len(sink))
+        none = _long([], self.device)
+        call.view = CallView.gather(self.store, self.rope, none, none, len(sink))
         while not call.done:
             self.step([call], budget=None)
         return self.finish(call)
@@ -350,7 +371,6 @@ class Core:
 
     def _take_slots_locked(self, calls: list[Call]) -> None:
         for c in calls:
-            self._live_all(c.pinned)
             for p in c.pinned:
                 p.pins += 1
             c.pins_held = True
@@ -366,11 +386,6 @@ class Core:
         c.lock = match.node
         c.ctx_slots, c.ctx_pos = match.slots[:hit], list(range(hit))
         c.feed, c.feed_start = c.prefix[hit:], hit
-
-    def _live_all(self, parents: list[Message]) -> None:
-        """Parents may have been freed between planning and running."""
-        for p in parents:
-            self.table.live(p.id)
 
     def _alloc(self, n: int, request: str) -> list[int]:
         with self._mutex:
@@ -490,5 +505,6 @@ class Core:
         msg.slots = []
 
 
-def _long(values) -> Tensor:
-    return torch.tensor(values, dtype=torch.long)
+def _long(values, device: torch.device) -> Tensor:
+    """Index tensors are made on the store's device (index_copy_ / index_select need it)."""
+    return torch.tensor(values, dtype=torch.long, device=device)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import warnings
-from collections.abc import AsyncIterator, Generator, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Generator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
@@ -16,10 +15,10 @@ import anyio.to_thread
 import torch
 from rich.console import Console
 
-from corps.cache.handle import Handle
+from corps.cache.handle import Handle, bind
 from corps.cache.kv import KVStore
-from corps.cache.visibility import Leak, LeakageError, can_read, check_policy
-from corps.engine.access import check_access, explain, find_leaks, hidden_sources
+from corps.cache.visibility import Leak, LeakWarning
+from corps.engine.access import Guard, TraceEvent, check_access
 from corps.engine.core import Core
 from corps.engine.errors import InvalidRequest
 from corps.engine.registry import DEFAULT_MODEL, resolve_model
@@ -28,21 +27,12 @@ from corps.engine.scheduler import Job, Scheduler
 from corps.engine.stats import EngineStats
 from corps.engine.weights import load_weights, read_spec
 
-
-class LeakWarning(UserWarning):
-    """A call attended to another agent's hidden context (leak_policy="warn")."""
-
-
-@dataclasses.dataclass(frozen=True)
-class TraceEvent:
-    kind: str  # "leak" or "reencode"
-    detail: str
-    leak: Leak | None = None
-
-
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 #: Default KV store budget when no capacity is given.
 DEFAULT_MEMORY_BUDGET = 1 << 30
+
+
+__all__ = ["Engine", "LeakWarning", "Pending", "TextStream", "TraceEvent"]
 
 
 class Engine:
@@ -65,10 +55,7 @@ class Engine:
         self._core = core
         self._sched = Scheduler(core, queue_size=queue_size, step_tokens=step_tokens)
         self._tg: anyio.abc.TaskGroup | None = None
-        self.leak_policy = check_policy(leak_policy)
-        self._leaks: list[Leak] = []
-        self._events: list[TraceEvent] = []
-        self._clean: dict[tuple[int, str | None], Handle] = {}  # reencoded views, per reader
+        self._guard = Guard(core.table, mode=core.mode, policy=leak_policy)
 
     # ---- construction and lifetime ----
 
@@ -148,24 +135,34 @@ class Engine:
     def mode(self) -> str:
         return self._core.mode
 
+    @property
+    def leak_policy(self) -> str:
+        """The default leak policy of calls made as an agent (see `corps.engine.access`)."""
+        return self._guard.policy
+
     def stats(self) -> EngineStats:
+        """A snapshot; safe to call while steps run."""
         return dataclasses.replace(self._core.stats(), **self._sched.figures())
 
     def leaks(self) -> list[Leak]:
         """Every leak recorded so far (policies allow and warn), oldest first."""
-        return list(self._leaks)
+        return list(self._guard.leaks)
 
     def trace(self) -> list[TraceEvent]:
-        return list(self._events)
+        return list(self._guard.events)
 
     def read(self, handle: Handle, *, reader: str | None) -> str:
         """The text of a message, if `reader` may see it (else AccessDenied)."""
         check_access(self._core.table, reader, [handle])
-        return handle.text
+        return self._core.table.get(handle.id).text
 
     def free(self, handle: Handle) -> None:
-        """Release a message's encoding; a call still reading it keeps it until it ends."""
+        """Release a message's encoding (and its re-encoded copies); a call still
+        reading it, or queued to read it, keeps it until that call ends."""
         self._core.free(handle)
+        for copy in self._guard.forget(handle.id):
+            if not copy.freed:
+                self._core.free(copy)
 
     # ---- calls ----
 
@@ -173,122 +170,130 @@ class Engine:
         """Encode `message` attending to `parents` placed at `offsets`; returns its handle.
 
         Keywords: role="user", parents=(), offsets=None, new_offset=None, frame=True,
-        owner=None, visibility=None.
+        owner=None, visibility=None, leak_policy=None. A call made as an `owner` returns
+        a handle bound to that owner (see `Handle`).
         """
         policy = kwargs.pop("leak_policy", None)
-        return await self._submit(await self._guard(prefill_request(message, **kwargs), policy))
+        return await self._run(await self._job(prefill_request(message, **kwargs), policy))
 
     async def decode(self, **kwargs: Any) -> Handle:
         """Generate a message that starts with the role marker + `header`.
 
         Keywords: parents=(), offsets=None, new_offset=None, role="assistant",
         header="", frame=True, max_tokens=256, temperature=0.0, top_p=1.0, top_k=0,
-        seed=None, stop=(), ignore_eos=False, owner=None, visibility=None.
+        seed=None, stop=(), ignore_eos=False, owner=None, visibility=None, leak_policy=None.
         """
         policy = kwargs.pop("leak_policy", None)
-        return await self._submit(await self._guard(decode_request(**kwargs), policy))
+        return await self._run(await self._job(decode_request(**kwargs), policy))
 
     async def prefill_many(self, requests: Iterable[Mapping[str, Any]]) -> list[Handle]:
-        """Prefill messages that do not attend to each other; handles in order."""
-        return await self._submit_all(
-            [await self._guard(prefill_request(**r), p) for r, p in _split_policy(requests)]
-        )
+        """Prefill messages that do not attend to each other; handles in order.
+
+        All or nothing: if one call fails, the others are cancelled, any that had
+        finished are freed, and that call's error is raised.
+        """
+        return await self._run_all([(prefill_request(**r), p) for r, p in _split_policy(requests)])
 
     async def decode_many(self, requests: Iterable[Mapping[str, Any]]) -> list[Handle]:
-        """Decode several messages in parallel; handles in order.
+        """Decode several messages in parallel (fused into shared steps); handles in order.
 
-        If one fails, its error is raised; the others still complete.
+        All or nothing, as `prefill_many`.
         """
-        return await self._submit_all(
-            [await self._guard(decode_request(**r), p) for r, p in _split_policy(requests)]
-        )
+        return await self._run_all([(decode_request(**r), p) for r, p in _split_policy(requests)])
 
     def prefill_nowait(self, message: str | list[int], **kwargs: Any) -> Pending:
-        """Queue a prefill without waiting for queue space (EngineBusy if full)."""
-        return self._submit_nowait(Job(prefill_request(message, **kwargs)))
+        """Queue a prefill without waiting for queue space (EngineBusy if full).
+
+        Access and the leak policy are checked now, as for `prefill`. Under
+        leak_policy="reencode", a call that first needs new clean copies of its
+        parents is queued when the returned `Pending` is awaited.
+        """
+        policy = kwargs.pop("leak_policy", None)
+        return self._submit_nowait(prefill_request(message, **kwargs), policy)
 
     def decode_nowait(self, **kwargs: Any) -> Pending:
-        """Queue a decode without waiting for queue space (EngineBusy if full)."""
-        return self._submit_nowait(Job(decode_request(**kwargs)))
+        """Queue a decode without waiting for queue space (EngineBusy if full); as above."""
+        policy = kwargs.pop("leak_policy", None)
+        return self._submit_nowait(decode_request(**kwargs), policy)
 
     def stream(self, **kwargs: Any) -> TextStream:
         """`async for delta in engine.stream(...)`: text deltas; then `.handle`."""
         policy = kwargs.pop("leak_policy", None)
         return TextStream(self, decode_request(**kwargs), policy)
 
-    async def _guard(self, request, policy: str | None) -> Job:
-        """Access check and leak policy for a call, before anything is computed."""
-        reader, parents = request.owner, list(request.parents)
-        for p in parents:
-            self._core._live(p)  # unknown, freed or foreign handles fail first
-        check_access(self._core.table, reader, parents)
-        if reader is None or self.mode == "baseline":  # baseline re-encodes: it cannot leak
-            return Job(request)
-        kind = "decode" if hasattr(request, "sampling") else "prefill"
-        leaks = find_leaks(self._core.table, reader, parents, f"{kind} by {reader}")
-        if not leaks:
-            return Job(request)
-        policy = check_policy(policy or self.leak_policy)
-        if policy == "deny":
-            raise LeakageError(explain(self._core.table, leaks[0]) + " (leak_policy='deny')")
-        if policy == "reencode":
-            clean = [await self._clean_view(p, reader) for p in parents]
-            return Job(dataclasses.replace(request, parents=clean))
-        for leak in leaks:
-            text = explain(self._core.table, leak)
-            self._leaks.append(leak)
-            self._events.append(TraceEvent("leak", text, leak))
-            if policy == "warn":
-                warnings.warn(text, LeakWarning, stacklevel=3)
-        return Job(request)
+    # ---- submission: every path goes through the guard and pins its parents ----
 
-    async def _clean_view(self, parent: Handle, reader: str) -> Handle:
-        """`parent` itself if its encoding hides nothing from `reader`; else a re-encoding
-        of its tokens that attends only to what `reader` may see (cached per reader)."""
-        table = self._core.table
-        if not hidden_sources(table, reader, parent.id):
-            return parent
-        key = (parent.id, reader)
-        cached = self._clean.get(key)
-        if cached is not None and not cached.freed:
-            return cached
-        msg = table.get(parent.id)
-        kept = [
-            (Handle(q, table), off)
-            for q, off in zip(msg.parents, msg.parent_offsets, strict=True)
-            if can_read(reader, table.get(q).owner, table.get(q).visibility)
-        ]
-        parents = [await self._clean_view(q, reader) for q, _ in kept]
-        request = PrefillRequest(
-            list(msg.tokens), role=msg.role, parents=parents, offsets=[off for _, off in kept],
-            new_offset=msg.offset, frame=False, owner=msg.owner, visibility=msg.visibility,
-        )  # fmt: skip
-        view = await self._submit(Job(request))
-        copy = table.get(view.id)
-        copy.text, copy.extra["view_of"], copy.extra["view_for"] = msg.text, msg.id, reader
-        self._clean[key] = view
-        self._events.append(
-            TraceEvent("reencode", f"re-encoded message {msg.id} for {reader} as {view.id}")
-        )
-        return view
+    async def _job(self, request, policy: str | None) -> Job:
+        """Check access and the leak policy, re-encode if needed, pin parents: a Job."""
+        request, missing = self._guard.check(request, policy)
+        if missing:
+            request = await self._guard.reencode(request, self._prefill_internal)
+        return self._pinned_job(request)
 
-    async def _submit(self, job: Job) -> Handle:
-        await self._sched.submit(job)
-        return await job.wait()
+    def _pinned_job(self, request) -> Job:
+        """A job whose parents are pinned from now until it ends: a `free` in between
+        waits for it instead of failing it."""
+        pins = self._core.pin(request.parents)
+        job = Job(request)
+        job.on_end, job.orphan = partial(self._job_ended, pins), self._core.free
+        return job
 
-    async def _submit_all(self, jobs: list[Job]) -> list[Handle]:
+    def _job_ended(self, pins: list, job: Job) -> None:
+        self._core.unpin(pins)
+        if job.handle is not None and (job.error is not None or job.cancelled):
+            self._core.free(job.handle)  # finished, but nobody will ever receive it
+            job.handle = None
+
+    async def _prefill_internal(self, request: PrefillRequest) -> Handle:
+        return await self._run(self._pinned_job(request))
+
+    async def _run(self, job: Job) -> Handle:
         try:
+            await self._sched.submit(job)
+        except BaseException:
+            job.end()  # never queued: give its pins back
+            raise
+        return bind(await job.wait(), job.request.owner)
+
+    async def _run_all(self, requests: list[tuple[Any, str | None]]) -> list[Handle]:
+        jobs: list[Job] = []
+        queued = 0
+        try:
+            for request, policy in requests:
+                jobs.append(await self._job(request, policy))
             for job in jobs:
                 await self._sched.submit(job)
-            return [await job.wait() for job in jobs]
+                queued += 1
+            return [bind(await job.wait(), job.request.owner) for job in jobs]
         except BaseException:
-            for job in jobs:
-                job.cancelled = True
+            with anyio.CancelScope(shield=True):
+                await self._undo(jobs, queued)
             raise
 
-    def _submit_nowait(self, job: Job) -> Pending:
-        self._sched.submit_nowait(job)
-        return Pending(job)
+    async def _undo(self, jobs: list[Job], queued: int) -> None:
+        """Cancel every job of a failed *_many call and free what they made."""
+        for job in jobs:
+            job.cancelled = True
+        for job in jobs[queued:]:
+            job.end()
+        for job in jobs[:queued]:
+            await job.done.wait()  # the loop aborts cancelled jobs at its next step
+        for job in jobs:
+            if job.handle is not None:
+                self._core.free(job.handle)
+                job.handle = None
+
+    def _submit_nowait(self, request, policy: str | None) -> Pending:
+        request, missing = self._guard.check(request, policy)
+        if missing:  # re-encodings must run first: queue the call when awaited
+            return Pending(self._job(request, policy), self)
+        job = self._pinned_job(request)
+        try:
+            self._sched.submit_nowait(job)
+        except BaseException:
+            job.end()
+            raise
+        return Pending(job, self)
 
 
 def _split_policy(requests: Iterable[Mapping[str, Any]]):
@@ -301,54 +306,138 @@ def _split_policy(requests: Iterable[Mapping[str, Any]]):
 class Pending:
     """A queued call: `await pending` for its handle; cancelling the await cancels it."""
 
-    def __init__(self, job: Job) -> None:
+    def __init__(self, job: Job | Awaitable[Job], engine: Engine) -> None:
         self._job = job
+        self._engine = engine
+        self._cancelled = False
 
     def __await__(self) -> Generator[Any, None, Handle]:
-        return self._job.wait().__await__()
+        return self._wait().__await__()
+
+    async def _wait(self) -> Handle:
+        job = self._job
+        if not isinstance(job, Job):  # deferred: re-encode, then queue
+            job = self._job = await job
+            job.cancelled = self._cancelled
+            return await self._engine._run(job)
+        return bind(await job.wait(), job.request.owner)
 
     def cancel(self) -> None:
-        self._job.cancelled = True
+        self._cancelled = True
+        if isinstance(self._job, Job):
+            self._job.cancelled = True
 
 
 class TextStream:
     """Text deltas of one decode call as they are generated; `.handle` once done.
 
-    Breaking out of the loop early cancels the call.
+    The deltas (the header first, then generated text) concatenate to the final
+    `handle.text`; while streaming they are always a prefix of it: text that
+    could still turn out to be (the start of) a stop string is held back until it
+    cannot, and a partial character until it is complete. Detokenising is
+    incremental (a short window of recent ids per token).
+
+    Leaving early cancels the call (its partial tokens are rolled back, or its
+    finished message freed). Use `async with engine.stream(...) as s: async for d
+    in s:` (or `await s.aclose()`) for that to happen at once; a bare `async for`
+    that breaks leaves the closing to the garbage collector.
     """
 
     def __init__(self, engine: Engine, request, policy: str | None = None) -> None:
         self._engine = engine
         self._request = request
         self._policy = policy
+        self._gen: Any = None
         self.handle: Handle | None = None
 
-    async def __aiter__(self) -> AsyncIterator[str]:
+    def __aiter__(self) -> AsyncIterator[str]:
+        if self._gen is not None:
+            raise InvalidRequest("a stream can be iterated once; call engine.stream again")
+        self._gen = self._deltas()
+        return self._gen
+
+    async def aclose(self) -> None:
+        """Cancel the call if it is still running (free its message if it finished)."""
+        if self._gen is not None:
+            await self._gen.aclose()
+
+    async def __aenter__(self) -> TextStream:
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.aclose()
+
+    async def _deltas(self) -> AsyncIterator[str]:
+        req = self._request
         fmt = self._engine._core.fmt
+        header = fmt.encode(req.header) if isinstance(req.header, str) else list(req.header)
+        detok = _Detokenizer(fmt, req.sampling.stop, header)
         send, recv = anyio.create_memory_object_stream[str](max_buffer_size=math.inf)
-        ids: list[int] = []
-        shown = [""]
 
         def on_token(tok: int) -> None:  # runs on the event loop, between steps
-            if tok in fmt.stop_ids:
-                return
-            ids.append(tok)
-            text = fmt.decode(ids)
-            if len(text) > len(shown[0]) and not text.endswith("\ufffd"):
-                delta, shown[0] = text[len(shown[0]) :], text
+            delta = detok.push(tok)
+            if delta:
                 send.send_nowait(delta)
 
-        job = await self._engine._guard(self._request, self._policy)
+        job = await self._engine._job(self._request, self._policy)
         job.on_token, job.on_done = on_token, send.close
-        await self._engine._sched.submit(job)
+        queued = False
         try:
             async with recv:
+                await self._engine._sched.submit(job)
+                queued = True
                 async for delta in recv:
                     yield delta
-            self.handle = await job.wait()
+            self.handle = bind(await job.wait(), self._request.owner)
         except BaseException:
             job.cancelled = True
+            if not queued:
+                job.end()  # never queued: give its pins back
+            elif job.done.is_set() and job.handle is not None:
+                self._engine._core.free(job.handle)  # finished, but the consumer left
+                job.handle = None
             raise
-        final = self.handle.text  # flush what was held back (a partial character)
-        if final.startswith(shown[0]) and len(final) > len(shown[0]):
-            yield final[len(shown[0]) :]
+        final = self._engine._core.table.get(self.handle.id).text
+        if final.startswith(detok.shown) and len(final) > len(detok.shown):
+            yield final[len(detok.shown) :]  # what was held back
+
+
+class _Detokenizer:
+    """Turns sampled ids into safe text deltas, incrementally.
+
+    Each token decodes only a few ids: the new ones plus `CONTEXT` earlier ids
+    (so tokenizers that render a token differently at the start of a text, like
+    SentencePiece's leading space, still join correctly), and keeps the difference.
+    """
+
+    CONTEXT = 4
+
+    def __init__(self, fmt, stop: tuple[str, ...], header: list[int]) -> None:
+        self.fmt = fmt
+        self.stop = stop
+        self.hold = max((len(x) for x in stop), default=1) - 1
+        self.ids = [t for t in header if t not in fmt.stop_ids]  # the handle's text starts here
+        self.read = len(self.ids)  # ids[:read] are reflected in `text`
+        self.text = fmt.decode(self.ids)
+        self.shown = ""  # what was yielded: always a prefix of `text`
+        self.stopped = False
+
+    def push(self, tok: int) -> str:
+        if tok in self.fmt.stop_ids or self.stopped:
+            return ""
+        self.ids.append(tok)
+        ctx = max(0, self.read - self.CONTEXT)
+        before = self.fmt.decode(self.ids[ctx : self.read])
+        full = self.fmt.decode(self.ids[ctx:])
+        if full.endswith("\ufffd") or not full.startswith(before):
+            return ""  # a partial character: wait for the rest of its bytes
+        self.text += full[len(before) :]
+        self.read = len(self.ids)
+        if any(x in self.text for x in self.stop):
+            self.stopped = True  # the handle cuts here; the final flush yields the rest
+            return ""
+        safe = len(self.text) - self.hold
+        if safe <= len(self.shown):
+            return ""
+        delta, self.shown = self.text[len(self.shown) : safe], self.text[:safe]
+        return delta

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from corps.cache.errors import CorpsError, InvalidRequest
 
-__all__ = ["CorpsError", "FetchError", "InvalidRequest", "ModelNotFound", "UnsupportedModel"]
+__all__ = [
+    "CorpsError",
+    "EngineBusy",
+    "EngineClosed",
+    "FetchError",
+    "InvalidRequest",
+    "ModelNotFound",
+    "UnsupportedModel",
+]
 
 
 class ModelNotFound(CorpsError):
@@ -17,3 +25,11 @@ class UnsupportedModel(CorpsError):
 
 class FetchError(CorpsError):
     """The embedded default model could not be fetched (no network, no pip, bad wheel)."""
+
+
+class EngineBusy(CorpsError):
+    """The engine's queue is full (raised by the *_nowait calls); retry or await instead."""
+
+
+class EngineClosed(CorpsError):
+    """The engine is not running: not started, shut down, or its loop crashed."""

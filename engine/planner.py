@@ -166,7 +166,8 @@ class Planner:
             raise InvalidRequest(f"token id {bad[0]} is outside the vocabulary (size {vocab})")
 
     def live(self, handle: Handle) -> Message:
-        """The live message a handle names, or UnknownHandle / InvalidRequest."""
+        """The message a handle names, if its encoding is still there (not freed, or
+        freed but pinned by the call being planned); else UnknownHandle / InvalidRequest."""
         if not isinstance(handle, Handle):
             raise InvalidRequest(f"expected a Handle, got {type(handle).__name__}")
         if handle.table is not self.table:
@@ -174,7 +175,10 @@ class Planner:
                 f"handle {handle.id} belongs to another engine; handles only work in the "
                 f"engine that made them"
             )
-        return self.table.live(handle.id)
+        msg = self.table.get(handle.id)
+        if msg.freed and msg.pins == 0:  # freed and not kept by a queued call: gone
+            return self.table.live(handle.id)  # raises, saying so
+        return msg
 
 
 def _starts(sink: int, lengths: list[int]) -> list[int]:

@@ -98,11 +98,17 @@ class ModelRunner:
         """Each span attends through its own view; outputs concatenated in row order."""
         if len(spans) == q.shape[0]:  # one token per span (a decode step): unbind, no slicing
             rows = zip(q.unbind(0), k.unbind(0), v.unbind(0), spans, strict=True)
-            outs = [self._attend_span(layer, qi[None], ki[None], vi[None], sp)
-                    for qi, ki, vi, sp in rows]  # fmt: skip
+            outs = [
+                self._attend_span(layer, qi[None], ki[None], vi[None], sp)
+                for qi, ki, vi, sp in rows
+            ]
         else:
-            outs = [self._attend_span(layer, q[sp.start : sp.end], k[sp.start : sp.end],
-                                      v[sp.start : sp.end], sp) for sp in spans]  # fmt: skip
+            outs = [
+                self._attend_span(
+                    layer, q[sp.start : sp.end], k[sp.start : sp.end], v[sp.start : sp.end], sp
+                )
+                for sp in spans
+            ]
         out = outs[0] if len(outs) == 1 else torch.cat(outs)  # (T, Hq, D)
         return out.reshape(q.shape[0], -1)  # (T, Hq D)
 

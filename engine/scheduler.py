@@ -32,28 +32,27 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from corps.cache.errors import CorpsError
 from corps.cache.handle import Handle
 from corps.engine.core import Core
+from corps.engine.errors import EngineBusy, EngineClosed
 from corps.engine.planner import Call
-
-
-class EngineBusy(CorpsError):
-    """The engine's queue is full (raised by the *_nowait calls); retry or await instead."""
-
-
-class EngineClosed(CorpsError):
-    """The engine is not running: not started, shut down, or its loop crashed."""
 
 
 @dataclass(eq=False)
 class Job:
-    """One call waiting for, or running in, the loop."""
+    """One call waiting for, or running in, the loop.
+
+    Callbacks run on the event loop. If `on_token` or `on_done` raises, that call
+    alone fails with the callback's exception (its message is freed); the loop
+    goes on.
+    """
 
     request: Any
     want_logits: bool = False
-    on_token: Callable[[int], None] | None = None  # called on the event loop
-    on_done: Callable[[], None] | None = None  # called on the event loop when the job ends
+    on_token: Callable[[int], None] | None = None  # each sampled token
+    on_done: Callable[[], None] | None = None  # when the job ends, before its waiter wakes
+    on_end: Callable[[Job], None] | None = None  # the engine's bookkeeping (pins, orphans)
+    orphan: Callable[[Handle], None] | None = None  # frees a result nobody will receive
     done: anyio.Event = field(default_factory=anyio.Event)
     handle: Handle | None = None
     error: BaseException | None = None
@@ -63,9 +62,26 @@ class Job:
     first_token: float | None = None
 
     def end(self) -> None:
-        self.done.set()
+        """Finish the job once: run its callbacks, then wake its waiter."""
+        if self.done.is_set():
+            return
         if self.on_done is not None:
-            self.on_done()
+            try:
+                self.on_done()
+            except Exception as exc:
+                self.error = self.error or exc
+        if self.on_end is not None:
+            self.on_end(self)
+        self.done.set()
+
+    def token(self, tok: int) -> None:
+        """Pass a sampled token to `on_token`; a callback error fails this job only."""
+        if self.on_token is None or self.cancelled:
+            return
+        try:
+            self.on_token(tok)
+        except Exception as exc:
+            self.error, self.cancelled = exc, True  # aborted before the next step
 
     async def wait(self) -> Handle:
         """The handle, or the job's error; cancelling the wait cancels the job."""
@@ -73,6 +89,9 @@ class Job:
             await self.done.wait()
         except BaseException:
             self.cancelled = True
+            if self.handle is not None and self.orphan is not None:
+                handle, self.handle = self.handle, None
+                self.orphan(handle)  # it finished, but its waiter is gone
             raise
         if self.error is not None:
             raise self.error
@@ -202,8 +221,7 @@ class Scheduler:
                 job.first_token = now
                 self.n.ttft_sum += now - job.submitted
                 self.n.ttft_n += 1
-            if job.on_token is not None and not job.cancelled:
-                job.on_token(tok)
+            job.token(tok)
         self.n.tokens_sampled += len(self._tokens)
         for job in self._finished:
             if job.handle is not None and job.first_token is not None:

@@ -70,27 +70,32 @@ class Player(Agent):
         private = [self.system_prompt, self.plan_prompt, self.plan]
         if turn.kind == "speak":  # public, but encoded attending to the private plan
             return await self.decode(
-                parents=[*private, *turn.history], header=f"To {self.other}: ",
+                parents=[*private, *turn.history],
+                header=f"To {self.other}: ",
                 max_tokens=turn.max_tokens,
-            )  # fmt: skip
+            )
         decide = await self.prefill(DECIDE, parents=private, visibility=Private())
         return await self.think(
             parents=[*private, *turn.history, decide], max_tokens=turn.max_tokens
         )
 
 
-def player(name: str, other: str, always_defect: bool = False) -> type[Player]:
+def player(
+    name: str, other: str, always_defect: bool = False, leak_policy: str | None = None
+) -> type[Player]:
     extra = ALWAYS_DEFECT.format(other=other) if always_defect else ""
     system = SYSTEM.format(name=name, extra=extra, **PAYOFFS)
-    return type(f"{name}Player", (Player,), {"system": system, "other": other})
+    attrs = {"system": system, "other": other, "leak_policy": leak_policy}
+    return type(f"{name}Player", (Player,), attrs)
 
 
-async def play(engine: Engine, *, policy: str, max_tokens: int = 48,
-               alice_first: bool = True) -> dict:  # fmt: skip
+async def play(
+    engine: Engine, *, policy: str, max_tokens: int = 48, alice_first: bool = True
+) -> dict:
     """One game; returns the public transcript, the private decisions and the leaks."""
-    async with Runtime(engine, leak_policy=policy) as rt:
-        await rt.spawn(player("Alice", "Bob", always_defect=True), "alice")
-        await rt.spawn(player("Bob", "Alice"), "bob")
+    async with Runtime(engine) as rt:
+        await rt.spawn(player("Alice", "Bob", True, leak_policy=policy), "alice")
+        await rt.spawn(player("Bob", "Alice", leak_policy=policy), "bob")
         order = ["alice", "bob"] if alice_first else ["bob", "alice"]
         async with anyio.create_task_group() as tg:  # both plan at once: one batch
             for name in order:

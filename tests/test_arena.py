@@ -46,10 +46,12 @@ def test_calls_that_do_not_fit_fall_back_and_agree(tiny_dirs):
     outputs = []
     for capacity in (4096, 40):  # the small arena holds some views, not all
         core = open_tiny(tiny_dirs, "llama")._core
-        core.arena = ViewArena(num_layers=2, num_kv_heads=2, head_dim=16, capacity=capacity,
-                               dtype=core.store.k.dtype)  # fmt: skip
-        hs, _ = core.prefill_many([PrefillRequest(p) for p in ("hello world", "the quick fox",
-                                                                 "what is seven")])  # fmt: skip
+        core.arena = ViewArena(
+            num_layers=2, num_kv_heads=2, head_dim=16, capacity=capacity, dtype=core.store.k.dtype
+        )
+        hs, _ = core.prefill_many(
+            [PrefillRequest(p) for p in ("hello world", "the quick fox", "what is seven")]
+        )
         sp = SamplingParams(max_tokens=9, ignore_eos=True)
         reqs = [DecodeRequest(parents=[h], sampling=sp) for h in hs]
         outputs.append([h.tokens for h in core.decode_many(reqs)])

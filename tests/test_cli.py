@@ -21,9 +21,20 @@ def test_chat_errors_are_one_line(tmp_path):
     assert "error:" in result.output and "Traceback" not in result.output
 
 
-def test_chat_streams_an_answer(tiny_dirs):
+async def _greedy_answer(path, question: str, n: int) -> str:
+    from corps.engine import Engine
+
+    async with Engine.open(str(path), capacity=4096) as engine:
+        q = await engine.prefill(question)
+        return (await engine.decode(parents=[q], max_tokens=n)).text
+
+
+def test_chat_streams_the_models_answer(tiny_dirs):
+    import anyio
+
+    want = anyio.run(_greedy_answer, tiny_dirs["llama"], "hello world", 5)
     result = runner.invoke(
         app, ["chat", "hello world", "--model", str(tiny_dirs["llama"]), "--max-tokens", "5"]
     )
     assert result.exit_code == 0, result.output
-    assert result.output.endswith("\n")
+    assert want and result.output == want + "\n"

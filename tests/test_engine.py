@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import anyio
+import pytest
+
+from corps.cache import AccessDenied, InvalidRequest, LeakageError, Private, UnknownHandle
 from corps.cache.handle import Handle
+from corps.engine.access import hidden_sources
 
 from conftest import open_tiny
 
@@ -82,3 +87,114 @@ async def test_baseline_evicts_under_pressure_and_keeps_working(tiny_dirs):
             q = await engine.prefill(f"hello world number {i} " * 3)
             await engine.decode(parents=[q], max_tokens=8, ignore_eos=True)
         assert engine.stats().tokens_used <= 120
+
+
+# ---- guarantees on every path (issue 14) ----
+
+
+async def test_nowait_calls_check_access_and_leak_policy(tiny_dirs):
+    async with open_tiny(tiny_dirs, "llama") as engine:
+        secret = await engine.prefill("always defect", owner="alice", visibility=Private())
+        public = await engine.prefill("hello world", parents=[secret], owner="alice")
+        with pytest.raises(AccessDenied):
+            engine.decode_nowait(parents=[secret], owner="bob", max_tokens=2)
+        with pytest.raises(AccessDenied):
+            engine.prefill_nowait("x", parents=[secret], owner="bob")
+        with pytest.raises(LeakageError):
+            engine.decode_nowait(parents=[public], owner="bob", max_tokens=2, leak_policy="deny")
+        pending = engine.decode_nowait(
+            parents=[public], owner="bob", max_tokens=2, leak_policy="reencode"
+        )
+        answer = await pending
+        assert answer.parents[0] != public  # a clean copy was used
+        assert hidden_sources(engine._core.table, "bob", answer.id) == frozenset()
+
+
+async def test_many_calls_are_all_or_nothing(tiny_dirs):
+    async with open_tiny(tiny_dirs, "llama") as engine:
+        q = await engine.prefill("hello world")
+        before = engine.stats()
+        bad_header = [10**6]  # outside the vocabulary: fails when the loop admits it
+        with pytest.raises(InvalidRequest, match="vocabulary"):
+            await engine.decode_many(
+                [dict(parents=[q], max_tokens=2), dict(parents=[q], header=bad_header)]
+            )
+        await engine.prefill("x")  # one more trip through the loop
+        after = engine.stats()
+        assert after.messages == before.messages + 1  # only "x": the sibling was freed
+        live = sum(len(m.slots) for m in engine._core.table.all() if not m.freed)
+        assert after.tokens_used == live
+
+
+async def test_free_after_submission_waits_for_the_queued_call(tiny_dirs):
+    async with open_tiny(tiny_dirs, "llama") as engine:
+        q = await engine.prefill("hello world")
+        pending = engine.decode_nowait(parents=[q], max_tokens=3, ignore_eos=True)
+        engine.free(q)  # the call is queued, not yet admitted: it keeps q alive
+        answer = await pending
+        assert len(answer.tokens) > 0 and q.freed
+        with pytest.raises(UnknownHandle):
+            await engine.decode(parents=[q], max_tokens=2)
+        live = sum(len(m.slots) for m in engine._core.table.all())
+        assert engine.stats().tokens_used == live  # q's slots went once its reader ended
+
+
+async def test_leaving_a_finished_stream_frees_its_message(tiny_dirs):
+    async with open_tiny(tiny_dirs, "llama") as engine:
+        q = await engine.prefill("hello world")
+        messages = engine.stats().messages
+        async with engine.stream(parents=[q], max_tokens=3, ignore_eos=True) as stream:
+            async for _ in stream:
+                while engine.stats().messages == messages:  # wait until the call finished
+                    await anyio.sleep(0.005)
+                break
+        assert engine.stats().messages == messages  # nobody holds it: it was freed
+        live = sum(len(m.slots) for m in engine._core.table.all())
+        assert engine.stats().tokens_used == live
+
+
+async def test_stream_never_yields_past_a_stop_string(tiny_dirs):
+    async with open_tiny(tiny_dirs, "llama") as engine:
+        q = await engine.prefill("hello world")
+        free_run = await engine.decode(parents=[q], max_tokens=24, ignore_eos=True)
+        text = free_run.text
+        stop = text[len(text) // 2 : len(text) // 2 + 3]
+        assert stop and stop in text
+        stream = engine.stream(parents=[q], max_tokens=24, ignore_eos=True, stop=stop)
+        shown = ""
+        async for delta in stream:
+            shown += delta
+            assert stop not in shown
+        assert shown == stream.handle.text == text[: text.index(stop)]
+
+
+async def test_stream_includes_the_header(tiny_dirs):
+    async with open_tiny(tiny_dirs, "llama") as engine:
+        q = await engine.prefill("hello world")
+        stream = engine.stream(parents=[q], header="the", max_tokens=6, ignore_eos=True)
+        assert "".join([d async for d in stream]) == stream.handle.text
+        assert stream.handle.text.startswith("the")
+
+
+async def test_stats_free_and_leaks_are_safe_while_steps_run(tiny_dirs):
+    async with open_tiny(tiny_dirs, "llama") as engine:
+        q = await engine.prefill("hello world")
+        done = anyio.Event()
+
+        async def hammer() -> None:
+            while not done.is_set():
+                engine.stats(), engine.leaks()
+                h = await engine.prefill("x", parents=[q])
+                engine.free(h)
+
+        async def work() -> None:
+            await engine.decode_many(
+                [dict(parents=[q], max_tokens=16, ignore_eos=True) for _ in range(8)]
+            )
+            done.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(hammer)
+            tg.start_soon(work)
+        live = sum(len(m.slots) for m in engine._core.table.all())
+        assert engine.stats().tokens_used == live

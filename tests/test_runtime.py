@@ -15,7 +15,7 @@ from corps.agents import (
     MailboxFull,
     Runtime,
 )
-from corps.cache import Handle, InvalidRequest
+from corps.cache import Handle, InvalidRequest, LeakageError, Private
 
 from conftest import open_tiny
 
@@ -89,6 +89,7 @@ async def test_max_concurrency_runs_handlers_side_by_side(tiny_dirs):
 
 async def test_timeout_cancels_three_nested_asks_and_their_engine_calls(tiny_dirs):
     cancelled = []
+    decoding = anyio.Event()
 
     class Outer(Agent):
         async def handle(self, msg: Handle) -> Handle:
@@ -109,7 +110,11 @@ async def test_timeout_cancels_three_nested_asks_and_their_engine_calls(tiny_dir
     class Inner(Agent):
         async def handle(self, msg: Handle) -> Handle:
             try:
-                return await self.decode(parents=[msg], max_tokens=450, ignore_eos=True)
+                stream = self.engine.stream(parents=[msg], max_tokens=4000, ignore_eos=True)
+                async with stream:
+                    async for _ in stream:
+                        decoding.set()
+                        await anyio.sleep_forever()  # the call runs until the timeout
             except anyio.get_cancelled_exc_class():
                 cancelled.append(self.name)
                 raise
@@ -120,7 +125,8 @@ async def test_timeout_cancels_three_nested_asks_and_their_engine_calls(tiny_dir
         q = await engine.prefill("hello world")
         messages = engine.stats().messages
         with pytest.raises(TimeoutError):
-            await rt.ask("outer", q, timeout=0.3)
+            await rt.ask("outer", q, timeout=1.0)
+        assert decoding.is_set()
         with anyio.fail_after(10):
             while len(cancelled) < 3:
                 await anyio.sleep(0.01)
@@ -130,7 +136,6 @@ async def test_timeout_cancels_three_nested_asks_and_their_engine_calls(tiny_dir
         assert engine.stats().messages == messages + 1
         live = sum(len(m.slots) for m in engine._core.table.all())
         assert engine.stats().tokens_used == live
-        assert await rt.ask("outer", q, timeout=30)  # the actors still work
 
 
 async def test_restart_budget_then_stop_and_dead_letters(tiny_dirs):
@@ -237,3 +242,75 @@ async def test_ask_stream_through_nested_actors(tiny_dirs):
         q = await engine.prefill("hello world")
         deltas = [d async for d in rt.ask_stream("editor", q)]
         assert "".join(deltas) == rt.agent("editor").got.text
+
+
+async def test_nested_streamed_ask_does_not_end_the_outer_stream(tiny_dirs):
+    class Writer(Agent):
+        async def handle(self, msg: Handle) -> Handle:
+            return await self.decode(parents=[msg], max_tokens=6, ignore_eos=True)
+
+    class Editor(Agent):
+        async def handle(self, msg: Handle) -> Handle:
+            draft = await self.ask("writer", msg, stream=True)
+            self.draft = draft
+            self.final = await self.decode(parents=[msg, draft], max_tokens=6, ignore_eos=True)
+            return self.final
+
+    async with open_tiny(tiny_dirs, "llama") as engine, Runtime(engine) as rt:
+        await rt.spawn(Writer, "writer")
+        await rt.spawn(Editor, "editor")
+        q = await engine.prefill("hello world")
+        stream = rt.ask_stream("editor", q)
+        text = "".join([d async for d in stream])
+        editor = rt.agent("editor")
+        assert text == editor.draft.text + editor.final.text  # both decodes streamed
+        assert stream.result == editor.final
+
+
+async def test_ask_stream_failure_is_an_agent_error(tiny_dirs):
+    class Broken(Agent):
+        async def handle(self, msg: Handle) -> Handle:
+            await self.decode(parents=[msg], max_tokens=2, ignore_eos=True)
+            raise ValueError("broken on purpose")
+
+    async with open_tiny(tiny_dirs, "llama") as engine, Runtime(engine) as rt:
+        await rt.spawn(Broken, "broken")
+        q = await engine.prefill("hello world")
+        with pytest.raises(AgentError, match="broken on purpose"):
+            async for _ in rt.ask_stream("broken", q):
+                pass
+
+
+async def test_per_call_leak_policy_from_agents(tiny_dirs):
+    class Player(Agent):
+        async def handle(self, msg: Note) -> Handle:
+            public = self.runtime.shared
+            if msg.n == 0:
+                return await self.prefill("x", parents=[public], leak_policy="deny")
+            return await self.decode(parents=[public], max_tokens=2, leak_policy="allow")
+
+    async with open_tiny(tiny_dirs, "llama", leak_policy="deny") as engine, Runtime(engine) as rt:
+        secret = await engine.prefill("always defect", owner="alice", visibility=Private())
+        rt.shared = await engine.prefill("hello world", parents=[secret], owner="alice")
+        await rt.spawn(Player, "bob")
+        with pytest.raises(AgentError) as info:
+            await rt.ask("bob", Note(n=0))
+        assert isinstance(info.value.__cause__, LeakageError)
+        assert await rt.ask("bob", Note(n=1))  # "allow" on the call beats the engine's deny
+        assert [leak.reader for leak in engine.leaks()] == ["bob"]
+
+
+async def test_stopping_the_runtime_frees_system_prompts(tiny_dirs):
+    class Solver(Agent):
+        system = "you are a careful solver"
+
+        async def handle(self, msg: Note) -> int:
+            return msg.n
+
+    async with open_tiny(tiny_dirs, "llama") as engine:
+        before = engine.stats()
+        async with Runtime(engine) as rt:
+            await rt.spawn(Solver, "solver")
+            assert engine.stats().messages == before.messages + 1
+        after = engine.stats()
+        assert after.messages == before.messages and after.tokens_used == before.tokens_used

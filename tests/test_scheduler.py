@@ -6,6 +6,7 @@ import anyio
 import pytest
 
 from corps.engine.errors import InvalidRequest
+from corps.engine.requests import decode_request
 from corps.engine.scheduler import EngineBusy, EngineClosed, Scheduler
 
 from conftest import open_tiny
@@ -51,11 +52,15 @@ async def test_greedy_and_seeded_outputs_do_not_depend_on_the_batch(tiny_dirs):
             await anyio.sleep(0.01)  # join a batch that is already running
             crowd[key] = await engine.decode(**kw)
 
+        before = engine.stats()
         async with anyio.create_task_group() as tg:
             for i in range(15):
                 tg.start_soon(other, i)
             tg.start_soon(mine, "greedy", greedy)
             tg.start_soon(mine, "seeded", seeded)
+        after = engine.stats()
+        calls = after.mean_batch_size * after.steps - before.mean_batch_size * before.steps
+        assert calls / (after.steps - before.steps) > 4  # the batch really formed
         assert crowd["greedy"].tokens == alone[0].tokens
         assert crowd["seeded"].tokens == alone[1].tokens
 
@@ -63,27 +68,33 @@ async def test_greedy_and_seeded_outputs_do_not_depend_on_the_batch(tiny_dirs):
 async def test_cancel_mid_decode_rolls_back_and_spares_others(tiny_dirs):
     async with open_tiny(tiny_dirs, "llama") as engine:
         q = await engine.prefill("hello world")
-        reference = await engine.decode(parents=[q], max_tokens=20, ignore_eos=True)
+        reference = await engine.decode(parents=[q], max_tokens=40, ignore_eos=True)
         engine.free(reference)
         messages = engine.stats().messages
-        survivor = {}
+        bystander_running = anyio.Event()
+        survivor, at_cancel = {}, {}
 
         async def victim(scope: anyio.CancelScope) -> None:
             with scope:
-                async for _ in engine.stream(parents=[q], max_tokens=400, ignore_eos=True):
-                    if len(survivor) == 0:
-                        continue
-                    scope.cancel()  # cancel once it has produced tokens amid another call
+                stream = engine.stream(parents=[q], max_tokens=400, ignore_eos=True)
+                async with stream:
+                    async for _ in stream:
+                        if bystander_running.is_set():
+                            at_cancel["bystander_done"] = "h" in survivor
+                            scope.cancel()  # cancel amid another call that is still running
+                            await anyio.sleep(0)
 
         async def bystander() -> None:
-            survivor["h"] = await engine.decode(parents=[q], max_tokens=20, ignore_eos=True)
+            stream = engine.stream(parents=[q], max_tokens=40, ignore_eos=True)
+            async for _ in stream:
+                bystander_running.set()
+            survivor["h"] = stream.handle
 
         scope = anyio.CancelScope()
         async with anyio.create_task_group() as tg:
             tg.start_soon(victim, scope)
             tg.start_soon(bystander)
-        await anyio.sleep(0)
-        assert scope.cancel_called
+        assert scope.cancel_called and at_cancel == {"bystander_done": False}
         assert survivor["h"].tokens == reference.tokens
         engine.free(survivor["h"])
         await engine.prefill("x")  # one more trip through the loop reaps the cancelled call
@@ -91,6 +102,27 @@ async def test_cancel_mid_decode_rolls_back_and_spares_others(tiny_dirs):
         assert stats.messages == messages + 1  # the cancelled decode left no message
         live = sum(len(m.slots) for m in engine._core.table.all())
         assert stats.tokens_used == live  # every used slot belongs to a live message
+
+
+async def test_a_failing_callback_fails_its_call_only(tiny_dirs):
+    async with open_tiny(tiny_dirs, "llama") as engine:
+        q = await engine.prefill("hello world")
+        messages = engine.stats().messages
+
+        def explode(tok: int) -> None:
+            raise RuntimeError("callback broke")
+
+        job = await engine._job(decode_request(parents=[q], max_tokens=8, ignore_eos=True), None)
+        job.on_token = explode
+        other = engine.decode(parents=[q], max_tokens=8, ignore_eos=True)
+        await engine._sched.submit(job)
+        with pytest.raises(RuntimeError, match="callback broke"):
+            await job.wait()
+        assert len((await other).tokens) > 0  # the engine is alive and serving
+        await engine.prefill("x")
+        assert engine.stats().messages == messages + 2  # other and "x"; nothing of the job
+        live = sum(len(m.slots) for m in engine._core.table.all())
+        assert engine.stats().tokens_used == live
 
 
 async def test_timeout_cancels_the_call_and_frees_its_slots(tiny_dirs):

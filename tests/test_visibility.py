@@ -65,8 +65,13 @@ def test_leak_detector_matches_reachability_oracle(tiny_dirs, world):
     core = open_tiny(tiny_dirs, "llama")._core
     handles = []
     for owner, vis, readers, parents in msgs:
-        req = PrefillRequest([5, 6], frame=False, parents=[handles[p] for p in parents],
-                             owner=owner, visibility=_vis(vis, readers))  # fmt: skip
+        req = PrefillRequest(
+            [5, 6],
+            frame=False,
+            parents=[handles[p] for p in parents],
+            owner=owner,
+            visibility=_vis(vis, readers),
+        )
         (h,), _ = core.prefill_many([req])
         handles.append(h)
     for mid, h in enumerate(handles):
@@ -128,9 +133,17 @@ async def test_reencode_equals_encoding_with_only_visible_context(tiny_dirs):
         assert view.extra["view_of"] == public.id and view.text == public.text
         assert hidden_sources(core.table, "bob", ans.id) == frozenset()
         # the view's encoding equals encoding the text with only bob-visible context
-        (manual,), _ = core.prefill_many([PrefillRequest(
-            public.tokens, frame=False, parents=[intro], offsets=[0],
-            new_offset=public.offset)])  # fmt: skip
+        (manual,), _ = core.prefill_many(
+            [
+                PrefillRequest(
+                    public.tokens,
+                    frame=False,
+                    parents=[intro],
+                    offsets=[0],
+                    new_offset=public.offset,
+                )
+            ]
+        )
         k_view = core.store.k[:, view.slots]
         k_manual = core.store.k[:, core.table.get(manual.id).slots]
         assert torch.allclose(k_view, k_manual, atol=1e-6)

@@ -1,0 +1,71 @@
+"""Handles bound to a reader (corps.cache.handle): reading what one cannot see fails."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import BaseModel, ConfigDict
+
+from corps.agents import Agent, Runtime
+from corps.cache import AccessDenied, Handle, Private
+from corps.cache.handle import bind
+
+from conftest import open_tiny
+
+
+class Bundle(BaseModel):
+    model_config = ConfigDict(arbitrary_types_allowed=True, frozen=True)
+    items: tuple[Handle, ...]
+    main: Handle
+
+
+async def _secret_and_remark(engine):
+    secret = await engine.prefill("always defect", owner="alice", visibility=Private())
+    remark = await engine.prefill("hello world", parents=[secret], owner="alice")
+    return secret, remark
+
+
+async def test_bound_handles_check_access_on_every_walk(tiny_dirs):
+    async with open_tiny(tiny_dirs, "llama") as engine:
+        _, remark = await _secret_and_remark(engine)
+        assert remark.reader == "alice"  # a call made as alice returns alice's handle
+        as_bob = bind(remark, "bob")
+        assert as_bob.text == "hello world" and as_bob == remark
+        (parent,) = as_bob.parents
+        with pytest.raises(AccessDenied, match="bob cannot read"):
+            _ = parent.text
+        with pytest.raises(AccessDenied):
+            _ = parent.tokens
+        assert all(s.reader == "bob" for s in as_bob.sources)
+        with pytest.raises(AccessDenied):
+            _ = [s.text for s in as_bob.sources]
+        assert "hidden from bob" in repr(parent)
+        assert bind(remark, None).parents[0].text == "always defect"  # the engine's caller
+
+
+def test_bind_reaches_into_payloads():
+    table = object()
+    h = Handle(1, table), Handle(2, table)
+    bundle = Bundle(items=h, main=h[0])
+    bound = bind(bundle, "bob")
+    assert all(x.reader == "bob" for x in bound.items) and bound.main.reader == "bob"
+    assert bundle.main.reader is None  # the original is untouched
+
+
+async def test_agents_receive_handles_bound_to_themselves(tiny_dirs):
+    seen = {}
+
+    class Reader(Agent):
+        async def handle(self, msg: Bundle) -> Handle:
+            seen["reader"] = msg.main.reader
+            try:
+                _ = msg.main.parents[0].text
+            except AccessDenied as exc:
+                seen["denied"] = str(exc)
+            return msg.main
+
+    async with open_tiny(tiny_dirs, "llama") as engine, Runtime(engine) as rt:
+        _, remark = await _secret_and_remark(engine)
+        await rt.spawn(Reader, "bob")
+        back = await rt.ask("bob", Bundle(items=(remark,), main=remark))
+        assert seen["reader"] == "bob" and "bob cannot read" in seen["denied"]
+        assert back.reader is None  # replies are bound to the asker: here the caller
