@@ -93,6 +93,17 @@ class Agent:
             envelope.deltas.send_nowait(delta)
         return stream.handle
 
+    async def decode_many(
+        self, requests: list[dict[str, Any]], *, visibility: Visibility | None = None
+    ) -> list[Handle]:
+        """Several decodes owned by this agent, fused into shared steps; all or nothing."""
+        reqs = []
+        for r in requests:
+            r = dict(r)
+            vis, policy = r.pop("visibility", visibility), r.pop("leak_policy", None)
+            reqs.append(self._as_me(r, vis, policy))
+        return await self.engine.decode_many(reqs)
+
     async def think(self, **kw: Any) -> Handle:
         """decode() with Private visibility: a thought only this agent can read."""
         return await self.decode(visibility=Private(), **kw)

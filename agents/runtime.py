@@ -121,7 +121,7 @@ class Runtime:
         # The workers only ever end by this cancellation; the body's own exception
         # (if any) propagates as itself rather than wrapped in an ExceptionGroup.
         await self._tg.__aexit__(None, None, None)
-        for actor in self._actors.values():  # their encoded system prompts go too
+        for actor in list(self._actors.values()):  # their encoded system prompts go too
             prompt = actor.instance.system_prompt
             if prompt is not None and not prompt.freed:
                 self.engine.free(prompt)
@@ -154,6 +154,18 @@ class Runtime:
         for _ in range(max(1, cls.max_concurrency)):
             self._tg.start_soon(self._work, actor)
         return name
+
+    def stop(self, name: str) -> None:
+        """Stop an agent and forget its name (queued messages become dead letters)."""
+        actor = self._actor(name)
+        self._stop(actor, f"{name} was stopped")
+        prompt = actor.instance.system_prompt
+        if prompt is not None and not prompt.freed:
+            self.engine.free(prompt)
+        del self._actors[name]
+        for names in self._topics.values():
+            if name in names:
+                names.remove(name)
 
     def agent(self, name: str) -> Agent:
         return self._actor(name).instance

@@ -93,6 +93,16 @@ class Handle:
         return self._msg.extra.get("ttft_s")
 
     @property
+    def tokens_encoded(self) -> int:
+        """Tokens the call that made this message ran through the model."""
+        return self._msg.extra.get("tokens_encoded", 0)
+
+    @property
+    def tokens_reused(self) -> int:
+        """Cached tokens that call attended to without encoding them (the sink included)."""
+        return self._msg.extra.get("tokens_reused", 0)
+
+    @property
     def freed(self) -> bool:
         return self._msg.freed
 

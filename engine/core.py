@@ -225,6 +225,7 @@ class Core:
                 slots += c.slots[start : start + n]
                 mine = self._feed_rows(c, start, n, t)
             spans.append(SeqSpan(t, t + n, c.view))
+            c.encoded += n
             rows += mine
             counts.append(len(mine))
             t += n
@@ -458,7 +459,10 @@ class Core:
                 c.visibility,
             )
         )
-        self.table.get(mid).sources = self._sources(c.parents)
+        msg = self.table.get(mid)
+        msg.sources = self._sources(c.parents)
+        msg.extra["tokens_encoded"] = c.encoded
+        msg.extra["tokens_reused"] = len(c.ctx_slots) if c.view is not None else 0
         c.slots = []  # the message owns them now; an abort must not release them
         self._unpin(c)
         return Handle(mid, self.table)

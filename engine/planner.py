@@ -54,6 +54,7 @@ class Call:
     generator: torch.Generator | None = None
     want_logits: bool = False
     fed: int = 0  # feed tokens encoded so far
+    encoded: int = 0  # tokens this call ran through the model (feed + generated)
     pending: int | None = None  # sampled token not yet encoded
     finishing: bool = False  # the pending token is the last one
     done: bool = False  # everything encoded; ready for finish()

@@ -1,0 +1,181 @@
+"""The bookkeeping every pattern shares: one `Run` per workflow execution.
+
+A `Run` spawns the pattern's agents under names unique to the run (so many runs
+can share one runtime and one engine), prefills instructions as the pattern
+itself (public), sends decode turns to agents, records every message, parse
+error and seed, and builds the `PatternResult`. When the run ends, however it
+ends, its agents are stopped and its messages freed: their KV slots go back to
+the store, while their text, parents and token counts stay readable through
+the result's handles.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import anyio
+from pydantic import BaseModel, ConfigDict
+
+from corps.agents import Agent, Runtime
+from corps.cache.handle import Handle
+from corps.cache.visibility import Private
+from corps.patterns.result import PatternResult
+
+
+class Turn(BaseModel):
+    """One decode a pattern asks an agent for: what it attends to, where, and how."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, frozen=True)
+    parents: tuple[Handle, ...]
+    offsets: tuple[int | None, ...] | None = None
+    new_offset: int | None = None
+    header: str = ""
+    max_tokens: int = 64
+    temperature: float = 0.7
+    top_p: float = 0.95
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    private: bool = False
+
+    def request(self) -> dict[str, Any]:
+        r = self.model_dump(exclude={"private"})
+        r["parents"] = list(self.parents)  # the handles themselves, bound to the agent
+        if self.private:
+            r["visibility"] = Private()
+        return r
+
+
+class Turns(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    items: tuple[Turn, ...]
+
+
+class Speaker(Agent):
+    """A pattern's role: decodes the turns it is given, as itself, in one fused batch."""
+
+    async def handle(self, turns: Turns) -> list[Handle]:
+        return await self.decode_many([t.request() for t in turns.items])
+
+
+class Run:
+    """`async with Run(rt, "debate", max_tokens=..., ...) as run:` then `run.result(...)`."""
+
+    def __init__(
+        self,
+        rt: Runtime,
+        pattern: str,
+        *,
+        max_tokens: int,
+        temperature: float,
+        top_p: float,
+        seed: int | None,
+    ) -> None:
+        self.rt = rt
+        self.engine = rt.engine
+        self.pattern = pattern
+        self.max_tokens, self.temperature, self.top_p, self.seed = (
+            max_tokens,
+            temperature,
+            top_p,
+            seed,
+        )
+        self.id = uuid.uuid4().hex[:8]
+        self.messages: list[Handle] = []
+        self.parse_errors: list[str] = []
+        self.agents: list[str] = []
+        self._calls = 0
+        self._t0 = time.perf_counter()
+
+    async def __aenter__(self) -> Run:
+        self._t0 = time.perf_counter()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        for name in self.agents:
+            self.rt.stop(name)
+        for h in self.messages:
+            if h is not None and not h.freed:
+                self.engine.free(h)
+
+    # ---- building the workflow ----
+
+    async def agent(self, role: str, cls: type[Agent] = Speaker) -> str:
+        """Spawn one of the pattern's agents; its name is unique to this run."""
+        name = f"{self.pattern}-{self.id}-{role}"
+        await self.rt.spawn(cls, name)
+        self.agents.append(name)
+        return name
+
+    async def prefill(
+        self,
+        text: str,
+        *,
+        role: str = "user",
+        parents: list[Handle] | tuple[Handle, ...] = (),
+        offsets: list[int | None] | None = None,
+        new_offset: int | None = None,
+    ) -> Handle:
+        """An instruction or input, encoded by the pattern itself (public)."""
+        h = await self.engine.prefill(
+            text, role=role, parents=list(parents), offsets=offsets, new_offset=new_offset
+        )
+        self.messages.append(h)
+        return h
+
+    def turn(self, parents: list[Handle], **kw: Any) -> Turn:
+        """A decode turn with the run's sampling settings and the next seed."""
+        kw.setdefault("max_tokens", self.max_tokens)
+        kw.setdefault("temperature", self.temperature)
+        kw.setdefault("top_p", self.top_p)
+        self._calls += 1
+        seed = None if self.seed is None else self.seed * 100_003 + self._calls
+        return Turn(parents=tuple(parents), seed=seed, **kw)
+
+    async def ask(self, agent: str, *turns: Turn) -> list[Handle]:
+        """`agent` decodes `turns` (fused); their handles, recorded in order."""
+        handles = await self.rt.ask(agent, Turns(items=turns))
+        self.messages.extend(handles)
+        return handles
+
+    async def parallel(self, calls: list[tuple[str, Turn]]) -> list[Handle]:
+        """Turns for several agents at once (each agent's turns fused); handles in order."""
+        by_agent: dict[str, list[int]] = {}
+        for i, (agent, _) in enumerate(calls):
+            by_agent.setdefault(agent, []).append(i)
+        out: list[Handle | None] = [None] * len(calls)
+
+        async def one(agent: str, idx: list[int]) -> None:
+            handles = await self.rt.ask(agent, Turns(items=tuple(calls[i][1] for i in idx)))
+            for i, h in zip(idx, handles, strict=True):
+                out[i] = h
+
+        async with anyio.create_task_group() as tg:
+            for agent, idx in by_agent.items():
+                tg.start_soon(one, agent, idx)
+        self.messages.extend(out)
+        return out
+
+    def error(self, what: str) -> None:
+        """Record a parse failure (the pattern falls back and goes on)."""
+        self.parse_errors.append(what)
+
+    # ---- the result ----
+
+    def result(self, answer: str | None, details: dict[str, Any]) -> PatternResult:
+        ttfts = [h.ttft for h in self.messages if h.ttft is not None]
+        names = set(self.agents)
+        return PatternResult(
+            pattern=self.pattern,
+            mode=self.engine.mode,
+            answer=answer,
+            details=details,
+            messages=list(self.messages),
+            parse_errors=list(self.parse_errors),
+            tokens_encoded=sum(h.tokens_encoded for h in self.messages),
+            tokens_reused=sum(h.tokens_reused for h in self.messages),
+            wall_s=time.perf_counter() - self._t0,
+            mean_ttft_s=sum(ttfts) / len(ttfts) if ttfts else None,
+            leaks=sum(1 for leak in self.engine.leaks() if leak.reader in names),
+        )
