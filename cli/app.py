@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from corps.cache.errors import CorpsError
+from corps.cli import run as run_cli
 
 app = typer.Typer(
     name="corps",
@@ -100,6 +101,10 @@ def chat(
         anyio.run(run)
     except CorpsError as exc:
         fail(exc)
+
+
+app.command("run")(run_cli.run)
+app.command("scenarios")(run_cli.scenarios)
 
 
 @bench_app.command("runner")

@@ -28,30 +28,42 @@ def load(name: str):
 pd = load("prisoners_dilemma")
 
 
-@pytest.mark.filterwarnings("ignore::corps.engine.engine.LeakWarning")
+def _player(name: str | None) -> str | None:
+    """ "alice" or "bob" for a player agent's run-unique name."""
+    return name.rsplit("-", 1)[-1] if name and name.startswith("prisoners_dilemma-") else None
+
+
+@pytest.mark.filterwarnings("ignore::corps.cache.visibility.LeakWarning")
 async def test_prisoners_dilemma_warn_flags_leaks_both_ways(tiny_dirs):
     async with open_tiny(tiny_dirs, "llama") as engine:
         game = await pd.play(engine, policy="warn", max_tokens=6)
         table = engine._core.table
+        leaks = engine.leaks()
         owners = {
-            (leak.reader, table.get(next(iter(leak.sources))).owner) for leak in game["leaks"]
+            (_player(leak.reader), _player(table.get(next(iter(leak.sources))).owner))
+            for leak in leaks
         }
         assert owners == {("bob", "alice"), ("alice", "bob")}
         # every leak the detector can see is flagged: each call by a player that attends
         # to the other's utterance is in the record
-        for leak in game["leaks"]:
+        for leak in leaks:
             assert leak.sources == hidden_sources(table, leak.reader, leak.parent)
-        assert len(game["transcript"]) == 4 and set(game["decisions"]) == {"alice", "bob"}
+        assert game.leaks == len(leaks) == 12
+        assert len(game.details["transcript"]) == 4 and set(game.details["decisions"]) == {
+            "Alice",
+            "Bob",
+        }
 
 
 async def test_prisoners_dilemma_reencode_leaves_no_leak(tiny_dirs):
     async with open_tiny(tiny_dirs, "llama") as engine:
         game = await pd.play(engine, policy="reencode", max_tokens=6)
-        assert game["leaks"] == []
+        assert game.leaks == 0 and engine.leaks() == []
         table = engine._core.table
-        for msg in table.all():
-            if msg.owner in ("alice", "bob") and "view_of" not in msg.extra:
-                assert hidden_sources(table, msg.owner, msg.id) == frozenset(), msg
+        players = [m for m in table.all() if _player(m.owner) and "view_of" not in m.extra]
+        assert len(players) > 10
+        for msg in players:
+            assert hidden_sources(table, msg.owner, msg.id) == frozenset(), msg
         assert any(e.kind == "reencode" for e in engine.trace())
 
 
@@ -61,7 +73,7 @@ async def test_prisoners_dilemma_deny_fails_the_first_offending_call(tiny_dirs):
             await pd.play(engine, policy="deny", max_tokens=6)
         cause = info.value.__cause__
         assert isinstance(cause, LeakageError)
-        assert "decode by bob" in str(cause) and "alice's system" in str(cause)
+        assert "-bob" in str(cause).split(" attends")[0] and "alice's system" in str(cause)
 
 
 async def test_ask_example_runs(tiny_dirs, monkeypatch, capsys):

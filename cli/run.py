@@ -1,0 +1,245 @@
+"""`corps run` and `corps scenarios`: run workflows from the command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from pathlib import Path
+from typing import Annotated, Any
+
+import anyio
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from corps.agents import AgentError
+from corps.cache.errors import CorpsError
+from corps.cache.visibility import LeakWarning
+from corps.cli.scenario import ScenarioError, Target, parse_sets, resolve
+from corps.patterns import registry
+from corps.patterns.result import PatternResult
+
+out = Console()
+err = Console(stderr=True)
+
+
+def _exit(message: str, code: int) -> None:
+    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    raise typer.Exit(code)
+
+
+def scenarios() -> None:
+    """List the built-in patterns with their parameters and defaults."""
+    table = Table(title="built-in patterns: corps run NAME --set key=value ...")
+    table.add_column("name")
+    table.add_column("what it does")
+    table.add_column("parameters (default)")
+    for name, fn in registry.PATTERNS.items():
+        doc = (fn.__doc__ or "").strip().splitlines()[0]
+        params = ", ".join(f"{p}={_short(d)}" for p, _, d in registry.parameters(fn))
+        table.add_row(name.replace("_", "-"), doc, params)
+    out.print(table)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 24 else text[:21] + "..."
+
+
+def run(
+    target: Annotated[
+        str, typer.Argument(help="A built-in pattern, a .toml scenario or a .py file.")
+    ],
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="key=value parameter (repeatable).")
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option("--model", "-m", help="Alias, HF dir or hub id.")
+    ] = None,
+    mode: Annotated[str | None, typer.Option(help="choreographed (default) or baseline.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed: a run is then reproducible.")] = None,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Write the result(s) here.")
+    ] = None,
+    inputs: Annotated[
+        Path | None, typer.Option(help="JSON lines: one object of inputs per run.")
+    ] = None,
+    concurrency: Annotated[int, typer.Option(min=1, help="Runs at a time with --inputs.")] = 4,
+    leak_policy: Annotated[str, typer.Option(help="allow, warn, deny or reencode.")] = "warn",
+    dtype: Annotated[str, typer.Option(help="float32, bfloat16 or float16.")] = "float32",
+    device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
+) -> None:
+    """Run a workflow and print its answer and a summary (tokens encoded vs reused, ...)."""
+    try:
+        tgt = resolve(target)
+        params = {**tgt.params, **parse_sets(set_ or [])}
+        if seed is not None:
+            params["seed"] = seed
+        lines = _read_inputs(inputs) if inputs is not None else None
+        checked = (
+            [tgt.check({**params, **line}, f"line {i + 1}: ") for i, line in enumerate(lines)]
+            if lines is not None
+            else [tgt.check(params)]
+        )
+        mode = mode or tgt.mode or "choreographed"
+        if mode not in ("choreographed", "baseline"):
+            raise ScenarioError(f"--mode must be choreographed or baseline, got {mode!r}")
+    except CorpsError as exc:
+        _exit(str(exc), 2)
+    engine_kw = dict(mode=mode, dtype=dtype, device=device, leak_policy=leak_policy)
+    model_name = model or tgt.model or "smollm2-135m"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", LeakWarning)  # counted in the summary instead
+            if lines is None:
+                result = anyio.run(_one, tgt, checked[0], model_name, engine_kw)
+                _show(result, tgt)
+                if json_out is not None:
+                    json_out.write_text(_dump(result) + "\n")
+            else:
+                failed = anyio.run(
+                    _many, tgt, checked, model_name, engine_kw, concurrency, json_out
+                )
+                if failed:
+                    _exit(f"{failed} of {len(checked)} runs failed (see --json)", 1)
+    except (AgentError, CorpsError) as exc:
+        if os.environ.get("CORPS_DEBUG"):
+            raise
+        _exit(f"workflow failed: {exc}", 1)
+
+
+def _read_inputs(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        raise ScenarioError(f"no inputs file {str(path)!r}")
+    lines = []
+    for i, raw in enumerate(path.read_text().splitlines()):
+        if not raw.strip():
+            continue
+        try:
+            obj = json.loads(raw)
+        except ValueError as exc:
+            raise ScenarioError(f"{path} line {i + 1}: not JSON: {exc}") from None
+        if not isinstance(obj, dict):
+            raise ScenarioError(f"{path} line {i + 1}: expected a JSON object of inputs")
+        lines.append(obj)
+    if not lines:
+        raise ScenarioError(f"{path} has no inputs")
+    return lines
+
+
+async def _one(tgt: Target, params: dict, model: str, engine_kw: dict) -> Any:
+    from corps.agents import Runtime
+    from corps.engine import Engine
+
+    async with Engine.open(model, **engine_kw) as engine, Runtime(engine) as rt:
+        return await tgt.fn(rt, **params)
+
+
+async def _many(
+    tgt: Target,
+    runs: list[dict],
+    model: str,
+    engine_kw: dict,
+    concurrency: int,
+    json_out: Path | None,
+) -> int:
+    from corps.agents import Runtime
+    from corps.engine import Engine
+
+    results: list[Any] = [None] * len(runs)
+    limiter = anyio.CapacityLimiter(concurrency)
+    columns = (TextColumn("runs"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    async with Engine.open(model, **engine_kw) as engine, Runtime(engine) as rt:
+        with Progress(*columns, console=err, transient=True) as progress:
+            task = progress.add_task("runs", total=len(runs))
+
+            async def one(i: int) -> None:
+                async with limiter:
+                    try:
+                        results[i] = await tgt.fn(rt, **runs[i])
+                    except (AgentError, CorpsError) as exc:
+                        results[i] = exc
+                progress.advance(task)
+
+            async with anyio.create_task_group() as tg:
+                for i in range(len(runs)):
+                    tg.start_soon(one, i)
+    failed = sum(isinstance(r, Exception) for r in results)
+    _show_many(results, tgt)
+    if json_out is not None:
+        with json_out.open("w") as f:
+            for i, r in enumerate(results):
+                if isinstance(r, Exception):
+                    f.write(json.dumps(dict(index=i, error=str(r))) + "\n")
+                else:
+                    f.write(json.dumps(dict(index=i, result=json.loads(_dump(r)))) + "\n")
+    return failed
+
+
+def _dump(result: Any) -> str:
+    if isinstance(result, PatternResult):
+        return result.model_dump_json(indent=None)
+    return json.dumps(result, default=repr)
+
+
+def _show(result: Any, tgt: Target) -> None:
+    if not isinstance(result, PatternResult):
+        out.print(result)
+        return
+    out.print(f"[bold]answer:[/] {result.answer}", highlight=False)
+    table = Table(title=f"{result.pattern} ({result.mode})")
+    for col in (
+        "calls",
+        "tokens encoded",
+        "tokens reused",
+        "mean TTFT",
+        "wall",
+        "leaks",
+        "parse errors",
+    ):
+        table.add_column(col, justify="right")
+    ttft = "-" if result.mean_ttft_s is None else f"{result.mean_ttft_s * 1000:.0f} ms"
+    table.add_row(
+        str(result.calls),
+        str(result.tokens_encoded),
+        str(result.tokens_reused),
+        ttft,
+        f"{result.wall_s:.1f} s",
+        str(result.leaks),
+        str(len(result.parse_errors)),
+    )
+    out.print(table)
+    for e in result.parse_errors[:5]:
+        out.print(f"  parse error: {e}", highlight=False)
+
+
+def _show_many(results: list[Any], tgt: Target) -> None:
+    done = [r for r in results if isinstance(r, PatternResult)]
+    table = Table(title=f"{len(results)} runs of {tgt.label}")
+    for col in (
+        "runs ok",
+        "failed",
+        "tokens encoded",
+        "tokens reused",
+        "mean TTFT",
+        "parse errors",
+        "leaks",
+    ):
+        table.add_column(col, justify="right")
+    ttfts = [r.mean_ttft_s for r in done if r.mean_ttft_s is not None]
+    ttft = f"{sum(ttfts) / len(ttfts) * 1000:.0f} ms" if ttfts else "-"
+    table.add_row(
+        str(len(done)),
+        str(len(results) - len(done)),
+        str(sum(r.tokens_encoded for r in done)),
+        str(sum(r.tokens_reused for r in done)),
+        ttft,
+        str(sum(len(r.parse_errors) for r in done)),
+        str(sum(r.leaks for r in done)),
+    )
+    out.print(table)
+    for i, r in enumerate(results):
+        if isinstance(r, Exception):
+            out.print(f"  run {i + 1} failed: {r}", highlight=False)

@@ -1,0 +1,207 @@
+"""The built-in patterns (corps.patterns) end to end, in both engine modes."""
+
+from __future__ import annotations
+
+import itertools
+
+import anyio
+import pytest
+
+from corps.agents import Runtime
+from corps.patterns import PATTERNS, BadParameters, UnknownPattern, run_pattern
+from corps.patterns.registry import validate
+from corps.patterns.samples import DOCUMENT_PARAGRAPHS
+
+from conftest import open_tiny
+
+MODES = ["choreographed", "baseline"]
+SMALL = dict(max_tokens=6, seed=3)
+SHORT_DOC = " ".join(DOCUMENT_PARAGRAPHS[:3])
+SETTINGS = {
+    "debate": dict(rounds=2),
+    "parallel_debate": dict(agents=3, rounds=3),
+    "tree_of_thoughts": dict(branches=4, voters=3),
+    "branch_solve_merge": dict(concepts=["dog", "park", "rain", "kite"]),
+    "map_reduce": dict(document=SHORT_DOC, chunk_tokens=128, fan_in=2),
+    "multi_qa": dict(),
+    "prisoners_dilemma": dict(leak_policy="allow"),
+}
+
+
+async def run(tiny_dirs, name: str, mode: str, **params):
+    async with open_tiny(tiny_dirs, "llama", mode=mode) as engine, Runtime(engine) as rt:
+        result = await run_pattern(rt, name, {**SMALL, **SETTINGS[name], **params})
+        assert engine.stats().messages == 0  # the run freed every encoding it made
+        return result
+
+
+def ids(handles) -> list[int]:
+    return [h.id for h in handles]
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_tree_of_thoughts_structure(tiny_dirs, mode):
+    r = await run(tiny_dirs, "tree_of_thoughts", mode)
+    m = r.messages
+    propose, proposals = m[0], m[1:5]
+    vote, vote_now, ballots = m[5], m[6], m[7:10]
+    finish, final = m[10], m[11]
+    assert r.calls == 12 and r.mode == mode and r.pattern == "tree_of_thoughts"
+    assert all(p.parents == (propose,) for p in proposals)
+    assert vote_now.parents == (vote, *proposals)
+    assert all(b.parents == (vote, *proposals, vote_now) for b in ballots)
+    winner = r.details["winner"]
+    assert 1 <= winner <= 4 and final.parents == (finish, proposals[winner - 1])
+    assert all(p.text.startswith(f"Solution #{i + 1}:") for i, p in enumerate(proposals))
+    # random weights vote gibberish: every bad ballot is a parse error, not a crash
+    assert len(r.details["votes"]) + sum("voter" in e for e in r.parse_errors) == 3
+    if mode == "choreographed":  # proposals sit right after [propose], overlapping
+        assert {p.offset for p in proposals} == {propose.offset + propose.length}
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_parallel_debate_reads_the_others(tiny_dirs, mode):
+    r = await run(tiny_dirs, "parallel_debate", mode)
+    instr, update, rounds = r.messages[0], r.messages[1], r.messages[2:]
+    assert r.calls == 2 + 9
+    r1, r2, r3 = rounds[0:3], rounds[3:6], rounds[6:9]
+    assert all(h.parents == (instr,) for h in r1)
+    for k in range(3):
+        others = [h for j, h in enumerate(r1) if j != k]
+        assert r2[k].parents == (instr, r1[k], *others, update)
+        others = [h for j, h in enumerate(r2) if j != k]
+        assert r3[k].parents == (instr, r1[k], r2[k], *others, update)
+    assert set(r.details) == {"answers", "counts", "consensus"}
+
+
+async def test_parallel_debate_encodes_each_answer_once(tiny_dirs):
+    chor = await run(tiny_dirs, "parallel_debate", "choreographed")
+    base = await run(tiny_dirs, "parallel_debate", "baseline")
+    # choreography: every message is encoded exactly once, by the call that made it
+    assert chor.tokens_encoded == sum(h.length for h in chor.messages)
+    # baseline: each reader re-encodes the other agents' previous answers
+    answers = base.messages[2:]
+    reread = sum(
+        answers[3 * (r - 1) + j].length
+        for r in (1, 2)
+        for k in range(3)
+        for j in range(3)
+        if j != k
+    )
+    assert base.tokens_encoded >= sum(h.length for h in answers) + reread
+    assert chor.tokens_encoded < base.tokens_encoded
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_debate_structure(tiny_dirs, mode):
+    r = await run(tiny_dirs, "debate", mode)
+    aff, neg, mod = r.messages[:3]
+    turns = [h for h in r.messages if h.text.startswith(("Affirmative", "Negative"))]
+    verdicts = [h for h in r.messages if h.text.startswith('{"Reasoning"')]
+    assert len(verdicts) == r.details["rounds_run"] >= 1
+    for i, t in enumerate(turns):
+        own = aff if t.text.startswith("Affirmative") else neg
+        assert t.parents == (own, *turns[:i])  # its instructions + every turn so far
+    for r_i, v in enumerate(verdicts):
+        assert v.parents == (mod, *verdicts[:r_i], *turns[2 * r_i : 2 * r_i + 2])
+    if not r.details["early_stop"]:
+        judge, final = r.messages[-2:]
+        assert final.parents == (mod, *turns, judge)
+    assert r.answer is not None
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("layout", ["serial", "parallel"])
+async def test_branch_solve_merge_layouts(tiny_dirs, mode, layout):
+    r = await run(tiny_dirs, "branch_solve_merge", mode, layout=layout)
+    stories, merge, final = r.messages[-4:-2], r.messages[-2], r.messages[-1]
+    assert final.parents == (merge, *stories)
+    groups = r.details["groups"]
+    assert sorted(groups[0] + groups[1]) == sorted(SETTINGS["branch_solve_merge"]["concepts"])
+    assert 0.0 <= r.details["coverage"] <= 1.0
+    if mode == "choreographed":
+        msg = final.table.get(final.id)
+        at = merge.offset + merge.length
+        want = (at, at) if layout == "parallel" else (at, at + stories[0].length)
+        assert msg.parent_offsets[1:] == want
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_map_reduce_fans_in_to_one(tiny_dirs, mode):
+    r = await run(tiny_dirs, "map_reduce", mode)
+    levels = r.details["levels"]
+    assert levels[0] == r.details["chunks"] > 2 and levels[-1] == 1
+    assert all(b == (a + 1) // 2 for a, b in itertools.pairwise(levels))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("layout", ["serial", "parallel"])
+async def test_multi_qa_questions_are_independent(tiny_dirs, mode, layout):
+    r = await run(tiny_dirs, "multi_qa", mode, layout=layout)
+    system, q1, q2, reply = r.messages
+    assert q1.parents == (system,) and q2.parents == (system,)  # never each other
+    assert reply.parents == (system, q1, q2)
+    if mode == "choreographed":
+        want = q1.offset if layout == "parallel" else q1.offset + q1.length
+        assert q2.offset == want
+    assert len(r.details["answered"]) == 2
+
+
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+async def test_choreography_encodes_no_more_than_baseline(tiny_dirs, name):
+    chor = await run(tiny_dirs, name, "choreographed")
+    base = await run(tiny_dirs, name, "baseline")
+    assert chor.calls == base.calls  # the same structure in both modes
+    if name == "multi_qa":  # one reader: nothing to reuse, the same work either way
+        assert chor.tokens_encoded <= base.tokens_encoded + 2
+    else:
+        assert chor.tokens_encoded < base.tokens_encoded
+
+
+async def test_seeded_runs_are_reproducible_and_share_a_runtime(tiny_dirs):
+    async with open_tiny(tiny_dirs, "llama") as engine, Runtime(engine) as rt:
+        params = {**SMALL, **SETTINGS["tree_of_thoughts"], "temperature": 1.0}
+        results = [None] * 3
+
+        async def one(i: int) -> None:
+            results[i] = await run_pattern(rt, "tree-of-thoughts", params)
+
+        async with anyio.create_task_group() as tg:  # three runs at once, one runtime
+            for i in range(3):
+                tg.start_soon(one, i)
+        texts = [[h.text for h in r.messages] for r in results]
+        assert texts[0] == texts[1] == texts[2]
+        assert engine.stats().mean_batch_size > 1
+
+
+def test_bad_parameters_say_what_is_valid():
+    with pytest.raises(UnknownPattern, match="tree-of-thoughts"):
+        from corps.patterns.registry import get
+
+        get("tree-of-thought")
+    with pytest.raises(BadParameters, match=r"unknown parameter 'branchez'.*branches"):
+        validate(PATTERNS["tree_of_thoughts"], {"branchez": 3})
+    with pytest.raises(BadParameters, match="branches"):
+        validate(PATTERNS["tree_of_thoughts"], {"branches": "many"})
+    assert validate(PATTERNS["tree_of_thoughts"], {"branches": "16"})["branches"] == 16
+
+
+@pytest.mark.filterwarnings("ignore::corps.cache.visibility.LeakWarning")
+async def test_prisoners_dilemma_counts_its_leaks(tiny_dirs):
+    r = await run(tiny_dirs, "prisoners_dilemma", "choreographed", leak_policy="warn")
+    assert r.leaks == 12 and set(r.details["decisions"]) == {"Alice", "Bob"}
+    r = await run(tiny_dirs, "prisoners_dilemma", "choreographed", leak_policy="reencode")
+    assert r.leaks == 0
+
+
+@pytest.mark.real_model
+@pytest.mark.filterwarnings("ignore::corps.cache.visibility.LeakWarning")
+async def test_real_model_smoke_every_pattern(real_dir):
+    from corps.engine import Engine
+
+    async with Engine.open(str(real_dir), capacity=16384) as engine, Runtime(engine) as rt:
+        for name in sorted(PATTERNS):
+            r = await run_pattern(rt, name, dict(max_tokens=16, seed=0))
+            assert r.calls > 0 and r.tokens_encoded > 0 and r.wall_s > 0, name
+            assert r.answer is None or isinstance(r.answer, str)
+        assert engine.stats().messages == 0
