@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from typer.testing import CliRunner
 
 from corps.cli.app import app
@@ -38,3 +41,129 @@ def test_chat_streams_the_models_answer(tiny_dirs):
     )
     assert result.exit_code == 0, result.output
     assert want and result.output == want + "\n"
+
+
+# ---- corps run / corps scenarios ----
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+
+
+def run_cli(tiny_dirs, *args: str):
+    return runner.invoke(app, ["run", *args, "--model", str(tiny_dirs["llama"])])
+
+
+def test_scenarios_lists_every_pattern():
+    from corps.patterns import PATTERNS
+
+    result = runner.invoke(app, ["scenarios"], terminal_width=200)
+    assert result.exit_code == 0
+    for name in PATTERNS:
+        assert name.replace("_", "-") in result.output
+    assert "branches=8" in result.output
+
+
+def test_run_a_builtin_prints_answer_and_summary(tiny_dirs, tmp_path):
+    out = tmp_path / "r.json"
+    result = run_cli(
+        tiny_dirs,
+        "tree-of-thoughts",
+        "--set",
+        "branches=3",
+        "--set",
+        "voters=2",
+        "--set",
+        "max_tokens=4",
+        "--seed",
+        "1",
+        "--json",
+        str(out),
+    )
+    assert result.exit_code == 0, result.output
+    assert "answer:" in result.output and "reused" in result.output and "leaks" in result.output
+    data = json.loads(out.read_text())
+    assert data["pattern"] == "tree_of_thoughts" and data["mode"] == "choreographed"
+    assert len(data["messages"]) == 3 + 3 + 2 + 2 and "text" in data["messages"][0]
+
+
+def test_run_baseline_mode(tiny_dirs):
+    result = run_cli(tiny_dirs, "multi-qa", "--set", "max_tokens=4", "--mode", "baseline")
+    assert result.exit_code == 0, result.output and "baseline" in result.output
+
+
+def test_run_bad_input_exits_2_with_one_line(tiny_dirs, tmp_path):
+    cases = [
+        (["tree-of-thought"], "no pattern named"),
+        (["debate", "--set", "roundz=2"], "unknown parameter 'roundz'"),
+        (["debate", "--set", "rounds=lots"], "rounds"),
+        (["debate", "--set", "rounds"], "key=value"),
+        (["debate", "--mode", "fast"], "--mode"),
+    ]
+    bad_toml = tmp_path / "bad.toml"
+    bad_toml.write_text('pattern = "debate"\n[params]\nrounds = "x"\n')
+    cases.append(([str(bad_toml)], "params.rounds"))
+    no_run = tmp_path / "wf.py"
+    no_run.write_text("x = 1\n")
+    cases.append(([str(no_run)], "defines no `async def run"))
+    for args, message in cases:
+        result = run_cli(tiny_dirs, *args)
+        assert result.exit_code == 2, (args, result.output)
+        assert message in result.output.replace("\n", " ") and "Traceback" not in result.output
+
+
+def test_run_a_failed_workflow_exits_1(tiny_dirs):
+    result = run_cli(
+        tiny_dirs, "prisoners-dilemma", "--set", "max_tokens=4", "--leak-policy", "deny"
+    )
+    assert result.exit_code == 1
+    assert "workflow failed" in result.output and "leak_policy='deny'" in result.output
+
+
+def test_run_every_example_scenario_parses():
+    from corps.cli.scenario import resolve
+
+    files = sorted((EXAMPLES / "scenarios").glob("*.toml"))
+    assert len(files) == 7
+    for f in files:
+        target = resolve(str(f))
+        target.check(target.params)
+
+
+def test_run_a_scenario_file(tiny_dirs):
+    result = run_cli(
+        tiny_dirs, str(EXAMPLES / "scenarios" / "multi_qa.toml"), "--set", "max_tokens=4"
+    )
+    assert result.exit_code == 0, result.output
+
+
+def test_run_a_python_file(tiny_dirs):
+    result = run_cli(tiny_dirs, str(EXAMPLES / "custom_workflow.py"), "--set", 'question="hi"')
+    assert result.exit_code == 0, result.output
+    assert "verdict" in result.output
+
+
+def test_run_many_inputs_concurrently(tiny_dirs, tmp_path):
+    out = tmp_path / "runs.jsonl"
+    result = run_cli(
+        tiny_dirs,
+        "parallel-debate",
+        "--inputs",
+        str(EXAMPLES / "questions.jsonl"),
+        "--concurrency",
+        "2",
+        "--set",
+        "max_tokens=4",
+        "--set",
+        "rounds=2",
+        "--json",
+        str(out),
+    )
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [x["index"] for x in lines] == [0, 1, 2, 3]
+    questions = [json.loads(x)["question"] for x in (EXAMPLES / "questions.jsonl").open()]
+    for x, q in zip(lines, questions, strict=True):
+        assert q in x["result"]["messages"][0]["text"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "a"}\n{"rounds": "x"}\n')
+    result = run_cli(tiny_dirs, "parallel-debate", "--inputs", str(bad))
+    assert result.exit_code == 2 and "line 2" in result.output
