@@ -72,10 +72,15 @@ class CallView:
             shape = (layers, heads, cap, dim)
             k = torch.empty(shape, dtype=store.k.dtype, device=store.k.device)
             v = torch.empty(shape, dtype=store.v.dtype, device=store.v.device)
-        if n_ctx:
-            rotated = rope.rotate(store.k[:, slots], positions)  # (L, C, Hkv, D)
-            k[:, :, :n_ctx] = rotated.transpose(1, 2)
-            v[:, :, :n_ctx] = store.v[:, slots].transpose(1, 2)
+        try:
+            if n_ctx:
+                rotated = rope.rotate(store.k[:, slots], positions)  # (L, C, Hkv, D)
+                k[:, :, :n_ctx] = rotated.transpose(1, 2)
+                v[:, :, :n_ctx] = store.v[:, slots].transpose(1, 2)
+        except BaseException:
+            if base is not None:  # a failed gather gives its arena range back
+                arena.release(base, cap)
+            raise
         return cls(k, v, n_ctx, arena if base is not None else None, base or 0)
 
     def release(self) -> None:

@@ -57,3 +57,26 @@ def test_calls_that_do_not_fit_fall_back_and_agree(tiny_dirs):
         outputs.append([h.tokens for h in core.decode_many(reqs)])
         assert core.arena.free_tokens == capacity  # every view gave its range back
     assert outputs[0] == outputs[1]
+
+
+def test_a_failed_gather_gives_its_arena_range_back():
+    import pytest
+    import torch
+
+    from corps.cache.arena import ViewArena
+    from corps.cache.kv import KVStore
+    from corps.cache.view import CallView
+
+    dims = dict(
+        num_layers=1, num_kv_heads=1, head_dim=4, capacity=16, dtype=torch.float32, device="cpu"
+    )
+    store, arena = KVStore(**dims), ViewArena(**dims)
+
+    class Broken:
+        def rotate(self, x, positions):
+            raise RuntimeError("rotation failed")
+
+    slots = torch.tensor([0, 1])
+    with pytest.raises(RuntimeError):
+        CallView.gather(store, Broken(), slots, slots, 4, arena)
+    assert arena.alloc(16) == 0  # the whole arena is free again
