@@ -11,7 +11,7 @@ never does, a final judge call attends to the whole debate and answers.
 from __future__ import annotations
 
 from corps.agents import Runtime
-from corps.patterns.parsing import parse_answer, parse_json_object
+from corps.patterns.parsing import parse_answer, parse_fields
 from corps.patterns.result import PatternResult
 from corps.patterns.run import Run
 from corps.patterns.samples import QUESTION
@@ -67,9 +67,9 @@ async def debate(
                 mod, run.turn([instr[mod], *verdicts, *turns], header=VERDICT_HEADER)
             )
             verdicts.append(verdict)
-            obj = parse_json_object(verdict.text)
-            if obj is None:
-                run.error(f"moderator round {r}: no JSON verdict in {verdict.text!r}")
+            obj = parse_fields(verdict.text, ("Reasoning", "Preference", "Answer"))
+            if obj is None or "preference" not in obj:
+                run.error(f"moderator round {r}: no verdict in {verdict.text!r}")
                 parsed.append(None)
                 continue  # keep debating
             parsed.append(obj)

@@ -67,6 +67,20 @@ def parse_json_object(text: str) -> dict | None:
     return None
 
 
+def parse_fields(text: str, names: Sequence[str]) -> dict | None:
+    """JSON-ish fields: a JSON object if one parses, else each `"name": "value"` found
+    (small models often write near-JSON). Keys lower-cased; None if none is found."""
+    obj = parse_json_object(text)
+    if obj is not None:
+        return obj
+    out = {}
+    for name in names:
+        m = re.search(rf'"{name}"\s*:\s*"([^"]*)"', text, flags=re.IGNORECASE)
+        if m:
+            out[name.lower()] = m.group(1)
+    return out or None
+
+
 def parse_decision(text: str) -> str | None:
     """COOPERATE or DEFECT: from a JSON "decision" field, else the last one mentioned."""
     obj = parse_json_object(text)

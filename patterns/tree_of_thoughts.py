@@ -4,7 +4,8 @@
 `voters` vote in parallel, each attending to the vote instruction, every
 candidate and one shared "now vote" prompt (encoded once, reused by all); the
 winner by majority (ties to the lower number); a final solve attends to the
-finish instruction and the winning candidate only, repositioned after it.
+finish instruction, the winning candidate only (repositioned after it) and a
+closing prompt.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ FINISH = (
     "Here is a problem and a proposed solution. Check the solution and state the final "
     "answer in \\boxed{{}}.\n\nProblem: {question}"
 )
+FINISH_NOW = "Check the solution above and give the final answer in \\boxed{}."
 
 
 async def tree_of_thoughts(
@@ -80,7 +82,9 @@ async def tree_of_thoughts(
             run.error("no valid vote: the first candidate wins")
             winner = 1
         finish = await run.prefill(FINISH.format(question=question))
-        (final,) = await run.ask(solver, run.turn([finish, proposals[winner - 1]]))
+        best = proposals[winner - 1]
+        finish_now = await run.prefill(FINISH_NOW, parents=[finish, best])
+        (final,) = await run.ask(solver, run.turn([finish, best, finish_now]))
         answer = parse_answer(final.text)
         if answer is None:
             run.error(f"final solve: no answer in {final.text!r}")

@@ -82,7 +82,7 @@ def test_run_a_builtin_prints_answer_and_summary(tiny_dirs, tmp_path):
     assert "answer:" in result.output and "reused" in result.output and "leaks" in result.output
     data = json.loads(out.read_text())
     assert data["pattern"] == "tree_of_thoughts" and data["mode"] == "choreographed"
-    assert len(data["messages"]) == 3 + 3 + 2 + 2 and "text" in data["messages"][0]
+    assert len(data["messages"]) == 3 + 3 + 2 + 3 and "text" in data["messages"][0]
 
 
 def test_run_baseline_mode(tiny_dirs):

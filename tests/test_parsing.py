@@ -12,6 +12,7 @@ from corps.patterns.parsing import (
     parse_boxed,
     parse_choice,
     parse_decision,
+    parse_fields,
     parse_groups,
     parse_json_object,
 )
@@ -42,6 +43,9 @@ def test_json_decisions_and_groups():
         "answer": "18",
     }
     assert parse_json_object('{"broken": ') is None
+    near = '{"Reasoning": "ok", "Preference": "yes" or "no", "Answer": "18"}'
+    assert parse_fields(near, ("Preference", "Answer")) == {"preference": "yes", "answer": "18"}
+    assert parse_fields("nothing", ("Preference",)) is None
     assert parse_decision('{"decision": "defect"}') == "DEFECT"
     assert parse_decision("I will COOPERATE") == "COOPERATE"
     assert parse_decision("undecided") is None

@@ -45,13 +45,15 @@ async def test_tree_of_thoughts_structure(tiny_dirs, mode):
     m = r.messages
     propose, proposals = m[0], m[1:5]
     vote, vote_now, ballots = m[5], m[6], m[7:10]
-    finish, final = m[10], m[11]
-    assert r.calls == 12 and r.mode == mode and r.pattern == "tree_of_thoughts"
+    finish, finish_now, final = m[10], m[11], m[12]
+    assert r.calls == 13 and r.mode == mode and r.pattern == "tree_of_thoughts"
     assert all(p.parents == (propose,) for p in proposals)
     assert vote_now.parents == (vote, *proposals)
     assert all(b.parents == (vote, *proposals, vote_now) for b in ballots)
     winner = r.details["winner"]
-    assert 1 <= winner <= 4 and final.parents == (finish, proposals[winner - 1])
+    best = proposals[winner - 1]
+    assert 1 <= winner <= 4 and final.parents == (finish, best, finish_now)
+    assert finish_now.parents == (finish, best)
     assert all(p.text.startswith(f"Solution #{i + 1}:") for i, p in enumerate(proposals))
     # random weights vote gibberish: every bad ballot is a parse error, not a crash
     assert len(r.details["votes"]) + sum("voter" in e for e in r.parse_errors) == 3
