@@ -58,6 +58,18 @@ class Handle:
         return list(self._readable().tokens)
 
     @property
+    def generated(self) -> list[int]:
+        """The token ids a decode sampled ([] for a prefill); AccessDenied as for `tokens`.
+
+        A decoded message's tokens are its header, these, then the footer that closes
+        the turn (SmolLM2: `\\n` after `<|im_end|>`, or all of `<|im_end|>\\n` when
+        max_tokens cut it).
+        """
+        msg = self._readable()
+        start = msg.extra.get("generated_from", len(msg.tokens))
+        return list(msg.tokens[start : start + msg.extra.get("generated", 0)])
+
+    @property
     def role(self) -> str:
         return self._msg.role
 

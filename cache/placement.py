@@ -5,9 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import torch
-from torch import Tensor
-
 from corps.cache.errors import PositionError
 
 
@@ -56,25 +53,3 @@ def check_limit(last_position: int, max_positions: int, what: str) -> None:
             f"{what} reaches logical position {last_position}, past the model's context length "
             f"{max_positions}; use smaller offsets, fewer parents or fewer max_tokens"
         )
-
-
-def build_mask(
-    query_msgs: Tensor,
-    query_parents: Sequence[set[int]],
-    query_pos: Tensor,
-    slot_msgs: Tensor,
-    slot_pos: Tensor,
-) -> Tensor:
-    """Reference mask over store slots, for checking (the engine attends through views).
-
-    Query q (in message query_msgs[q] at logical position query_pos[q]) may see slot s
-    iff s belongs to one of q's parents, or to q's own message at an earlier or equal
-    position. Returns (Q, S) bool.
-    """
-    rows = []
-    for q in range(query_msgs.shape[0]):
-        allowed = torch.tensor(sorted(query_parents[q]), dtype=slot_msgs.dtype)
-        parent = torch.isin(slot_msgs, allowed)  # (S,)
-        own = (slot_msgs == query_msgs[q]) & (slot_pos <= query_pos[q])  # (S,)
-        rows.append(parent | own)
-    return torch.stack(rows)  # (Q, S)

@@ -118,7 +118,7 @@ def bench_runner(
     repeats: Annotated[int, typer.Option(min=1, help="Best of this many runs.")] = 3,
 ) -> None:
     """Single-stream decode and prefill tokens/s: our runner next to HF generate."""
-    from corps.engine.bench_runner import main
+    from corps.cli.bench_runner import main
 
     try:
         main(
@@ -140,7 +140,7 @@ def bench_batching(
     tokens: Annotated[int, typer.Option(min=2, help="Tokens decoded per stream.")] = 32,
 ) -> None:
     """Aggregate decode tokens/s for concurrent streams through the batching loop."""
-    from corps.engine.bench_batching import main
+    from corps.cli.bench_batching import main
 
     try:
         main(model, dtype, [int(x) for x in streams.split(",") if x.strip()], tokens)

@@ -4,6 +4,7 @@ from corps.cache.handle import Handle
 from corps.cache.visibility import LeakWarning
 from corps.engine.engine import Engine, Pending, TextStream
 from corps.engine.errors import (
+    CallCancelled,
     CorpsError,
     EngineBusy,
     EngineClosed,
@@ -16,6 +17,7 @@ from corps.engine.sampling import SamplingParams
 from corps.engine.stats import EngineStats
 
 __all__ = [
+    "CallCancelled",
     "CorpsError",
     "Engine",
     "EngineBusy",

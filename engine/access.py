@@ -170,6 +170,9 @@ class Guard:
         view = await submit(request)
         copy = table.get(view.id)
         copy.text, copy.extra["view_of"], copy.extra["view_for"] = msg.text, msg.id, reader
+        for key in ("generated_from", "generated"):
+            if key in msg.extra:
+                copy.extra[key] = msg.extra[key]
         self._clean[(parent.id, reader)] = view
         self.events.append(
             TraceEvent("reencode", f"re-encoded message {msg.id} for {reader} as {view.id}")

@@ -161,6 +161,7 @@ class Core:
         try:
             self._take_slots([call])
             extra = len(call.feed) + (call.sampling.max_tokens if call.sampling else 0)
+            extra += len(call.footer)
             call.view = CallView.gather(
                 self.store,
                 self.rope,
@@ -216,7 +217,7 @@ class Core:
         for c, start, n in plan:
             if start < 0:  # the pending sampled token
                 ids.append(c.pending)
-                pos.append(c.feed_start + len(c.feed) + len(c.generated) - 1)
+                pos.append(c.feed_start + len(c.feed) + len(c.generated) + len(c.closed) - 1)
                 slots.append(c.slots[-1])
                 mine = [] if c.finishing else [t]
             else:
@@ -252,7 +253,11 @@ class Core:
         if start < 0:
             c.pending = None
             if c.finishing:
-                c.done = True
+                if c.closing:  # close the turn: the footer is encoded, never sampled
+                    c.pending = c.closing.pop(0)
+                    c.closed.append(c.pending)
+                else:
+                    c.done = True
                 return
         else:
             c.fed += n
@@ -272,6 +277,8 @@ class Core:
         c.generated.append(tok)
         c.pending = tok
         c.finishing = self._stops(c, tok)
+        if c.finishing:
+            c.closing = self._closing(c.footer, tok)
         out.tokens.append((c, tok))
 
     def finish(self, c: Call) -> Handle:
@@ -405,6 +412,17 @@ class Core:
             return any(s in tail for s in c.sampling.stop)
         return False
 
+    def _closing(self, footer: list[int], last: int) -> list[int]:
+        """The footer tokens that close a turn whose last generated token is `last`.
+
+        A turn that ended on the footer's own end-of-turn token gets the rest of the
+        footer (SmolLM2: the newline after <|im_end|>); one cut by max_tokens or a stop
+        string gets the whole footer, so later turns read the framing the model knows.
+        """
+        if last in self.fmt.stop_ids and last in footer:
+            return footer[footer.index(last) + 1 :]
+        return list(footer)
+
     # ---- finishing ----
 
     def _own(self, c: Call) -> list[int]:
@@ -421,8 +439,9 @@ class Core:
     def _finish_decode(self, c: Call) -> Handle:
         tokens = self._own(c) + c.generated
         c.text = self._decoded_text(tokens[c.frame_len :], c.sampling)
+        tokens += c.closed
         if self.radix is not None:
-            self._cache_prefix(c, c.prefix + c.generated)
+            self._cache_prefix(c, c.prefix + c.generated + c.closed)
             return self._register(c, tokens, [])
         return self._register(c, tokens, c.slots)
 
@@ -463,6 +482,9 @@ class Core:
         msg.sources = self._sources(c.parents)
         msg.extra["tokens_encoded"] = c.encoded
         msg.extra["tokens_reused"] = len(c.ctx_slots) if c.view is not None else 0
+        if c.is_decode:
+            msg.extra["generated_from"] = c.own
+            msg.extra["generated"] = len(c.generated)
         c.slots = []  # the message owns them now; an abort must not release them
         self._unpin(c)
         return Handle(mid, self.table)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from corps.cache.errors import CorpsError, InvalidRequest
 
 __all__ = [
+    "CallCancelled",
     "CorpsError",
     "EngineBusy",
     "EngineClosed",
@@ -33,3 +34,7 @@ class EngineBusy(CorpsError):
 
 class EngineClosed(CorpsError):
     """The engine is not running: not started, shut down, or its loop crashed."""
+
+
+class CallCancelled(CorpsError):
+    """The call was cancelled (`Pending.cancel()`) before it finished; it left no message."""

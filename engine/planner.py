@@ -44,6 +44,9 @@ class Call:
     visibility: object
     sampling: SamplingParams | None = None
     frame_len: int = 0  # leading own tokens that are role framing, not text
+    footer: list[int] = field(default_factory=list)  # the role's closing tokens (framed decode)
+    closing: list[int] = field(default_factory=list)  # footer tokens still to encode, in order
+    closed: list[int] = field(default_factory=list)  # footer tokens taken after the generated
     prefix: list[int] = field(default_factory=list)  # the whole prompt (choreo: = own tokens)
     lock: Node | None = None
     pinned: list[Message] = field(default_factory=list)  # parents, pinned while running
@@ -109,9 +112,12 @@ class Planner:
     def decode(self, req: DecodeRequest) -> Call:
         header = self._header_tokens(req)
         self._check_vocab(header)
-        call = self._plan(req, header, "", "decode", generate=req.sampling.max_tokens)
+        footer = self.fmt.encode(self.fmt.frame(req.role)[1]) if req.frame else []
+        generate = req.sampling.max_tokens + len(footer)
+        call = self._plan(req, header, "", "decode", generate=generate)
         call.sampling = req.sampling
         call.frame_len = len(self.fmt.encode(self.fmt.frame(req.role)[0])) if req.frame else 0
+        call.footer = footer
         call.generator = req.sampling.generator()
         return call
 

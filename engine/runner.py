@@ -55,9 +55,6 @@ class ModelRunner:
         self.store = store
         self.attention = attention or SdpaAttention()
         self.scale = self.spec.head_dim**-0.5
-        # Pure per-layer math around attention (torch.compile of these gave no gain on CPU).
-        self._qkv = layer_qkv
-        self._mlp = layer_mlp
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> Tensor:
@@ -70,7 +67,7 @@ class ModelRunner:
         cos = w.rope.cos[batch.positions].unsqueeze(1)  # (T, 1, D)
         sin = w.rope.sin[batch.positions].unsqueeze(1)  # (T, 1, D)
         for i, lw in enumerate(w.layers):
-            q, k_rot, k, v = self._qkv(
+            q, k_rot, k, v = layer_qkv(
                 x,
                 lw.input_norm,
                 lw.qkv,
@@ -88,7 +85,7 @@ class ModelRunner:
                 attn = attn.reshape(q.shape[0], -1)  # (B, Hq D)
             else:
                 attn = self._attend(i, q, k_rot, v, batch.spans)  # (T, Hq D)
-            x = self._mlp(x, attn, lw.o, lw.post_norm, lw.gate_up, lw.down, spec.rms_norm_eps)
+            x = layer_mlp(x, attn, lw.o, lw.post_norm, lw.gate_up, lw.down, spec.rms_norm_eps)
         for span in batch.spans:
             span.view.advance(span.end - span.start)
         h = rms_norm(x[batch.logit_rows], w.final_norm, spec.rms_norm_eps)
@@ -96,19 +93,12 @@ class ModelRunner:
 
     def _attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, spans) -> Tensor:
         """Each span attends through its own view; outputs concatenated in row order."""
-        if len(spans) == q.shape[0]:  # one token per span (a decode step): unbind, no slicing
-            rows = zip(q.unbind(0), k.unbind(0), v.unbind(0), spans, strict=True)
-            outs = [
-                self._attend_span(layer, qi[None], ki[None], vi[None], sp)
-                for qi, ki, vi, sp in rows
-            ]
-        else:
-            outs = [
-                self._attend_span(
-                    layer, q[sp.start : sp.end], k[sp.start : sp.end], v[sp.start : sp.end], sp
-                )
-                for sp in spans
-            ]
+        outs = [
+            self._attend_span(
+                layer, q[sp.start : sp.end], k[sp.start : sp.end], v[sp.start : sp.end], sp
+            )
+            for sp in spans
+        ]
         out = outs[0] if len(outs) == 1 else torch.cat(outs)  # (T, Hq, D)
         return out.reshape(q.shape[0], -1)  # (T, Hq D)
 

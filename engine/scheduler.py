@@ -34,7 +34,7 @@ import anyio.to_thread
 
 from corps.cache.handle import Handle
 from corps.engine.core import Core
-from corps.engine.errors import EngineBusy, EngineClosed
+from corps.engine.errors import CallCancelled, EngineBusy, EngineClosed
 from corps.engine.planner import Call
 
 
@@ -95,6 +95,8 @@ class Job:
             raise
         if self.error is not None:
             raise self.error
+        if self.handle is None:  # cancelled (Pending.cancel) before it finished
+            raise CallCancelled("this call was cancelled before it finished; it left no message")
         return self.handle
 
 

@@ -13,20 +13,18 @@ SUPPORTED_ARCHITECTURES = frozenset(
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Shapes and flags of a Llama-family RoPE decoder."""
+    """Shapes and flags of a Llama-family RoPE decoder.
 
-    architecture: str
+    Biases, q/k norms and tied embeddings come with the HF modules themselves.
+    """
+
     vocab_size: int
-    hidden_size: int
-    intermediate_size: int
     num_layers: int
     num_heads: int
     num_kv_heads: int
     head_dim: int
     rms_norm_eps: float
     max_positions: int
-    tie_word_embeddings: bool
-    qkv_bias: bool
     qk_norm: bool
 
     @classmethod
@@ -44,18 +42,13 @@ class ModelSpec:
         heads = config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         return cls(
-            architecture=arch,
             vocab_size=config.vocab_size,
-            hidden_size=config.hidden_size,
-            intermediate_size=config.intermediate_size,
             num_layers=config.num_hidden_layers,
             num_heads=heads,
             num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
             head_dim=head_dim,
             rms_norm_eps=float(config.rms_norm_eps),
             max_positions=int(getattr(config, "max_position_embeddings", 4096)),
-            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
-            qkv_bias=arch == "Qwen2ForCausalLM" or bool(getattr(config, "attention_bias", False)),
             qk_norm=arch == "Qwen3ForCausalLM",
         )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -161,3 +162,25 @@ class Oracle:
         half = k.shape[-1] // 2
         rot = torch.cat([-kd[..., half:], kd[..., :half]], dim=-1)
         return (kd * torch.cos(ang) + rot * torch.sin(ang)).to(k.dtype)
+
+
+def build_mask(
+    query_msgs: torch.Tensor,
+    query_parents: Sequence[set[int]],
+    query_pos: torch.Tensor,
+    slot_msgs: torch.Tensor,
+    slot_pos: torch.Tensor,
+) -> torch.Tensor:
+    """Reference mask over store slots (the engine attends through views; this is the oracle).
+
+    Query q (in message query_msgs[q] at logical position query_pos[q]) may see slot s
+    iff s belongs to one of q's parents, or to q's own message at an earlier or equal
+    position. Returns (Q, S) bool.
+    """
+    rows = []
+    for q in range(query_msgs.shape[0]):
+        allowed = torch.tensor(sorted(query_parents[q]), dtype=slot_msgs.dtype)
+        parent = torch.isin(slot_msgs, allowed)  # (S,)
+        own = (slot_msgs == query_msgs[q]) & (slot_pos <= query_pos[q])  # (S,)
+        rows.append(parent | own)
+    return torch.stack(rows)  # (Q, S)

@@ -7,13 +7,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from corps.cache.placement import build_mask
 from corps.cache.view import CallView
 from corps.engine.requests import DecodeRequest, PrefillRequest
 from corps.engine.sampling import SamplingParams
 
 from conftest import open_tiny
-from helpers import Oracle
+from helpers import Oracle, build_mask
 
 TOL = 1e-4
 
@@ -48,11 +47,19 @@ def test_chain_equivalence_logits_and_greedy(tiny_dirs, tiny_hf, arch):
     assert (torch.cat(ours) - ref).abs().max().item() <= TOL
 
     (ans,) = core.decode_many([DecodeRequest(parents=handles, sampling=greedy(12))])
-    header = ans.tokens[: len(ans.tokens) - 12]
+    footer = core.fmt.encode(core.fmt.frame("assistant")[1])
+    header = ans.tokens[: len(ans.tokens) - 12 - len(footer)]
     prompt = torch.tensor([seq + header])
     hf.generation_config.eos_token_id = None
     out = hf.generate(prompt, max_new_tokens=12, min_new_tokens=12, do_sample=False, pad_token_id=0)
-    assert ans.tokens[len(header) :] == out[0, prompt.shape[1] :].tolist()
+    assert ans.generated == out[0, prompt.shape[1] :].tolist()
+    # Cut by max_tokens, the turn is still closed with the whole footer, and the next
+    # turn reads it exactly as HF encodes the rendered conversation.
+    assert ans.tokens == header + ans.generated + footer
+    nxt, logits = prefill(core, "hello world", parents=[*handles, ans])
+    seq2 = seq + ans.tokens + nxt.tokens
+    ref = hf(torch.tensor([seq2])).logits[0][-nxt.length :]
+    assert (logits - ref).abs().max().item() <= TOL
 
 
 def test_repositioning_keys_and_attention(tiny_dirs):
@@ -211,3 +218,42 @@ def test_random_choreographies_match_brute_force(tiny_dirs, tiny_hf, arch, group
             want = oracle.encode(h.id, msg.tokens, placed, msg.offset)
             assert (got - want).abs().max().item() <= TOL
         handles += made
+
+
+class _OneDevice(torch.overrides.TorchFunctionMode):
+    """Fails any torch op that mixes tensors of two devices (0-dim CPU scalars aside)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        devices = {
+            t.device.type
+            for t in torch.utils._pytree.tree_leaves((args, kwargs))
+            if isinstance(t, torch.Tensor) and not (t.device.type == "cpu" and t.dim() == 0)
+        }
+        assert len(devices) <= 1, f"{func} mixes devices {devices}"
+        return func(*args, **kwargs)
+
+
+@pytest.mark.parametrize("mode", ["choreographed", "baseline"])
+def test_engine_runs_on_a_device_without_touching_cpu_tensors(
+    tiny_dirs, tiny_hf, mode, monkeypatch
+):
+    """CI has no GPU: run every path on the meta device and fail any op mixing devices."""
+    from transformers import AutoTokenizer
+
+    from corps.engine.core import Core
+    from corps.engine.weights import read_spec, weights_from_hf
+
+    path = tiny_dirs["llama-sink"]
+    weights = weights_from_hf(tiny_hf["llama-sink"], read_spec(path), device="meta")
+    # Meta tensors hold no values: sampling (which reads one) picks a fixed token.
+    monkeypatch.setattr("corps.engine.core.sample", lambda logits, params, gen: 7)
+    with _OneDevice():
+        core = Core(weights, AutoTokenizer.from_pretrained(str(path)), model_path=path, mode=mode)
+        a, logits = prefill(core, "hello world")
+        b, _ = prefill(core, "the quick brown fox", parents=[a], offsets=[9])
+        (c,) = core.decode_many([DecodeRequest(parents=[a, b], sampling=greedy(3))])
+        d, _ = prefill(core, "what is seven", parents=[a, b, c])
+        core.free(b)
+    assert logits.device.type == "meta" and core.device.type == "meta"
+    assert c.generated == [7, 7, 7] and d.length > 0

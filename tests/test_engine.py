@@ -7,6 +7,7 @@ import pytest
 
 from corps.cache import AccessDenied, InvalidRequest, LeakageError, Private, UnknownHandle
 from corps.cache.handle import Handle
+from corps.engine import CallCancelled
 from corps.engine.access import hidden_sources
 
 from conftest import open_tiny
@@ -54,6 +55,23 @@ async def test_stop_strings_and_raw_header(tiny_dirs):
         assert stop not in cut.text and free.text.startswith(cut.text)
         raw = await engine.decode(parents=[q], frame=False, header=[5, 6], max_tokens=3)
         assert raw.tokens[:2] == [5, 6]
+        assert raw.tokens == [5, 6, *raw.generated]  # unframed: no footer
+
+
+async def test_decoded_turns_are_closed_with_the_footer(tiny_dirs):
+    async with open_tiny(tiny_dirs, "llama") as engine:
+        footer = engine._core.fmt.encode(engine._core.fmt.frame("assistant")[1])
+        assert footer  # the tiny template closes a turn with end-of-turn + newline
+        q = await engine.prefill("the quick brown fox")
+        free = await engine.decode(parents=[q], max_tokens=20, ignore_eos=True)
+        cut = await engine.decode(
+            parents=[q], max_tokens=20, ignore_eos=True, stop=[free.text[1:3]]
+        )
+        for h in (free, cut):  # cut by max_tokens, cut by a stop string: the whole footer
+            assert h.tokens[-len(footer) :] == footer
+            assert h.tokens[: -len(footer)][-len(h.generated) :] == h.generated
+            assert h.length == len(h.tokens) and h.tokens_encoded == h.length
+        assert len(cut.generated) < 20  # the stop string really cut it
 
 
 async def test_stream_yields_the_text(tiny_dirs):
@@ -73,8 +91,8 @@ async def test_baseline_multi_turn_reencodes_only_the_new_turn(tiny_dirs):
         before = engine.stats()
         a2 = await engine.decode(parents=[sys, u1, a1, u2], max_tokens=6, ignore_eos=True)
         after = engine.stats()
-        header = len(a2.tokens) - 6
-        assert after.tokens_encoded - before.tokens_encoded == u2.length + header + 6
+        # Encoded: the new user turn, then a2's header, its 6 tokens and its footer.
+        assert after.tokens_encoded - before.tokens_encoded == u2.length + a2.length
         assert (
             after.prefix_hit_tokens - before.prefix_hit_tokens == sys.length + u1.length + a1.length
         )
@@ -90,6 +108,18 @@ async def test_baseline_evicts_under_pressure_and_keeps_working(tiny_dirs):
 
 
 # ---- guarantees on every path (issue 14) ----
+
+
+async def test_a_cancelled_pending_call_raises_when_awaited(tiny_dirs):
+    async with open_tiny(tiny_dirs, "llama") as engine:
+        q = await engine.prefill("hello world")
+        before = engine.stats()
+        pending = engine.decode_nowait(parents=[q], max_tokens=8, ignore_eos=True)
+        pending.cancel()
+        with pytest.raises(CallCancelled):
+            await pending
+        after = engine.stats()
+        assert (after.messages, after.tokens_used) == (before.messages, before.tokens_used)
 
 
 async def test_nowait_calls_check_access_and_leak_policy(tiny_dirs):

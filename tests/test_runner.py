@@ -79,10 +79,12 @@ async def test_real_model_greedy_matches_hf_generate(real_dir, real_hf):
         )
         ans = await engine.decode(parents=[sys, q], max_tokens=64)
         header = engine._core.fmt.encode(engine._core.fmt.frame("assistant")[0])
+        fmt_footer = engine._core.fmt.encode(engine._core.fmt.frame("assistant")[1])
     prompt = sys.tokens + q.tokens + header
     out = real_hf.generate(torch.tensor([prompt]), max_new_tokens=64, do_sample=False)
-    assert ans.tokens[len(header) :] == out[0, len(prompt) :].tolist()
-    assert len(ans.tokens) - len(header) == 64  # the answer really ran 64 tokens
+    assert ans.generated == out[0, len(prompt) :].tolist()
+    assert len(ans.generated) == 64  # the answer really ran 64 tokens
+    assert ans.tokens == header + ans.generated + fmt_footer  # cut, then closed
 
 
 @pytest.mark.real_model
@@ -95,6 +97,8 @@ async def test_real_model_modes_agree_and_stop_at_end_of_turn(real_dir):
             sys = await engine.prefill("You are a careful solver.", role="system")
             q = await engine.prefill("What is 7*6?", parents=[sys])
             ans = await engine.decode(parents=[sys, q], max_tokens=96)
-            texts.append(ans.tokens)
+            texts.append((ans.tokens, ans.generated))
     assert texts[0] == texts[1]
-    assert texts[0][-1] == 2 or len(texts[0]) > 96  # stopped on <|im_end|> or ran to the limit
+    tokens, generated = texts[0]
+    assert generated[-1] == 2 or len(generated) == 96  # stopped on <|im_end|> or ran to the limit
+    assert tokens[-2:] == [2, 198]  # closed with the template's footer, "<|im_end|>\n", once

@@ -17,7 +17,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from corps.engine.bench_runner import measure_hf
+from corps.cli.bench_runner import measure_hf
 
 TOPICS = [
     "a lighthouse",
