@@ -3,6 +3,10 @@
 Each edge holds a run of tokens and the store slots of their K/V, encoded as a
 causal prefix from position 0. A running call locks the path it reuses; only
 unlocked leaves are evicted, least recently used first.
+
+Nodes remember which call inserted them (`creator`), so a call that inserted
+part of its prompt early (to share it with calls running beside it) and then
+failed can take back exactly what it added and nobody uses (`drop`).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ class Node:
     children: dict[int, Node] = field(default_factory=dict)  # first token -> child
     lock: int = 0
     last_used: int = 0
+    creator: int | None = None  # the call that inserted these tokens
 
 
 @dataclass(frozen=True)
@@ -27,6 +32,7 @@ class Match:
     length: int  # tokens matched
     slots: list[int]  # their slots
     node: Node  # deepest node touched (lock this while using the slots)
+    creators: tuple[tuple[int | None, int], ...] = ()  # (creator, tokens) along the path
 
 
 class RadixCache:
@@ -37,9 +43,12 @@ class RadixCache:
         self.hit_tokens = 0
         self.query_tokens = 0
 
-    def match(self, tokens: list[int]) -> Match:
-        """Longest cached prefix of tokens. Splits the last edge if the match ends inside it."""
-        node, i, slots = self.root, 0, []
+    def match(self, tokens: list[int], *, count: bool = True) -> Match:
+        """Longest cached prefix of tokens. Splits the last edge if the match ends inside it.
+
+        `count=False` leaves the hit-rate counters alone (the engine's own lookups).
+        """
+        node, i, slots, creators = self.root, 0, [], []
         now = next(self._clock)
         node.last_used = now
         while i < len(tokens) and tokens[i] in node.children:
@@ -48,16 +57,31 @@ class RadixCache:
             if n < len(child.key):
                 child = self._split(child, n)
             slots.extend(child.slots)
+            creators.append((child.creator, n))
             child.last_used = now
             node, i = child, i + n
-        self.query_tokens += len(tokens)
-        self.hit_tokens += i
-        return Match(i, slots, node)
+        if count:
+            self.query_tokens += len(tokens)
+            self.hit_tokens += i
+        return Match(i, slots, node, tuple(creators))
 
-    def insert(self, tokens: list[int], slots: list[int]) -> list[int]:
+    def peek(self, tokens: list[int]) -> int:
+        """Length of the longest cached prefix of tokens; changes nothing."""
+        node, i = self.root, 0
+        while i < len(tokens) and tokens[i] in node.children:
+            child = node.children[tokens[i]]
+            n = _common(child.key, tokens, i)
+            i += n
+            if n < len(child.key):
+                break
+            node = child
+        return i
+
+    def insert(self, tokens: list[int], slots: list[int], creator: int | None = None) -> list[int]:
         """Cache tokens with their slots; returns the slots that duplicate cached ones.
 
-        The caller releases the returned slots to the store.
+        The caller releases the returned slots to the store. New nodes are tagged
+        with `creator`.
         """
         assert len(tokens) == len(slots)
         node, i, dup = self.root, 0, []
@@ -65,7 +89,7 @@ class RadixCache:
         while i < len(tokens):
             child = node.children.get(tokens[i])
             if child is None:
-                leaf = Node(list(tokens[i:]), list(slots[i:]), node, last_used=now)
+                leaf = Node(list(tokens[i:]), list(slots[i:]), node, last_used=now, creator=creator)
                 node.children[tokens[i]] = leaf
                 self.size += len(leaf.key)
                 return dup
@@ -102,13 +126,36 @@ class RadixCache:
                 heapq.heappush(heap, (parent.last_used, id(parent), parent))
         return freed
 
+    def drop(self, creator: int) -> list[int]:
+        """Remove the unlocked leaves `creator` inserted, bottom up; returns their slots."""
+        freed: list[int] = []
+        leaves = [n for n in self._nodes() if n.creator == creator and self._is_free_leaf(n)]
+        while leaves:
+            leaf = leaves.pop()
+            parent = leaf.parent
+            del parent.children[leaf.key[0]]
+            freed.extend(leaf.slots)
+            self.size -= len(leaf.key)
+            if parent.creator == creator and self._is_free_leaf(parent):
+                leaves.append(parent)
+        return freed
+
+    def holds(self, creator: int) -> bool:
+        """Whether any node `creator` inserted is still in the tree."""
+        return any(n.creator == creator for n in self._nodes())
+
     def _is_free_leaf(self, node: Node) -> bool:
         return node is not self.root and not node.children and node.lock == 0
 
     def _split(self, child: Node, n: int) -> Node:
         """Cut child's edge after n tokens; returns the new upper node."""
         upper = Node(
-            child.key[:n], child.slots[:n], child.parent, lock=child.lock, last_used=child.last_used
+            child.key[:n],
+            child.slots[:n],
+            child.parent,
+            lock=child.lock,
+            last_used=child.last_used,
+            creator=child.creator,
         )
         upper.children[child.key[n]] = child
         child.parent.children[child.key[0]] = upper

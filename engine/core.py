@@ -14,6 +14,7 @@ it was.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -42,6 +43,9 @@ from corps.engine.weights import Weights
 MODES = ("choreographed", "baseline")
 #: Longest piece of one call's prompt encoded in a single forward step.
 PREFILL_CHUNK = 512
+#: Baseline: a call waits for a running call's prompt when they share at least
+#: this many tokens nobody has encoded yet (SGLang's in-batch threshold is 32 too).
+HOLD_MIN_SHARED = 32
 
 TokenCallback = Callable[[int, int], None]  # (call index, token id)
 
@@ -98,6 +102,11 @@ class Core:
             vocab_size=spec.vocab_size,
         )
         self.radix = RadixCache() if mode == "baseline" else None
+        self._uids = itertools.count(1)
+        self._filling: list[Call] = []  # baseline: calls whose prompt is not all cached yet
+        self._running_uids: set[int] = set()  # baseline: uids of admitted, unfinished calls
+        self._failed: set[int] = set()  # baseline: failed calls whose inserts are still read
+        self.tokens_shared_in_batch = 0
         self.tokens_encoded = 0
         self.tokens_reused = 0
         self.forward_seconds = 0.0  # time spent in the model's forward
@@ -129,12 +138,20 @@ class Core:
         return [self.finish(c) for c in calls]
 
     def _run_all(self, requests, on_token: TokenCallback | None) -> list[Call]:
-        calls: list[Call] = []
+        calls: list[Call | None] = [None] * len(requests)
+        waiting = list(range(len(requests)))
         try:
-            for req, want in requests:
-                calls.append(self.admit(req, want_logits=want))
-            while not all(c.done for c in calls):
-                out = self.step([c for c in calls if not c.done], budget=None)
+            while True:
+                active = [c for c in calls if c is not None and not c.done]
+                for i in list(waiting):  # baseline may hold a call until a shared prefix is in
+                    req, want = requests[i]
+                    calls[i] = self.admit(req, want_logits=want, hold=bool(active))
+                    if calls[i] is not None:
+                        waiting.remove(i)
+                active = [c for c in calls if c is not None and not c.done]
+                if not active and not waiting:
+                    return calls
+                out = self.step(active, budget=None)
                 if out.failed:
                     raise out.failed[0][1]
                 if on_token is not None:
@@ -142,14 +159,25 @@ class Core:
                         on_token(calls.index(c), tok)
         except BaseException:
             for c in calls:
-                self.abort(c)
+                if c is not None:
+                    self.abort(c)
             raise
-        return calls
 
     # ---- the step machine (driven by _run_all or by the scheduler) ----
 
-    def admit(self, request: PrefillRequest | DecodeRequest, *, want_logits: bool = False) -> Call:
-        """Check and plan a call, reserve its slots and gather its view. Atomic."""
+    def admit(
+        self,
+        request: PrefillRequest | DecodeRequest,
+        *,
+        want_logits: bool = False,
+        hold: bool = False,
+    ) -> Call | None:
+        """Check and plan a call, reserve its slots and gather its view. Atomic.
+
+        With `hold` (baseline), returns None instead when the call's prompt shares
+        HOLD_MIN_SHARED or more uncached tokens with a running call's prompt: admit
+        it again after a step, and it reuses that encoding instead of repeating it.
+        """
         if isinstance(request, DecodeRequest):
             call = self.planner.decode(request)
         else:
@@ -158,6 +186,8 @@ class Core:
         if self.radix is not None and not call.is_decode and not want_logits:
             call.done = True  # baseline prefill stores text only
             return call
+        if hold and self._waits(call):
+            return None
         try:
             self._take_slots([call])
             extra = len(call.feed) + (call.sampling.max_tokens if call.sampling else 0)
@@ -261,6 +291,8 @@ class Core:
                 return
         else:
             c.fed += n
+            if c.uid:
+                self._cache_fed(c)
             if c.want_logits:
                 c.logits.append(logits)
             if c.fed < len(c.feed):
@@ -336,6 +368,7 @@ class Core:
             tokens_reused=self.tokens_reused,
             prefix_hit_tokens=radix.hit_tokens if radix else 0,
             prefix_query_tokens=radix.query_tokens if radix else 0,
+            prefix_shared_in_batch=self.tokens_shared_in_batch,
         )
 
     # ---- planning ----
@@ -394,6 +427,59 @@ class Core:
         c.lock = match.node
         c.ctx_slots, c.ctx_pos = match.slots[:hit], list(range(hit))
         c.feed, c.feed_start = c.prefix[hit:], hit
+        seen = 0
+        for creator, n in match.creators:  # hits a call still running encoded: in-batch
+            if creator in self._running_uids:
+                self.tokens_shared_in_batch += max(0, min(n, hit - seen))
+            seen += n
+        c.uid = next(self._uids)
+        self._running_uids.add(c.uid)
+        self._filling.append(c)
+
+    # ---- in-batch prefix sharing (baseline) ----
+
+    def _waits(self, c: Call) -> bool:
+        """Whether c should wait for a running call that is encoding its prompt's prefix."""
+        if not self._filling:
+            return False
+        cached = self.radix.peek(c.prefix)
+        return any(
+            _common_len(c.prefix, other.prefix) - cached >= HOLD_MIN_SHARED
+            for other in self._filling
+        )
+
+    def _cache_fed(self, c: Call) -> None:
+        """Put the prompt tokens c has encoded so far in the radix tree, for others to reuse.
+
+        The tree owns those slots from now on (c keeps them locked while it runs);
+        slots that another call had already cached are given back.
+        """
+        with self._mutex:
+            end = c.feed_start + c.fed
+            tokens, slots = c.prefix[:end], c.ctx_slots + c.slots[: c.fed]
+            self.store.release(self.radix.insert(tokens, slots, creator=c.uid))
+            match = self.radix.match(tokens, count=False)
+            self.radix.lock(match.node)
+            self.radix.unlock(c.lock)
+            c.lock = match.node
+            c.slots[: c.fed] = match.slots[len(c.ctx_slots) :]
+            c.cached = c.fed
+            if c.fed == len(c.feed):
+                self._filling.remove(c)
+
+    def _end_baseline(self, c: Call, *, failed: bool) -> None:
+        """c is over: it no longer fills or shares. A failed call takes back what it
+        inserted, except what a running call still reads: that goes when it is free."""
+        if c in self._filling:
+            self._filling.remove(c)
+        self._running_uids.discard(c.uid)
+        if failed:
+            self._failed.add(c.uid)
+        for uid in list(self._failed):
+            self.store.release(self.radix.drop(uid))
+            if not self.radix.holds(uid):
+                self._failed.discard(uid)
+        c.uid = 0
 
     def _alloc(self, n: int, request: str) -> list[int]:
         with self._mutex:
@@ -456,9 +542,10 @@ class Core:
 
     def _cache_prefix_locked(self, c: Call, tokens: list[int]) -> None:
         slots = c.ctx_slots + c.slots
-        self.store.release(self.radix.insert(tokens, slots))
+        self.store.release(self.radix.insert(tokens, slots, creator=c.uid or None))
         self.radix.unlock(c.lock)
         c.lock, c.slots = None, []
+        self._end_baseline(c, failed=False)
         self._unpin(c)
 
     def _register(self, c: Call, tokens: list[int], slots: list[int]) -> Handle:
@@ -519,16 +606,25 @@ class Core:
     def _rollback_locked(self, calls: list[Call]) -> None:
         for c in calls:
             if c.slots:
-                self.store.release(c.slots)
+                self.store.release(c.slots[c.cached :])  # the tree owns the cached ones
                 c.slots = []
             if c.lock is not None:
                 self.radix.unlock(c.lock)
                 c.lock = None
+            if c.uid:
+                self._end_baseline(c, failed=True)
             self._unpin(c)
 
     def _release_message(self, msg: Message) -> None:
         self.store.release(msg.slots)
         msg.slots = []
+
+
+def _common_len(a: list[int], b: list[int]) -> int:
+    n, limit = 0, min(len(a), len(b))
+    while n < limit and a[n] == b[n]:
+        n += 1
+    return n
 
 
 def _long(values, device: torch.device) -> Tensor:

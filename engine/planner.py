@@ -49,6 +49,8 @@ class Call:
     closed: list[int] = field(default_factory=list)  # footer tokens taken after the generated
     prefix: list[int] = field(default_factory=list)  # the whole prompt (choreo: = own tokens)
     lock: Node | None = None
+    uid: int = 0  # baseline: tags the radix nodes this call inserts
+    cached: int = 0  # baseline: leading feed tokens whose slots the radix tree owns now
     pinned: list[Message] = field(default_factory=list)  # parents, pinned while running
     pins_held: bool = False
     slots: list[int] = field(default_factory=list)  # slots taken for feed + generated

@@ -16,6 +16,11 @@ If a step's forward raises, the jobs in that step fail with the cause and the
 loop keeps serving new ones. If the loop itself dies, every waiter fails with
 the cause (`EngineClosed`), none hangs.
 
+Prefix sharing (baseline mode): a call whose prompt shares a long uncached
+prefix with a running call's prompt is held until that prefix is encoded and
+cached (one step per 512-token chunk), then reuses it instead of encoding it
+again, as SGLang does for requests that arrive together.
+
 Cancellation: a cancelled waiter marks its job; between steps the loop aborts
 it, which rolls back its partial tokens and frees its slots.
 Shutdown (`close`) aborts queued and running jobs with `EngineClosed`.
@@ -120,6 +125,7 @@ class Scheduler:
         self.queue_size = queue_size
         self._send, self._recv = anyio.create_memory_object_stream[Job](queue_size)
         self._running: list[Job] = []
+        self._held: list[Job] = []  # baseline: waiting for a running call's shared prefix
         self._incoming: list[Job] = []
         self._finished: list[Job] = []
         self._tokens: list[tuple[Job, int]] = []
@@ -177,7 +183,7 @@ class Scheduler:
                 if new is None:
                     break
                 self._reap_cancelled()
-                if new or self._running:
+                if new or self._running or self._held:
                     await self._step(new)
         except Exception as exc:  # the loop itself died: every waiter learns why
             self._dead = exc
@@ -192,7 +198,7 @@ class Scheduler:
     async def _collect(self) -> list[Job] | None:
         """New jobs: wait for one when idle, else take what is queued. None once closed."""
         new: list[Job] = []
-        if not self._running:
+        if not self._running and not self._held:
             try:
                 new.append(await self._recv.receive())
             except (anyio.EndOfStream, anyio.ClosedResourceError):
@@ -233,16 +239,22 @@ class Scheduler:
 
     def _step_sync(self, new: list[Job]) -> None:
         """Worker thread: admit new jobs, run one fused step, finish what is done."""
-        for job in new:
+        arrived, self._held = self._held + new, []
+        for job in arrived:
             if job.cancelled:
                 self._finished.append(job)
                 continue
             try:
-                job.call = self.core.admit(job.request, want_logits=job.want_logits)
+                hold = any(not j.call.done for j in self._running)
+                call = self.core.admit(job.request, want_logits=job.want_logits, hold=hold)
             except Exception as exc:  # bad input fails this job only
                 job.error = exc
                 self._finished.append(job)
                 continue
+            if call is None:  # its prompt's prefix is being encoded: reuse it next step
+                self._held.append(job)
+                continue
+            job.call = call
             self._running.append(job)
         by_call = {id(j.call): j for j in self._running}
         active = [j.call for j in self._running if not j.call.done]
@@ -274,7 +286,9 @@ class Scheduler:
         self._closing = True
         error = self._closed_error()
         error.__cause__ = self._dead
-        leftover = [j for j in self._incoming if j not in self._running] + self._running
+        leftover = [j for j in self._incoming if j not in self._running and j not in self._held]
+        leftover += self._running + self._held
+        self._held = []
         leftover += [j for j in self._finished if not j.done.is_set()]
         self._running, self._incoming, self._finished = [], [], []
         while True:
@@ -297,7 +311,7 @@ class Scheduler:
         return dict(
             steps=n.steps,
             mean_batch_size=n.calls_in_steps / n.steps if n.steps else 0.0,
-            queue_depth=self.queue_depth(),
+            queue_depth=self.queue_depth() + len(self._held),
             tokens_per_s=n.tokens_sampled / n.step_seconds if n.step_seconds else 0.0,
             mean_ttft_s=n.ttft_sum / n.ttft_n if n.ttft_n else math.nan,
             overhead=1 - n.forward_seconds / n.step_seconds if n.step_seconds else 0.0,

@@ -16,6 +16,7 @@ class EngineStats:
     tokens_reused: int  # cached tokens attended to without being re-encoded
     prefix_hit_tokens: int  # baseline: prompt tokens found in the radix cache
     prefix_query_tokens: int  # baseline: prompt tokens looked up
+    prefix_shared_in_batch: int = 0  # baseline: of the hits, tokens a still-running call encoded
     steps: int = 0  # fused forward steps run by the scheduler
     mean_batch_size: float = 0.0  # calls per step
     queue_depth: int = 0  # calls waiting to be admitted

@@ -1,7 +1,8 @@
 """Branch-solve-merge for constrained story writing (Saha et al.; Prompt Choreography §5).
 
 A branch call splits the concept list into two groups; two stories are written
-in parallel, one per group; a merge call attends to the merge instructions and
+in parallel, one per group, each writer reading the shared instruction (one
+message) and its group; a merge call attends to the merge instructions and
 both stories. `layout="serial"` places the stories one after the other in the
 merge's context; `layout="parallel"` places both at the same offset, overlapping
 (the paper's blockage study). The result reports which concepts the final story
@@ -23,7 +24,8 @@ BRANCH = (
     "Split these concepts into two groups of similar size for two short stories. Reply as "
     "'Group 1: ...' and 'Group 2: ...', concepts separated by commas.\n\nConcepts: {concepts}"
 )
-SOLVE = "Write a short story (a few sentences) that uses all of these concepts: {concepts}."
+SOLVE = "Write a short story (a few sentences) that uses all of the concepts given next."
+GROUP = "Concepts: {concepts}."
 MERGE = (
     "Merge the two stories below into one coherent short story that keeps every concept they use."
 )
@@ -61,8 +63,13 @@ async def branch_solve_merge(
             run.error(f"branch: no two groups in {split.text!r}; splitting the list in half")
             half = (len(concepts) + 1) // 2
             groups = (list(concepts[:half]), list(concepts[half:]))
-        asks = [await run.prefill(SOLVE.format(concepts=", ".join(g))) for g in groups]
-        stories = await run.ask(writer, *[run.turn([a], header="Story: ") for a in asks])
+        # The instruction both writers share is one message, encoded once; each
+        # writer reads it followed by its own group.
+        solve = await run.prefill(SOLVE)
+        asks = [
+            await run.prefill(GROUP.format(concepts=", ".join(g)), parents=[solve]) for g in groups
+        ]
+        stories = await run.ask(writer, *[run.turn([solve, a], header="Story: ") for a in asks])
         merge = await run.prefill(MERGE)
         offsets, new_offset = None, None
         if layout == "parallel":

@@ -39,3 +39,24 @@ def test_hit_rate_counts_tokens():
     r.insert([1, 2, 3], [0, 1, 2])
     r.match([1, 2, 3, 4])
     assert (r.hit_tokens, r.query_tokens) == (3, 7)
+
+
+def test_peek_changes_nothing_and_match_can_skip_the_counters():
+    r = RadixCache()
+    r.insert([1, 2, 3, 4], [0, 1, 2, 3], creator=7)
+    assert r.peek([1, 2, 9]) == 2 and r.root.children[1].key == [1, 2, 3, 4]  # no split
+    assert r.peek([1, 2, 3, 4, 5]) == 4 and r.peek([9]) == 0
+    m = r.match([1, 2, 3], count=False)
+    assert m.creators == ((7, 3),) and (r.hit_tokens, r.query_tokens) == (0, 0)
+
+
+def test_drop_takes_back_only_a_creators_free_leaves():
+    r = RadixCache()
+    r.insert([1, 2, 3], [0, 1, 2], creator=1)
+    r.insert([1, 2, 4], [0, 1, 3], creator=2)  # splits [1, 2] off creator 1's edge
+    assert r.drop(1) == [2] and r.holds(1)  # [1, 2] is shared with creator 2's leaf
+    lock = r.match([1, 2, 4]).node
+    r.lock(lock)
+    assert r.drop(2) == [] and r.drop(1) == []  # locked: a running call reads it
+    r.unlock(lock)
+    assert r.drop(2) == [3] and r.drop(1) == [0, 1] and r.size == 0 and not r.holds(1)

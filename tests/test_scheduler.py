@@ -284,3 +284,23 @@ async def test_real_model_batch_changes_greedy_tokens_only_on_near_ties(real_dir
             pairs = zip(a.generated, t.generated, strict=False)
             i = next(k for k, (x, y) in enumerate(pairs) if x != y)
             assert gaps[i] < 0.02, f"a batch changed token {i} though its margin is {gaps[i]}"
+
+
+async def test_baseline_encodes_a_prompt_shared_by_concurrent_calls_once(tiny_dirs):
+    """Four voters over one long prompt, submitted together: the prompt is encoded once,
+    and each voter's tokens are what it generates alone."""
+    async with open_tiny(tiny_dirs, "llama", mode="baseline") as engine:
+        sys = await engine.prefill("you are a careful judge " * 40, role="system")
+        q = await engine.prefill("which answer is best", parents=[sys])
+        prompt = sys.length + q.length
+        assert prompt > 200
+        kw = [dict(parents=[sys, q], max_tokens=6, ignore_eos=True, seed=i) for i in range(4)]
+        before = engine.stats()
+        voters = await engine.decode_many(kw)
+        after = engine.stats()
+        own = sum(v.length for v in voters)  # header + generated + footer of each
+        assert after.tokens_encoded - before.tokens_encoded <= prompt + own + 4
+        shared = after.prefix_shared_in_batch - before.prefix_shared_in_batch
+        assert shared >= 3 * prompt  # the three followers read the leader's encoding
+        alone = [await engine.decode(**k) for k in kw]
+        assert [v.tokens for v in voters] == [a.tokens for a in alone]
