@@ -148,6 +148,137 @@ def bench_batching(
         fail(exc)
 
 
+@bench_app.command("workflow")
+def bench_workflow(
+    pattern: Annotated[str, typer.Argument(help="A built-in pattern (see corps scenarios).")],
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="key=value parameter (repeatable).")
+    ] = None,
+    runs: Annotated[int, typer.Option(min=1, help="Measured runs per implementation.")] = 3,
+    warmup: Annotated[int, typer.Option(min=0, help="Unmeasured runs first.")] = 1,
+    impls: Annotated[
+        str, typer.Option(help="Comma-separated: baseline, choreographed, hf.")
+    ] = "baseline,choreographed,hf",
+    model: ModelOpt = "smollm2-135m",
+    dtype: DtypeOpt = "float32",
+    json_out: Annotated[str | None, typer.Option("--json", help="Write the report here.")] = None,
+    plot_out: Annotated[
+        str | None, typer.Option("--plot", help="PNG bar chart of the ratios (matplotlib).")
+    ] = None,
+) -> None:
+    """One workflow in each implementation on equal work; ratios with 95% intervals."""
+    from corps.cli import bench_workflow as bw
+    from corps.patterns import registry
+
+    params, chosen = _bench_args(pattern, set_, impls)
+    takes = registry.params_model(registry.get(pattern)).model_fields
+    questions = [q for q, _ in bw.MATH_PROBLEMS] if "question" in takes else None
+    report = _measure(bw, pattern, params, chosen, runs, warmup, model, dtype, questions)
+    Console().print(bw.table(report), bw.ratio_table(report))
+    _write(bw, [report], json_out, plot_out)
+
+
+@bench_app.command("workflows")
+def bench_workflows(
+    runs: Annotated[int, typer.Option(min=1, help="Measured runs per pattern and cell.")] = 3,
+    warmup: Annotated[int, typer.Option(min=0)] = 1,
+    impls: Annotated[str, typer.Option(help="Implementations for the paper's settings.")] = (
+        "baseline,choreographed,hf"
+    ),
+    sweep: Annotated[str, typer.Option(help="ToT sweep sizes ('' to skip).")] = "2,4,8,16",
+    max_tokens: Annotated[int, typer.Option(min=1, help="Decode budget per call.")] = 64,
+    model: ModelOpt = "smollm2-135m",
+    dtype: DtypeOpt = "float32",
+    json_out: Annotated[str | None, typer.Option("--json", help="Write the reports here.")] = None,
+    plot_out: Annotated[str | None, typer.Option("--plot", help="PNG of the ratios.")] = None,
+) -> None:
+    """The paper's settings (debate, tree of thoughts 8x4, parallel debate 3x3) on short
+    math problems, then the tree-of-thoughts sweep as a heat map (baseline vs choreographed)."""
+    from corps.cli import bench_workflow as bw
+
+    questions = [q for q, _ in bw.MATH_PROBLEMS]
+    reports, console = [], Console()
+    for pattern, params in bw.PAPER:
+        _, chosen = _bench_args(pattern, [], impls)
+        params = {**params, "max_tokens": max_tokens}
+        reports.append(_measure(bw, pattern, params, chosen, runs, warmup, model, dtype, questions))
+        console.print(bw.table(reports[-1]), bw.ratio_table(reports[-1]))
+    sizes = [int(x) for x in sweep.split(",") if x.strip()]
+    cells = {}
+    for b in sizes:
+        for v in sizes:
+            params = {"branches": b, "voters": v, "max_tokens": max_tokens}
+            pair = ("baseline", "choreographed")
+            cells[(b, v)] = _measure(
+                bw, "tree_of_thoughts", params, pair, runs, warmup, model, dtype, questions
+            )
+            reports.append(cells[(b, v)])
+    if cells:
+        for metric, label in (("wall_s", "end to end"), ("ttft_s", "TTFT")):
+            title = f"tree of thoughts sweep: baseline/choreographed {label}"
+            console.print(bw.sweep_table(cells, sizes, metric, title))
+    _write(bw, reports, json_out, plot_out)
+
+
+def _bench_args(pattern: str, set_: list[str] | None, impls: str):
+    from corps.cli.scenario import parse_sets
+    from corps.patterns import registry
+
+    chosen = tuple(i.strip() for i in impls.split(",") if i.strip())
+    bad = [i for i in chosen if i not in ("baseline", "choreographed", "hf")]
+    if bad or "baseline" not in chosen or "choreographed" not in chosen:
+        _bad(f"--impls takes baseline,choreographed and optionally hf, got {impls!r}")
+    try:
+        params = parse_sets(set_ or [])
+        registry.validate(registry.get(pattern), params)
+    except CorpsError as exc:
+        _bad(str(exc))
+    return params, chosen
+
+
+def _bad(message: str) -> None:
+    """Bad input: one line, exit code 2 (as `corps run`)."""
+    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    raise typer.Exit(2)
+
+
+def _measure(bw, pattern, params, chosen, runs, warmup, model, dtype, questions):
+    import warnings
+
+    import anyio
+
+    from corps.cache.visibility import LeakWarning
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", LeakWarning)  # the patterns' own, not the bench's
+            return anyio.run(
+                lambda: bw.measure(
+                    pattern,
+                    params,
+                    model=model,
+                    impls=chosen,
+                    runs=runs,
+                    warmup=warmup,
+                    dtype=dtype,
+                    questions=questions,
+                )
+            )
+    except CorpsError as exc:
+        fail(exc)
+
+
+def _write(bw, reports, json_out: str | None, plot_out: str | None) -> None:
+    if json_out:
+        with open(json_out, "w") as f:
+            f.write("[" + ",\n".join(r.model_dump_json() for r in reports) + "]\n")
+    if plot_out:
+        try:
+            bw.plot(reports, plot_out)
+        except RuntimeError as exc:
+            fail(CorpsError(str(exc)))
+
+
 def main() -> None:  # pragma: no cover - `python -m corps.cli.app`
     app()
 

@@ -109,7 +109,7 @@ class Guard:
         for p in parents:
             self.table.live(p.id)  # unknown or freed handles fail first
         check_access(self.table, reader, parents)
-        if reader is None or self.mode == "baseline":  # baseline re-encodes: it cannot leak
+        if reader is None or self.mode != "choreographed":  # re-encoding from text cannot leak
             return request, []
         kind = "decode" if hasattr(request, "sampling") else "prefill"
         leaks = find_leaks(self.table, reader, parents, f"{kind} by {reader}")

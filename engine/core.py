@@ -40,7 +40,7 @@ from corps.engine.sampling import SamplingParams, sample
 from corps.engine.stats import EngineStats
 from corps.engine.weights import Weights
 
-MODES = ("choreographed", "baseline")
+MODES = ("choreographed", "baseline", "hf")
 #: Longest piece of one call's prompt encoded in a single forward step.
 PREFILL_CHUNK = 512
 #: Baseline: a call waits for a running call's prompt when they share at least
@@ -183,9 +183,11 @@ class Core:
         else:
             call = self.planner.prefill(request)
         call.want_logits = want_logits
-        if self.radix is not None and not call.is_decode and not want_logits:
-            call.done = True  # baseline prefill stores text only
+        if self.mode != "choreographed" and not call.is_decode and not want_logits:
+            call.done = True  # baseline / hf prefill stores text only
             return call
+        if self.mode == "hf":
+            return call  # run by transformers generate: no slots, no view
         if hold and self._waits(call):
             return None
         try:
@@ -301,7 +303,7 @@ class Core:
                 c.done = True
                 return
         try:
-            tok = sample(logits[-1], c.sampling, c.generator)
+            tok = sample(logits[-1], c.sampling, c.generator, len(c.generated))
         except Exception as exc:  # a sampling error fails this call only
             self.abort(c)
             out.failed.append((c, exc))
@@ -489,6 +491,8 @@ class Core:
             return self.store.alloc(n, request=request)
 
     def _stops(self, c: Call, tok: int) -> bool:
+        if c.sampling.force:
+            return len(c.generated) >= len(c.sampling.force)
         if len(c.generated) >= c.sampling.max_tokens:
             return True
         if tok in self.fmt.stop_ids and not c.sampling.ignore_eos:
@@ -515,7 +519,7 @@ class Core:
         return c.prefix[len(c.prefix) - c.own :]
 
     def _finish_prefill(self, c: Call) -> Handle:
-        if self.radix is not None and c.view is None:  # baseline prefill: text only
+        if c.view is None:  # baseline / hf prefill: text only
             return self._register(c, self._own(c), [])
         if self.radix is not None:
             self._cache_prefix(c, c.prefix)
@@ -582,7 +586,7 @@ class Core:
         In baseline mode parents are re-encoded from their text inside the call,
         so only the parents themselves are attended to.
         """
-        if self.mode == "baseline":
+        if self.mode != "choreographed":
             return frozenset(parents)
         out: set[int] = set(parents)
         for p in parents:

@@ -91,7 +91,15 @@ class Engine:
 
         weights = load_weights(path, dtype=torch_dtype, device=device)
         tokenizer = AutoTokenizer.from_pretrained(str(path))
-        core = Core(weights, tokenizer, model_path=path, mode=mode, capacity=capacity)
+        if mode == "hf":  # reference: transformers generate, one call at a time
+            from transformers import AutoModelForCausalLM
+
+            from corps.engine.hf import HFCore
+
+            hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype).to(device)
+            core = HFCore(hf, weights, tokenizer, model_path=path, capacity=capacity)
+        else:
+            core = Core(weights, tokenizer, model_path=path, mode=mode, capacity=capacity)
         return cls(core, queue_size=queue_size, step_tokens=step_tokens, leak_policy=leak_policy)
 
     @classmethod
@@ -181,7 +189,8 @@ class Engine:
 
         Keywords: parents=(), offsets=None, new_offset=None, role="assistant",
         header="", frame=True, max_tokens=256, temperature=0.0, top_p=1.0, top_k=0,
-        seed=None, stop=(), ignore_eos=False, owner=None, visibility=None, leak_policy=None.
+        seed=None, stop=(), ignore_eos=False, force=(), owner=None, visibility=None,
+        leak_policy=None.
         """
         policy = kwargs.pop("leak_policy", None)
         return await self._run(await self._job(decode_request(**kwargs), policy))

@@ -49,6 +49,7 @@ class Call:
     closed: list[int] = field(default_factory=list)  # footer tokens taken after the generated
     prefix: list[int] = field(default_factory=list)  # the whole prompt (choreo: = own tokens)
     lock: Node | None = None
+    first_token_at: float | None = None  # hf mode: when generate emitted the first token
     uid: int = 0  # baseline: tags the radix nodes this call inserts
     cached: int = 0  # baseline: leading feed tokens whose slots the radix tree owns now
     pinned: list[Message] = field(default_factory=list)  # parents, pinned while running
@@ -114,6 +115,7 @@ class Planner:
     def decode(self, req: DecodeRequest) -> Call:
         header = self._header_tokens(req)
         self._check_vocab(header)
+        self._check_vocab(list(req.sampling.force))
         footer = self.fmt.encode(self.fmt.frame(req.role)[1]) if req.frame else []
         generate = req.sampling.max_tokens + len(footer)
         call = self._plan(req, header, "", "decode", generate=generate)
@@ -149,7 +151,7 @@ class Planner:
             visibility=req.visibility,
             prefix=list(tokens),
         )
-        if self.mode == "baseline":
+        if self.mode != "choreographed":  # baseline and hf render one causal prompt
             self._plan_baseline(call, parents)
         check_limit(
             call.feed_start + len(call.feed) + generate - 1,

@@ -57,12 +57,15 @@ class DecodeRequest:
 
 def decode_request(**kwargs: Any) -> DecodeRequest:
     """A DecodeRequest from the flat keyword arguments of `Engine.decode`."""
-    names = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")
+    names = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos", "force")
     given = {k: kwargs.pop(k) for k in names if k in kwargs}
     sampling = {k: v for k, v in given.items() if v is not None}  # None means the default
     if "stop" in sampling:
         stop = sampling["stop"]
         sampling["stop"] = (stop,) if isinstance(stop, str) else tuple(stop)
+    if "force" in sampling:
+        sampling["force"] = tuple(sampling["force"])
+        sampling.setdefault("max_tokens", max(len(sampling["force"]), 1))
     try:
         return DecodeRequest(sampling=SamplingParams(**sampling), **kwargs)
     except TypeError as exc:

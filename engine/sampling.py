@@ -17,7 +17,9 @@ class SamplingParams:
     temperature 0 is greedy. `seed` makes a sampled call reproducible on its own,
     whatever else runs beside it. `stop` strings end the message once its text
     contains one (the text is cut before it); EOS / end-of-turn stops unless
-    `ignore_eos`.
+    `ignore_eos`. `force` teacher-forces a decode (benchmarks replaying another
+    run's tokens): it runs one step per forced token exactly as if sampling, and
+    emits exactly those tokens, whatever the logits say.
     """
 
     max_tokens: int = 256
@@ -27,6 +29,7 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False  # keep going past EOS / end-of-turn (benchmarks)
+    force: tuple[int, ...] = ()  # emit exactly these tokens (benchmarks: equal work)
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
@@ -41,6 +44,13 @@ class SamplingParams:
             raise InvalidRequest(f"top_k must be >= 0 (0 = off), got {self.top_k}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise InvalidRequest(f"stop must be non-empty strings, got {self.stop!r}")
+        if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in self.force):
+            raise InvalidRequest(f"force must be token ids, got {self.force!r}")
+        if len(self.force) > self.max_tokens:
+            raise InvalidRequest(
+                f"force has {len(self.force)} tokens but max_tokens is {self.max_tokens}; "
+                f"give max_tokens >= len(force)"
+            )
 
     @property
     def greedy(self) -> bool:
@@ -54,8 +64,12 @@ class SamplingParams:
         return gen
 
 
-def sample(logits: Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
-    """One token id from logits (V,)."""
+def sample(
+    logits: Tensor, params: SamplingParams, generator: torch.Generator | None, index: int = 0
+) -> int:
+    """One token id from logits (V,); the `index`-th forced one if the call is forced."""
+    if params.force:
+        return params.force[index]
     if params.greedy:
         return int(torch.argmax(logits))
     scores = logits.float() / params.temperature  # (V,)

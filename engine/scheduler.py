@@ -225,8 +225,8 @@ class Scheduler:
         self.n.forward_seconds += self.core.forward_seconds - forward0
         now = time.perf_counter()
         for job, tok in self._tokens:
-            if job.first_token is None:
-                job.first_token = now
+            if job.first_token is None:  # hf mode knows when generate emitted it
+                job.first_token = job.call.first_token_at or now
                 self.n.ttft_sum += now - job.submitted
                 self.n.ttft_n += 1
             job.token(tok)

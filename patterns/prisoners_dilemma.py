@@ -61,6 +61,8 @@ class Turn(BaseModel):
     temperature: float = 0.7
     top_p: float = 0.95
     seed: int | None = None
+    index: int = 0  # the run's turn index (keys a Replay)
+    force: tuple[int, ...] = ()  # replayed tokens (equal-work benchmarks)
 
 
 class Player(Agent):
@@ -79,6 +81,8 @@ class Player(Agent):
             top_p=turn.top_p,
             seed=turn.seed,
         )
+        if turn.force:
+            kw.update(force=turn.force, max_tokens=len(turn.force))
         if turn.kind == "plan":
             self.plan_prompt = await self.prefill(
                 PLAN, parents=[self.system_prompt], visibility=Private()
@@ -146,12 +150,19 @@ async def prisoners_dilemma(
                 temperature=t.temperature,
                 top_p=t.top_p,
                 seed=t.seed,
+                index=t.index,
+                force=t.force,
             )
+
+        async def ask(me: str, t: Turn) -> Handle:
+            h = await rt.ask(names[me], t)
+            run.record(t.index, h)
+            return h
 
         plans = {}
 
         async def plan(me: str, t: Turn) -> None:
-            plans[me] = await rt.ask(names[me], t)
+            plans[me] = await ask(me, t)
 
         async with anyio.create_task_group() as tg:  # both plan at once: one batch
             for me in order:
@@ -160,11 +171,11 @@ async def prisoners_dilemma(
         history: list[Handle] = []
         for _ in range(rounds):
             for me in order:
-                history.append(await rt.ask(names[me], turn("speak", history)))
+                history.append(await ask(me, turn("speak", history)))
                 run.messages.append(history[-1])
         decisions, texts = {}, {}
         for me in order:
-            h = await rt.ask(names[me], turn("decide", history))
+            h = await ask(me, turn("decide", history))
             run.messages.append(h)
             texts[me] = h.text
             decisions[me] = parse_decision(h.text)

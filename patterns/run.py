@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict
 from corps.agents import Agent, Runtime
 from corps.cache.handle import Handle
 from corps.cache.visibility import Private
+from corps.patterns.replay import CURRENT as REPLAY
 from corps.patterns.result import PatternResult
 
 
@@ -38,9 +39,13 @@ class Turn(BaseModel):
     seed: int | None = None
     stop: tuple[str, ...] = ()
     private: bool = False
+    index: int = 0  # the turn's place in its run (keys a Replay)
+    force: tuple[int, ...] = ()  # replayed tokens (equal-work benchmarks)
 
     def request(self) -> dict[str, Any]:
-        r = self.model_dump(exclude={"private"})
+        r = self.model_dump(exclude={"private", "index", "force"})
+        if self.force:
+            r["force"], r["max_tokens"] = self.force, max(len(self.force), 1)
         r["parents"] = list(self.parents)  # the handles themselves, bound to the agent
         if self.private:
             r["visibility"] = Private()
@@ -87,6 +92,7 @@ class Run:
         self.agents: list[str] = []
         self._calls = 0
         self._t0 = time.perf_counter()
+        self.replay = REPLAY.get()
 
     async def __aenter__(self) -> Run:
         self._t0 = time.perf_counter()
@@ -131,11 +137,24 @@ class Run:
         kw.setdefault("top_p", self.top_p)
         self._calls += 1
         seed = None if self.seed is None else self.seed * 100_003 + self._calls
-        return Turn(parents=tuple(parents), seed=seed, **kw)
+        force = self.replay.force(self._calls) if self.replay else None
+        if force:
+            kw["force"] = force
+        return Turn(parents=tuple(parents), seed=seed, index=self._calls, **kw)
+
+    def record(self, index: int, handle: Handle) -> None:
+        """Note what turn `index` decoded, for a Replay (run.ask does it for its turns)."""
+        if self.replay is not None:
+            self.replay.record(index, handle.generated)
+
+    def _record(self, turns: tuple[Turn, ...], handles: list[Handle]) -> None:
+        for turn, h in zip(turns, handles, strict=True):
+            self.record(turn.index, h)
 
     async def ask(self, agent: str, *turns: Turn) -> list[Handle]:
         """`agent` decodes `turns` (fused); their handles, recorded in order."""
         handles = await self.rt.ask(agent, Turns(items=turns))
+        self._record(turns, handles)
         self.messages.extend(handles)
         return handles
 
@@ -154,6 +173,7 @@ class Run:
         async with anyio.create_task_group() as tg:
             for agent, idx in by_agent.items():
                 tg.start_soon(one, agent, idx)
+        self._record(tuple(turn for _, turn in calls), out)
         self.messages.extend(out)
         return out
 

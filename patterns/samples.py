@@ -46,3 +46,31 @@ DOCUMENT_PARAGRAPHS = (
     "and a market hall that opens every weekend.",
 )
 DOCUMENT = "\n\n".join(DOCUMENT_PARAGRAPHS * 6)  # a few thousand tokens
+
+#: Short math word problems with their answers (written for corps), for benchmarks.
+MATH_PROBLEMS = (
+    (
+        "A baker makes 24 muffins and packs them in boxes of 4. Each box sells for $3. "
+        "How many dollars does the baker earn if every box is sold?",
+        "18",
+    ),
+    (
+        "Tom has 3 times as many marbles as Ann. Together they have 48 marbles. "
+        "How many marbles does Tom have?",
+        "36",
+    ),
+    ("A train travels at 60 km per hour for 2.5 hours. How many kilometres does it travel?", "150"),
+    ("A shirt costs $40 and is on sale for 25% off. What is the sale price in dollars?", "30"),
+    ("A rectangle is 7 cm wide and 12 cm long. What is its area in square centimetres?", "84"),
+    ("Sara reads 15 pages a day. How many days does she need for a 210-page book?", "14"),
+    (
+        "There are 5 red, 7 blue and 8 green balls in a bag. What fraction of the balls is "
+        "blue? Give it in lowest terms.",
+        "7/20",
+    ),
+    (
+        "A tank holds 500 litres and fills at 20 litres per minute. How many minutes does it "
+        "take to fill it from empty?",
+        "25",
+    ),
+)

@@ -46,3 +46,13 @@ def test_top_k_and_top_p_restrict_support():
 def test_bad_params(bad):
     with pytest.raises(InvalidRequest):
         SamplingParams(**bad)
+
+
+def test_force_emits_exactly_the_forced_tokens():
+    params = SamplingParams(max_tokens=3, force=(4, 9, 2), temperature=1.0)
+    logits = torch.zeros(16)
+    assert [sample(logits, params, None, i) for i in range(3)] == [4, 9, 2]
+    with pytest.raises(InvalidRequest, match="max_tokens"):
+        SamplingParams(max_tokens=2, force=(1, 2, 3))
+    with pytest.raises(InvalidRequest, match="token ids"):
+        SamplingParams(force=(1, -2))

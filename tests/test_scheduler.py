@@ -154,10 +154,10 @@ async def test_one_bad_call_fails_alone(tiny_dirs, monkeypatch):
 
     real_sample = core_mod.sample
 
-    def flaky(logits, params, generator):
+    def flaky(logits, params, generator, index):
         if params.seed == 666:
             raise RuntimeError("injected sampling failure")
-        return real_sample(logits, params, generator)
+        return real_sample(logits, params, generator, index)
 
     monkeypatch.setattr(core_mod, "sample", flaky)
     async with open_tiny(tiny_dirs, "llama") as engine:

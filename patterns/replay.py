@@ -1,0 +1,65 @@
+"""Equal work across implementations: record a run's decoded tokens, force them later.
+
+The Prompt Choreography paper compares implementations on equal work: every
+implementation decodes the same tokens. A `Replay` records the tokens each
+decode turn of a run generated (keyed by the turn's index in its run, which
+does not depend on timing), and forces exactly those tokens on the same turns
+of a later run of the same pattern and inputs. Given the same tokens, a
+pattern takes the same path (same parses, same votes, same early stops), so
+the replayed run makes the same calls.
+
+    replay = Replay()                      # records
+    with replay.active():
+        await run_pattern(rt_baseline, "debate", params)
+    with replay.forcing().active():        # forces the recorded tokens
+        await run_pattern(rt_choreo, "debate", params)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+
+class ReplayMismatch(RuntimeError):
+    """A forced run asked for a turn the recorded run did not make."""
+
+
+class Replay:
+    """Decoded tokens per turn index: recorded by one run, forced on another."""
+
+    def __init__(self, tokens: dict[int, tuple[int, ...]] | None = None) -> None:
+        self.recording = tokens is None
+        self.tokens: dict[int, tuple[int, ...]] = dict(tokens or {})
+
+    def forcing(self) -> Replay:
+        """A replay that forces what this one recorded."""
+        return Replay(self.tokens)
+
+    def record(self, index: int, generated: list[int]) -> None:
+        if self.recording:
+            self.tokens[index] = tuple(generated)
+
+    def force(self, index: int) -> tuple[int, ...] | None:
+        """The tokens turn `index` must decode (None while recording)."""
+        if self.recording:
+            return None
+        if index not in self.tokens:
+            raise ReplayMismatch(
+                f"turn {index} was not in the recorded run: replay the same pattern with the "
+                f"same inputs and parameters"
+            )
+        return self.tokens[index]
+
+    @contextmanager
+    def active(self) -> Iterator[Replay]:
+        """Runs started inside this block (in this task and tasks it starts) use it."""
+        token = CURRENT.set(self)
+        try:
+            yield self
+        finally:
+            CURRENT.reset(token)
+
+
+CURRENT: ContextVar[Replay | None] = ContextVar("corps_replay", default=None)
