@@ -22,6 +22,7 @@ from corps.patterns import registry
 from corps.patterns.result import PatternResult
 
 out = Console()
+MODES = ("choreographed", "baseline", "hf")  # corps.engine.core.MODES (not imported: torch)
 err = Console(stderr=True)
 
 
@@ -58,7 +59,9 @@ def run(
     model: Annotated[
         str | None, typer.Option("--model", "-m", help="Alias, HF dir or hub id.")
     ] = None,
-    mode: Annotated[str | None, typer.Option(help="choreographed (default) or baseline.")] = None,
+    mode: Annotated[
+        str | None, typer.Option(help="choreographed (default), baseline or hf (transformers).")
+    ] = None,
     seed: Annotated[int | None, typer.Option(help="Seed: a run is then reproducible.")] = None,
     json_out: Annotated[
         Path | None, typer.Option("--json", help="Write the result(s) here.")
@@ -84,8 +87,8 @@ def run(
             else [tgt.check(params)]
         )
         mode = mode or tgt.mode or "choreographed"
-        if mode not in ("choreographed", "baseline"):
-            raise ScenarioError(f"--mode must be choreographed or baseline, got {mode!r}")
+        if mode not in MODES:
+            raise ScenarioError(f"--mode must be one of {', '.join(MODES)}, got {mode!r}")
     except CorpsError as exc:
         _exit(str(exc), 2)
     engine_kw = dict(mode=mode, dtype=dtype, device=device, leak_policy=leak_policy)

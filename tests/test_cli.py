@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from corps.cli.app import app
@@ -85,9 +86,15 @@ def test_run_a_builtin_prints_answer_and_summary(tiny_dirs, tmp_path):
     assert len(data["messages"]) == 3 + 3 + 2 + 3 and "text" in data["messages"][0]
 
 
-def test_run_baseline_mode(tiny_dirs):
-    result = run_cli(tiny_dirs, "multi-qa", "--set", "max_tokens=4", "--mode", "baseline")
-    assert result.exit_code == 0, result.output and "baseline" in result.output
+@pytest.mark.parametrize("mode", ["baseline", "hf"])
+def test_run_other_modes(tiny_dirs, mode):
+    from corps.cli.run import MODES
+    from corps.engine.core import MODES as ENGINE_MODES
+
+    assert MODES == ENGINE_MODES
+    result = run_cli(tiny_dirs, "multi-qa", "--set", "max_tokens=4", "--mode", mode)
+    assert result.exit_code == 0, result.output
+    assert mode in result.output
 
 
 def test_run_bad_input_exits_2_with_one_line(tiny_dirs, tmp_path):
