@@ -186,6 +186,9 @@ def bench_workflows(
         "baseline,choreographed,hf"
     ),
     sweep: Annotated[str, typer.Option(help="ToT sweep sizes ('' to skip).")] = "2,4,8,16",
+    paper: Annotated[
+        bool, typer.Option("--paper/--no-paper", help="Run the paper's three settings first.")
+    ] = True,
     max_tokens: Annotated[int, typer.Option(min=1, help="Decode budget per call.")] = 64,
     model: ModelOpt = "smollm2-135m",
     dtype: DtypeOpt = "float32",
@@ -198,7 +201,7 @@ def bench_workflows(
 
     questions = [q for q, _ in bw.MATH_PROBLEMS]
     reports, console = [], Console()
-    for pattern, params in bw.PAPER:
+    for pattern, params in bw.PAPER if paper else ():
         _, chosen = _bench_args(pattern, [], impls)
         params = {**params, "max_tokens": max_tokens}
         reports.append(_measure(bw, pattern, params, chosen, runs, warmup, model, dtype, questions))

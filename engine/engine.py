@@ -20,7 +20,7 @@ from corps.cache.kv import KVStore
 from corps.cache.visibility import Leak, LeakWarning
 from corps.engine.access import Guard, TraceEvent, check_access
 from corps.engine.core import Core
-from corps.engine.errors import InvalidRequest
+from corps.engine.errors import EngineBusy, InvalidRequest
 from corps.engine.registry import DEFAULT_MODEL, resolve_model
 from corps.engine.requests import PrefillRequest, decode_request, prefill_request
 from corps.engine.scheduler import Job, Scheduler
@@ -270,8 +270,11 @@ class Engine:
         try:
             for request, policy in requests:
                 jobs.append(await self._job(request, policy))
-            for job in jobs:
-                await self._sched.submit(job)
+            for job in jobs:  # no yield between them while there is room: one step
+                try:
+                    self._sched.submit_nowait(job)
+                except EngineBusy:
+                    await self._sched.submit(job)
                 queued += 1
             return [bind(await job.wait(), job.request.owner) for job in jobs]
         except BaseException:

@@ -76,3 +76,17 @@ def test_cli_reports_and_writes_json(tiny_dirs, tmp_path):
 def test_cli_bad_input_exits_2(args):
     result = runner.invoke(app, ["bench", "workflow", *args])
     assert result.exit_code == 2 and "error" in result.output
+
+
+def test_workflows_runs_the_paper_settings_and_the_sweep(tiny_dirs, tmp_path):
+    out = tmp_path / "all.json"
+    args = ["bench", "workflows", "--runs", "1", "--warmup", "0", "--sweep", "2,3"]
+    args += ["--max-tokens", "3", "--model", str(tiny_dirs["llama"]), "--json", str(out)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    reports = json.loads(out.read_text())
+    names = [r["pattern"] for r in reports]
+    assert names == ["debate", "tree_of_thoughts", "parallel_debate"] + ["tree_of_thoughts"] * 4
+    assert all(r["equal_work"] for r in reports)
+    assert result.output.count("tree of thoughts sweep") == 2  # end to end, TTFT
+    assert list(reports[-1]["runs"][0]) == ["baseline", "choreographed"]  # the sweep's pair
