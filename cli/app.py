@@ -169,10 +169,11 @@ def bench_workflow(
     """One workflow in each implementation on equal work; ratios with 95% intervals."""
     from corps.cli import bench_workflow as bw
     from corps.patterns import registry
+    from corps.patterns.samples import MATH_PROBLEMS
 
     params, chosen = _bench_args(pattern, set_, impls)
     takes = registry.params_model(registry.get(pattern)).model_fields
-    questions = [q for q, _ in bw.MATH_PROBLEMS] if "question" in takes else None
+    questions = [q for q, _ in MATH_PROBLEMS] if "question" in takes else None
     report = _measure(bw, pattern, params, chosen, runs, warmup, model, dtype, questions)
     Console().print(bw.table(report), bw.ratio_table(report))
     _write(bw, [report], json_out, plot_out)
@@ -198,8 +199,9 @@ def bench_workflows(
     """The paper's settings (debate, tree of thoughts 8x4, parallel debate 3x3) on short
     math problems, then the tree-of-thoughts sweep as a heat map (baseline vs choreographed)."""
     from corps.cli import bench_workflow as bw
+    from corps.patterns.samples import MATH_PROBLEMS
 
-    questions = [q for q, _ in bw.MATH_PROBLEMS]
+    questions = [q for q, _ in MATH_PROBLEMS]
     reports, console = [], Console()
     for pattern, params in bw.PAPER if paper else ():
         _, chosen = _bench_args(pattern, [], impls)

@@ -22,7 +22,6 @@ from pydantic import BaseModel
 
 from corps.patterns.replay import Replay
 from corps.patterns.result import PatternResult
-from corps.patterns.samples import MATH_PROBLEMS  # noqa: F401  (the bench's inputs)
 
 #: The order within a run: the baseline records the tokens the others replay.
 IMPLS = ("baseline", "choreographed", "hf")

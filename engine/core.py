@@ -142,10 +142,9 @@ class Core:
         waiting = list(range(len(requests)))
         try:
             while True:
-                active = [c for c in calls if c is not None and not c.done]
                 for i in list(waiting):  # baseline may hold a call until a shared prefix is in
                     req, want = requests[i]
-                    calls[i] = self.admit(req, want_logits=want, hold=bool(active))
+                    calls[i] = self.admit(req, want_logits=want, hold=True)
                     if calls[i] is not None:
                         waiting.remove(i)
                 active = [c for c in calls if c is not None and not c.done]
@@ -177,6 +176,8 @@ class Core:
         With `hold` (baseline), returns None instead when the call's prompt shares
         HOLD_MIN_SHARED or more uncached tokens with a running call's prompt: admit
         it again after a step, and it reuses that encoding instead of repeating it.
+        Only calls still encoding their prompt (`_filling`, all of them admitted and
+        stepped by the same caller) are waited for, so a hold always ends.
         """
         if isinstance(request, DecodeRequest):
             call = self.planner.decode(request)

@@ -32,18 +32,14 @@ class HFCore(Core):
     def step(self, calls: Sequence[Call], budget: int | None) -> StepOutput:
         """Run the first unfinished call to its end (generate is not batched here)."""
         out = StepOutput()
-        for c in calls:
-            if c.done:
-                continue
-            try:
-                if c.is_decode:
-                    self._generate(c, out)
-                else:
-                    self._prefill(c)
-            except Exception as exc:  # this call fails alone, as in the fused loop
-                self.abort(c)
-                out.failed.append((c, exc))
+        c = next((c for c in calls if not c.done), None)
+        if c is None:
             return out
+        try:
+            self._generate(c, out) if c.is_decode else self._prefill(c)
+        except Exception as exc:  # this call fails alone, as in the fused loop
+            self.abort(c)
+            out.failed.append((c, exc))
         return out
 
     @torch.inference_mode()

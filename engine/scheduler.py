@@ -248,7 +248,7 @@ class Scheduler:
         for job, tok in self._tokens:
             if job.first_token is None:  # hf mode knows when generate emitted it
                 job.first_token = job.call.first_token_at or now
-                self.n.ttft_sum += now - job.submitted
+                self.n.ttft_sum += job.first_token - job.submitted
                 self.n.ttft_n += 1
             job.token(tok)
         self.n.tokens_sampled += len(self._tokens)
@@ -266,8 +266,7 @@ class Scheduler:
                 self._finished.append(job)
                 continue
             try:
-                hold = any(not j.call.done for j in self._running)
-                call = self.core.admit(job.request, want_logits=job.want_logits, hold=hold)
+                call = self.core.admit(job.request, want_logits=job.want_logits, hold=True)
             except Exception as exc:  # bad input fails this job only
                 job.error = exc
                 self._finished.append(job)
