@@ -27,6 +27,7 @@ class Envelope:
     # ask_stream: where text deltas go. Shared by nested streamed asks; only the
     # ask_stream that made it closes it.
     deltas: MemoryObjectSendStream[str] | None = None
+    id: int = 0  # pairs an ask with its reply in traces
 
     def reply(self, result: Any = None, error: BaseException | None = None) -> None:
         self.result, self.error = result, error

@@ -16,6 +16,7 @@ every queued message with AgentStopped; no task is left running.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import defaultdict
 from collections.abc import AsyncIterator
@@ -33,6 +34,7 @@ from corps.agents.errors import AgentError, AgentStopped, MailboxFull, UnknownAg
 from corps.cache.errors import InvalidRequest
 from corps.cache.handle import Handle, bind
 from corps.cache.visibility import Private
+from corps.engine.trace import ActorEvent, ErrorEvent, Recorder
 
 DEAD_LETTERS = "dead-letters"
 SUPERVISION = ("restart", "stop", "escalate")
@@ -108,6 +110,13 @@ class Runtime:
         self._topics: dict[str, list[str]] = defaultdict(list)
         self._tg: anyio.abc.TaskGroup | None = None
         self._escalated: AgentError | None = None
+        # Actor events go to the engine's trace (a stand-in engine may have none).
+        self._rec: Recorder = getattr(engine, "recorder", None) or Recorder()
+        self._asks = itertools.count(1)
+
+    def _trace(self, event: str, agent: str, **kw: Any) -> None:
+        if self._rec.on:
+            self._rec.emit(ActorEvent(t=self._rec.now(), event=event, agent=agent, **kw))
 
     async def __aenter__(self) -> Runtime:
         self._tg = anyio.create_task_group()
@@ -153,6 +162,7 @@ class Runtime:
         self._actors[name] = actor
         for _ in range(max(1, cls.max_concurrency)):
             self._tg.start_soon(self._work, actor)
+        self._trace("spawn", name, detail=cls.__name__)
         return name
 
     def stop(self, name: str) -> None:
@@ -191,7 +201,8 @@ class Runtime:
 
         Handles in the result are bound to `sender` (None: the runtime's caller).
         """
-        envelope = Envelope(msg, sender, True, deltas=deltas)
+        envelope = Envelope(msg, sender, True, deltas=deltas, id=next(self._asks))
+        self._trace("ask", to, peer=sender, ask=envelope.id, detail=describe(msg))
         with anyio.fail_after(timeout) if timeout is not None else nullcontext():
             try:
                 await self._deliver(to, envelope)
@@ -202,7 +213,9 @@ class Runtime:
 
     async def send(self, to: str, msg: Handle | BaseModel, *, sender: str | None = None) -> None:
         """Fire and forget; waits while the mailbox is full. Failures go to supervision."""
-        await self._deliver(to, Envelope(msg, sender, False))
+        envelope = Envelope(msg, sender, False, id=next(self._asks))
+        self._trace("send", to, peer=sender, ask=envelope.id, detail=describe(msg))
+        await self._deliver(to, envelope)
 
     def send_nowait(self, to: str, msg: Handle | BaseModel, *, sender: str | None = None) -> None:
         check_payload(msg)
@@ -210,8 +223,10 @@ class Runtime:
         if actor.stopped:
             self._dead(to, msg, "the agent is stopped")
             return
+        envelope = Envelope(msg, sender, False, id=next(self._asks))
         try:
-            actor.send.send_nowait(Envelope(msg, sender, False))
+            actor.send.send_nowait(envelope)
+            self._trace("send", to, peer=sender, ask=envelope.id, detail=describe(msg))
         except anyio.WouldBlock:
             raise MailboxFull(
                 f"{to}'s mailbox is full ({actor.cls.mailbox_size} messages); await send() "
@@ -259,6 +274,7 @@ class Runtime:
     def _dead(self, to: str, msg: Handle | BaseModel, reason: str) -> None:
         letter = DeadLetter(to=to, message=msg, reason=reason)
         self.dead_letters.append(letter)
+        self._trace("dead_letter", to, ok=False, detail=f"{describe(msg)}: {reason}")
         for name in self._topics.get(DEAD_LETTERS, []):
             actor = self._actors[name]
             if actor.stopped or isinstance(msg, DeadLetter):
@@ -280,8 +296,11 @@ class Runtime:
                     message = bind(envelope.message, actor.name)  # what it may read, checked
                     result = await actor.instance.handle(message)
                     envelope.reply(result)
+                    if envelope.expects_reply:
+                        self._trace("reply", actor.name, peer=envelope.sender, ask=envelope.id)
                 if envelope.scope.cancelled_caught and not envelope.done.is_set():
                     envelope.reply(error=AgentStopped(f"{actor.name}: the ask was cancelled"))
+                    self._trace("reply", actor.name, ask=envelope.id, ok=False, detail="cancelled")
             except Exception as exc:
                 self._failed(actor, envelope, exc)
             except BaseException:  # cancelled from outside: shutdown or escalation
@@ -296,22 +315,32 @@ class Runtime:
     def _failed(self, actor: _Actor, envelope: Envelope, exc: Exception) -> None:
         error = AgentError(f"agent {actor.name!r} failed on {describe(envelope.message)}: {exc}")
         error.__cause__ = exc
+        detail = f"{type(exc).__name__}: {exc}"
         if envelope.expects_reply:
             envelope.reply(error=error)
+            self._trace(
+                "reply", actor.name, peer=envelope.sender, ask=envelope.id, ok=False, detail=detail
+            )
             return
         actor.failures.append(error)
+        self._trace("failure", actor.name, peer=envelope.sender, ok=False, detail=detail)
         policy = actor.cls.supervision
         if policy == "restart" and actor.restarts < actor.cls.max_restarts:
             actor.restarts += 1  # fresh state, same (already encoded) system prompt
             actor.instance = actor.cls(actor.name, self, actor.instance.system_prompt)
+            self._trace("restart", actor.name, detail=f"restart {actor.restarts}")
         elif policy == "escalate":
             self._escalated = error
+            if self._rec.on:
+                self._rec.emit(ErrorEvent(t=self._rec.now(), where=actor.name, detail=str(error)))
             self._tg.cancel_scope.cancel()
         else:
             self._stop(actor, f"{actor.name} stopped after: {exc}")
 
     def _stop(self, actor: _Actor, reason: str) -> None:
         """Close the mailbox; queued messages become dead letters (asks fail)."""
+        if not actor.stopped:
+            self._trace("stop", actor.name, detail=reason)
         actor.stopped = True
         actor.send.close()
         while True:

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from corps.cache.errors import CorpsError
 from corps.cli import run as run_cli
+from corps.cli.trace_cmd import trace_app
 
 app = typer.Typer(
     name="corps",
@@ -24,6 +25,7 @@ bench_app = typer.Typer(
     help="Benchmarks that print measured ratios side by side.", no_args_is_help=True
 )
 app.add_typer(bench_app, name="bench")
+app.add_typer(trace_app, name="trace")
 
 err = Console(stderr=True)
 

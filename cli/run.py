@@ -73,6 +73,10 @@ def run(
     leak_policy: Annotated[str, typer.Option(help="allow, warn, deny or reencode.")] = "warn",
     dtype: Annotated[str, typer.Option(help="float32, bfloat16 or float16.")] = "float32",
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
+    trace: Annotated[
+        Path | None,
+        typer.Option(help="Write a trace (JSON lines) here; view it with `corps trace view`."),
+    ] = None,
 ) -> None:
     """Run a workflow and print its answer and a summary (tokens encoded vs reused, ...)."""
     try:
@@ -91,7 +95,7 @@ def run(
             raise ScenarioError(f"--mode must be one of {', '.join(MODES)}, got {mode!r}")
     except CorpsError as exc:
         _exit(str(exc), 2)
-    engine_kw = dict(mode=mode, dtype=dtype, device=device, leak_policy=leak_policy)
+    engine_kw = dict(mode=mode, dtype=dtype, device=device, leak_policy=leak_policy, trace=trace)
     model_name = model or tgt.model or "smollm2-135m"
     try:
         with warnings.catch_warnings():

@@ -26,6 +26,7 @@ from corps.cache.visibility import (
     check_policy,
 )
 from corps.engine.requests import PrefillRequest
+from corps.engine.trace import LeakEvent, Recorder, Reencode
 
 __all__ = ["Guard", "LeakWarning", "TraceEvent", "check_access", "explain", "hidden_sources"]
 
@@ -90,8 +91,11 @@ Submit = Callable[[PrefillRequest], Awaitable[Handle]]
 class Guard:
     """Checks access and applies the leak policy for one engine; records leaks."""
 
-    def __init__(self, table: MessageTable, *, mode: str, policy: str) -> None:
+    def __init__(
+        self, table: MessageTable, *, mode: str, policy: str, recorder: Recorder | None = None
+    ) -> None:
         self.table = table
+        self.rec = recorder or Recorder()
         self.mode = mode
         self.policy = check_policy(policy)
         self.leaks: list[Leak] = []
@@ -127,6 +131,18 @@ class Guard:
             text = explain(self.table, leak)
             self.leaks.append(leak)
             self.events.append(TraceEvent("leak", text, leak))
+            if self.rec.on:
+                self.rec.emit(
+                    LeakEvent(
+                        t=self.rec.now(),
+                        reader=leak.reader,
+                        parent=leak.parent,
+                        sources=sorted(leak.sources),
+                        call=leak.call,
+                        detail=text,
+                        policy=policy,
+                    )
+                )
             if policy == "warn":
                 warnings.warn(text, LeakWarning, stacklevel=4)
         return request, []
@@ -177,6 +193,8 @@ class Guard:
         self.events.append(
             TraceEvent("reencode", f"re-encoded message {msg.id} for {reader} as {view.id}")
         )
+        if self.rec.on:
+            self.rec.emit(Reencode(t=self.rec.now(), message=msg.id, reader=reader, clean=view.id))
         return view
 
     def forget(self, mid: int) -> list[Handle]:

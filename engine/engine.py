@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import AsyncIterator, Awaitable, Generator, Iterable, Mapping
 from contextlib import asynccontextmanager
@@ -25,6 +26,8 @@ from corps.engine.registry import DEFAULT_MODEL, resolve_model
 from corps.engine.requests import PrefillRequest, decode_request, prefill_request
 from corps.engine.scheduler import Job, Scheduler
 from corps.engine.stats import EngineStats
+from corps.engine.trace import Freed, Header, Recorder, TraceFile, version
+from corps.engine.tracing import end_events, queued_event
 from corps.engine.weights import load_weights, read_spec
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -51,11 +54,30 @@ class Engine:
         queue_size: int = 256,
         step_tokens: int = 512,
         leak_policy: str = "warn",
+        trace: str | Path | None = None,
+        model_name: str | None = None,
     ) -> None:
         self._core = core
-        self._sched = Scheduler(core, queue_size=queue_size, step_tokens=step_tokens)
+        self.recorder = Recorder()
+        """Trace events go to its sinks (`recorder.add(fn)`); see `corps.engine.trace`."""
+        self._sched = Scheduler(
+            core, queue_size=queue_size, step_tokens=step_tokens, recorder=self.recorder
+        )
         self._tg: anyio.abc.TaskGroup | None = None
-        self._guard = Guard(core.table, mode=core.mode, policy=leak_policy)
+        self._guard = Guard(core.table, mode=core.mode, policy=leak_policy, recorder=self.recorder)
+        self._ids = itertools.count(1)
+        self._trace_file: TraceFile | None = None
+        if trace is not None:
+            header = Header(
+                corps=version(),
+                model=model_name or core.model_path.name,
+                mode=core.mode,
+                dtype=str(core.store.k.dtype).removeprefix("torch."),
+                device=str(core.device),
+                started_unix=self.recorder.started_unix,
+            )
+            self._trace_file = TraceFile(trace, header)
+            self.recorder.add(self._trace_file)
 
     # ---- construction and lifetime ----
 
@@ -72,9 +94,14 @@ class Engine:
         queue_size: int = 256,
         step_tokens: int = 512,
         leak_policy: str = "warn",
+        trace: str | Path | None = None,
         console: Console | None = None,
     ) -> Engine:
-        """Load synchronously (blocks); start it with `async with engine:`."""
+        """Load synchronously (blocks); start it with `async with engine:`.
+
+        `trace=PATH` writes every call, message, actor event and leak to PATH as
+        JSON lines (`corps trace view PATH`); off by default.
+        """
         if dtype not in DTYPES:
             raise InvalidRequest(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
         if device.startswith("cuda") and not torch.cuda.is_available():
@@ -100,7 +127,14 @@ class Engine:
             core = HFCore(hf, weights, tokenizer, model_path=path, capacity=capacity)
         else:
             core = Core(weights, tokenizer, model_path=path, mode=mode, capacity=capacity)
-        return cls(core, queue_size=queue_size, step_tokens=step_tokens, leak_policy=leak_policy)
+        return cls(
+            core,
+            queue_size=queue_size,
+            step_tokens=step_tokens,
+            leak_policy=leak_policy,
+            trace=trace,
+            model_name=model,
+        )
 
     @classmethod
     @asynccontextmanager
@@ -125,6 +159,9 @@ class Engine:
         # The loop task ends on close(); the body's own exception (if any) propagates
         # as itself rather than wrapped in an ExceptionGroup.
         await self._tg.__aexit__(None, None, None)
+        if self._trace_file is not None:
+            self.recorder.remove(self._trace_file)
+            self._trace_file.close(self.recorder.now())
         return None
 
     # ---- introspection ----
@@ -168,9 +205,11 @@ class Engine:
         """Release a message's encoding (and its re-encoded copies); a call still
         reading it, or queued to read it, keeps it until that call ends."""
         self._core.free(handle)
+        if self.recorder.on:
+            self.recorder.emit(Freed(t=self.recorder.now(), id=handle.id))
         for copy in self._guard.forget(handle.id):
             if not copy.freed:
-                self._core.free(copy)
+                self.free(copy)
 
     # ---- calls ----
 
@@ -243,8 +282,10 @@ class Engine:
         """A job whose parents are pinned from now until it ends: a `free` in between
         waits for it instead of failing it."""
         pins = self._core.pin(request.parents)
-        job = Job(request)
+        job = Job(request, id=next(self._ids))
         job.on_end, job.orphan = partial(self._job_ended, pins), self._core.free
+        if self.recorder.on:
+            self.recorder.emit(queued_event(self.recorder, job))
         return job
 
     def _job_ended(self, pins: list, job: Job) -> None:
@@ -252,6 +293,9 @@ class Engine:
         if job.handle is not None and (job.error is not None or job.cancelled):
             self._core.free(job.handle)  # finished, but nobody will ever receive it
             job.handle = None
+        if self.recorder.on:
+            for event in end_events(self.recorder, self._core.table, job):
+                self.recorder.emit(event)
 
     async def _prefill_internal(self, request: PrefillRequest) -> Handle:
         return await self._run(self._pinned_job(request))

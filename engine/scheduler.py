@@ -42,6 +42,7 @@ from corps.cache.handle import Handle
 from corps.engine.core import Core
 from corps.engine.errors import CallCancelled, EngineBusy, EngineClosed
 from corps.engine.planner import Call
+from corps.engine.trace import ErrorEvent, FirstToken, Recorder, Step
 
 #: Event-loop turns the idle loop waits for more arrivals before its first step.
 GATHER_TURNS = 8
@@ -68,7 +69,9 @@ class Job:
     call: Call | None = None
     cancelled: bool = False
     submitted: float = field(default_factory=time.perf_counter)
+    admitted: float | None = None  # when its first step began
     first_token: float | None = None
+    id: int = 0  # the engine's call id (traces)
 
     def end(self) -> None:
         """Finish the job once: run its callbacks, then wake its waiter."""
@@ -121,10 +124,18 @@ class _Counters:
 
 
 class Scheduler:
-    def __init__(self, core: Core, *, queue_size: int = 256, step_tokens: int = 512) -> None:
+    def __init__(
+        self,
+        core: Core,
+        *,
+        queue_size: int = 256,
+        step_tokens: int = 512,
+        recorder: Recorder | None = None,
+    ) -> None:
         if queue_size < 1 or step_tokens < 1:
             raise ValueError("queue_size and step_tokens must be >= 1")
         self.core = core
+        self.rec = recorder or Recorder()
         self.step_tokens = step_tokens
         self.queue_size = queue_size
         self._send, self._recv = anyio.create_memory_object_stream[Job](queue_size)
@@ -191,6 +202,8 @@ class Scheduler:
                     await self._step(new)
         except Exception as exc:  # the loop itself died: every waiter learns why
             self._dead = exc
+            if self.rec.on:
+                self.rec.emit(ErrorEvent(t=self.rec.now(), where="engine loop", detail=repr(exc)))
         finally:
             self._shut_down()
 
@@ -240,25 +253,45 @@ class Scheduler:
         t0 = time.perf_counter()
         forward0 = self.core.forward_seconds
         self._incoming = new  # owned by the loop until the step has taken them
-        await anyio.to_thread.run_sync(self._step_sync, new)
+        steps = self.n.steps
+        await anyio.to_thread.run_sync(self._step_sync, new, t0)
         self._incoming = []
-        self.n.step_seconds += time.perf_counter() - t0
-        self.n.forward_seconds += self.core.forward_seconds - forward0
         now = time.perf_counter()
+        self.n.step_seconds += now - t0
+        self.n.forward_seconds += self.core.forward_seconds - forward0
+        rec = self.rec
         for job, tok in self._tokens:
             if job.first_token is None:  # hf mode knows when generate emitted it
                 job.first_token = job.call.first_token_at or now
                 self.n.ttft_sum += job.first_token - job.submitted
                 self.n.ttft_n += 1
+                if rec.on:
+                    rec.emit(FirstToken(t=rec.rel(job.first_token), call=job.id))
+            if rec.tokens:
+                rec.token(job.id, tok)
             job.token(tok)
         self.n.tokens_sampled += len(self._tokens)
+        if rec.on and self.n.steps > steps:
+            rec.emit(self._step_event(t0, now))
         for job in self._finished:
             if job.handle is not None and job.first_token is not None:
                 self.core.table.get(job.handle.id).extra["ttft_s"] = job.first_token - job.submitted
             job.end()
         self._tokens, self._finished = [], []
 
-    def _step_sync(self, new: list[Job]) -> None:
+    def _step_event(self, t0: float, now: float) -> Step:
+        store = self.core.store
+        return Step(
+            t=self.rec.rel(t0),
+            dur=now - t0,
+            calls=len(self._running) + len(self._finished),
+            sampled=len(self._tokens),
+            store_used=store.used_slots,
+            capacity=store.capacity,
+            queue=self.queue_depth() + len(self._held),
+        )
+
+    def _step_sync(self, new: list[Job], t0: float) -> None:
         """Worker thread: admit new jobs, run one fused step, finish what is done."""
         arrived, self._held = self._held + new, []
         for job in arrived:
@@ -274,7 +307,7 @@ class Scheduler:
             if call is None:  # its prompt's prefix is being encoded: reuse it next step
                 self._held.append(job)
                 continue
-            job.call = call
+            job.call, job.admitted = call, t0
             self._running.append(job)
         by_call = {id(j.call): j for j in self._running}
         active = [j.call for j in self._running if not j.call.done]

@@ -213,7 +213,7 @@ async def test_shutdown_with_work_in_flight_fails_waiters_and_never_hangs(tiny_d
 
 
 async def test_loop_crash_fails_every_waiter_with_the_cause(tiny_dirs, monkeypatch):
-    def boom(self, new):
+    def boom(self, new, t0):
         raise MemoryError("injected loop failure")
 
     monkeypatch.setattr(Scheduler, "_step_sync", boom)

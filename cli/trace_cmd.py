@@ -1,0 +1,165 @@
+"""`corps trace view | diff | export`: look at a trace file written with `--trace`."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console, Group
+
+from corps.cli.trace_file import Trace, TraceError
+
+trace_app = typer.Typer(
+    help="View, compare and export traces written by `corps run --trace FILE`.",
+    no_args_is_help=True,
+)
+out = Console()
+err = Console(stderr=True)
+
+AgentOpt = Annotated[
+    str | None, typer.Option(help="Only calls of agents whose name contains this.")
+]
+KindOpt = Annotated[str | None, typer.Option(help="Only prefill or decode calls.")]
+SinceOpt = Annotated[
+    float | None, typer.Option(help="Only calls still running at or after this time (s).")
+]
+LimitOpt = Annotated[int, typer.Option(min=1, help="Rows per table at most.")]
+
+
+def _load(path: Path, *, follow: bool = False) -> Trace:
+    try:
+        trace = Trace.load(path, follow=follow)
+    except (TraceError, OSError) as exc:
+        err.print(f"[bold red]error:[/] {exc}", highlight=False)
+        raise typer.Exit(2) from None
+    for w in trace.warnings:
+        err.print(f"[yellow]warning:[/] {w}", highlight=False)
+    return trace
+
+
+def _filter(agent: str | None, kind: str | None, since: float | None):
+    from corps.cli.trace_view import Filter
+
+    if kind not in (None, "prefill", "decode"):
+        err.print(f"[bold red]error:[/] --kind must be prefill or decode, got {kind!r}")
+        raise typer.Exit(2)
+    return Filter(agent=agent, kind=kind, since=since)
+
+
+@trace_app.command("view")
+def view(
+    file: Annotated[Path, typer.Argument(help="A trace written by --trace.")],
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep redrawing while the run writes it.")
+    ] = False,
+    call: Annotated[
+        int | None, typer.Option("--call", help="Show one call's context in detail.")
+    ] = None,
+    full: Annotated[bool, typer.Option(help="Whole texts in --call, not the first line.")] = False,
+    agent: AgentOpt = None,
+    kind: KindOpt = None,
+    since: SinceOpt = None,
+    limit: LimitOpt = 40,
+) -> None:
+    """Timeline per agent, KV lineage, message graph, leaks and errors, totals."""
+    from corps.cli import trace_view as tv
+
+    flt = _filter(agent, kind, since)
+    trace = _load(file, follow=follow)
+    if call is not None:
+        try:
+            out.print(tv.call_detail(trace, call, full=full))
+        except KeyError:
+            ids = sorted(trace.calls)
+            span = f"{ids[0]}..{ids[-1]}" if ids else "none"
+            err.print(f"[bold red]error:[/] no call {call} in {file} (calls: {span})")
+            raise typer.Exit(2) from None
+        return
+    if not follow:
+        for part in tv.overview(trace, flt, limit):
+            out.print(part)
+        return
+    from rich.live import Live
+
+    def frame() -> Group:
+        return Group(tv.header(trace), tv.totals(trace, flt), tv.Timeline(trace, flt))
+
+    try:
+        with Live(frame(), console=out, refresh_per_second=2, screen=False) as live:
+            while not trace.closed:
+                time.sleep(0.5)
+                if trace.update():
+                    live.update(frame())
+    except KeyboardInterrupt:
+        pass
+    for part in tv.overview(trace, flt, limit):
+        out.print(part)
+
+
+@trace_app.command("diff")
+def diff(
+    a: Annotated[Path, typer.Argument(help="Trace A.")],
+    b: Annotated[Path, typer.Argument(help="Trace B.")],
+    limit: LimitOpt = 60,
+) -> None:
+    """Two runs side by side: calls aligned by agent and step, ratios A/B, first divergence."""
+    from corps.cli.trace_diff import diff as render
+
+    out.print(render(_load(a), _load(b), limit))
+
+
+@trace_app.command("export")
+def export(
+    file: Annotated[Path, typer.Argument(help="A trace written by --trace.")],
+    perfetto: Annotated[
+        Path | None, typer.Option(help="Chrome trace JSON for ui.perfetto.dev / chrome://tracing.")
+    ] = None,
+    otel: Annotated[
+        Path | None, typer.Option(help="OpenTelemetry spans as OTLP/JSON (GenAI conventions).")
+    ] = None,
+    otel_endpoint: Annotated[
+        str | None,
+        typer.Option(
+            help="POST the spans to an OTLP/HTTP collector, e.g. http://localhost:4318/v1/traces."
+        ),
+    ] = None,
+    svg: Annotated[Path | None, typer.Option(help="The viewer's overview as SVG.")] = None,
+    html: Annotated[Path | None, typer.Option(help="The viewer's overview as HTML.")] = None,
+    width: Annotated[int, typer.Option(min=60, help="Columns for --svg / --html.")] = 120,
+) -> None:
+    """Export a trace to Perfetto, OpenTelemetry, SVG or HTML."""
+    from corps.cli import trace_export as tx
+
+    if not any((perfetto, otel, otel_endpoint, svg, html)):
+        err.print(
+            "[bold red]error:[/] say what to export: "
+            "--perfetto, --otel, --otel-endpoint, --svg or --html"
+        )
+        raise typer.Exit(2)
+    trace = _load(file)
+    if perfetto is not None:
+        perfetto.write_text(json.dumps(tx.perfetto(trace)))
+        out.print(f"wrote {perfetto} (open it in https://ui.perfetto.dev)")
+    if otel is not None or otel_endpoint is not None:
+        spans = tx.otlp(trace)
+        if otel is not None:
+            otel.write_text(json.dumps(spans))
+            out.print(f"wrote {otel} (OTLP/JSON)")
+        if otel_endpoint is not None:
+            try:
+                status = tx.post_otlp(spans, otel_endpoint)
+            except OSError as exc:
+                err.print(f"[bold red]error:[/] could not send to {otel_endpoint}: {exc}")
+                raise typer.Exit(1) from None
+            out.print(f"sent {file.name} to {otel_endpoint} (HTTP {status})")
+    if svg is not None or html is not None:
+        console = tx.record(trace, width=width)
+        if svg is not None:
+            svg.write_text(console.export_svg(title=f"corps trace {file.name}", clear=False))
+            out.print(f"wrote {svg}")
+        if html is not None:
+            html.write_text(console.export_html(clear=False))
+            out.print(f"wrote {html}")

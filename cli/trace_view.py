@@ -1,0 +1,545 @@
+"""The trace viewer's pictures: timeline, KV lineage, message graph, call detail, totals.
+
+Every function takes a loaded `Trace` (see `trace_file`) and returns a rich
+renderable; widths come from the console at render time, so the same views fit
+an 80-column terminal, a 200-column one and an SVG export.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from rich.console import Console, ConsoleOptions, Group, RenderResult
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from corps.cli.trace_file import CallRec, Trace
+
+#: How the timeline draws each phase of a call.
+QUEUE, PREFILL, FIRST, DECODE, PENDING = (
+    ("·", "dim"),
+    ("▒", "yellow"),
+    ("┃", "bold magenta"),
+    (
+        "█",
+        "green",
+    ),
+    ("░", "cyan"),
+)
+MAX_LANES = 6  # sub-rows per agent for overlapping calls; more are drawn over the last
+_RUN = re.compile(r"^(?P<pattern>.+)-(?P<run>[0-9a-f]{8})-(?P<role>.+)$")
+
+
+@dataclass(frozen=True)
+class Filter:
+    """Which calls a view shows: agent name contains `agent`, of `kind`, ending after `since`."""
+
+    agent: str | None = None
+    kind: str | None = None
+    since: float | None = None
+
+    def keep(self, c: CallRec, now: float) -> bool:
+        if self.agent is not None and self.agent not in (c.agent or "(engine)"):
+            return False
+        if self.kind is not None and c.kind != self.kind:
+            return False
+        return self.since is None or c.stop(now) >= self.since
+
+
+ALL = Filter()
+
+
+def calls(trace: Trace, flt: Filter = ALL) -> list[CallRec]:
+    now = trace.end_t
+    return sorted((c for c in trace.calls.values() if flt.keep(c, now)), key=lambda c: c.start)
+
+
+class Names:
+    """Short agent names: a pattern's `debate-1a2b3c4d-alice` shows as `alice`
+    (as `1a2b3c4d/alice` when the trace holds several runs)."""
+
+    def __init__(self, agents: Iterable[str | None]) -> None:
+        runs = {m["run"] for a in agents if a and (m := _RUN.match(a))}
+        self.several = len(runs) > 1
+
+    def __call__(self, agent: str | None) -> str:
+        if agent is None:
+            return "(engine)"
+        m = _RUN.match(agent)
+        if m is None:
+            return agent
+        return f"{m['run']}/{m['role']}" if self.several else m["role"]
+
+
+def names_of(trace: Trace) -> Names:
+    return Names(
+        [c.agent for c in trace.calls.values()] + [m.owner for m in trace.messages.values()]
+    )
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.0f} ms"
+
+
+# ---- header ----
+
+
+def header(trace: Trace) -> Panel:
+    h = trace.header
+    pending = sum(1 for c in trace.calls.values() if c.end is None)
+    line = Text.assemble(
+        ("corps trace ", "bold"),
+        f"{trace.path.name}  ·  model {h.model}  ·  mode {h.mode}  ·  {h.dtype} on {h.device}  ·  ",
+        f"corps {h.corps}  ·  {trace.events} events over {trace.end_t:.2f} s",
+    )
+    if pending:
+        line.append(f"  ·  {pending} calls pending", style="cyan")
+    if not trace.closed:
+        line.append("  ·  not closed: still running, or the run was interrupted", style="yellow")
+    for w in trace.warnings:
+        line.append(f"\nwarning: {w}", style="yellow")
+    return Panel(line, expand=True)
+
+
+# ---- timeline ----
+
+
+class Timeline:
+    """One lane per agent; each call a bar: queue · prefill ▒ first token ┃ decode █."""
+
+    def __init__(self, trace: Trace, flt: Filter = ALL) -> None:
+        self.trace = trace
+        self.calls = calls(trace, flt)
+        self.names = names_of(trace)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        if not self.calls:
+            yield Text("no calls to show", style="dim")
+            return
+        now = self.trace.end_t
+        t0 = min(c.start for c in self.calls)
+        t1 = max(max(c.stop(now) for c in self.calls), t0 + 1e-6)
+        lanes = self._lanes()
+        label_w = min(22, max(len(name) for name in lanes) + 1)
+        width = max(10, options.max_width - label_w - 1)
+        scale = width / (t1 - t0)
+
+        def cell(t: float) -> int:
+            return min(width - 1, max(0, int((t - t0) * scale)))
+
+        yield Text.assemble(("timeline ", "bold"), _legend())
+        for name, rows in lanes.items():
+            for i, row in enumerate(rows):
+                label = (name if i == 0 else "").ljust(label_w)[:label_w]
+                line = Text(label, style="bold" if i == 0 else "")
+                line.append_text(self._row(row, cell, width, now))
+                yield line
+        yield Text(" " * label_w) + _axis(t0, t1, width)
+
+    def _lanes(self) -> dict[str, list[list[CallRec]]]:
+        """Per agent, rows of calls that do not overlap (greedy, by start time)."""
+        now = self.trace.end_t
+        lanes: dict[str, list[list[CallRec]]] = {}
+        for c in self.calls:
+            rows = lanes.setdefault(self.names(c.agent), [])
+            for row in rows:
+                if row[-1].stop(now) <= c.start:
+                    row.append(c)
+                    break
+            else:
+                if len(rows) < MAX_LANES:
+                    rows.append([c])
+                else:
+                    rows[-1].append(c)  # drawn over: the lane is at its limit
+        return lanes
+
+    def _row(self, row: list[CallRec], cell, width: int, now: float) -> Text:
+        chars = [" "] * width
+        styles = [""] * width
+        for c in row:
+            end = c.stop(now)
+            admitted = c.admitted if c.admitted is not None else (c.first or end)
+            first = c.first
+            spans = [(c.start, admitted, QUEUE)]
+            if c.end is None:
+                spans.append((admitted, end, PENDING))
+            elif first is not None:
+                spans += [(admitted, first, PREFILL), (first, end, DECODE)]
+            else:
+                spans.append((admitted, end, PREFILL))
+            for a, b, (ch, st) in spans:
+                if c.status == "error":
+                    st = "bold red"
+                elif c.status == "cancelled":
+                    st = "dim red"
+                for x in range(cell(a), max(cell(a), cell(b) - 1) + 1):
+                    if b > a or x == cell(a):
+                        chars[x], styles[x] = ch, st
+            if first is not None and c.end is not None:
+                chars[cell(first)], styles[cell(first)] = FIRST
+        text = Text()
+        for ch, st in zip(chars, styles, strict=True):
+            text.append(ch, style=st)
+        return text
+
+
+def _legend() -> Text:
+    parts = [("queue", QUEUE), ("prefill", PREFILL), ("first token", FIRST), ("decode", DECODE)]
+    parts.append(("pending", PENDING))
+    text = Text()
+    for label, (ch, st) in parts:
+        text.append(ch * 2, style=st)
+        text.append(f" {label}  ")
+    text.append("(red: failed)", style="red")
+    return text
+
+
+def _axis(t0: float, t1: float, width: int, unit: str = "s") -> Text:
+    ticks = max(2, width // 14)
+    line = [" "] * width
+    for i in range(ticks):
+        x = round(i * (width - 1) / (ticks - 1))
+        value = t0 + (t1 - t0) * x / max(1, width - 1)
+        label = f"|{value:.2f}s" if unit == "s" else f"|{value:.0f}"
+        x = min(x, width - len(label))
+        line[x : x + len(label)] = label
+    return Text("".join(line[:width]), style="dim")
+
+
+# ---- KV lineage ----
+
+
+def segments(trace: Trace, c: CallRec) -> list[tuple[str, int, int, str]]:
+    """The call's prompt as (what, start, end, style): its parents where they sat (reused
+    in choreographed mode; re-rendered as text, maybe prefix-cached, in baseline), its
+    own new tokens, and what it generated."""
+    e = c.end
+    if e is None:
+        return []
+    out = []
+    for mid, off in sorted(zip(e.parents, e.offsets, strict=False), key=lambda p: p[1]):
+        msg = trace.messages.get(mid)
+        n = msg.tokens if msg is not None else 0
+        out.append((f"m{mid}", off, off + n, "cyan"))
+    start = e.new_offset or 0
+    own = _own_tokens(trace, c) or max(0, e.encoded - e.generated)
+    out.append(("new", start, start + own, "yellow"))
+    if e.generated:
+        out.append(("gen", start + own, start + own + e.generated, "green"))
+    return out
+
+
+def _own_tokens(trace: Trace, c: CallRec) -> int:
+    msg = trace.messages.get(c.end.message) if c.end and c.end.message is not None else None
+    return 0 if msg is None else msg.tokens - (c.end.generated if c.end else 0)
+
+
+def lineage(trace: Trace, flt: Filter = ALL, limit: int = 40) -> Table:
+    names = names_of(trace)
+    rows = [c for c in calls(trace, flt) if c.end is not None]
+    table = Table(title="KV lineage: each call's prompt as reused / newly encoded / generated")
+    for col, just in (
+        ("call", "right"),
+        ("agent", "left"),
+        ("kind", "left"),
+        ("prompt segments (message@start..end)", "left"),
+        ("reuse", "right"),
+        ("saved", "right"),
+    ):
+        table.add_column(col, justify=just, overflow="fold")
+    for c in rows[:limit]:
+        e = c.end
+        segs = Text()
+        for what, a, b, style in segments(trace, c):
+            if segs:
+                segs.append(" ")
+            segs.append(f"{what}@{a}..{b}", style=style)
+        total = e.reused + e.encoded
+        ratio = f"{e.reused / total:.0%}" if total else "-"
+        status = "" if e.status == "ok" else f" [{e.status}]"
+        table.add_row(str(c.id), names(c.agent), c.kind + status, segs, ratio, f"{e.reused} tok")
+    if len(rows) > limit:
+        table.caption = f"{len(rows) - limit} more calls: narrow with --agent/--kind/--since"
+    return table
+
+
+# ---- message graph ----
+
+
+def depths(trace: Trace) -> dict[int, int]:
+    """Each message's round: 0 for roots, else 1 + its deepest parent's."""
+    out: dict[int, int] = {}
+    for mid in sorted(trace.messages):
+        parents = [out.get(p, 0) for p in trace.messages[mid].parents]
+        out[mid] = 1 + max(parents) if parents else 0
+    return out
+
+
+def readers(trace: Trace) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = defaultdict(list)
+    for mid, msg in trace.messages.items():
+        for p in msg.parents:
+            out[p].append(mid)
+    return out
+
+
+def graph(trace: Trace, flt: Filter = ALL, limit: int = 60) -> Table:
+    names = names_of(trace)
+    depth, read_by = depths(trace), readers(trace)
+    leaked = {lk.parent for lk in trace.leaks}
+    table = Table(title="message graph (by round): parents in order, with their offsets")
+    for col in ("round", "msg", "role", "owner", "visibility", "parents@offset", "read by", ""):
+        table.add_column(col, overflow="fold")
+    shown = [
+        m
+        for m in trace.messages.values()
+        if flt.agent is None or flt.agent in (m.owner or "(engine)")
+    ]
+    shown.sort(key=lambda m: (depth[m.id], m.id))
+    for m in shown[:limit]:
+        marks = []
+        if len(m.parents) > 1:
+            marks.append("join")
+        if len(read_by.get(m.id, [])) > 1:
+            marks.append(f"fork x{len(read_by[m.id])}")
+        if m.view_of is not None:
+            marks.append(f"clean copy of m{m.view_of}")
+        if m.id in trace.freed:
+            marks.append("freed")
+        style = "red" if m.id in leaked else ""
+        parents = " ".join(f"m{p}@{o}" for p, o in zip(m.parents, m.offsets, strict=False))
+        table.add_row(
+            str(depth[m.id]),
+            Text(f"m{m.id}", style=style),
+            m.role,
+            names(m.owner),
+            m.visibility,
+            parents or "-",
+            " ".join(f"m{r}" for r in read_by.get(m.id, [])) or "-",
+            Text(", ".join(marks), style=style or "dim"),
+        )
+    if len(shown) > limit:
+        table.caption = f"{len(shown) - limit} more messages"
+    return table
+
+
+def leak_path(trace: Trace, start: int, target: int) -> list[int]:
+    """Message ids from `start` back through parents to `target` (shortest), or []."""
+    prev: dict[int, int | None] = {start: None}
+    frontier = [start]
+    while frontier:
+        nxt = []
+        for mid in frontier:
+            if mid == target:
+                path = [mid]
+                while prev[path[-1]] is not None:
+                    path.append(prev[path[-1]])
+                return path[::-1]
+            msg = trace.messages.get(mid)
+            for p in msg.parents if msg else ():
+                if p not in prev:
+                    prev[p] = mid
+                    nxt.append(p)
+        frontier = nxt
+    return []
+
+
+def problems(trace: Trace) -> Group:
+    """Leaks (with the path by which each hidden source reached the reader) and errors."""
+    names = names_of(trace)
+    parts: list = []
+    seen: dict[tuple, int] = defaultdict(int)
+    for lk in trace.leaks:
+        seen[(lk.reader, lk.parent, tuple(lk.sources), lk.policy, lk.call)] += 1
+    for (reader, parent, sources, policy, call), n in seen.items():
+        times = f" x{n}" if n > 1 else ""
+        kind = call.split(" by ")[0]
+        line = Text(f"leak ({policy}){times}: {names(reader)}'s {kind} ", "red")
+        line.append(f"attended to m{parent}, whose encoding carries ")
+        for src in sources:
+            msg = trace.messages.get(src)
+            who = f"{names(msg.owner)}'s {msg.visibility} {msg.role}" if msg else "?"
+            path = leak_path(trace, parent, src)
+            line.append(f"m{src} ({who}) via ", style="bold red")
+            line.append(" <- ".join(f"m{p}" for p in path) or "?", style="red")
+            line.append("; ")
+        parts.append(line)
+    for c in trace.calls.values():
+        if c.status == "error":
+            parts.append(Text(f"error: call {c.id} ({names(c.agent)}): {c.end.error}", "bold red"))
+    for a in trace.actors:
+        if not a.ok:
+            parts.append(Text(f"{a.event}: {names(a.agent)}: {a.detail}", "red"))
+    for e in trace.errors:
+        parts.append(Text(f"error in {e.where}: {e.detail}", "bold red"))
+    for r in trace.reencodes:
+        parts.append(Text(f"re-encoded m{r.message} for {names(r.reader)} as m{r.clean}", "dim"))
+    if not parts:
+        parts.append(Text("no leaks, no errors", style="green"))
+    return Group(Text("leaks and errors", style="bold"), *parts)
+
+
+# ---- per-call detail ----
+
+
+def call_detail(trace: Trace, call_id: int, full: bool = False) -> Group:
+    """The context as the model saw it: parents in position order, gaps, overlaps, texts."""
+    c = trace.calls.get(call_id)
+    if c is None:
+        raise KeyError(call_id)
+    names = names_of(trace)
+    e = c.end
+    head = Text(f"call {c.id}: {c.kind} by {names(c.agent)} ({c.status})", style="bold")
+    if e is None:
+        return Group(head, Text("still pending: no context recorded yet", style="cyan"))
+    facts = (
+        f"queued {c.start:.3f}s · ttft {_ms(e.ttft_s)} · decode {_ms(e.decode_s)} · "
+        f"encoded {e.encoded} · reused {e.reused} · generated {e.generated}"
+    )
+    if e.message is not None:
+        facts += f" · made m{e.message}"
+    parts: list = [head, Text(facts)]
+    if e.error:
+        parts.append(Text(f"error: {e.error}", style="bold red"))
+    parts.append(ContextPicture(segments(trace, c)))
+    for mid, off in sorted(zip(e.parents, e.offsets, strict=False), key=lambda p: p[1]):
+        msg = trace.messages.get(mid)
+        text = _clip(trace.text(mid), None if full else 160)
+        who = f"{names(msg.owner)}'s {msg.visibility} {msg.role}" if msg else "?"
+        parts.append(Text.assemble((f"m{mid} @{off} ", "cyan"), (f"[{who}] ", "dim"), text))
+    if e.message is not None:
+        text = _clip(trace.text(e.message), None if full else 400)
+        parts.append(Text.assemble((f"-> m{e.message} ", "green"), text))
+    return Group(*parts)
+
+
+def _clip(text: str, n: int | None) -> str:
+    """Whole when `n` is None, else one line of at most `n` characters."""
+    if n is None:
+        return text
+    text = text.replace("\n", " ⏎ ")
+    return text if len(text) <= n else text[: n - 1] + "… (--full)"
+
+
+class ContextPicture:
+    """One row per segment over a shared position axis, like figure 3 of the paper;
+    a last row marks gaps (positions nobody fills) and overlaps (filled twice)."""
+
+    def __init__(self, segs: list[tuple[str, int, int, str]]) -> None:
+        self.segs = segs
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        if not self.segs:
+            return
+        hi = max(b for _, _, b, _ in self.segs)
+        label_w = 14
+        width = max(10, options.max_width - label_w - 1)
+        scale = width / max(hi, 1)
+        cover = [0] * width
+        for what, a, b, style in self.segs:
+            x0, x1 = int(a * scale), max(int(a * scale) + 1, int(b * scale))
+            row = Text(f"{what} {a}..{b}".ljust(label_w)[:label_w])
+            row.append(" " * x0)
+            row.append("█" * (x1 - x0), style=style)
+            yield row
+            if what.startswith("m"):
+                for x in range(x0, min(x1, width)):
+                    cover[x] += 1
+        ctx_end = min(
+            width, int(min(a for w, a, _, _ in self.segs if not w.startswith("m")) * scale)
+        )
+        marks = Text("gaps/overlaps".ljust(label_w)[:label_w])
+        for x in range(width):
+            if x < ctx_end and cover[x] == 0:
+                marks.append("╌", style="yellow")
+            elif cover[x] > 1:
+                marks.append("▲", style="bold red")
+            else:
+                marks.append(" ")
+        yield marks
+        yield Text("position".ljust(label_w)) + _axis(0, hi, width, unit="pos")
+
+
+# ---- totals ----
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * (len(values) - 1) + 0.5))]
+
+
+def totals(trace: Trace, flt: Filter = ALL) -> Table:
+    names = names_of(trace)
+    now = trace.end_t
+    groups: dict[str, list[CallRec]] = defaultdict(list)
+    shown = calls(trace, flt)
+    for c in shown:
+        groups[names(c.agent)].append(c)
+    leaks = defaultdict(int)
+    for lk in trace.leaks:
+        leaks[names(lk.reader)] += 1
+    table = Table(title="totals")
+    for col in ("agent", "calls", "encoded", "reused", "generated", "reuse", "TTFT p50", "p95"):
+        table.add_column(col, justify="left" if col == "agent" else "right")
+    for col in ("wall", "leaks", "errors"):
+        table.add_column(col, justify="right")
+    for name, cs in [*sorted(groups.items()), ("all", shown)]:
+        ends = [c.end for c in cs if c.end is not None]
+        enc, reu = sum(e.encoded for e in ends), sum(e.reused for e in ends)
+        ttfts = [e.ttft_s for e in ends if e.ttft_s is not None]
+        wall = max(c.stop(now) for c in cs) - min(c.start for c in cs) if cs else 0.0
+        n_leaks = sum(leaks.values()) if name == "all" else leaks.get(name, 0)
+        table.add_row(
+            Text(name, style="bold" if name == "all" else ""),
+            str(len(cs)),
+            str(enc),
+            str(reu),
+            str(sum(e.generated for e in ends)),
+            f"{reu / (enc + reu):.0%}" if enc + reu else "-",
+            _ms(_pct(ttfts, 0.5)),
+            _ms(_pct(ttfts, 0.95)),
+            f"{wall:.2f} s",
+            Text(str(n_leaks), style="red" if n_leaks else ""),
+            Text(str(n := sum(1 for c in cs if c.status == "error")), style="red" if n else ""),
+        )
+    path = critical_path(trace, shown)
+    if path:
+        span = path[-1].stop(now) - path[0].start
+        chain = " -> ".join(f"{c.id}:{names(c.agent)}" for c in path)
+        table.caption = f"critical path ({span:.2f} s, {len(path)} calls): {chain}"
+    return table
+
+
+def critical_path(trace: Trace, shown: list[CallRec]) -> list[CallRec]:
+    """The chain of calls that bounds the wall time: from the last call to end, back
+    through the parent whose producing call ended last."""
+    now = trace.end_t
+    if not shown:
+        return []
+    c = max(shown, key=lambda x: x.stop(now))
+    path = [c]
+    seen = {c.id}
+    while True:
+        parents = c.end.parents if c.end is not None else c.queued.parents
+        makers = [m for p in parents if (m := trace.producer(p)) is not None and m.id not in seen]
+        if not makers:
+            return path[::-1]
+        c = max(makers, key=lambda x: x.stop(now))
+        seen.add(c.id)
+        path.append(c)
+
+
+def overview(trace: Trace, flt: Filter = ALL, limit: int = 40) -> Iterator:
+    """Everything `corps trace view FILE` shows, in order."""
+    yield header(trace)
+    yield totals(trace, flt)
+    yield Timeline(trace, flt)
+    yield lineage(trace, flt, limit)
+    yield graph(trace, flt, limit)
+    yield problems(trace)
