@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rich import box
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
@@ -60,12 +61,14 @@ def _output(trace: Trace, c: CallRec | None) -> str | None:
 def diff(a: Trace, b: Trace, limit: int = 60) -> Group:
     pairs = align(a, b)
     table = Table(
-        title=f"A = {a.path.name} ({a.header.mode})   B = {b.path.name} ({b.header.mode})"
+        box=box.SIMPLE_HEAD,
+        padding=(0, 0, 0, 1),
+        pad_edge=False,
+        title=f"A = {a.path.name} ({a.header.mode})   B = {b.path.name} ({b.header.mode})",
     )
-    for col in ("agent", "step", "kind", "TTFT A", "TTFT B", "A/B"):
-        table.add_column(col, justify="left" if col in ("agent", "kind") else "right")
-    for col in ("encoded A", "encoded B", "reused A", "reused B", "same output"):
-        table.add_column(col, justify="right")
+    table.add_column("agent", min_width=8, no_wrap=True, overflow="ellipsis")
+    for col in ("step", "kind", "TTFT A", "TTFT B", "A/B", "encoded A/B", "reused A/B", "same"):
+        table.add_column(col, justify="left" if col == "kind" else "right", no_wrap=True)
     first_diff: Pair | None = None
     for p in pairs:
         ea, eb = p.a.end if p.a else None, p.b.end if p.b else None
@@ -82,10 +85,8 @@ def diff(a: Trace, b: Trace, limit: int = 60) -> Group:
             _ms(ea.ttft_s if ea else None),
             _ms(eb.ttft_s if eb else None),
             _ratio(ea.ttft_s if ea else None, eb.ttft_s if eb else None),
-            str(ea.encoded) if ea else "-",
-            str(eb.encoded) if eb else "-",
-            str(ea.reused) if ea else "-",
-            str(eb.reused) if eb else "-",
+            f"{ea.encoded if ea else '-'}/{eb.encoded if eb else '-'}",
+            f"{ea.reused if ea else '-'}/{eb.reused if eb else '-'}",
             Text("yes", "green") if same else Text("no", "yellow"),
         )
     if len(pairs) > limit:
@@ -105,7 +106,7 @@ def diff(a: Trace, b: Trace, limit: int = 60) -> Group:
 
 
 def _totals(a: Trace, b: Trace) -> Table:
-    table = Table(title="totals")
+    table = Table(box=box.SIMPLE_HEAD, title="totals")
     for col in ("", "A", "B", "A/B"):
         table.add_column(col, justify="left" if not col else "right")
     fa, fb = _figures(a), _figures(b)
@@ -115,7 +116,7 @@ def _totals(a: Trace, b: Trace) -> Table:
         ("reused", str),
         ("generated", str),
         ("mean TTFT", _ms),
-        ("wall", lambda s: f"{s:.2f} s"),
+        ("wall", lambda s: f"{s:.2f}s"),
     ):
         table.add_row(key, fmt(fa[key]), fmt(fb[key]), _ratio(fa[key], fb[key]))
     return table

@@ -12,6 +12,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+from rich import box
 from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.panel import Panel
 from rich.table import Table
@@ -82,7 +83,7 @@ def names_of(trace: Trace) -> Names:
 
 
 def _ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1000:.0f} ms"
+    return "-" if seconds is None else f"{seconds * 1000:.0f}ms"
 
 
 # ---- header ----
@@ -134,7 +135,10 @@ class Timeline:
         yield Text.assemble(("timeline ", "bold"), _legend())
         for name, rows in lanes.items():
             for i, row in enumerate(rows):
-                label = (name if i == 0 else "").ljust(label_w)[:label_w]
+                label = name if i == 0 else ""
+                if i == MAX_LANES - 1 and len(row) > 1 and _overlapping(row, now):
+                    label = f"  +{_overlapping(row, now)} over"
+                label = label.ljust(label_w)[:label_w]
                 line = Text(label, style="bold" if i == 0 else "")
                 line.append_text(self._row(row, cell, width, now))
                 yield line
@@ -185,6 +189,11 @@ class Timeline:
         for ch, st in zip(chars, styles, strict=True):
             text.append(ch, style=st)
         return text
+
+
+def _overlapping(row: list[CallRec], now: float) -> int:
+    """How many calls of a row start before the previous one ended (drawn over)."""
+    return sum(1 for a, b in zip(row, row[1:], strict=False) if b.start < a.stop(now))
 
 
 def _legend() -> Text:
@@ -241,7 +250,10 @@ def _own_tokens(trace: Trace, c: CallRec) -> int:
 def lineage(trace: Trace, flt: Filter = ALL, limit: int = 40) -> Table:
     names = names_of(trace)
     rows = [c for c in calls(trace, flt) if c.end is not None]
-    table = Table(title="KV lineage: each call's prompt as reused / newly encoded / generated")
+    table = Table(
+        box=box.SIMPLE_HEAD,
+        title="KV lineage: each call's prompt as reused / newly encoded / generated",
+    )
     for col, just in (
         ("call", "right"),
         ("agent", "left"),
@@ -291,7 +303,9 @@ def graph(trace: Trace, flt: Filter = ALL, limit: int = 60) -> Table:
     names = names_of(trace)
     depth, read_by = depths(trace), readers(trace)
     leaked = {lk.parent for lk in trace.leaks}
-    table = Table(title="message graph (by round): parents in order, with their offsets")
+    table = Table(
+        box=box.SIMPLE_HEAD, title="message graph (by round): parents in order, with their offsets"
+    )
     for col in ("round", "msg", "role", "owner", "visibility", "parents@offset", "read by", ""):
         table.add_column(col, overflow="fold")
     shown = [
@@ -484,17 +498,20 @@ def totals(trace: Trace, flt: Filter = ALL) -> Table:
     leaks = defaultdict(int)
     for lk in trace.leaks:
         leaks[names(lk.reader)] += 1
-    table = Table(title="totals")
-    for col in ("agent", "calls", "encoded", "reused", "generated", "reuse", "TTFT p50", "p95"):
-        table.add_column(col, justify="left" if col == "agent" else "right")
-    for col in ("wall", "leaks", "errors"):
-        table.add_column(col, justify="right")
+    table = Table(box=box.SIMPLE_HEAD, title="totals", padding=(0, 0, 0, 1), pad_edge=False)
+    table.add_column("agent", min_width=8, no_wrap=True, overflow="ellipsis")
+    for col in ("calls", "encoded", "reused", "gen", "reuse", "TTFT p50/95", "wall"):
+        table.add_column(col, justify="right", no_wrap=True)
+    for col in ("leaks", "err"):
+        table.add_column(col, justify="right", no_wrap=True)
     for name, cs in [*sorted(groups.items()), ("all", shown)]:
         ends = [c.end for c in cs if c.end is not None]
         enc, reu = sum(e.encoded for e in ends), sum(e.reused for e in ends)
         ttfts = [e.ttft_s for e in ends if e.ttft_s is not None]
         wall = max(c.stop(now) for c in cs) - min(c.start for c in cs) if cs else 0.0
         n_leaks = sum(leaks.values()) if name == "all" else leaks.get(name, 0)
+        n_errors = sum(1 for c in cs if c.status == "error")
+        p50, p95 = _pct(ttfts, 0.5), _pct(ttfts, 0.95)
         table.add_row(
             Text(name, style="bold" if name == "all" else ""),
             str(len(cs)),
@@ -502,11 +519,10 @@ def totals(trace: Trace, flt: Filter = ALL) -> Table:
             str(reu),
             str(sum(e.generated for e in ends)),
             f"{reu / (enc + reu):.0%}" if enc + reu else "-",
-            _ms(_pct(ttfts, 0.5)),
-            _ms(_pct(ttfts, 0.95)),
-            f"{wall:.2f} s",
+            "-" if p50 is None else f"{p50 * 1000:.0f}/{_ms(p95)}",
+            f"{wall:.2f}s",
             Text(str(n_leaks), style="red" if n_leaks else ""),
-            Text(str(n := sum(1 for c in cs if c.status == "error")), style="red" if n else ""),
+            Text(str(n_errors), style="red" if n_errors else ""),
         )
     path = critical_path(trace, shown)
     if path:

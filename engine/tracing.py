@@ -7,6 +7,7 @@ import time
 from pydantic import BaseModel
 
 from corps.cache.messages import MessageTable
+from corps.engine.errors import EngineClosed
 from corps.engine.scheduler import Job
 from corps.engine.trace import CallEnd, CallQueued, MessageMade, Recorder, Text, visibility_name
 
@@ -32,7 +33,9 @@ def queued_event(rec: Recorder, job: Job) -> CallQueued:
 def end_events(rec: Recorder, table: MessageTable, job: Job) -> list[BaseModel]:
     """The call's `CallEnd`, preceded by its message (and text) if it made one."""
     req, call, now = job.request, job.call, time.perf_counter()
-    if job.error is not None:
+    if job.cancelled and (job.error is None or isinstance(job.error, EngineClosed)):
+        status, error = "cancelled", None  # its waiter left (the shutdown came after)
+    elif job.error is not None:
         status, error = "error", f"{type(job.error).__name__}: {job.error}"
     elif job.handle is None:
         status, error = "cancelled", None
