@@ -181,6 +181,44 @@ def bench_workflow(
     _write(bw, [report], json_out, plot_out)
 
 
+@bench_app.command("trace")
+def bench_trace(
+    pattern: Annotated[str, typer.Argument(help="A built-in pattern.")] = "tree_of_thoughts",
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="key=value parameter (repeatable).")
+    ] = None,
+    runs: Annotated[int, typer.Option(min=1, help="Measured runs (each traced and not).")] = 5,
+    warmup: Annotated[int, typer.Option(min=0)] = 1,
+    model: ModelOpt = "smollm2-135m",
+    dtype: DtypeOpt = "float32",
+) -> None:
+    """What recording a trace costs: the same workflow traced and untraced, alternated."""
+    import warnings
+
+    import anyio
+
+    from corps.cache.visibility import LeakWarning
+    from corps.cli import bench_trace as bt
+
+    params, _ = _bench_args(pattern, set_, "baseline,choreographed")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", LeakWarning)
+            cost = anyio.run(
+                lambda: bt.measure(
+                    pattern.replace("-", "_"),
+                    params,
+                    model=model,
+                    runs=runs,
+                    warmup=warmup,
+                    dtype=dtype,
+                )
+            )
+    except CorpsError as exc:
+        fail(exc)
+    Console().print(bt.table(cost))
+
+
 @bench_app.command("workflows")
 def bench_workflows(
     runs: Annotated[int, typer.Option(min=1, help="Measured runs per pattern and cell.")] = 3,

@@ -115,7 +115,7 @@ class Trace:
         if not first.endswith(b"\n") and not follow:
             raise TraceError(f"{path} is not a corps trace: no complete header line")
         header = _header(first, path)
-        trace = cls(path, header, _pos=len(first))
+        trace = cls(path, header, _pos=len(first), _line=2)
         trace.update(final=not follow)
         return trace
 

@@ -7,6 +7,7 @@ an 80-column terminal, a 200-column one and an SVG export.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
@@ -193,7 +194,7 @@ class Timeline:
 
 def _overlapping(row: list[CallRec], now: float) -> int:
     """How many calls of a row start before the previous one ended (drawn over)."""
-    return sum(1 for a, b in zip(row, row[1:], strict=False) if b.start < a.stop(now))
+    return sum(1 for a, b in itertools.pairwise(row) if b.start < a.stop(now))
 
 
 def _legend() -> Text:

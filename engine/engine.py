@@ -66,18 +66,8 @@ class Engine:
         self._tg: anyio.abc.TaskGroup | None = None
         self._guard = Guard(core.table, mode=core.mode, policy=leak_policy, recorder=self.recorder)
         self._ids = itertools.count(1)
-        self._trace_file: TraceFile | None = None
-        if trace is not None:
-            header = Header(
-                corps=version(),
-                model=model_name or core.model_path.name,
-                mode=core.mode,
-                dtype=str(core.store.k.dtype).removeprefix("torch."),
-                device=str(core.device),
-                started_unix=self.recorder.started_unix,
-            )
-            self._trace_file = TraceFile(trace, header)
-            self.recorder.add(self._trace_file)
+        self._model_name = model_name or core.model_path.name
+        self._trace_file = self.trace_to(trace) if trace is not None else None
 
     # ---- construction and lifetime ----
 
@@ -160,9 +150,32 @@ class Engine:
         # as itself rather than wrapped in an ExceptionGroup.
         await self._tg.__aexit__(None, None, None)
         if self._trace_file is not None:
-            self.recorder.remove(self._trace_file)
-            self._trace_file.close(self.recorder.now())
+            self.end_trace(self._trace_file)
         return None
+
+    # ---- tracing ----
+
+    def trace_to(self, path: str | Path) -> TraceFile:
+        """Start writing trace events to `path` (JSON lines, a header first); returns the
+        sink to pass to `end_trace`. `Engine.open(trace=PATH)` does this for the engine's
+        whole life."""
+        core = self._core
+        header = Header(
+            corps=version(),
+            model=self._model_name,
+            mode=core.mode,
+            dtype=str(core.store.k.dtype).removeprefix("torch."),
+            device=str(core.device),
+            started_unix=self.recorder.started_unix,
+        )
+        sink = TraceFile(path, header)
+        self.recorder.add(sink)
+        return sink
+
+    def end_trace(self, sink: TraceFile) -> None:
+        """Stop writing to `sink` and close its file (with its closing line)."""
+        self.recorder.remove(sink)
+        sink.close(self.recorder.now())
 
     # ---- introspection ----
 

@@ -48,3 +48,49 @@ def real_engine(real_dir) -> Engine:
 @pytest.fixture(scope="session")
 def real_hf(real_dir):
     return hf_model(real_dir)
+
+
+TRACE_SETTINGS = {
+    "debate": dict(rounds=2),
+    "parallel_debate": dict(agents=3, rounds=2),
+    "tree_of_thoughts": dict(branches=4, voters=3),
+    "branch_solve_merge": dict(concepts=["dog", "park", "rain", "kite"]),
+    "map_reduce": dict(chunk_tokens=128, fan_in=2),
+    "multi_qa": dict(),
+    "prisoners_dilemma": dict(leak_policy="warn"),
+}
+
+
+@pytest.fixture(scope="session")
+def traces(tiny_dirs, tmp_path_factory) -> dict[str, Path]:
+    """A trace of every built-in pattern on a tiny model (choreographed), plus
+    `debate@baseline`, keyed by pattern name."""
+    import warnings
+
+    import anyio
+
+    from corps.agents import Runtime
+    from corps.cache.visibility import LeakWarning
+    from corps.patterns import run_pattern
+    from corps.patterns.samples import DOCUMENT_PARAGRAPHS
+
+    root = tmp_path_factory.mktemp("traces")
+    out: dict[str, Path] = {}
+    jobs = [(name, "choreographed") for name in TRACE_SETTINGS] + [("debate", "baseline")]
+
+    async def one(name: str, mode: str) -> Path:
+        path = root / f"{name}-{mode}.jsonl"
+        params = dict(max_tokens=6, seed=3, **TRACE_SETTINGS[name])
+        if name == "map_reduce":
+            params["document"] = " ".join(DOCUMENT_PARAGRAPHS[:3])
+        async with open_tiny(tiny_dirs, "llama", mode=mode, trace=path) as engine:
+            async with Runtime(engine) as rt:
+                await run_pattern(rt, name, params)
+        return path
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", LeakWarning)
+        for name, mode in jobs:
+            key = name if mode == "choreographed" else f"{name}@{mode}"
+            out[key] = anyio.run(one, name, mode)
+    return out

@@ -174,3 +174,41 @@ def test_run_many_inputs_concurrently(tiny_dirs, tmp_path):
     bad.write_text('{"question": "a"}\n{"rounds": "x"}\n')
     result = run_cli(tiny_dirs, "parallel-debate", "--inputs", str(bad))
     assert result.exit_code == 2 and "line 2" in result.output
+
+
+@pytest.mark.parametrize("mode", ["choreographed", "hf"])
+def test_run_with_a_trace_then_view_and_export_it(tiny_dirs, tmp_path, mode):
+    trace = tmp_path / "t.jsonl"
+    result = run_cli(
+        tiny_dirs, "multi-qa", "--set", "max_tokens=4", "--mode", mode, "--trace", str(trace)
+    )
+    assert result.exit_code == 0, result.output
+    view = runner.invoke(app, ["trace", "view", str(trace)], terminal_width=100)
+    assert view.exit_code == 0, view.output
+    assert "timeline" in view.output and "KV lineage" in view.output and mode in view.output
+    detail = runner.invoke(app, ["trace", "view", str(trace), "--call", "2", "--full"])
+    assert detail.exit_code == 0 and "call 2" in detail.output
+    outs = {k: tmp_path / f"o.{k}" for k in ("perfetto", "otel", "svg", "html")}
+    args = [x for k, p in outs.items() for x in (f"--{k}", str(p))]
+    export = runner.invoke(app, ["trace", "export", str(trace), *args])
+    assert export.exit_code == 0, export.output
+    assert all(p.stat().st_size > 0 for p in outs.values())
+    assert "traceEvents" in json.loads(outs["perfetto"].read_text())
+    diff = runner.invoke(app, ["trace", "diff", str(trace), str(trace)], terminal_width=120)
+    assert diff.exit_code == 0 and "same text" in diff.output
+
+
+def test_trace_commands_fail_clearly(tmp_path, traces):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("hello\n")
+    for args in (
+        ["trace", "view", str(bad)],
+        ["trace", "view", str(tmp_path / "missing.jsonl")],
+        ["trace", "view", str(traces["debate"]), "--call", "999999"],
+        ["trace", "view", str(traces["debate"]), "--kind", "bogus"],
+        ["trace", "export", str(traces["debate"])],
+        ["trace", "diff", str(traces["debate"]), str(bad)],
+    ):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert "error:" in result.output and "Traceback" not in result.output

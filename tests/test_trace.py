@@ -48,7 +48,7 @@ SAMPLES = [
         call="decode by bob",
         detail="d",
         policy="warn",
-    ),  # fmt: skip
+    ),
     dict(type="reencode", message=3, reader="bob", clean=5),
     dict(type="error", where="engine loop", detail="MemoryError()"),
     dict(type="closed", t=9.0),

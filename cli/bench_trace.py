@@ -1,0 +1,94 @@
+"""`corps bench trace`: what recording a trace costs, measured side by side.
+
+One engine, one runtime; each run executes the same workflow (same seed, so
+the same tokens) once untraced and once writing a trace file, in alternating
+order (A B, B A, ...) so drift hits both alike. Reported: mean end-to-end wall
+time of each, events written per run, and the ratio traced / untraced with a
+bootstrap 95% interval. The target is <= 1.05.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from corps.cli.bench_workflow import Ratio, bootstrap
+
+
+class TraceCost(BaseModel):
+    pattern: str
+    params: dict[str, Any]
+    plain_s: list[float]
+    traced_s: list[float]
+    events: int  # lines written per traced run (mean)
+    ratio: Ratio  # traced / untraced wall time
+    equal_work: bool
+
+
+async def measure(
+    pattern: str,
+    params: dict[str, Any],
+    *,
+    model: str,
+    runs: int = 5,
+    warmup: int = 1,
+    dtype: str = "float32",
+) -> TraceCost:
+    from corps.agents import Runtime
+    from corps.engine.engine import Engine
+    from corps.patterns.registry import run_pattern
+
+    plain, traced, events, same = [], [], [], True
+    with tempfile.TemporaryDirectory() as tmp:
+        async with Engine.open(model, dtype=dtype) as engine, Runtime(engine) as rt:
+            for r in range(warmup + runs):
+                p = {**params, "seed": params.get("seed", 0) + r}
+                got: dict[bool, tuple[float, list]] = {}
+                for on in (False, True) if r % 2 == 0 else (True, False):
+                    path = Path(tmp) / f"run{r}.jsonl"
+                    sink = engine.trace_to(path) if on else None
+                    t0 = time.perf_counter()
+                    result = await run_pattern(rt, pattern, p)
+                    wall = time.perf_counter() - t0
+                    if sink is not None:
+                        engine.end_trace(sink)
+                        if r >= warmup:
+                            events.append(sum(1 for _ in path.open()))
+                    got[on] = (wall, [h.generated for h in result.messages if h is not None])
+                same = same and got[True][1] == got[False][1]
+                if r >= warmup:
+                    plain.append(got[False][0])
+                    traced.append(got[True][0])
+    return TraceCost(
+        pattern=pattern,
+        params=params,
+        plain_s=plain,
+        traced_s=traced,
+        events=round(statistics.fmean(events)),
+        ratio=bootstrap(traced, plain),
+        equal_work=same,
+    )
+
+
+def table(cost: TraceCost):
+    from rich.table import Table
+
+    t = Table(
+        title=f"trace cost: {cost.pattern}, {len(cost.plain_s)} runs each, equal work "
+        f"{'yes' if cost.equal_work else 'NO'}"
+    )
+    for col in ("untraced", "traced", "events / run", "traced / untraced [95%]"):
+        t.add_column(col, justify="right")
+    r = cost.ratio
+    t.add_row(
+        f"{statistics.fmean(cost.plain_s):.3f} s",
+        f"{statistics.fmean(cost.traced_s):.3f} s",
+        str(cost.events),
+        f"{r.mean:.3f}x [{r.low:.3f}, {r.high:.3f}]",
+    )
+    return t

@@ -1,0 +1,140 @@
+"""The trace viewer (corps.cli.trace_view): every pattern's trace renders, at any width."""
+
+from __future__ import annotations
+
+import io
+import itertools
+
+import pytest
+from rich.console import Console
+
+from corps.cli import trace_view as tv
+from corps.cli.trace_file import Trace
+
+from conftest import TRACE_SETTINGS
+
+KEYS = [*TRACE_SETTINGS, "debate@baseline"]
+
+
+def render(*parts, width: int) -> str:
+    console = Console(record=True, width=width, file=io.StringIO())
+    for part in parts:
+        console.print(part)
+    text = console.export_text()
+    assert all(len(line) <= width for line in text.splitlines())
+    return text
+
+
+@pytest.mark.parametrize("width", [80, 200])
+@pytest.mark.parametrize("key", KEYS)
+def test_every_pattern_renders_at_any_width(traces, key, width):
+    trace = Trace.load(traces[key])
+    text = render(*tv.overview(trace), width=width)
+    for title in ("totals", "timeline", "KV lineage", "message graph", "leaks and errors"):
+        assert title in text
+    for c in list(trace.calls)[:3]:
+        render(tv.call_detail(trace, c), width=width)
+
+
+def test_leaks_are_shown_with_their_path(traces):
+    trace = Trace.load(traces["prisoners_dilemma"])
+    assert trace.leaks
+    text = render(tv.problems(trace), width=200)
+    assert "leak (warn)" in text and "via m" in text
+    lk = trace.leaks[0]
+    src = lk.sources[0]
+    path = tv.leak_path(trace, lk.parent, src)
+    assert path[0] == lk.parent and path[-1] == src
+    for child, parent in itertools.pairwise(path):
+        assert parent in trace.messages[child].parents  # each hop is a real parent edge
+
+
+def test_errors_are_shown(traces, tmp_path):
+    src = traces["debate"].read_text().splitlines()
+    # turn the first decode's end into a failure and drop the closing line
+    out = []
+    for line in src:
+        if (
+            '"type":"end"' in line
+            and '"kind":"decode"' in line
+            and not any('"status":"error"' in x for x in out)
+        ):
+            line = line.replace('"status":"ok","error":null', '"status":"error","error":"boom"')
+        if '"type":"closed"' not in line:
+            out.append(line)
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join(out) + "\n")
+    trace = Trace.load(path)
+    text = render(*tv.overview(trace), width=120)
+    assert "error: call" in text and "boom" in text
+    assert "not closed" in text
+
+
+def test_totals_add_up(traces):
+    trace = Trace.load(traces["tree_of_thoughts"])
+    ends = [c.end for c in trace.calls.values()]
+    text = render(tv.totals(trace), width=200)
+    all_row = next(line for line in text.splitlines() if line.strip().startswith("all"))
+    cells = all_row.split()
+    assert cells[1] == str(len(ends))
+    assert cells[2] == str(sum(e.encoded for e in ends))
+    assert cells[3] == str(sum(e.reused for e in ends))
+
+
+def test_critical_path_follows_parents(traces):
+    trace = Trace.load(traces["tree_of_thoughts"])
+    path = tv.critical_path(trace, tv.calls(trace))
+    assert len(path) >= 2
+    last = max(trace.calls.values(), key=lambda c: c.end.t)
+    assert path[-1] is last
+    for earlier, later in itertools.pairwise(path):
+        made = earlier.end.message
+        assert made in later.end.parents  # later read what earlier made
+
+
+def test_filters(traces):
+    trace = Trace.load(traces["tree_of_thoughts"])
+    decodes = tv.calls(trace, tv.Filter(kind="decode"))
+    assert decodes and all(c.kind == "decode" for c in decodes)
+    voters = tv.calls(trace, tv.Filter(agent="voter"))
+    assert voters and all("voter" in c.agent for c in voters)
+    late = tv.calls(trace, tv.Filter(since=trace.end_t))
+    assert len(late) < len(trace.calls)
+
+
+def test_timeline_draws_overlapping_calls_on_their_own_rows(traces):
+    trace = Trace.load(traces["tree_of_thoughts"])
+    lanes = tv.Timeline(trace)._lanes()
+    proposer = lanes["proposer"]
+    assert len(proposer) == 4  # 4 branches decoded together: 4 rows
+    text = render(tv.Timeline(trace), width=100)
+    assert text.count("┃") >= len([c for c in trace.calls.values() if c.kind == "decode"])
+
+
+def test_segments_place_parents_where_they_sat(traces):
+    trace = Trace.load(traces["parallel_debate"])
+    for c in trace.calls.values():
+        segs = tv.segments(trace, c)
+        parents = [s for s in segs if s[0].startswith("m")]
+        assert len(parents) == len(c.end.parents)
+        placed = dict(zip(c.end.parents, c.end.offsets, strict=True))
+        for what, a, b, _ in parents:
+            mid = int(what[1:])
+            assert a == placed[mid] and b - a == trace.messages[mid].tokens
+        assert [a for _, a, _, _ in parents] == sorted(a for _, a, _, _ in parents)
+        new = next(s for s in segs if s[0] == "new")
+        assert new[1] == c.end.new_offset
+
+
+def test_call_detail_unknown_call(traces):
+    trace = Trace.load(traces["debate"])
+    with pytest.raises(KeyError):
+        tv.call_detail(trace, 10**6)
+
+
+def test_names_shorten_pattern_agents():
+    one = tv.Names(["debate-1a2b3c4d-alice", "debate-1a2b3c4d-bob", None])
+    assert one("debate-1a2b3c4d-alice") == "alice" and one(None) == "(engine)"
+    two = tv.Names(["debate-1a2b3c4d-alice", "debate-99999999-alice"])
+    assert two("debate-99999999-alice") == "99999999/alice"
+    assert one("plain") == "plain"
