@@ -191,6 +191,9 @@ def bench_trace(
     warmup: Annotated[int, typer.Option(min=0)] = 1,
     model: ModelOpt = "smollm2-135m",
     dtype: DtypeOpt = "float32",
+    live: Annotated[
+        bool, typer.Option("--live", help="The traced runs also draw the live view off-screen.")
+    ] = False,
 ) -> None:
     """What recording a trace costs: the same workflow traced and untraced, alternated."""
     import warnings
@@ -212,6 +215,7 @@ def bench_trace(
                     runs=runs,
                     warmup=warmup,
                     dtype=dtype,
+                    live=live,
                 )
             )
     except CorpsError as exc:

@@ -4,7 +4,9 @@ One engine, one runtime; each run executes the same workflow (same seed, so
 the same tokens) once untraced and once writing a trace file, in alternating
 order (A B, B A, ...) so drift hits both alike. Reported: mean end-to-end wall
 time of each, events written per run, and the ratio traced / untraced with a
-bootstrap 95% interval. The target is <= 1.05.
+bootstrap 95% interval. The target is <= 1.05. With `live`, the traced run
+also draws the live view (`corps run --live`) into an off-screen terminal, so
+the ratio covers both.
 """
 
 from __future__ import annotations
@@ -28,6 +30,30 @@ class TraceCost(BaseModel):
     events: int  # lines written per traced run (mean)
     ratio: Ratio  # traced / untraced wall time
     equal_work: bool
+    live: bool = False
+
+
+async def _run(engine, work, live: bool):
+    """Await `work`, drawing the live view off-screen meanwhile if `live`."""
+    if not live:
+        return await work
+    import io
+
+    import anyio
+    from rich.console import Console
+
+    from corps.cli.live import LiveView
+
+    view = LiveView(Console(file=io.StringIO(), force_terminal=True, width=120))
+    view.attach(engine)
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(view.run)
+            result = await work
+            tg.cancel_scope.cancel()
+    finally:
+        view.detach(engine)
+    return result
 
 
 async def measure(
@@ -38,6 +64,7 @@ async def measure(
     runs: int = 5,
     warmup: int = 1,
     dtype: str = "float32",
+    live: bool = False,
 ) -> TraceCost:
     from corps.agents import Runtime
     from corps.engine.engine import Engine
@@ -53,7 +80,7 @@ async def measure(
                     path = Path(tmp) / f"run{r}.jsonl"
                     sink = engine.trace_to(path) if on else None
                     t0 = time.perf_counter()
-                    result = await run_pattern(rt, pattern, p)
+                    result = await _run(engine, run_pattern(rt, pattern, p), on and live)
                     wall = time.perf_counter() - t0
                     if sink is not None:
                         engine.end_trace(sink)
@@ -72,17 +99,19 @@ async def measure(
         events=round(statistics.fmean(events)),
         ratio=bootstrap(traced, plain),
         equal_work=same,
+        live=live,
     )
 
 
 def table(cost: TraceCost):
     from rich.table import Table
 
+    arm = "traced + live" if cost.live else "traced"
     t = Table(
         title=f"trace cost: {cost.pattern}, {len(cost.plain_s)} runs each, equal work "
         f"{'yes' if cost.equal_work else 'NO'}"
     )
-    for col in ("untraced", "traced", "events / run", "traced / untraced [95%]"):
+    for col in ("untraced", arm, "events / run", f"{arm} / untraced [95%]"):
         t.add_column(col, justify="right")
     r = cost.ratio
     t.add_row(

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import warnings
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -77,6 +79,13 @@ def run(
         Path | None,
         typer.Option(help="Write a trace (JSON lines) here; view it with `corps trace view`."),
     ] = None,
+    live: Annotated[
+        bool | None,
+        typer.Option(
+            "--live/--no-live",
+            help="Stream each agent's tokens in panels while it runs (default: on in a terminal).",
+        ),
+    ] = None,
 ) -> None:
     """Run a workflow and print its answer and a summary (tokens encoded vs reused, ...)."""
     try:
@@ -96,18 +105,19 @@ def run(
     except CorpsError as exc:
         _exit(str(exc), 2)
     engine_kw = dict(mode=mode, dtype=dtype, device=device, leak_policy=leak_policy, trace=trace)
+    live = out.is_terminal if live is None else live
     model_name = model or tgt.model or "smollm2-135m"
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", LeakWarning)  # counted in the summary instead
             if lines is None:
-                result = anyio.run(_one, tgt, checked[0], model_name, engine_kw)
+                result = anyio.run(_one, tgt, checked[0], model_name, engine_kw, live)
                 _show(result, tgt)
                 if json_out is not None:
                     json_out.write_text(_dump(result) + "\n")
             else:
                 failed = anyio.run(
-                    _many, tgt, checked, model_name, engine_kw, concurrency, json_out
+                    _many, tgt, checked, model_name, engine_kw, concurrency, json_out, live
                 )
                 if failed:
                     _exit(f"{failed} of {len(checked)} runs failed (see --json)", 1)
@@ -136,12 +146,35 @@ def _read_inputs(path: Path) -> list[dict[str, Any]]:
     return lines
 
 
-async def _one(tgt: Target, params: dict, model: str, engine_kw: dict) -> Any:
+async def _one(tgt: Target, params: dict, model: str, engine_kw: dict, live: bool) -> Any:
     from corps.agents import Runtime
     from corps.engine import Engine
 
     async with Engine.open(model, **engine_kw) as engine, Runtime(engine) as rt:
-        return await tgt.fn(rt, **params)
+        return await _with_live(engine, live, lambda: tgt.fn(rt, **params))
+
+
+async def _with_live(engine, live: bool, body: Callable[[], Awaitable[Any]]) -> Any:
+    """`await body()` while the live panels redraw (see corps.cli.live); its exception,
+    if any, is raised as itself (not wrapped in an ExceptionGroup)."""
+    if not live:
+        return await body()
+    from corps.cli.live import LiveView
+
+    view = LiveView(out)
+    view.attach(engine)
+    outcome: list[Any] = []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(view.run)
+        try:
+            outcome.append(await body())
+        except Exception as exc:  # re-raised below, outside the task group
+            outcome.append(exc)
+        finally:
+            tg.cancel_scope.cancel()
+    if isinstance(outcome[0], Exception):
+        raise outcome[0]
+    return outcome[0]
 
 
 async def _many(
@@ -151,6 +184,7 @@ async def _many(
     engine_kw: dict,
     concurrency: int,
     json_out: Path | None,
+    live: bool = False,
 ) -> int:
     from corps.agents import Runtime
     from corps.engine import Engine
@@ -159,7 +193,9 @@ async def _many(
     limiter = anyio.CapacityLimiter(concurrency)
     columns = (TextColumn("runs"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     async with Engine.open(model, **engine_kw) as engine, Runtime(engine) as rt:
-        with Progress(*columns, console=err, transient=True) as progress:
+        # the live panels replace the progress bar: one live display at a time
+        progress_console = Console(file=io.StringIO()) if live else err
+        with Progress(*columns, console=progress_console, transient=True) as progress:
             task = progress.add_task("runs", total=len(runs))
 
             async def one(i: int) -> None:
@@ -170,9 +206,12 @@ async def _many(
                         results[i] = exc
                 progress.advance(task)
 
-            async with anyio.create_task_group() as tg:
-                for i in range(len(runs)):
-                    tg.start_soon(one, i)
+            async def all_runs() -> None:
+                async with anyio.create_task_group() as tg:
+                    for i in range(len(runs)):
+                        tg.start_soon(one, i)
+
+            await _with_live(engine, live, all_runs)
     failed = sum(isinstance(r, Exception) for r in results)
     _show_many(results, tgt)
     if json_out is not None:

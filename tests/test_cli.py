@@ -212,3 +212,17 @@ def test_trace_commands_fail_clearly(tmp_path, traces):
         result = runner.invoke(app, args)
         assert result.exit_code == 2, (args, result.output)
         assert "error:" in result.output and "Traceback" not in result.output
+
+
+def test_run_live_draws_and_still_prints_the_summary(tiny_dirs):
+    result = run_cli(tiny_dirs, "multi-qa", "--set", "max_tokens=4", "--live")
+    assert result.exit_code == 0, result.output
+    assert "answer:" in result.output and "calls" in result.output
+
+
+def test_run_live_keeps_failures_typed(tiny_dirs):
+    result = run_cli(
+        tiny_dirs, "prisoners-dilemma", "--set", "max_tokens=4", "--leak-policy", "deny", "--live"
+    )
+    assert result.exit_code == 1, result.output
+    assert "workflow failed" in result.output and "leak_policy='deny'" in result.output
