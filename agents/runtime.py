@@ -22,6 +22,7 @@ from collections import defaultdict
 from collections.abc import AsyncIterator
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import anyio
@@ -103,8 +104,12 @@ class Runtime:
     classes and single calls may override it.
     """
 
-    def __init__(self, engine) -> None:
+    def __init__(self, engine, *, trace: str | Path | None = None) -> None:
+        """`trace=PATH` writes this runtime's actor events and its engine's calls to PATH
+        while the runtime runs (as `Engine.open(trace=...)` does for an engine's life)."""
         self.engine = engine
+        self._trace_path = trace
+        self._trace_sink: Any = None
         self.dead_letters: list[DeadLetter] = []
         self._actors: dict[str, _Actor] = {}
         self._topics: dict[str, list[str]] = defaultdict(list)
@@ -119,6 +124,8 @@ class Runtime:
             self._rec.emit(ActorEvent(t=self._rec.now(), event=event, agent=agent, **kw))
 
     async def __aenter__(self) -> Runtime:
+        if self._trace_path is not None:
+            self._trace_sink = self.engine.trace_to(self._trace_path)
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         return self
@@ -134,6 +141,9 @@ class Runtime:
             prompt = actor.instance.system_prompt
             if prompt is not None and not prompt.freed:
                 self.engine.free(prompt)
+        if self._trace_sink is not None:
+            self.engine.end_trace(self._trace_sink)
+            self._trace_sink = None
         cancelled = exc_info[0] is not None and issubclass(
             exc_info[0], anyio.get_cancelled_exc_class()
         )

@@ -224,3 +224,19 @@ async def test_actor_events_and_leaks_are_traced(tiny_dirs, tmp_path):
     assert leaks[0]["parent"] == said.id and secret.id in leaks[0]["sources"]
     made = {e["id"]: e for e in by_type(events, "message")}
     assert made[secret.id]["visibility"] == "private" and made[secret.id]["owner"] == "alice"
+
+
+async def test_a_runtime_can_trace_just_its_own_lifetime(tiny_dirs, tmp_path):
+    path = tmp_path / "rt.jsonl"
+    async with open_tiny(tiny_dirs, "llama") as engine:
+        await engine.prefill("before")  # not traced
+        async with Runtime(engine, trace=path) as rt:
+            await rt.spawn(Echo, "alice")
+            q = await engine.prefill("hi")
+            await rt.ask("alice", q)
+        await engine.prefill("after")  # not traced either
+    events = lines(path)
+    assert events[0]["type"] == "header" and events[-1]["type"] == "closed"
+    texts = [e["text"] for e in by_type(events, "text")]
+    assert "hi" in texts and "before" not in texts and "after" not in texts
+    assert [e["event"] for e in by_type(events, "actor")][:2] == ["spawn", "ask"]
