@@ -49,6 +49,19 @@ def _filter(agent: str | None, kind: str | None, since: float | None):
     return Filter(agent=agent, kind=kind, since=since)
 
 
+def _wait_for(file: Path) -> None:
+    """--follow on a run that has not written its header yet: wait for it (Ctrl-C stops)."""
+    shown = False
+    try:
+        while not (file.is_file() and file.read_bytes()[:4096].find(b"\n") >= 0):
+            if not shown:
+                err.print(f"waiting for {file} to be written... (Ctrl-C to stop)")
+                shown = True
+            time.sleep(0.25)
+    except KeyboardInterrupt:
+        raise typer.Exit(1) from None
+
+
 @trace_app.command("view")
 def view(
     file: Annotated[Path, typer.Argument(help="A trace written by --trace.")],
@@ -68,6 +81,8 @@ def view(
     from corps.cli import trace_view as tv
 
     flt = _filter(agent, kind, since)
+    if follow:
+        _wait_for(file)
     trace = _load(file, follow=follow)
     if call is not None:
         try:

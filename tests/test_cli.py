@@ -226,3 +226,9 @@ def test_run_live_keeps_failures_typed(tiny_dirs):
     )
     assert result.exit_code == 1, result.output
     assert "workflow failed" in result.output and "leak_policy='deny'" in result.output
+
+
+def test_follow_on_a_finished_trace_draws_and_ends(traces):
+    result = runner.invoke(app, ["trace", "view", str(traces["debate"]), "--follow"])
+    assert result.exit_code == 0, result.output
+    assert "timeline" in result.output and "message graph" in result.output
