@@ -117,6 +117,7 @@ class Timeline:
         self.trace = trace
         self.calls = calls(trace, flt)
         self.names = names_of(trace)
+        self.leaky = {lk.call_id for lk in trace.leaks}
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         if not self.calls:
@@ -177,7 +178,7 @@ class Timeline:
             else:
                 spans.append((admitted, end, PREFILL))
             for a, b, (ch, st) in spans:
-                if c.status == "error":
+                if c.status == "error" or c.id in self.leaky:
                     st = "bold red"
                 elif c.status == "cancelled":
                     st = "dim red"
@@ -204,7 +205,7 @@ def _legend() -> Text:
     for label, (ch, st) in parts:
         text.append(ch * 2, style=st)
         text.append(f" {label}  ")
-    text.append("(red: failed)", style="red")
+    text.append("(red: failed or leaked)", style="red")
     return text
 
 
@@ -367,13 +368,14 @@ def problems(trace: Trace) -> Group:
     """Leaks (with the path by which each hidden source reached the reader) and errors."""
     names = names_of(trace)
     parts: list = []
-    seen: dict[tuple, int] = defaultdict(int)
+    seen: dict[tuple, list[int | None]] = defaultdict(list)
     for lk in trace.leaks:
-        seen[(lk.reader, lk.parent, tuple(lk.sources), lk.policy, lk.call)] += 1
-    for (reader, parent, sources, policy, call), n in seen.items():
-        times = f" x{n}" if n > 1 else ""
+        seen[(lk.reader, lk.parent, tuple(lk.sources), lk.policy, lk.call)].append(lk.call_id)
+    for (reader, parent, sources, policy, call), ids in seen.items():
         kind = call.split(" by ")[0]
-        line = Text(f"leak ({policy}){times}: {names(reader)}'s {kind} ", "red")
+        which = ", ".join(str(i) for i in ids if i is not None)
+        calls = f" (call{'s' if len(ids) > 1 else ''} {which})" if which else ""
+        line = Text(f"leak ({policy}): {names(reader)}'s {kind}{calls} ", "red")
         line.append(f"attended to m{parent}, whose encoding carries ")
         for src in sources:
             msg = trace.messages.get(src)

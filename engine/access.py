@@ -102,7 +102,9 @@ class Guard:
         self.events: list[TraceEvent] = []
         self._clean: dict[tuple[int, str], Handle] = {}  # re-encoded copies, per reader
 
-    def check(self, request, policy: str | None) -> tuple[object, list[Handle]]:
+    def check(
+        self, request, policy: str | None, call_id: int | None = None
+    ) -> tuple[object, list[Handle]]:
         """Check a call; returns (the request to run, parents to re-encode first).
 
         Raises AccessDenied / LeakageError / UnknownHandle before anything runs.
@@ -139,6 +141,7 @@ class Guard:
                         parent=leak.parent,
                         sources=sorted(leak.sources),
                         call=leak.call,
+                        call_id=call_id,
                         detail=text,
                         policy=policy,
                     )

@@ -284,18 +284,19 @@ class Engine:
 
     # ---- submission: every path goes through the guard and pins its parents ----
 
-    async def _job(self, request, policy: str | None) -> Job:
+    async def _job(self, request, policy: str | None, cid: int | None = None) -> Job:
         """Check access and the leak policy, re-encode if needed, pin parents: a Job."""
-        request, missing = self._guard.check(request, policy)
+        cid = cid or next(self._ids)
+        request, missing = self._guard.check(request, policy, call_id=cid)
         if missing:
             request = await self._guard.reencode(request, self._prefill_internal)
-        return self._pinned_job(request)
+        return self._pinned_job(request, cid)
 
-    def _pinned_job(self, request) -> Job:
+    def _pinned_job(self, request, cid: int) -> Job:
         """A job whose parents are pinned from now until it ends: a `free` in between
-        waits for it instead of failing it."""
+        waits for it instead of failing it. `cid` is its call id in traces."""
         pins = self._core.pin(request.parents)
-        job = Job(request, id=next(self._ids))
+        job = Job(request, id=cid)
         job.on_end, job.orphan = partial(self._job_ended, pins), self._core.free
         if self.recorder.on:
             self.recorder.emit(queued_event(self.recorder, job))
@@ -311,7 +312,7 @@ class Engine:
                 self.recorder.emit(event)
 
     async def _prefill_internal(self, request: PrefillRequest) -> Handle:
-        return await self._run(self._pinned_job(request))
+        return await self._run(self._pinned_job(request, next(self._ids)))
 
     async def _run(self, job: Job) -> Handle:
         try:
@@ -353,10 +354,11 @@ class Engine:
                 job.handle = None
 
     def _submit_nowait(self, request, policy: str | None) -> Pending:
-        request, missing = self._guard.check(request, policy)
+        cid = next(self._ids)
+        request, missing = self._guard.check(request, policy, call_id=cid)
         if missing:  # re-encodings must run first: queue the call when awaited
-            return Pending(self._job(request, policy), self)
-        job = self._pinned_job(request)
+            return Pending(self._job(request, policy, cid), self)
+        job = self._pinned_job(request, cid)
         try:
             self._sched.submit_nowait(job)
         except BaseException:

@@ -154,6 +154,7 @@ class LeakEvent(_Event):
     call: str
     detail: str
     policy: str
+    call_id: int | None = None  # the call that attended to it
 
 
 class Reencode(_Event):

@@ -222,6 +222,8 @@ async def test_actor_events_and_leaks_are_traced(tiny_dirs, tmp_path):
     leaks = by_type(events, "leak")
     assert len(leaks) == 1 and leaks[0]["reader"] == "bob" and leaks[0]["policy"] == "warn"
     assert leaks[0]["parent"] == said.id and secret.id in leaks[0]["sources"]
+    ends = {e["call"]: e for e in by_type(events, "end")}
+    assert ends[leaks[0]["call_id"]]["agent"] == "bob"  # the leak names its call
     made = {e["id"]: e for e in by_type(events, "message")}
     assert made[secret.id]["visibility"] == "private" and made[secret.id]["owner"] == "alice"
 
