@@ -9,16 +9,17 @@ their engine calls.
 Failures are never swallowed: a handler's exception goes back to the asker as
 `AgentError`; for a fire-and-forget message it goes to supervision
 (`restart` with a budget, `stop`, or `escalate` to the runtime, which then
-fails). Messages that cannot be delivered go to `dead_letters` and the
-"dead-letters" topic. Leaving `async with` cancels every worker and fails
-every queued message with AgentStopped; no task is left running.
+fails). Messages that cannot be delivered go to `dead_letters` (the latest
+`KEPT_DEAD_LETTERS`; `dead_letter_count` counts all) and the "dead-letters"
+topic. Leaving `async with` cancels every worker and fails every queued
+message with AgentStopped; no task is left running.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import AsyncIterator
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -38,6 +39,8 @@ from corps.cache.visibility import Private
 from corps.engine.trace import ActorEvent, ErrorEvent, Recorder
 
 DEAD_LETTERS = "dead-letters"
+#: Dead letters kept in `Runtime.dead_letters` (the latest); `dead_letter_count` counts all.
+KEPT_DEAD_LETTERS = 1000
 SUPERVISION = ("restart", "stop", "escalate")
 
 
@@ -110,7 +113,8 @@ class Runtime:
         self.engine = engine
         self._trace_path = trace
         self._trace_sink: Any = None
-        self.dead_letters: list[DeadLetter] = []
+        self.dead_letters: deque[DeadLetter] = deque(maxlen=KEPT_DEAD_LETTERS)
+        self.dead_letter_count = 0
         self._actors: dict[str, _Actor] = {}
         self._topics: dict[str, list[str]] = defaultdict(list)
         self._tg: anyio.abc.TaskGroup | None = None
@@ -284,6 +288,7 @@ class Runtime:
     def _dead(self, to: str, msg: Handle | BaseModel, reason: str) -> None:
         letter = DeadLetter(to=to, message=msg, reason=reason)
         self.dead_letters.append(letter)
+        self.dead_letter_count += 1
         self._trace("dead_letter", to, ok=False, detail=f"{describe(msg)}: {reason}")
         for name in self._topics.get(DEAD_LETTERS, []):
             actor = self._actors[name]

@@ -115,6 +115,11 @@ class Handle:
         return self._msg.extra.get("tokens_reused", 0)
 
     @property
+    def leaks(self) -> int:
+        """Leaks recorded for the call that made this message (allow / warn policies)."""
+        return self._msg.extra.get("leaks", 0)
+
+    @property
     def freed(self) -> bool:
         return self._msg.freed
 

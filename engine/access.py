@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
+from typing import NamedTuple
 
 from corps.cache.handle import Handle
 from corps.cache.messages import Message, MessageTable
@@ -88,8 +90,24 @@ def explain(table: MessageTable, leak: Leak) -> str:
 Submit = Callable[[PrefillRequest], Awaitable[Handle]]
 
 
+#: Leak records and guard events kept in memory (the most recent); counts stay exact.
+RECENT = 1000
+
+
+class Checked(NamedTuple):
+    request: object  # the request to run
+    missing: list[Handle]  # parents that need a clean copy first (leak_policy="reencode")
+    leaks: int  # leaks recorded for this call (allow / warn)
+
+
 class Guard:
-    """Checks access and applies the leak policy for one engine; records leaks."""
+    """Checks access and applies the leak policy for one engine; records leaks.
+
+    Records are bounded for long-running processes: `leaks` and `events` keep the
+    `RECENT` latest, `leak_count` / `reencode_count` count all; each call's
+    message carries its own leak count (`Handle.leaks`), and a trace file keeps
+    every leak event.
+    """
 
     def __init__(
         self, table: MessageTable, *, mode: str, policy: str, recorder: Recorder | None = None
@@ -98,13 +116,13 @@ class Guard:
         self.rec = recorder or Recorder()
         self.mode = mode
         self.policy = check_policy(policy)
-        self.leaks: list[Leak] = []
-        self.events: list[TraceEvent] = []
+        self.leaks: deque[Leak] = deque(maxlen=RECENT)
+        self.events: deque[TraceEvent] = deque(maxlen=RECENT)
+        self.leak_count = 0
+        self.reencode_count = 0
         self._clean: dict[tuple[int, str], Handle] = {}  # re-encoded copies, per reader
 
-    def check(
-        self, request, policy: str | None, call_id: int | None = None
-    ) -> tuple[object, list[Handle]]:
+    def check(self, request, policy: str | None, call_id: int | None = None) -> Checked:
         """Check a call; returns (the request to run, parents to re-encode first).
 
         Raises AccessDenied / LeakageError / UnknownHandle before anything runs.
@@ -116,11 +134,11 @@ class Guard:
             self.table.live(p.id)  # unknown or freed handles fail first
         check_access(self.table, reader, parents)
         if reader is None or self.mode != "choreographed":  # re-encoding from text cannot leak
-            return request, []
+            return Checked(request, [], 0)
         kind = "decode" if hasattr(request, "sampling") else "prefill"
         leaks = find_leaks(self.table, reader, parents, f"{kind} by {reader}")
         if not leaks:
-            return request, []
+            return Checked(request, [], 0)
         policy = check_policy(policy or self.policy)
         if policy == "deny":
             raise LeakageError(explain(self.table, leaks[0]) + " (leak_policy='deny')")
@@ -128,10 +146,11 @@ class Guard:
             clean = [self._cached_clean(p, reader) for p in parents]
             missing = [p for p, c in zip(parents, clean, strict=True) if c is None]
             fixed = [c if c is not None else p for p, c in zip(parents, clean, strict=True)]
-            return dataclasses.replace(request, parents=fixed), missing
+            return Checked(dataclasses.replace(request, parents=fixed), missing, 0)
         for leak in leaks:
             text = explain(self.table, leak)
             self.leaks.append(leak)
+            self.leak_count += 1
             self.events.append(TraceEvent("leak", text, leak))
             if self.rec.on:
                 self.rec.emit(
@@ -148,7 +167,7 @@ class Guard:
                 )
             if policy == "warn":
                 warnings.warn(text, LeakWarning, stacklevel=4)
-        return request, []
+        return Checked(request, [], len(leaks))
 
     async def reencode(self, request, submit: Submit) -> object:
         """`request` with every leaking parent replaced by a clean copy for its reader."""
@@ -193,6 +212,7 @@ class Guard:
             if key in msg.extra:
                 copy.extra[key] = msg.extra[key]
         self._clean[(parent.id, reader)] = view
+        self.reencode_count += 1
         self.events.append(
             TraceEvent("reencode", f"re-encoded message {msg.id} for {reader} as {view.id}")
         )

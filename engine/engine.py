@@ -200,13 +200,22 @@ class Engine:
 
     def stats(self) -> EngineStats:
         """A snapshot; safe to call while steps run."""
-        return dataclasses.replace(self._core.stats(), **self._sched.figures())
+        guard = self._guard
+        return dataclasses.replace(
+            self._core.stats(),
+            **self._sched.figures(),
+            leaks=guard.leak_count,
+            reencodes=guard.reencode_count,
+        )
 
     def leaks(self) -> list[Leak]:
-        """Every leak recorded so far (policies allow and warn), oldest first."""
+        """The latest leaks recorded (policies allow and warn), oldest first: at most
+        `corps.engine.access.RECENT`; `stats().leaks` counts them all, each message
+        carries its own call's count (`Handle.leaks`), and a trace file keeps each one."""
         return list(self._guard.leaks)
 
     def trace(self) -> list[TraceEvent]:
+        """The latest leak and re-encoding events (bounded as `leaks()`)."""
         return list(self._guard.events)
 
     def read(self, handle: Handle, *, reader: str | None) -> str:
@@ -287,10 +296,12 @@ class Engine:
     async def _job(self, request, policy: str | None, cid: int | None = None) -> Job:
         """Check access and the leak policy, re-encode if needed, pin parents: a Job."""
         cid = cid or next(self._ids)
-        request, missing = self._guard.check(request, policy, call_id=cid)
+        request, missing, leaks = self._guard.check(request, policy, call_id=cid)
         if missing:
             request = await self._guard.reencode(request, self._prefill_internal)
-        return self._pinned_job(request, cid)
+        job = self._pinned_job(request, cid)
+        job.leaks = leaks
+        return job
 
     def _pinned_job(self, request, cid: int) -> Job:
         """A job whose parents are pinned from now until it ends: a `free` in between
@@ -307,6 +318,8 @@ class Engine:
         if job.handle is not None and (job.error is not None or job.cancelled):
             self._core.free(job.handle)  # finished, but nobody will ever receive it
             job.handle = None
+        if job.handle is not None and job.leaks:
+            self._core.table.get(job.handle.id).extra["leaks"] = job.leaks
         if self.recorder.on:
             for event in end_events(self.recorder, self._core.table, job):
                 self.recorder.emit(event)
@@ -355,10 +368,11 @@ class Engine:
 
     def _submit_nowait(self, request, policy: str | None) -> Pending:
         cid = next(self._ids)
-        request, missing = self._guard.check(request, policy, call_id=cid)
+        request, missing, leaks = self._guard.check(request, policy, call_id=cid)
         if missing:  # re-encodings must run first: queue the call when awaited
             return Pending(self._job(request, policy, cid), self)
         job = self._pinned_job(request, cid)
+        job.leaks = leaks
         try:
             self._sched.submit_nowait(job)
         except BaseException:

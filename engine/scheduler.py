@@ -72,6 +72,7 @@ class Job:
     admitted: float | None = None  # when its first step began
     first_token: float | None = None
     id: int = 0  # the engine's call id (traces)
+    leaks: int = 0  # leaks the guard recorded for this call
 
     def end(self) -> None:
         """Finish the job once: run its callbacks, then wake its waiter."""

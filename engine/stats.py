@@ -23,6 +23,8 @@ class EngineStats:
     tokens_per_s: float = 0.0  # tokens sampled per second of stepping
     mean_ttft_s: float = float("nan")  # mean time from submit to first token
     overhead: float = 0.0  # share of step time spent outside the forward
+    leaks: int = 0  # leaks recorded since the engine started (policies allow and warn)
+    reencodes: int = 0  # clean copies made (leak_policy="reencode")
 
     @property
     def prefix_hit_rate(self) -> float:

@@ -185,7 +185,6 @@ class Run:
 
     def result(self, answer: str | None, details: dict[str, Any]) -> PatternResult:
         ttfts = [h.ttft for h in self.messages if h.ttft is not None]
-        names = set(self.agents)
         return PatternResult(
             pattern=self.pattern,
             mode=self.engine.mode,
@@ -197,5 +196,5 @@ class Run:
             tokens_reused=sum(h.tokens_reused for h in self.messages),
             wall_s=time.perf_counter() - self._t0,
             mean_ttft_s=sum(ttfts) / len(ttfts) if ttfts else None,
-            leaks=sum(1 for leak in self.engine.leaks() if leak.reader in names),
+            leaks=sum(h.leaks for h in self.messages),
         )
