@@ -34,6 +34,23 @@ class Handle:
     table: MessageTable
     reader: str | None = field(default=None, compare=False)
 
+    # Each Handle object counts itself in its table, so a freed message's record can
+    # be forgotten once no handle names it (see MessageTable).
+    def __post_init__(self) -> None:
+        self.table.ref(self.id)
+
+    def __del__(self) -> None:
+        try:
+            self.table.unref(self.id)
+        except Exception:  # interpreter shutdown: the table may be gone already
+            pass
+
+    def __copy__(self) -> Handle:
+        return self  # immutable: a copy would not count itself
+
+    def __deepcopy__(self, memo: dict) -> Handle:
+        return self
+
     @property
     def _msg(self) -> Message:
         return self.table.get(self.id)

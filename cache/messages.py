@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,15 +38,75 @@ class MessageTable:
     Threads: the engine's worker thread adds messages while the event loop reads
     the table (stats, access checks). Adding and iterating hold a lock; a single
     lookup by id is atomic on its own.
+
+    Records are bounded: a freed message stays readable through its handles, and
+    its record is forgotten (`forget`) once no `Handle` object names it, no call
+    pins it and no remaining message lists it among its sources. `Handle` objects
+    count themselves in (`ref` / `unref`); ids whose last handle died are queued
+    in `unreferenced` for the engine to sweep on its own thread.
     """
 
     def __init__(self) -> None:
         self._messages: dict[int, Message] = {}
         self._ids = itertools.count()
         self._lock = threading.Lock()
+        self._refs: dict[int, int] = {}  # live Handle objects per message id
+        self._dependents: dict[int, int] = {}  # records listing the id among their sources
+        self._refs_lock = threading.RLock()  # RLock: a handle may die while it is held
+        self.unreferenced: deque[int] = deque()
+        self.forgotten = 0
 
     def __len__(self) -> int:
         return sum(1 for m in self.all() if not m.freed)
+
+    @property
+    def records(self) -> int:
+        """Records held, freed ones included (what `forget` keeps bounded)."""
+        return len(self._messages)
+
+    # ---- handle references (any thread) ----
+
+    def ref(self, mid: int) -> None:
+        with self._refs_lock:
+            self._refs[mid] = self._refs.get(mid, 0) + 1
+
+    def unref(self, mid: int) -> None:
+        with self._refs_lock:
+            n = self._refs.get(mid, 0) - 1
+            if n > 0:
+                self._refs[mid] = n
+                return
+            self._refs.pop(mid, None)
+        self.unreferenced.append(mid)
+
+    def referenced(self, mid: int) -> bool:
+        return mid in self._refs
+
+    def find(self, mid: int) -> Message | None:
+        """The record, or None if there is none (never made, or forgotten)."""
+        return self._messages.get(mid)
+
+    def forget(self, mid: int) -> list[int]:
+        """Drop a freed, unpinned, unreferenced record nothing depends on. Returns its
+        sources that lost their last dependent (they may be forgettable now); [] if
+        the record must stay."""
+        with self._lock, self._refs_lock:
+            msg = self._messages.get(mid)
+            if msg is None or not msg.freed or msg.pins or mid in self._refs:
+                return []
+            if self._dependents.get(mid, 0):
+                return []
+            del self._messages[mid]
+            self.forgotten += 1
+            orphaned = []
+            for s in msg.sources:
+                n = self._dependents.get(s, 0) - 1
+                if n > 0:
+                    self._dependents[s] = n
+                else:
+                    self._dependents.pop(s, None)
+                    orphaned.append(s)
+            return orphaned
 
     def __eq__(self, other: object) -> bool:
         return self is other
@@ -56,15 +117,21 @@ class MessageTable:
         return next(self._ids)
 
     def add(self, message: Message) -> None:
-        with self._lock:
+        """Add a record; its `sources` must be final (they count as its dependencies)."""
+        with self._lock, self._refs_lock:
             self._messages[message.id] = message
+            for s in message.sources:
+                self._dependents[s] = self._dependents.get(s, 0) + 1
 
     def get(self, mid: int) -> Message:
         """The message, freed or not (for reading text and provenance)."""
         try:
             return self._messages[mid]
         except KeyError:
-            raise UnknownHandle(f"no message {mid} in this engine") from None
+            raise UnknownHandle(
+                f"no message {mid} in this engine (never made, or freed and forgotten once "
+                f"nothing referred to it)"
+            ) from None
 
     def live(self, mid: int) -> Message:
         """The message if it can still be attended to, else UnknownHandle."""

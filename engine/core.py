@@ -568,10 +568,10 @@ class Core:
                 c.parent_offsets,
                 c.owner,
                 c.visibility,
+                sources=self._sources(c.parents),
             )
         )
         msg = self.table.get(mid)
-        msg.sources = self._sources(c.parents)
         msg.extra["tokens_encoded"] = c.encoded
         msg.extra["tokens_reused"] = len(c.ctx_slots) if c.view is not None else 0
         if c.is_decode:

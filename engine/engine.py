@@ -56,8 +56,11 @@ class Engine:
         leak_policy: str = "warn",
         trace: str | Path | None = None,
         model_name: str | None = None,
+        auto_free: bool = False,
     ) -> None:
         self._core = core
+        self.auto_free = auto_free
+        self._deferred: list[int] = []  # unreferenced ids still pinned by a running call
         self.recorder = Recorder()
         """Trace events go to its sinks (`recorder.add(fn)`); see `corps.engine.trace`."""
         self._sched = Scheduler(
@@ -68,6 +71,7 @@ class Engine:
         self._ids = itertools.count(1)
         self._model_name = model_name or core.model_path.name
         self._trace_file = self.trace_to(trace) if trace is not None else None
+        self._sched.after_step = self._sweep
 
     # ---- construction and lifetime ----
 
@@ -85,12 +89,15 @@ class Engine:
         step_tokens: int = 512,
         leak_policy: str = "warn",
         trace: str | Path | None = None,
+        auto_free: bool = False,
         console: Console | None = None,
     ) -> Engine:
         """Load synchronously (blocks); start it with `async with engine:`.
 
         `trace=PATH` writes every call, message, actor event and leak to PATH as
-        JSON lines (`corps trace view PATH`); off by default.
+        JSON lines (`corps trace view PATH`); off by default. `auto_free=True`
+        frees a message's encoding once the last `Handle` naming it is garbage
+        collected (off by default: then only `free` releases encodings).
         """
         if dtype not in DTYPES:
             raise InvalidRequest(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
@@ -124,6 +131,7 @@ class Engine:
             leak_policy=leak_policy,
             trace=trace,
             model_name=model,
+            auto_free=auto_free,
         )
 
     @classmethod
@@ -200,12 +208,14 @@ class Engine:
 
     def stats(self) -> EngineStats:
         """A snapshot; safe to call while steps run."""
-        guard = self._guard
+        guard, table = self._guard, self._core.table
+        self._sweep()
         return dataclasses.replace(
             self._core.stats(),
             **self._sched.figures(),
             leaks=guard.leak_count,
             reencodes=guard.reencode_count,
+            records=table.records,
         )
 
     def leaks(self) -> list[Leak]:
@@ -225,13 +235,39 @@ class Engine:
 
     def free(self, handle: Handle) -> None:
         """Release a message's encoding (and its re-encoded copies); a call still
-        reading it, or queued to read it, keeps it until that call ends."""
-        self._core.free(handle)
+        reading it, or queued to read it, keeps it until that call ends. Its text
+        stays readable through its handles; its record goes once none is left."""
+        self._free_id(handle.id, handle)
+        self._sweep()
+
+    def _free_id(self, mid: int, handle: Handle | None = None) -> None:
+        self._core.free(handle or Handle(mid, self._core.table))
         if self.recorder.on:
-            self.recorder.emit(Freed(t=self.recorder.now(), id=handle.id))
-        for copy in self._guard.forget(handle.id):
+            self.recorder.emit(Freed(t=self.recorder.now(), id=mid))
+        for copy in self._guard.forget(mid):
             if not copy.freed:
-                self.free(copy)
+                self._free_id(copy.id, copy)
+
+    def _sweep(self) -> None:
+        """Handle objects that died since the last sweep: free their messages (with
+        `auto_free`), and forget freed records nothing refers to. Event loop only."""
+        table = self._core.table
+        todo, self._deferred = self._deferred, []
+        while table.unreferenced:
+            todo.append(table.unreferenced.popleft())
+        while todo:
+            mid = todo.pop()
+            msg = table.find(mid)
+            if msg is None or msg.kind == "sink" or table.referenced(mid):
+                continue
+            if not msg.freed:
+                if not self.auto_free:
+                    continue
+                self._free_id(mid)
+            if msg.pins:
+                self._deferred.append(mid)  # a running call reads it: later
+                continue
+            todo.extend(table.forget(mid))
 
     # ---- calls ----
 

@@ -149,6 +149,7 @@ class Scheduler:
         self._dead: BaseException | None = None
         self.started = False
         self.n = _Counters()
+        self.after_step: Callable[[], None] | None = None  # the engine's sweep (event loop)
 
     # ---- submitting (event loop) ----
 
@@ -279,6 +280,8 @@ class Scheduler:
                 self.core.table.get(job.handle.id).extra["ttft_s"] = job.first_token - job.submitted
             job.end()
         self._tokens, self._finished = [], []
+        if self.after_step is not None:
+            self.after_step()
 
     def _step_event(self, t0: float, now: float) -> Step:
         store = self.core.store

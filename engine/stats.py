@@ -25,6 +25,7 @@ class EngineStats:
     overhead: float = 0.0  # share of step time spent outside the forward
     leaks: int = 0  # leaks recorded since the engine started (policies allow and warn)
     reencodes: int = 0  # clean copies made (leak_policy="reencode")
+    records: int = 0  # message records held, freed ones still referenced included
 
     @property
     def prefix_hit_rate(self) -> float:

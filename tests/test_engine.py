@@ -248,3 +248,44 @@ async def test_stats_free_and_leaks_are_safe_while_steps_run(tiny_dirs):
             tg.start_soon(work)
         live = sum(len(m.slots) for m in engine._core.table.all())
         assert engine.stats().tokens_used == live
+
+
+async def test_freed_records_are_forgotten_once_no_handle_names_them(tiny_dirs):
+    import gc
+
+    async with open_tiny(tiny_dirs, "llama") as engine:
+        base = engine.stats().records
+        sys = await engine.prefill("You are terse.", role="system")
+        q = await engine.prefill("2+2?", parents=[sys])
+        a = await engine.decode(parents=[sys, q], max_tokens=3)
+        for h in (sys, q):
+            engine.free(h)
+        assert sys.text == "You are terse." and sys.freed  # readable through its handle
+        del sys, q, h
+        gc.collect()
+        assert engine.stats().records == base + 3  # a's encoding attended to both
+        text = a.parents[0].text  # provenance stays readable
+        engine.free(a)
+        del a
+        gc.collect()
+        assert engine.stats().records == base and text == "You are terse."
+
+
+async def test_auto_free_releases_encodings_whose_handles_are_gone(tiny_dirs):
+    import gc
+
+    async with open_tiny(tiny_dirs, "llama", auto_free=True) as engine:
+        used, base = engine.stats().tokens_used, engine.stats().records
+        q = await engine.prefill("hello there")
+        kept = await engine.decode(parents=[q], max_tokens=3)
+        assert engine.stats().tokens_used > used
+        del q  # kept's encoding attended to q: q is freed, its record stays
+        gc.collect()
+        stats = engine.stats()
+        assert stats.messages == 1 and stats.records == base + 2  # q (freed) and kept
+        ids = kept.parents[0].id
+        del kept
+        gc.collect()
+        stats = engine.stats()
+        assert stats.tokens_used == used and stats.messages == 0 and stats.records == base
+        assert ids not in [m.id for m in engine._core.table.all()]

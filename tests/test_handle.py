@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict
 from corps.agents import Agent, Runtime
 from corps.cache import AccessDenied, Handle, Private
 from corps.cache.handle import bind
+from corps.cache.messages import MessageTable
 
 from conftest import open_tiny
 
@@ -43,7 +44,7 @@ async def test_bound_handles_check_access_on_every_walk(tiny_dirs):
 
 
 def test_bind_reaches_into_payloads():
-    table = object()
+    table = MessageTable()
     h = Handle(1, table), Handle(2, table)
     bundle = Bundle(items=h, main=h[0])
     bound = bind(bundle, "bob")
