@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from corps.cache.handle import Handle
+from corps.cache.visibility import Private, Public, Shared
 from corps.engine.errors import InvalidRequest
 from corps.engine.sampling import SamplingParams
 
@@ -25,7 +26,7 @@ class PrefillRequest:
     visibility: Any = None
 
     def __post_init__(self) -> None:
-        _check_common(self.role, self.parents)
+        _check_common(self.role, self.parents, self.owner, self.visibility)
         if not isinstance(self.message, str):
             _check_ids(self.message, "message")
         if not self.frame and len(self.message) == 0:
@@ -45,7 +46,7 @@ class DecodeRequest:
     visibility: Any = None
 
     def __post_init__(self) -> None:
-        _check_common(self.role, self.parents)
+        _check_common(self.role, self.parents, self.owner, self.visibility)
         if not isinstance(self.header, str):
             _check_ids(self.header, "header")
         if not self.frame and len(self.header) == 0:
@@ -79,9 +80,15 @@ def prefill_request(message: Text, **kwargs: Any) -> PrefillRequest:
         raise InvalidRequest(f"bad prefill arguments: {exc}") from None
 
 
-def _check_common(role: str, parents: Sequence[Handle]) -> None:
+def _check_common(role: str, parents: Sequence[Handle], owner: Any, visibility: Any) -> None:
     if not isinstance(role, str) or not role:
         raise InvalidRequest(f"role must be a non-empty string, got {role!r}")
+    if owner is not None and (not isinstance(owner, str) or not owner):
+        raise InvalidRequest(f"owner must be an agent name (a non-empty string), got {owner!r}")
+    if visibility is not None and not isinstance(visibility, Public | Private | Shared):
+        raise InvalidRequest(
+            f"visibility must be Public(), Private() or Shared(readers), got {visibility!r}"
+        )
     if isinstance(parents, Handle | str):
         raise InvalidRequest("parents must be a list of handles, not a single value")
     for p in parents:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -36,12 +37,16 @@ class SamplingParams:
             raise InvalidRequest(f"max_tokens must be an int, got {self.max_tokens!r}")
         if self.max_tokens <= 0:
             raise InvalidRequest(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise InvalidRequest(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise InvalidRequest(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise InvalidRequest(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if not _number(self.temperature) or self.temperature < 0:
+            raise InvalidRequest(f"temperature must be a number >= 0, got {self.temperature!r}")
+        if not _number(self.top_p) or not 0 < self.top_p <= 1:
+            raise InvalidRequest(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise InvalidRequest(f"top_k must be an int >= 0 (0 = off), got {self.top_k!r}")
+        if self.seed is not None and (
+            isinstance(self.seed, bool) or not isinstance(self.seed, int)
+        ):
+            raise InvalidRequest(f"seed must be an int or None, got {self.seed!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise InvalidRequest(f"stop must be non-empty strings, got {self.stop!r}")
         if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in self.force):
@@ -62,6 +67,11 @@ class SamplingParams:
         gen = torch.Generator()
         gen.manual_seed(self.seed if self.seed is not None else int(torch.seed()))
         return gen
+
+
+def _number(x: object) -> bool:
+    """A finite real number (not a bool, not NaN or infinite)."""
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def sample(

@@ -1,0 +1,165 @@
+"""Fuzzing the public API and the CLI with random valid and invalid input.
+
+Every call either succeeds or raises a typed corps error with a message (never a
+bare exception), and after every call the store's bookkeeping is exact
+(`helpers.check_invariants`).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import anyio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from corps.cache import Private, Public, Shared
+from corps.cache.errors import CorpsError
+from corps.cache.visibility import LeakWarning
+from corps.cli.app import app
+
+from conftest import open_tiny
+from helpers import check_invariants
+
+KINDS = ["prefill", "prefill", "decode", "decode", "decode_many", "free", "read", "stream"]
+
+
+def either(draw, valid, invalid):
+    """Mostly a valid value, now and then an invalid one (1 in 8)."""
+    return draw(invalid if draw(st.integers(0, 7)) == 0 else valid)
+
+
+@st.composite
+def operations(draw):
+    kind = draw(st.sampled_from(KINDS))
+    picks = draw(st.lists(st.integers(0, 50), max_size=4))  # indices into the handles so far
+    common = dict(
+        owner=either(draw, st.sampled_from([None, "alice", "bob"]), st.sampled_from(["", 3])),
+        visibility=either(
+            draw,
+            st.sampled_from([None, Public(), Private(), Shared({"bob"})]),
+            st.sampled_from(["public", 3]),
+        ),
+        offsets=either(
+            draw, st.none(), st.lists(st.one_of(st.none(), st.integers(-5, 3000)), max_size=5)
+        ),
+        new_offset=either(draw, st.none(), st.integers(-5, 3000)),
+        leak_policy=either(
+            draw,
+            st.sampled_from([None, "allow", "warn", "reencode"]),
+            st.sampled_from(["deny", "bogus"]),
+        ),
+    )
+    if kind == "prefill":
+        args = dict(
+            message=either(
+                draw, st.text(min_size=1, max_size=40), st.lists(st.integers(-2, 70000), max_size=8)
+            ),
+            role=either(draw, st.sampled_from(["user", "system"]), st.just("")),
+            frame=either(draw, st.just(True), st.just(False)),
+        )
+    elif kind in ("decode", "stream", "decode_many"):
+        args = dict(
+            max_tokens=either(draw, st.integers(1, 6), st.integers(-1, 0)),
+            temperature=either(
+                draw, st.sampled_from([0.0, 0.7]), st.sampled_from([-1.0, float("nan")])
+            ),
+            top_p=either(draw, st.sampled_from([1.0, 0.9]), st.sampled_from([0.0, 1.5])),
+            top_k=either(draw, st.sampled_from([0, 3]), st.just(-1)),
+            seed=either(draw, st.one_of(st.none(), st.integers(0, 2**40)), st.just("s")),
+            stop=either(draw, st.sampled_from([(), ("x",)]), st.just(("",))),
+            header=either(draw, st.just(""), st.lists(st.integers(-2, 70000), max_size=3)),
+            frame=either(draw, st.just(True), st.just(False)),
+        )
+    else:
+        args = {}
+    return kind, picks, common, args
+
+
+async def apply(engine, handles: list, op) -> None:
+    kind, picks, common, args = op
+    parents = [handles[i % len(handles)] for i in picks] if handles else []
+    if kind == "free":
+        if parents:
+            engine.free(parents[0])
+        return
+    if kind == "read":
+        if parents:
+            engine.read(parents[0], reader=common["owner"])
+        return
+    call = dict(parents=parents, **common, **args)
+    if kind == "prefill":
+        handles.append(await engine.prefill(call.pop("message"), **call))
+    elif kind == "decode":
+        handles.append(await engine.decode(**call))
+    elif kind == "decode_many":
+        handles.extend(await engine.decode_many([call, dict(call, seed=1)]))
+    else:
+        async with engine.stream(**call) as s:
+            async for _ in s:
+                pass
+        handles.append(s.handle)
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    ops=st.lists(operations(), min_size=1, max_size=12),
+    mode=st.sampled_from(["choreographed", "baseline"]),
+)
+def test_random_calls_succeed_or_fail_typed_and_keep_the_store_exact(tiny_dirs, ops, mode):
+    async def main() -> None:
+        async with open_tiny(tiny_dirs, "llama", mode=mode, capacity=512) as engine:
+            handles: list = []
+            for op in ops:
+                try:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore", LeakWarning)
+                        await apply(engine, handles, op)
+                except CorpsError as exc:
+                    assert str(exc), f"{type(exc).__name__} without a message"
+                check_invariants(engine)
+
+    anyio.run(main)
+
+
+runner = CliRunner()
+SET_KEYS = ["max_tokens", "rounds", "branches", "voters", "temperature", "seed", "question", "x"]
+SET_VALUES = ["1", "0", "-3", "2.5", "abc", "", "[1,2]", "true", "9999999999"]
+
+
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    target=st.sampled_from(["debate", "tree-of-thoughts", "multi-qa", "nope", "x.toml", ""]),
+    sets=st.lists(st.tuples(st.sampled_from(SET_KEYS), st.sampled_from(SET_VALUES)), max_size=3),
+    extra=st.lists(
+        st.sampled_from(
+            [
+                ["--mode", "bogus"],
+                ["--leak-policy", "x"],
+                ["--dtype", "int8"],
+                ["--concurrency", "0"],
+                ["--seed", "-1"],
+                ["--mode", "baseline"],
+            ]
+        ),
+        max_size=2,
+    ),
+)
+def test_random_cli_arguments_never_crash(tiny_dirs, target, sets, extra):
+    args = ["run", target, "--model", str(tiny_dirs["llama"]), "--no-live", "--set", "max_tokens=2"]
+    for k, v in sets:
+        args += ["--set", f"{k}={v}"]
+    for e in extra:
+        args += e
+    result = runner.invoke(app, args)
+    assert result.exit_code in (0, 1, 2), (args, result.output, result.exception)
+    assert "Traceback" not in result.output, (args, result.output)
+    if result.exception is not None:
+        assert isinstance(result.exception, SystemExit), (args, repr(result.exception))
