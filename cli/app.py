@@ -223,6 +223,66 @@ def bench_trace(
     Console().print(bt.table(cost))
 
 
+@bench_app.command("soak")
+def bench_soak(
+    workflows: Annotated[int, typer.Option(min=1, help="Workflows to run.")] = 1000,
+    concurrency: Annotated[int, typer.Option(min=1, help="Workflows in flight.")] = 32,
+    faults: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="Share of workflows replaced by a fault.")
+    ] = 0.1,
+    max_tokens: Annotated[int, typer.Option(min=1, help="Decode budget per call.")] = 8,
+    seed: Annotated[int, typer.Option(help="Seeds the mix and the faults.")] = 0,
+    capacity: Annotated[
+        int | None, typer.Option(min=64, help="Store tokens (default: from the memory budget).")
+    ] = None,
+    deadline: Annotated[
+        float, typer.Option(min=1.0, help="Seconds before a workflow counts as hung.")
+    ] = 300.0,
+    model: ModelOpt = "smollm2-135m",
+    dtype: DtypeOpt = "float32",
+    json_out: Annotated[str | None, typer.Option("--json", help="Write the report here.")] = None,
+) -> None:
+    """Many workflows with injected faults through one engine: failures, hangs, memory, speed."""
+    import warnings
+
+    import anyio
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from corps.cache.visibility import LeakWarning
+    from corps.cli import bench_soak as bs
+
+    bar = Progress("workflows", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err)
+    task = bar.add_task("soak", total=workflows)
+    try:
+        with warnings.catch_warnings(), bar:
+            warnings.simplefilter("ignore", LeakWarning)
+            report = anyio.run(
+                lambda: bs.soak(
+                    model=model,
+                    workflows=workflows,
+                    concurrency=concurrency,
+                    faults=faults,
+                    max_tokens=max_tokens,
+                    seed=seed,
+                    deadline_s=deadline,
+                    capacity=capacity,
+                    dtype=dtype,
+                    progress=lambda n: bar.update(task, completed=n),
+                )
+            )
+    except CorpsError as exc:
+        fail(exc)
+    console = Console()
+    console.print(bs.table(report))
+    for e in report.errors:
+        console.print(f"  [red]{e}[/]", highlight=False)
+    if json_out:
+        with open(json_out, "w") as f:
+            f.write(report.model_dump_json(indent=1) + "\n")
+    if report.unexplained or report.hung:
+        raise typer.Exit(1)
+
+
 @bench_app.command("workflows")
 def bench_workflows(
     runs: Annotated[int, typer.Option(min=1, help="Measured runs per pattern and cell.")] = 3,
