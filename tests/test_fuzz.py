@@ -12,9 +12,11 @@ import warnings
 import anyio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import BaseModel
 from typer.testing import CliRunner
 
-from corps.cache import Private, Public, Shared
+from corps.agents import Agent, AgentError, Runtime
+from corps.cache import Handle, Private, Public, Shared
 from corps.cache.errors import CorpsError
 from corps.cache.visibility import LeakWarning
 from corps.cli.app import app
@@ -163,3 +165,62 @@ def test_random_cli_arguments_never_crash(tiny_dirs, target, sets, extra):
     assert "Traceback" not in result.output, (args, result.output)
     if result.exception is not None:
         assert isinstance(result.exception, SystemExit), (args, repr(result.exception))
+
+
+class Payload(BaseModel):
+    text: str = ""
+    handles: list[Handle] = []
+    model_config = {"arbitrary_types_allowed": True}
+
+
+class Echo(Agent):
+    max_restarts = 10**6  # a failed send restarts it; the last ask checks it still serves
+
+    async def handle(self, msg):
+        handles = [msg] if isinstance(msg, Handle) else getattr(msg, "handles", [])
+        for h in handles:
+            _ = h.text  # reading what it was sent is checked against its visibility
+        return msg
+
+
+PAYLOADS = st.one_of(
+    st.text(max_size=5),
+    st.integers(),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+    st.none(),
+    st.builds(Payload, text=st.text(max_size=5)),
+    st.sampled_from(["public", "private"]),  # replaced by a handle of that visibility
+)
+
+
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    payloads=st.lists(st.tuples(PAYLOADS, st.sampled_from(["ask", "send", "publish"])), max_size=6)
+)
+def test_random_payloads_between_agents_fail_typed(tiny_dirs, payloads):
+    async def main() -> None:
+        async with open_tiny(tiny_dirs, "llama") as engine, Runtime(engine) as rt:
+            await rt.spawn(Echo, "echo")
+            rt.subscribe("t", "echo")
+            secret = await engine.prefill("s", owner="alice", visibility=Private())
+            public = await engine.prefill("p")
+            for payload, how in payloads:
+                if payload == "public":
+                    payload = public
+                elif payload == "private":
+                    payload = Payload(handles=[secret])
+                try:
+                    if how == "ask":
+                        await rt.ask("echo", payload, timeout=10)
+                    elif how == "send":
+                        await rt.send("echo", payload)
+                    else:
+                        await rt.publish("t", payload)
+                except (CorpsError, AgentError) as exc:
+                    assert str(exc)
+            await rt.ask("echo", public, timeout=10)  # still serving
+        check_invariants(engine)
+
+    anyio.run(main)
