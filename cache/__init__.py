@@ -6,6 +6,7 @@ from corps.cache.errors import (
     CorpsError,
     InvalidRequest,
     PositionError,
+    StoreTooSmall,
     UnknownHandle,
 )
 from corps.cache.handle import Handle
@@ -32,5 +33,6 @@ __all__ = [
     "Private",
     "Public",
     "Shared",
+    "StoreTooSmall",
     "UnknownHandle",
 ]

@@ -20,6 +20,10 @@ class CacheFullError(CorpsError):
     """The KV store has too few free slots for a call."""
 
 
+class StoreTooSmall(CacheFullError):
+    """A call needs more slots than the whole store has: it could never run."""
+
+
 class UnknownHandle(InvalidRequest):
     """A handle that names no live message of this engine (freed, or from another engine)."""
 

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from corps.cache.arena import ViewArena
-from corps.cache.errors import CacheFullError
+from corps.cache.errors import CacheFullError, StoreTooSmall
 from corps.cache.handle import Handle
 from corps.cache.kv import KVStore
 from corps.cache.messages import Message, MessageTable
@@ -46,6 +46,8 @@ PREFILL_CHUNK = 512
 #: Baseline: a call waits for a running call's prompt when they share at least
 #: this many tokens nobody has encoded yet (SGLang's in-batch threshold is 32 too).
 HOLD_MIN_SHARED = 32
+#: While calls are prefilling, they get at least 1/PREFILL_SHARE of each step's tokens.
+PREFILL_SHARE = 8
 
 TokenCallback = Callable[[int, int], None]  # (call index, token id)
 
@@ -191,10 +193,10 @@ class Core:
             return call  # run by transformers generate: no slots, no view
         if hold and self._waits(call):
             return None
+        self._check_fits(call)
         try:
             self._take_slots([call])
-            extra = len(call.feed) + (call.sampling.max_tokens if call.sampling else 0)
-            extra += len(call.footer)
+            extra = len(call.feed) + _generated_max(call)
             call.view = CallView.gather(
                 self.store,
                 self.rope,
@@ -214,17 +216,24 @@ class Core:
 
         Decoding calls go first, so a long prefill never starves them; prefill
         chunks (at most PREFILL_CHUNK tokens each) fill what is left of `budget`
-        tokens, in the order given. A call that fails here (its slot allocation or
-        its sampling) is rolled back and reported in `failed`; the others go on.
+        tokens, in the order given, and always get 1/PREFILL_SHARE of it when any
+        call is prefilling (so decodes never starve prefills either). A call that
+        fails here (its sampling) is rolled back and reported in `failed`; the
+        others go on.
         """
         out = StepOutput()
         plan: list[tuple[Call, int, int]] = []  # (call, first feed index or -1, n tokens)
         left = budget if budget is not None else 1 << 62
+        prefilling = sum(len(c.feed) - c.fed for c in calls if c.pending is None)
+        # Prefill chunks keep a share of every step, so a full batch of decodes never
+        # starves them; decodes past the rest of the budget wait one step.
+        decodes = left - min(prefilling, max(1, left // PREFILL_SHARE))
         for c in calls:
-            if c.pending is None:
+            if c.pending is None or decodes <= 0:
                 continue
+            decodes -= 1
             try:
-                c.slots.append(self._alloc(1, f"the next token of a {c.kind} call")[0])
+                c.slots.append(c.spare.pop() if c.spare else self._alloc(1, "a next token")[0])
             except CacheFullError as exc:
                 self.abort(c)
                 out.failed.append((c, exc))
@@ -321,7 +330,25 @@ class Core:
         assert c.done, "finish() needs a call whose step machine is done"
         handle = self._finish_decode(c) if c.is_decode else self._finish_prefill(c)
         self._drop_view(c)
+        self._release_spare(c)
         return handle
+
+    def _release_spare(self, c: Call) -> None:
+        if c.spare:
+            with self._mutex:
+                self.store.release(c.spare)
+                c.spare = []
+
+    def _check_fits(self, c: Call) -> None:
+        """StoreTooSmall if the call could not run even in an otherwise empty store."""
+        prompt = len(c.prefix) if self.mode != "choreographed" else len(c.ctx_slots) + len(c.feed)
+        need = prompt + _generated_max(c)
+        if need > self.store.capacity:
+            raise StoreTooSmall(
+                f"this {c.kind} call needs {need} token slots (prompt {prompt} + up to "
+                f"{need - prompt} generated) but the whole store has {self.store.capacity}; "
+                f"lower max_tokens or open the engine with a larger capacity / memory_budget"
+            )
 
     def _drop_view(self, c: Call) -> None:
         if c.view is not None:
@@ -420,8 +447,10 @@ class Core:
             c.pins_held = True
             if self.radix is not None:
                 self._match_prefix(c)
-        for c in calls:
-            c.slots = self._alloc(len(c.feed), f"a {len(c.feed)}-token {c.kind} call")
+        for c in calls:  # feed slots now, and the generated tokens' reserved up front
+            n, extra = len(c.feed), _generated_max(c)
+            got = self._alloc(n + extra, f"a {n}-token {c.kind} call (+{extra} to generate)")
+            c.slots, c.spare = got[:n], got[n:]
 
     def _match_prefix(self, c: Call) -> None:
         match = self.radix.match(c.prefix)
@@ -613,6 +642,9 @@ class Core:
             if c.slots:
                 self.store.release(c.slots[c.cached :])  # the tree owns the cached ones
                 c.slots = []
+            if c.spare:
+                self.store.release(c.spare)
+                c.spare = []
             if c.lock is not None:
                 self.radix.unlock(c.lock)
                 c.lock = None
@@ -623,6 +655,12 @@ class Core:
     def _release_message(self, msg: Message) -> None:
         self.store.release(msg.slots)
         msg.slots = []
+
+
+def _generated_max(c: Call) -> int:
+    """Slots a call may still need beyond its feed: every token it may generate, and
+    its closing footer (reserved at admission, so it never runs out mid-generation)."""
+    return c.sampling.max_tokens + len(c.footer) if c.is_decode else 0
 
 
 def _common_len(a: list[int], b: list[int]) -> int:

@@ -57,6 +57,7 @@ class Engine:
         trace: str | Path | None = None,
         model_name: str | None = None,
         auto_free: bool = False,
+        max_running: int = 256,
     ) -> None:
         self._core = core
         self.auto_free = auto_free
@@ -64,7 +65,11 @@ class Engine:
         self.recorder = Recorder()
         """Trace events go to its sinks (`recorder.add(fn)`); see `corps.engine.trace`."""
         self._sched = Scheduler(
-            core, queue_size=queue_size, step_tokens=step_tokens, recorder=self.recorder
+            core,
+            queue_size=queue_size,
+            step_tokens=step_tokens,
+            recorder=self.recorder,
+            max_running=max_running,
         )
         self._tg: anyio.abc.TaskGroup | None = None
         self._guard = Guard(core.table, mode=core.mode, policy=leak_policy, recorder=self.recorder)
@@ -90,6 +95,7 @@ class Engine:
         leak_policy: str = "warn",
         trace: str | Path | None = None,
         auto_free: bool = False,
+        max_running: int = 256,
         console: Console | None = None,
     ) -> Engine:
         """Load synchronously (blocks); start it with `async with engine:`.
@@ -98,6 +104,12 @@ class Engine:
         JSON lines (`corps trace view PATH`); off by default. `auto_free=True`
         frees a message's encoding once the last `Handle` naming it is garbage
         collected (off by default: then only `free` releases encodings).
+
+        Admission: a call runs once its memory can be had (its prompt and every
+        token it may generate are reserved up front, so it never runs out
+        mid-generation); until then it waits, first come first served, while
+        running calls may give memory back. At most `max_running` calls run at
+        once. A call that could never fit raises `StoreTooSmall` at once.
         """
         if dtype not in DTYPES:
             raise InvalidRequest(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
@@ -132,6 +144,7 @@ class Engine:
             trace=trace,
             model_name=model,
             auto_free=auto_free,
+            max_running=max_running,
         )
 
     @classmethod

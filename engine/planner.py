@@ -55,6 +55,7 @@ class Call:
     pinned: list[Message] = field(default_factory=list)  # parents, pinned while running
     pins_held: bool = False
     slots: list[int] = field(default_factory=list)  # slots taken for feed + generated
+    spare: list[int] = field(default_factory=list)  # reserved for tokens not generated yet
     generated: list[int] = field(default_factory=list)
     view: CallView | None = None
     generator: torch.Generator | None = None

@@ -38,6 +38,7 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
+from corps.cache.errors import CacheFullError, StoreTooSmall
 from corps.cache.handle import Handle
 from corps.engine.core import Core
 from corps.engine.errors import CallCancelled, EngineBusy, EngineClosed
@@ -132,9 +133,11 @@ class Scheduler:
         queue_size: int = 256,
         step_tokens: int = 512,
         recorder: Recorder | None = None,
+        max_running: int = 256,
     ) -> None:
-        if queue_size < 1 or step_tokens < 1:
-            raise ValueError("queue_size and step_tokens must be >= 1")
+        if queue_size < 1 or step_tokens < 1 or max_running < 1:
+            raise ValueError("queue_size, step_tokens and max_running must be >= 1")
+        self.max_running = max_running
         self.core = core
         self.rec = recorder or Recorder()
         self.step_tokens = step_tokens
@@ -296,14 +299,31 @@ class Scheduler:
         )
 
     def _step_sync(self, new: list[Job], t0: float) -> None:
-        """Worker thread: admit new jobs, run one fused step, finish what is done."""
+        """Worker thread: admit new jobs, run one fused step, finish what is done.
+
+        Admission is first come, first served: a call whose memory cannot be had now
+        waits (with every call behind it) while running calls may give memory back;
+        it fails with CacheFullError only if nothing is running that could.
+        """
         arrived, self._held = self._held + new, []
+        waiting = False
         for job in arrived:
             if job.cancelled:
                 self._finished.append(job)
                 continue
+            if waiting or len(self._running) >= self.max_running:
+                self._held.append(job)  # behind a call waiting for memory, or at the cap
+                continue
             try:
                 call = self.core.admit(job.request, want_logits=job.want_logits, hold=True)
+            except CacheFullError as exc:
+                if isinstance(exc, StoreTooSmall) or not self._running:
+                    job.error = exc  # could never fit, or nothing running will make room
+                    self._finished.append(job)
+                else:
+                    self._held.append(job)
+                    waiting = True
+                continue
             except Exception as exc:  # bad input fails this job only
                 job.error = exc
                 self._finished.append(job)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import anyio
 import pytest
 
-from corps.cache.errors import CacheFullError, PositionError, UnknownHandle
+from corps.cache.errors import CacheFullError, PositionError, StoreTooSmall, UnknownHandle
 from corps.engine.errors import InvalidRequest
 
 from conftest import open_tiny
@@ -64,22 +65,51 @@ async def test_bad_inputs_raise_typed_errors_and_change_nothing(tiny_dirs):
                 assert snapshot(engine) == before, kind
 
 
-async def test_capacity_exhausted_mid_decode_rolls_back(tiny_dirs):
+async def test_a_call_that_could_never_fit_fails_before_running(tiny_dirs):
     async with small(tiny_dirs) as engine:
         s = await engine.prefill("you are a careful solver", role="system")
         before = snapshot(engine)
-        with pytest.raises(CacheFullError, match="capacity 200"):
+        with pytest.raises(StoreTooSmall, match="whole store has 200"):
             await engine.decode(parents=[s], max_tokens=400, ignore_eos=True)
         assert snapshot(engine) == before
         ok = await engine.decode(parents=[s], max_tokens=5, ignore_eos=True)
         assert len(ok.tokens) > 5
-
-
-async def test_capacity_exhausted_in_prefill_names_request(tiny_dirs):
-    async with small(tiny_dirs) as engine:
-        with pytest.raises(CacheFullError, match="token slots needed"):
+        with pytest.raises(StoreTooSmall, match="needs 245 token slots"):
             await engine.prefill(list(range(5, 250)), frame=False)
-        assert engine.stats().tokens_used == 0
+
+
+async def test_a_full_store_with_nothing_running_fails_at_once(tiny_dirs):
+    async with small(tiny_dirs) as engine:
+        kept = await engine.prefill(list(range(5, 105)), frame=False)
+        await engine.prefill(list(range(5, 85)), frame=False)  # 180 of 200 slots used
+        before = snapshot(engine)
+        with pytest.raises(CacheFullError, match="slots needed"):  # fits an empty store
+            await engine.decode(parents=[kept], max_tokens=20, ignore_eos=True)
+        assert snapshot(engine) == before
+
+
+async def test_calls_wait_for_memory_instead_of_failing_mid_generation(tiny_dirs):
+    """More concurrent long decodes than the store holds: each waits until running ones
+    give memory back; none fails, and each decodes what it decodes alone (greedy)."""
+    async with small(tiny_dirs) as engine:
+        q = await engine.prefill("count")
+        alone = []
+        for i in range(3):
+            h = await engine.decode(parents=[q], max_tokens=30 + i, ignore_eos=True)
+            alone.append(h.generated)
+            engine.free(h)
+
+        async def one(i: int, out: list) -> None:
+            h = await engine.decode(parents=[q], max_tokens=30 + i % 3, ignore_eos=True)
+            out[i] = h.generated
+            engine.free(h)  # the caller is done with it: its memory goes back
+
+        out: list = [None] * 16  # 16 x ~40 slots: at most 4 fit in the 200-slot store
+        async with anyio.create_task_group() as tg:
+            for i in range(16):
+                tg.start_soon(one, i, out)
+        assert all(out[i] == alone[i % 3] for i in range(16))
+        assert engine.stats().tokens_used == q.length
 
 
 async def test_free_releases_slots_and_pins_defer(tiny_dirs):
