@@ -283,6 +283,37 @@ def bench_soak(
         raise typer.Exit(1)
 
 
+@bench_app.command("memory")
+def bench_memory(
+    calls: Annotated[int, typer.Option(min=1, help="Concurrent long decodes.")] = 64,
+    max_tokens: Annotated[int, typer.Option(min=1, help="Tokens each decodes.")] = 96,
+    capacity: Annotated[
+        int, typer.Option(min=256, help="Store tokens for the admission run.")
+    ] = 2048,
+    branches: Annotated[int, typer.Option(min=1)] = 16,
+    voters: Annotated[int, typer.Option(min=1)] = 16,
+    branch_tokens: Annotated[int, typer.Option(min=1)] = 256,
+    model: ModelOpt = "smollm2-135m",
+) -> None:
+    """Admission under memory pressure, and view memory over a shared context."""
+    import anyio
+
+    from corps.cli import bench_memory as bm
+
+    async def both():
+        adm = await bm.admission(model, calls=calls, max_tokens=max_tokens, capacity=capacity)
+        ctx = await bm.shared_context(
+            model, branches=branches, voters=voters, branch_tokens=branch_tokens
+        )
+        return adm, ctx
+
+    try:
+        adm, ctx = anyio.run(both)
+    except CorpsError as exc:
+        fail(exc)
+    Console().print(*bm.tables(adm, ctx))
+
+
 @bench_app.command("workflows")
 def bench_workflows(
     runs: Annotated[int, typer.Option(min=1, help="Measured runs per pattern and cell.")] = 3,

@@ -109,6 +109,8 @@ class Core:
         self._running_uids: set[int] = set()  # baseline: uids of admitted, unfinished calls
         self._failed: set[int] = set()  # baseline: failed calls whose inserts are still read
         self.tokens_shared_in_batch = 0
+        self.view_tokens = 0  # tokens held in the rotated views of admitted calls
+        self.view_tokens_peak = 0
         self.tokens_encoded = 0
         self.tokens_reused = 0
         self.forward_seconds = 0.0  # time spent in the model's forward
@@ -209,6 +211,9 @@ class Core:
             self.abort(call)
             raise
         self.tokens_reused += len(call.ctx_slots)
+        with self._mutex:
+            self.view_tokens += call.view.capacity
+            self.view_tokens_peak = max(self.view_tokens_peak, self.view_tokens)
         return call
 
     def step(self, calls: Sequence[Call], budget: int | None) -> StepOutput:
@@ -354,6 +359,8 @@ class Core:
         if c.view is not None:
             with self._mutex:
                 c.view.release()
+                self.view_tokens -= c.view.capacity
+            c.view = None
 
     def abort(self, c: Call) -> None:
         """Give back everything a call holds; the store is as if it never ran."""
@@ -399,6 +406,8 @@ class Core:
             prefix_hit_tokens=radix.hit_tokens if radix else 0,
             prefix_query_tokens=radix.query_tokens if radix else 0,
             prefix_shared_in_batch=self.tokens_shared_in_batch,
+            view_tokens=self.view_tokens,
+            view_tokens_peak=self.view_tokens_peak,
         )
 
     # ---- planning ----
@@ -426,6 +435,7 @@ class Core:
         self._take_slots([call])
         none = _long([], self.device)
         call.view = CallView.gather(self.store, self.rope, none, none, len(sink))
+        self.view_tokens += call.view.capacity  # given back when it finishes
         while not call.done:
             self.step([call], budget=None)
         return self.finish(call)

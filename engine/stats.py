@@ -26,6 +26,8 @@ class EngineStats:
     leaks: int = 0  # leaks recorded since the engine started (policies allow and warn)
     reencodes: int = 0  # clean copies made (leak_policy="reencode")
     records: int = 0  # message records held, freed ones still referenced included
+    view_tokens: int = 0  # tokens held in running calls' rotated views (beside the store)
+    view_tokens_peak: int = 0
 
     @property
     def prefix_hit_rate(self) -> float:

@@ -223,3 +223,4 @@ def check_invariants(engine) -> None:
     for (a, n), (b, _) in itertools.pairwise(ranges):
         assert a + n < b, "arena ranges overlap or were not merged"
     assert arena.free_tokens == arena.capacity, "an arena range was never released"
+    assert core.view_tokens == 0, f"{core.view_tokens} view tokens still counted while idle"
