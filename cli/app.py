@@ -72,12 +72,17 @@ def chat(
     temperature: Annotated[float, typer.Option(min=0.0, help="0 is greedy.")] = 0.0,
     top_p: Annotated[float, typer.Option(min=0.0, max=1.0)] = 1.0,
     seed: Annotated[int | None, typer.Option(help="Seed for reproducible sampling.")] = None,
-    mode: Annotated[str, typer.Option(help="choreographed or baseline.")] = "choreographed",
+    mode: Annotated[str, typer.Option(help="choreographed, baseline or hf.")] = "choreographed",
     dtype: DtypeOpt = "float32",
     device: DeviceOpt = "cpu",
 ) -> None:
     """Ask one question and stream the answer to the terminal."""
     import anyio
+
+    if mode not in run_cli.MODES:  # before loading anything
+        _bad(f"--mode must be one of {', '.join(run_cli.MODES)}, got {mode!r}")
+    if dtype not in run_cli.DTYPES:
+        _bad(f"--dtype must be one of {', '.join(run_cli.DTYPES)}, got {dtype!r}")
 
     from corps.engine.engine import Engine
 

@@ -25,6 +25,7 @@ from corps.patterns.result import PatternResult
 
 out = Console()
 MODES = ("choreographed", "baseline", "hf")  # corps.engine.core.MODES (not imported: torch)
+DTYPES = ("float32", "bfloat16", "float16")  # corps.engine.engine.DTYPES (likewise)
 err = Console(stderr=True)
 
 
@@ -102,6 +103,8 @@ def run(
         mode = mode or tgt.mode or "choreographed"
         if mode not in MODES:
             raise ScenarioError(f"--mode must be one of {', '.join(MODES)}, got {mode!r}")
+        if dtype not in DTYPES:
+            raise ScenarioError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     except CorpsError as exc:
         _exit(str(exc), 2)
     engine_kw = dict(mode=mode, dtype=dtype, device=device, leak_policy=leak_policy, trace=trace)

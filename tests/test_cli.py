@@ -88,10 +88,11 @@ def test_run_a_builtin_prints_answer_and_summary(tiny_dirs, tmp_path):
 
 @pytest.mark.parametrize("mode", ["baseline", "hf"])
 def test_run_other_modes(tiny_dirs, mode):
-    from corps.cli.run import MODES
+    from corps.cli.run import DTYPES, MODES
     from corps.engine.core import MODES as ENGINE_MODES
+    from corps.engine.engine import DTYPES as ENGINE_DTYPES
 
-    assert MODES == ENGINE_MODES
+    assert MODES == ENGINE_MODES and DTYPES == tuple(ENGINE_DTYPES)
     result = run_cli(tiny_dirs, "multi-qa", "--set", "max_tokens=4", "--mode", mode)
     assert result.exit_code == 0, result.output
     assert mode in result.output
@@ -232,3 +233,10 @@ def test_follow_on_a_finished_trace_draws_and_ends(traces):
     result = runner.invoke(app, ["trace", "view", str(traces["debate"]), "--follow"])
     assert result.exit_code == 0, result.output
     assert "timeline" in result.output and "message graph" in result.output
+
+
+@pytest.mark.parametrize("args", [["--mode", "weird"], ["--dtype", "int8"]])
+def test_chat_rejects_bad_options_before_loading_a_model(tmp_path, args):
+    result = runner.invoke(app, ["chat", "hi", "--model", str(tmp_path / "missing"), *args])
+    assert result.exit_code == 2, result.output
+    assert "must be one of" in result.output and "missing" not in result.output
