@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Annotated
+from collections.abc import Awaitable, Callable
+from typing import Annotated, TypeVar
 
 import typer
 from rich.console import Console
@@ -26,6 +27,7 @@ bench_app = typer.Typer(
 )
 app.add_typer(bench_app, name="bench")
 app.add_typer(trace_app, name="trace")
+T = TypeVar("T")
 
 err = Console(stderr=True)
 
@@ -201,30 +203,20 @@ def bench_trace(
     ] = False,
 ) -> None:
     """What recording a trace costs: the same workflow traced and untraced, alternated."""
-    import warnings
-
-    import anyio
-
-    from corps.cache.visibility import LeakWarning
     from corps.cli import bench_trace as bt
 
     params, _ = _bench_args(pattern, set_, "baseline,choreographed")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", LeakWarning)
-            cost = anyio.run(
-                lambda: bt.measure(
-                    pattern.replace("-", "_"),
-                    params,
-                    model=model,
-                    runs=runs,
-                    warmup=warmup,
-                    dtype=dtype,
-                    live=live,
-                )
-            )
-    except CorpsError as exc:
-        fail(exc)
+    cost = _run_bench(
+        lambda: bt.measure(
+            pattern.replace("-", "_"),
+            params,
+            model=model,
+            runs=runs,
+            warmup=warmup,
+            dtype=dtype,
+            live=live,
+        )
+    )
     Console().print(bt.table(cost))
 
 
@@ -248,35 +240,27 @@ def bench_soak(
     json_out: Annotated[str | None, typer.Option("--json", help="Write the report here.")] = None,
 ) -> None:
     """Many workflows with injected faults through one engine: failures, hangs, memory, speed."""
-    import warnings
-
-    import anyio
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-    from corps.cache.visibility import LeakWarning
     from corps.cli import bench_soak as bs
 
     bar = Progress("workflows", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err)
     task = bar.add_task("soak", total=workflows)
-    try:
-        with warnings.catch_warnings(), bar:
-            warnings.simplefilter("ignore", LeakWarning)
-            report = anyio.run(
-                lambda: bs.soak(
-                    model=model,
-                    workflows=workflows,
-                    concurrency=concurrency,
-                    faults=faults,
-                    max_tokens=max_tokens,
-                    seed=seed,
-                    deadline_s=deadline,
-                    capacity=capacity,
-                    dtype=dtype,
-                    progress=lambda n: bar.update(task, completed=n),
-                )
+    with bar:
+        report = _run_bench(
+            lambda: bs.soak(
+                model=model,
+                workflows=workflows,
+                concurrency=concurrency,
+                faults=faults,
+                max_tokens=max_tokens,
+                seed=seed,
+                deadline_s=deadline,
+                capacity=capacity,
+                dtype=dtype,
+                progress=lambda n: bar.update(task, completed=n),
             )
-    except CorpsError as exc:
-        fail(exc)
+        )
     console = Console()
     console.print(bs.table(report))
     for e in report.errors:
@@ -301,8 +285,6 @@ def bench_memory(
     model: ModelOpt = "smollm2-135m",
 ) -> None:
     """Admission under memory pressure, and view memory over a shared context."""
-    import anyio
-
     from corps.cli import bench_memory as bm
 
     async def both():
@@ -312,10 +294,7 @@ def bench_memory(
         )
         return adm, ctx
 
-    try:
-        adm, ctx = anyio.run(both)
-    except CorpsError as exc:
-        fail(exc)
+    adm, ctx = _run_bench(both)
     Console().print(*bm.tables(adm, ctx))
 
 
@@ -387,7 +366,9 @@ def _bad(message: str) -> None:
     raise typer.Exit(2)
 
 
-def _measure(bw, pattern, params, chosen, runs, warmup, model, dtype, questions):
+def _run_bench(work: Callable[[], Awaitable[T]]) -> T:
+    """Run a benchmark's coroutine: the patterns' own leak warnings silenced (they are
+    counted), a corps error printed as one line (exit 1)."""
     import warnings
 
     import anyio
@@ -396,21 +377,25 @@ def _measure(bw, pattern, params, chosen, runs, warmup, model, dtype, questions)
 
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", LeakWarning)  # the patterns' own, not the bench's
-            return anyio.run(
-                lambda: bw.measure(
-                    pattern,
-                    params,
-                    model=model,
-                    impls=chosen,
-                    runs=runs,
-                    warmup=warmup,
-                    dtype=dtype,
-                    questions=questions,
-                )
-            )
+            warnings.simplefilter("ignore", LeakWarning)
+            return anyio.run(work)
     except CorpsError as exc:
         fail(exc)
+
+
+def _measure(bw, pattern, params, chosen, runs, warmup, model, dtype, questions):
+    return _run_bench(
+        lambda: bw.measure(
+            pattern,
+            params,
+            model=model,
+            impls=chosen,
+            runs=runs,
+            warmup=warmup,
+            dtype=dtype,
+            questions=questions,
+        )
+    )
 
 
 def _write(bw, reports, json_out: str | None, plot_out: str | None) -> None:
