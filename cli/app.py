@@ -9,6 +9,7 @@ from typing import Annotated, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from corps.cache.errors import CorpsError
@@ -42,7 +43,7 @@ def fail(exc: BaseException) -> None:
     """Print a deliberate error in one line (a traceback only with CORPS_DEBUG=1)."""
     if os.environ.get("CORPS_DEBUG"):
         raise exc
-    err.print(f"[bold red]error:[/] {exc}", highlight=False)
+    err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
     raise typer.Exit(1)
 
 
@@ -298,6 +299,28 @@ def bench_memory(
     Console().print(*bm.tables(adm, ctx))
 
 
+@bench_app.command("vs-llamacpp")
+def bench_vs_llamacpp(
+    cells: Annotated[str, typer.Option(help="Comma-separated BxV cells.")] = "4x4,8x8,16x4",
+    runs: Annotated[int, typer.Option(min=1, help="Measured runs per cell.")] = 2,
+    warmup: Annotated[int, typer.Option(min=0)] = 1,
+    threads: Annotated[int, typer.Option(min=1, help="llama.cpp threads.")] = 2,
+) -> None:
+    """A tree-of-thoughts-shaped workflow: llama.cpp (its GGUF) vs corps, interleaved."""
+    from corps.cli import bench_llamacpp as bl
+
+    try:
+        shape = [tuple(int(x) for x in c.lower().split("x")) for c in cells.split(",") if c]
+        assert shape and all(len(c) == 2 and min(c) >= 1 for c in shape)
+    except (ValueError, AssertionError):
+        _bad(f"--cells takes BxV pairs like 4x4,8x8, got {cells!r}")
+    try:
+        result = _run_bench(lambda: bl.measure(shape, runs=runs, warmup=warmup, threads=threads))
+    except bl.MissingLlamaCpp as exc:
+        _bad(str(exc))
+    Console().print(bl.table(result))
+
+
 @bench_app.command("workflows")
 def bench_workflows(
     runs: Annotated[int, typer.Option(min=1, help="Measured runs per pattern and cell.")] = 3,
@@ -362,7 +385,7 @@ def _bench_args(pattern: str, set_: list[str] | None, impls: str):
 
 def _bad(message: str) -> None:
     """Bad input: one line, exit code 2 (as `corps run`)."""
-    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
     raise typer.Exit(2)
 
 

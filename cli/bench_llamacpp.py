@@ -1,0 +1,164 @@
+"""`corps bench vs-llamacpp`: a tree-of-thoughts-shaped workflow, corps against llama.cpp.
+
+The workflow: B proposals of 48 tokens, V votes of 16 tokens over all proposals,
+one final solve of 48 tokens over everything; end-of-turn suppressed so every
+implementation decodes exactly the same counts. Implementations, interleaved
+run by run on the same machine:
+
+- `llama.cpp`: llama-cpp-python on the embedded model's own GGUF (Q4_1), 2
+  threads, calls one at a time as an agent framework drives it, with its
+  automatic reuse of the previous prompt's prefix;
+- `corps choreographed` and `corps baseline`: the same calls through the Engine
+  API (proposals and votes fused by `decode_many`).
+
+llama-cpp-python is the optional extra `llamacpp` (it compiles llama.cpp when
+installed: several minutes); without it the command says so and exits 2.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+from pydantic import BaseModel
+
+VOTE = "Vote for the best approach above, by its number."
+SOLVE = "Now solve the problem, following the approach with the most votes."
+PROPOSAL_TOKENS, VOTE_TOKENS, SOLVE_TOKENS = 48, 16, 48
+
+
+class MissingLlamaCpp(RuntimeError):
+    """llama-cpp-python is not installed."""
+
+
+class Cell(BaseModel):
+    branches: int
+    voters: int
+    seconds: dict[str, list[float]]  # implementation -> wall time per run
+
+    def mean(self, impl: str) -> float:
+        return statistics.fmean(self.seconds[impl])
+
+
+def load_llama(gguf: str, threads: int = 2):
+    try:
+        from llama_cpp import Llama
+    except ImportError as exc:
+        raise MissingLlamaCpp(
+            "llama-cpp-python is not installed: pip install 'corps[llamacpp]' (it compiles "
+            "llama.cpp, a few minutes), then run this again"
+        ) from exc
+    return Llama(model_path=gguf, n_ctx=8192, n_threads=threads, verbose=False)
+
+
+def llama_workflow(llm, render, question: str, branches: int, voters: int) -> float:
+    """One run through llama.cpp, calls one at a time; wall seconds."""
+    ban = {t: -1e9 for t in (llm.token_eos(), *llm.tokenize(b"<|im_end|>", special=True))}
+
+    def complete(messages: list[dict[str, str]], header: str, n: int) -> str:
+        out = llm.create_completion(
+            render(messages) + header, max_tokens=n, temperature=0.0, logit_bias=ban
+        )
+        return header + out["choices"][0]["text"]
+
+    t0 = time.perf_counter()
+    base = [{"role": "user", "content": question}]
+    props = [complete(base, f"Approach {i + 1}:", PROPOSAL_TOKENS) for i in range(branches)]
+    msgs = base + [{"role": "assistant", "content": p} for p in props]
+    msgs.append({"role": "user", "content": VOTE})
+    votes = [complete(msgs, f"Vote {j + 1}:", VOTE_TOKENS) for j in range(voters)]
+    msgs += [{"role": "assistant", "content": v} for v in votes]
+    msgs.append({"role": "user", "content": SOLVE})
+    complete(msgs, "", SOLVE_TOKENS)
+    return time.perf_counter() - t0
+
+
+async def corps_workflow(engine, question: str, branches: int, voters: int) -> float:
+    """The same calls through the Engine API; wall seconds (everything freed after)."""
+    fixed = dict(ignore_eos=True, temperature=0.0)
+    t0 = time.perf_counter()
+    q = await engine.prefill(question)
+    props = await engine.decode_many(
+        [
+            dict(parents=[q], header=f"Approach {i + 1}:", max_tokens=PROPOSAL_TOKENS, **fixed)
+            for i in range(branches)
+        ]
+    )
+    vote = await engine.prefill(VOTE, parents=[q, *props])
+    votes = await engine.decode_many(
+        [
+            dict(
+                parents=[q, *props, vote], header=f"Vote {j + 1}:", max_tokens=VOTE_TOKENS, **fixed
+            )
+            for j in range(voters)
+        ]
+    )
+    solve = await engine.prefill(SOLVE, parents=[q, *props, *votes])
+    final = await engine.decode(
+        parents=[q, *props, *votes, solve], max_tokens=SOLVE_TOKENS, **fixed
+    )
+    wall = time.perf_counter() - t0
+    assert len(final.generated) == SOLVE_TOKENS
+    for h in [final, solve, *votes, vote, *props, q]:
+        engine.free(h)
+    return wall
+
+
+async def measure(
+    cells: list[tuple[int, int]], *, runs: int = 2, warmup: int = 1, threads: int = 2
+) -> list[Cell]:
+    from transformers import AutoTokenizer
+
+    from corps.engine.engine import Engine
+    from corps.engine.registry import gguf_file, resolve_model
+    from corps.patterns.samples import MATH_PROBLEMS
+
+    llm = load_llama(str(gguf_file("smollm2-135m")), threads)
+    tok = AutoTokenizer.from_pretrained(str(resolve_model("smollm2-135m")))
+
+    def render(messages: list[dict[str, str]]) -> str:
+        return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    out = []
+    async with (
+        Engine.open("smollm2-135m", mode="choreographed") as chor,
+        Engine.open("smollm2-135m", mode="baseline") as base,
+    ):
+        for b, v in cells:
+            seconds: dict[str, list[float]] = {"llama.cpp": [], "choreographed": [], "baseline": []}
+            for r in range(warmup + runs):
+                question = MATH_PROBLEMS[r % len(MATH_PROBLEMS)][0]
+                got = {
+                    "llama.cpp": llama_workflow(llm, render, question, b, v),
+                    "choreographed": await corps_workflow(chor, question, b, v),
+                    "baseline": await corps_workflow(base, question, b, v),
+                }
+                if r >= warmup:
+                    for k, s in got.items():
+                        seconds[k].append(s)
+            out.append(Cell(branches=b, voters=v, seconds=seconds))
+    return out
+
+
+def table(cells: list[Cell]) -> Any:
+    from rich.table import Table
+
+    t = Table(
+        title=f"tree-of-thoughts shape ({PROPOSAL_TOKENS}/{VOTE_TOKENS}/{SOLVE_TOKENS} tokens), "
+        f"wall seconds, mean of {len(cells[0].seconds['llama.cpp']) if cells else 0} runs"
+    )
+    for col in ("B x V", "llama.cpp (Q4_1)", "corps choreographed", "corps baseline"):
+        t.add_column(col, justify="right")
+    t.add_column("llama.cpp / choreographed", justify="right")
+    for c in cells:
+        ratio = c.mean("llama.cpp") / c.mean("choreographed")
+        style = "green" if ratio > 1 else "red"
+        t.add_row(
+            f"{c.branches} x {c.voters}",
+            f"{c.mean('llama.cpp'):.2f}",
+            f"{c.mean('choreographed'):.2f}",
+            f"{c.mean('baseline'):.2f}",
+            f"[{style}]{ratio:.2f}x[/]",
+        )
+    return t

@@ -1,0 +1,37 @@
+"""`corps bench vs-llamacpp` (corps.cli.bench_llamacpp): the corps side, and a clear
+message without llama-cpp-python. Never time."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from corps.cli import bench_llamacpp as bl
+from corps.cli.app import app
+
+from conftest import open_tiny
+
+
+async def test_the_corps_workflow_decodes_the_fixed_counts_and_frees_everything(tiny_dirs):
+    for mode in ("choreographed", "baseline"):
+        async with open_tiny(tiny_dirs, "llama", mode=mode) as engine:
+            used = engine.stats().tokens_used
+            wall = await bl.corps_workflow(engine, "What is 2+2?", branches=3, voters=2)
+            assert wall > 0 and engine.stats().messages == 0
+            if mode == "choreographed":  # (baseline keeps its prefix cache)
+                assert engine.stats().tokens_used == used
+
+
+def test_without_llama_cpp_it_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import fails
+    with pytest.raises(bl.MissingLlamaCpp, match=r"corps\[llamacpp\]"):
+        bl.load_llama("model.gguf")
+    result = CliRunner().invoke(app, ["bench", "vs-llamacpp", "--cells", "2x2"])
+    assert result.exit_code == 2 and "pip install 'corps[llamacpp]'" in result.output
+
+
+def test_bad_cells_exit_2():
+    result = CliRunner().invoke(app, ["bench", "vs-llamacpp", "--cells", "4by4"])
+    assert result.exit_code == 2 and "BxV" in result.output
