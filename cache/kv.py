@@ -35,6 +35,12 @@ class KVStore:
         # Lowest slots first: pop() from the end of a descending list.
         self._free: list[int] = list(range(capacity - 1, -1, -1))
 
+    def drop(self) -> None:
+        """Give the tensors' memory back (the engine is closing); the store is unusable after."""
+        self.k = self.k[:, :0].clone()  # (L, 0, Hkv, D): keeps dtype, device, shape rank
+        self.v = self.v[:, :0].clone()
+        self._free = []
+
     @staticmethod
     def bytes_per_token(
         num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype

@@ -33,6 +33,9 @@ from corps.engine.weights import load_weights, read_spec
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 #: Default KV store budget when no capacity is given.
 DEFAULT_MEMORY_BUDGET = 1 << 30
+#: The default budget never buys more slots than this: a tiny model would otherwise
+#: get millions of slots (and their bookkeeping) it has no use for.
+DEFAULT_MAX_CAPACITY = 1 << 17
 
 
 __all__ = ["Engine", "LeakWarning", "Pending", "TextStream", "TraceEvent"]
@@ -89,7 +92,7 @@ class Engine:
         device: str = "cpu",
         dtype: str = "float32",
         capacity: int | None = None,
-        memory_budget: int = DEFAULT_MEMORY_BUDGET,
+        memory_budget: int | None = None,
         queue_size: int = 256,
         step_tokens: int = 512,
         leak_policy: str = "warn",
@@ -99,6 +102,10 @@ class Engine:
         console: Console | None = None,
     ) -> Engine:
         """Load synchronously (blocks); start it with `async with engine:`.
+
+        The KV store holds `capacity` tokens; without it, as many as `memory_budget`
+        bytes buy (default 1 GiB, capped at DEFAULT_MAX_CAPACITY slots). The memory is
+        given back when the engine closes.
 
         `trace=PATH` writes every call, message, actor event and leak to PATH as
         JSON lines (`corps trace view PATH`); off by default. `auto_free=True`
@@ -122,7 +129,11 @@ class Engine:
             per_token = KVStore.bytes_per_token(
                 spec.num_layers, spec.num_kv_heads, spec.head_dim, torch_dtype
             )
-            capacity = max(1024, memory_budget // per_token)
+            if memory_budget is None:  # default: 1 GiB, at most DEFAULT_MAX_CAPACITY slots
+                capacity = min(DEFAULT_MAX_CAPACITY, DEFAULT_MEMORY_BUDGET // per_token)
+            else:
+                capacity = memory_budget // per_token
+            capacity = max(1024, capacity)
         from transformers import AutoTokenizer
 
         weights = load_weights(path, dtype=torch_dtype, device=device)
@@ -172,6 +183,8 @@ class Engine:
         await self._tg.__aexit__(None, None, None)
         if self._trace_file is not None:
             self.end_trace(self._trace_file)
+        self._core.store.drop()  # the KV memory goes back now, not when the last
+        self._core.arena.drop()  # Handle or Report naming this engine is collected
         return None
 
     # ---- tracing ----

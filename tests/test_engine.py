@@ -289,3 +289,30 @@ async def test_auto_free_releases_encodings_whose_handles_are_gone(tiny_dirs):
         stats = engine.stats()
         assert stats.tokens_used == used and stats.messages == 0 and stats.records == base
         assert ids not in [m.id for m in engine._core.table.all()]
+
+
+async def test_default_capacity_is_capped_and_memory_goes_back_on_close(tiny_dirs):
+    import torch
+
+    from corps.cache.kv import KVStore
+    from corps.engine.engine import DEFAULT_MAX_CAPACITY, Engine
+    from corps.engine.weights import read_spec
+
+    spec = read_spec(tiny_dirs["llama"])
+    per_token = KVStore.bytes_per_token(
+        spec.num_layers, spec.num_kv_heads, spec.head_dim, torch.float32
+    )
+    assert (1 << 30) // per_token > DEFAULT_MAX_CAPACITY  # the cap matters for this model
+    engine = Engine.load(str(tiny_dirs["llama"]))
+    assert engine.stats().capacity == DEFAULT_MAX_CAPACITY
+    budget = 4096 * per_token  # an explicit budget is honoured, cap or not
+    assert Engine.load(str(tiny_dirs["llama"]), memory_budget=budget).stats().capacity == 4096
+    async with engine:
+        h = await engine.prefill("kept in the store", role="user")
+        assert engine.stats().tokens_used == h.length
+    # Closed: the store and the arena hold no token memory, even though `engine` and
+    # `h` are still referenced.
+    assert h.text == "kept in the store"
+    core = engine._core
+    assert core.store.k.numel() == core.store.v.numel() == 0
+    assert core.arena.k.numel() == core.arena.v.numel() == 0
