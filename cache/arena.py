@@ -34,11 +34,10 @@ class ViewArena:
         self._free: list[tuple[int, int]] = [(0, capacity)]  # sorted (start, length)
 
     def drop(self) -> None:
-        """Give the tensors' memory back (the engine is closing); unusable after."""
+        """Give the tensors' memory back (the engine is closing); bookkeeping stays."""
         self.k = self.k[:, :, :0].clone()  # (L, Hkv, 0, D)
         self.v = self.v[:, :, :0].clone()
         self.k_layers = self.v_layers = ()
-        self._free = []
 
     @property
     def free_tokens(self) -> int:

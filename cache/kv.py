@@ -36,10 +36,9 @@ class KVStore:
         self._free: list[int] = list(range(capacity - 1, -1, -1))
 
     def drop(self) -> None:
-        """Give the tensors' memory back (the engine is closing); the store is unusable after."""
+        """Give the tensors' memory back (the engine is closing); its bookkeeping stays readable."""
         self.k = self.k[:, :0].clone()  # (L, 0, Hkv, D): keeps dtype, device, shape rank
         self.v = self.v[:, :0].clone()
-        self._free = []
 
     @staticmethod
     def bytes_per_token(
