@@ -29,8 +29,10 @@ class KVStore:
         if capacity <= 0:
             raise ValueError(f"capacity must be positive, got {capacity}")
         shape = (num_layers, capacity, num_kv_heads, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)  # (L, S, Hkv, D)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)  # (L, S, Hkv, D)
+        # empty, not zeros: a slot is always written before it is read, and untouched
+        # pages cost no memory, so a large store costs what it holds.
+        self.k = torch.empty(shape, dtype=dtype, device=device)  # (L, S, Hkv, D)
+        self.v = torch.empty(shape, dtype=dtype, device=device)  # (L, S, Hkv, D)
         self.capacity = capacity
         # Lowest slots first: pop() from the end of a descending list.
         self._free: list[int] = list(range(capacity - 1, -1, -1))

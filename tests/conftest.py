@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import gc
 import sys
 from pathlib import Path
 
@@ -20,6 +21,15 @@ def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
     dirs = {arch: make_model_dir(root / arch, arch) for arch in ARCHS}
     dirs["llama-sink"] = make_model_dir(root / "llama-sink", "llama", bos_sink=True)
     return dirs
+
+
+@pytest.fixture(autouse=True)
+def _collect_real_engines(request):
+    """A test that loaded the real model leaves engines in reference cycles; collect
+    them now rather than let several hundred MB each pile up across the suite."""
+    yield
+    if "real_dir" in request.fixturenames:
+        gc.collect()
 
 
 @pytest.fixture(scope="session")
