@@ -17,6 +17,8 @@ far cheaper than re-encoding those tokens).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -57,10 +59,13 @@ class CallView:
         positions: Tensor,
         extra: int,
         arena: ViewArena | None = None,
+        fill: Callable[..., None] | None = None,
     ) -> CallView:
         """View of `slots` (C,) placed at `positions` (C,), with room for `extra` new tokens.
 
-        Carved from `arena` when it has room, else standalone.
+        Carved from `arena` when it has room, else standalone. `fill(store_k, store_v,
+        slots, positions, cos, sin, out_k, out_v)` does the gather when given (an
+        attention backend's kernel); else plain torch ops do.
         """
         n_ctx = int(slots.numel())
         layers, _, heads, dim = store.k.shape
@@ -73,7 +78,9 @@ class CallView:
             k = torch.empty(shape, dtype=store.k.dtype, device=store.k.device)
             v = torch.empty(shape, dtype=store.v.dtype, device=store.v.device)
         try:
-            if n_ctx:
+            if n_ctx and fill is not None:
+                fill(store.k, store.v, slots, positions, rope.cos, rope.sin, k, v)
+            elif n_ctx:
                 rotated = rope.rotate(store.k[:, slots], positions)  # (L, C, Hkv, D)
                 k[:, :, :n_ctx] = rotated.transpose(1, 2)
                 v[:, :, :n_ctx] = store.v[:, slots].transpose(1, 2)

@@ -1,20 +1,28 @@
-"""Attention over a call's view: one small interface, one CPU reference backend.
+"""Attention over calls' views: one small interface, a torch reference backend, and the
+CUDA path (Triton kernels for gathers and decode, FlexAttention for prefill).
 
-A CUDA backend (FlexAttention over the store with a block mask, or a Triton
-kernel) slots in by implementing `AttentionBackend`.
+`select_backend(device)` picks by device (`cuda`: Triton + Flex; `cpu`: torch) and
+obeys `CORPS_ATTENTION=torch|triton|flex|triton+flex`. Every backend computes the
+same thing; the kernels and their torch references live in `corps.engine.kernels`.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from corps.cache.arena import ViewArena
+from corps.cache.errors import InvalidRequest
 from corps.cache.view import CallView
+from corps.engine.kernels import interpreting, triton_available
+from corps.engine.kernels.gather_rotate import gather_rotate_ref
+
+BACKENDS = ("torch", "triton", "flex", "triton+flex")
 
 
 @dataclass(frozen=True)
@@ -26,11 +34,13 @@ class DecodePlan:
     gather: Tensor  # (B * N,) arena indices of each call's context, padded to N
     mask: Tensor  # (B, N) True where the padded position is real
     n: int  # longest context, new token included
+    base: Tensor  # (B,) arena index where each call's view starts
+    lengths: Tensor  # (B,) each call's context, new token included
 
     @classmethod
-    def of(cls, views: list[CallView]) -> DecodePlan | None:
+    def of(cls, views: list[CallView], min_calls: int = 2) -> DecodePlan | None:
         arena = views[0].arena
-        if len(views) < 2 or arena is None or any(v.arena is not arena for v in views):
+        if len(views) < min_calls or arena is None or any(v.arena is not arena for v in views):
             return None
         dev = arena.k.device  # index tensors live where the arena does
         base = torch.tensor([v.base for v in views], device=dev)  # (B,)
@@ -38,16 +48,40 @@ class DecodePlan:
         width = int(n.max())
         ar = torch.arange(width, device=dev)  # (N,)
         idx = base[:, None] + torch.minimum(ar[None, :], n[:, None] - 1)  # (B, N), pads repeat
-        return cls(arena, base + n - 1, idx.flatten(), ar[None, :] < n[:, None], width)
+        mask = ar[None, :] < n[:, None]
+        return cls(arena, base + n - 1, idx.flatten(), mask, width, base, n)
 
 
 class AttentionBackend(Protocol):
-    def attend(self, layer: int, q: Tensor, view: CallView, scale: float) -> Tensor:
-        """Attention of t new queries q (t, Hq, D) that were just appended to `view`.
+    name: str
+    decode_min_calls: int  # decode steps of at least this many calls use attend_decode
 
-        Query i sits at view index `view.length + i` and sees view[: view.length + i + 1]:
-        the whole context (parents) and its own message's earlier tokens.
-        Returns (t, Hq, D).
+    def gather(
+        self,
+        store_k: Tensor,
+        store_v: Tensor,
+        slots: Tensor,
+        positions: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        out_k: Tensor,
+        out_v: Tensor,
+    ) -> None:
+        """Build a view: `corps.engine.kernels.gather_rotate` states the contract."""
+        ...
+
+    def plan_prefill(self, spans: tuple[Any, ...]) -> Any:
+        """Per-step state shared by every layer's `attend_spans` (None if unused)."""
+        ...
+
+    def attend_spans(
+        self, layer: int, q: Tensor, k: Tensor, v: Tensor, spans, plan: Any, scale: float
+    ) -> Tensor:
+        """Rows of a flat batch, grouped in spans (runner.SeqSpan), one span per call:
+        append each span's rotated k, v (t, Hkv, D) to its view, then attend its
+        queries q (t, Hq, D). Query i of a span sits at view index `view.length + i`
+        and sees view[: view.length + i + 1]: its context and its own earlier tokens.
+        Returns (T, Hq, D) in row order.
         """
         ...
 
@@ -60,7 +94,24 @@ class AttentionBackend(Protocol):
 
 
 class SdpaAttention:
-    """Reference backend on torch ops (see `attend` and `attend_decode`)."""
+    """Reference backend on torch ops (SDPA for prefill, two matmuls for decode)."""
+
+    name = "torch"
+    decode_min_calls = 2
+
+    def gather(self, store_k, store_v, slots, positions, cos, sin, out_k, out_v) -> None:
+        gather_rotate_ref(store_k, store_v, slots, positions, cos, sin, out_k, out_v)
+
+    def plan_prefill(self, spans) -> Any:
+        return None
+
+    def attend_spans(self, layer, q, k, v, spans, plan, scale) -> Tensor:
+        """Each span appends to and attends through its own view, one at a time."""
+        outs = []
+        for sp in spans:
+            sp.view.append(layer, k[sp.start : sp.end], v[sp.start : sp.end])
+            outs.append(self.attend(layer, q[sp.start : sp.end], sp.view, scale))
+        return outs[0] if len(outs) == 1 else torch.cat(outs)  # (T, Hq, D)
 
     def attend_decode(
         self, layer: int, q: Tensor, k: Tensor, v: Tensor, plan: DecodePlan, scale: float
@@ -101,3 +152,92 @@ class SdpaAttention:
         mask = torch.arange(n, device=q.device)[None, :] <= rows[:, None]  # (t, n)
         out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask.repeat(g, 1), scale=scale)
         return out.view(hkv, g, t, d).permute(2, 0, 1, 3).reshape(t, hq, d)
+
+
+class TritonAttention(SdpaAttention):
+    """Gathers with `gather_rotate` and decodes with `decode_attention` (Triton); prefill
+    stays on the torch reference."""
+
+    name = "triton"
+    decode_min_calls = 1
+
+    def gather(self, store_k, store_v, slots, positions, cos, sin, out_k, out_v) -> None:
+        from corps.engine.kernels.gather_rotate import gather_rotate
+
+        gather_rotate(store_k, store_v, slots, positions, cos, sin, out_k, out_v)
+
+    def attend_decode(self, layer, q, k, v, plan: DecodePlan, scale: float) -> Tensor:
+        from corps.engine.kernels.decode_attention import decode_attention
+
+        ak, av = plan.arena.k_layers[layer], plan.arena.v_layers[layer]  # (Hkv, A, D)
+        ak.index_copy_(1, plan.write, k.transpose(0, 1))
+        av.index_copy_(1, plan.write, v.transpose(0, 1))
+        return decode_attention(q, ak, av, plan.base, plan.lengths, scale, max_n=plan.n)
+
+
+class FlexAttention(SdpaAttention):
+    """Prefill with FlexAttention: all of a step's rows in one launch over the view
+    arena, under a block mask built once per step. Steps whose views are not all in
+    the arena (a view that did not fit is standalone) use the torch reference."""
+
+    name = "flex"
+
+    def plan_prefill(self, spans) -> Any:
+        from corps.engine.kernels.flex_prefill import PrefillMask
+
+        arena = spans[0].view.arena
+        if arena is None or any(sp.view.arena is not arena for sp in spans):
+            return None
+        dev = arena.k.device
+        lo, hi = [], []
+        for sp in spans:
+            t, view = sp.end - sp.start, sp.view
+            lo += [view.base] * t
+            hi += range(view.base + view.length + 1, view.base + view.length + t + 1)
+        lo_t = torch.tensor(lo, device=dev)  # (T,)
+        return arena, PrefillMask.build(lo_t, torch.tensor(hi, device=dev))
+
+    def attend_spans(self, layer, q, k, v, spans, plan, scale) -> Tensor:
+        if plan is None:
+            return super().attend_spans(layer, q, k, v, spans, plan, scale)
+        from corps.engine.kernels.flex_prefill import flex_prefill
+
+        arena, mask = plan
+        for sp in spans:
+            sp.view.append(layer, k[sp.start : sp.end], v[sp.start : sp.end])
+        return flex_prefill(q, arena.k_layers[layer], arena.v_layers[layer], mask, scale)
+
+
+class TritonFlexAttention(TritonAttention, FlexAttention):
+    """The CUDA default: Triton gathers and decode, FlexAttention prefill."""
+
+    name = "triton+flex"
+
+
+def select_backend(device: torch.device | str) -> AttentionBackend:
+    """The backend for `device`, or the one `CORPS_ATTENTION` names.
+
+    Raises InvalidRequest for an unknown name, and for Triton when it is not
+    installed or has neither a CUDA device nor its interpreter (TRITON_INTERPRET=1).
+    """
+    dev = torch.device(device)
+    name = os.environ.get("CORPS_ATTENTION", "").strip().lower()
+    if not name:
+        name = "triton+flex" if dev.type == "cuda" and triton_available() else "torch"
+    if name not in BACKENDS:
+        raise InvalidRequest(f"CORPS_ATTENTION must be one of {', '.join(BACKENDS)}, got {name!r}")
+    if "triton" in name:
+        if not triton_available():
+            raise InvalidRequest(f"CORPS_ATTENTION={name} needs Triton: pip install 'corps[cuda]'")
+        if dev.type != "cuda" and not interpreting():
+            raise InvalidRequest(
+                f"CORPS_ATTENTION={name} on {dev.type} needs TRITON_INTERPRET=1 "
+                "(Triton's interpreter: exact but slow, for testing); or use torch"
+            )
+    classes = {
+        "torch": SdpaAttention,
+        "triton": TritonAttention,
+        "flex": FlexAttention,
+        "triton+flex": TritonFlexAttention,
+    }
+    return classes[name]()

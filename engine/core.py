@@ -31,6 +31,7 @@ from corps.cache.kv import KVStore
 from corps.cache.messages import Message, MessageTable
 from corps.cache.radix import RadixCache
 from corps.cache.view import CallView
+from corps.engine.attention import select_backend
 from corps.engine.chat import ChatFormat
 from corps.engine.errors import InvalidRequest
 from corps.engine.planner import Call, Planner
@@ -92,7 +93,7 @@ class Core:
         # Room for the views of in-flight calls (their context + new tokens); a call that
         # does not fit gets a standalone view. Sized like the store.
         self.arena = ViewArena(**dims)
-        self.runner = ModelRunner(weights, self.store)
+        self.runner = ModelRunner(weights, self.store, select_backend(weights.device))
         self.rope = weights.rope
         self.max_positions = min(spec.max_positions, weights.rope.max_positions)
         self.table = MessageTable()
@@ -206,6 +207,7 @@ class Core:
                 _long(call.ctx_pos, self.device),
                 extra,
                 self.arena,
+                fill=self.runner.attention.gather,
             )
         except BaseException:
             self.abort(call)

@@ -63,7 +63,9 @@ class ModelRunner:
         x = w.embed[batch.input_ids]  # (T, E)
         plan = None
         if len(batch.spans) == batch.input_ids.shape[0]:  # one token per call: a decode step
-            plan = DecodePlan.of([sp.view for sp in batch.spans])
+            views = [sp.view for sp in batch.spans]
+            plan = DecodePlan.of(views, self.attention.decode_min_calls)
+        prefill = self.attention.plan_prefill(batch.spans) if plan is None else None
         cos = w.rope.cos[batch.positions].unsqueeze(1)  # (T, 1, D)
         sin = w.rope.sin[batch.positions].unsqueeze(1)  # (T, 1, D)
         for i, lw in enumerate(w.layers):
@@ -84,27 +86,14 @@ class ModelRunner:
                 attn = self.attention.attend_decode(i, q, k_rot, v, plan, self.scale)
                 attn = attn.reshape(q.shape[0], -1)  # (B, Hq D)
             else:
-                attn = self._attend(i, q, k_rot, v, batch.spans)  # (T, Hq D)
+                attn = self.attention.attend_spans(
+                    i, q, k_rot, v, batch.spans, prefill, self.scale
+                ).reshape(q.shape[0], -1)  # (T, Hq D)
             x = layer_mlp(x, attn, lw.o, lw.post_norm, lw.gate_up, lw.down, spec.rms_norm_eps)
         for span in batch.spans:
             span.view.advance(span.end - span.start)
         h = rms_norm(x[batch.logit_rows], w.final_norm, spec.rms_norm_eps)
         return w.lm_head(h)  # (N, V)
-
-    def _attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, spans) -> Tensor:
-        """Each span attends through its own view; outputs concatenated in row order."""
-        outs = [
-            self._attend_span(
-                layer, q[sp.start : sp.end], k[sp.start : sp.end], v[sp.start : sp.end], sp
-            )
-            for sp in spans
-        ]
-        out = outs[0] if len(outs) == 1 else torch.cat(outs)  # (T, Hq, D)
-        return out.reshape(q.shape[0], -1)  # (T, Hq D)
-
-    def _attend_span(self, layer: int, q: Tensor, k: Tensor, v: Tensor, span: SeqSpan) -> Tensor:
-        span.view.append(layer, k, v)
-        return self.attention.attend(layer, q, span.view, self.scale)
 
 
 def layer_qkv(x, norm, qkv_proj, q_norm, k_norm, cos, sin, hq: int, hkv: int, eps: float):

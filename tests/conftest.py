@@ -1,10 +1,17 @@
 from __future__ import annotations
 
 import gc
+import os
 import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+# Without a GPU the Triton kernels run on CPU tensors through Triton's interpreter
+# (set before any kernel is built).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -30,6 +37,15 @@ def _collect_real_engines(request):
     yield
     if "real_dir" in request.fixturenames:
         gc.collect()
+
+
+@pytest.fixture(params=["torch", "triton", "flex"])
+def backend(request, monkeypatch) -> str:
+    """Run the test once per attention backend (CORPS_ATTENTION); Triton interpreted."""
+    if "triton" in request.param:
+        pytest.importorskip("triton")
+    monkeypatch.setenv("CORPS_ATTENTION", request.param)
+    return request.param
 
 
 @pytest.fixture(scope="session")

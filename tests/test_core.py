@@ -27,7 +27,7 @@ def greedy(n, **kw):
 
 
 @pytest.mark.parametrize("arch", ["llama", "llama3-scaled", "qwen2", "qwen3", "llama-sink"])
-def test_chain_equivalence_logits_and_greedy(tiny_dirs, tiny_hf, arch):
+def test_chain_equivalence_logits_and_greedy(tiny_dirs, tiny_hf, arch, backend):
     """Each message attends to all earlier ones in order: identical to HF on the concatenation."""
     core = open_tiny(tiny_dirs, arch)._core
     hf = tiny_hf[arch]
@@ -62,7 +62,7 @@ def test_chain_equivalence_logits_and_greedy(tiny_dirs, tiny_hf, arch):
     assert (logits - ref).abs().max().item() <= TOL
 
 
-def test_repositioning_keys_and_attention(tiny_dirs):
+def test_repositioning_keys_and_attention(tiny_dirs, backend):
     """A message encoded at one offset and used at another equals one encoded there directly."""
     core = open_tiny(tiny_dirs, "llama")._core
     x_a, _ = prefill(core, "the quick brown fox", new_offset=3)
@@ -71,8 +71,9 @@ def test_repositioning_keys_and_attention(tiny_dirs):
     pos = torch.arange(57, 57 + n)
     slots_a = torch.tensor(core.table.get(x_a.id).slots)
     slots_b = torch.tensor(core.table.get(x_b.id).slots)
-    view_a = CallView.gather(core.store, core.rope, slots_a, pos, 0)
-    view_b = CallView.gather(core.store, core.rope, slots_b, pos, 0)
+    fill = core.runner.attention.gather  # the backend's gather (a Triton kernel or torch)
+    view_a = CallView.gather(core.store, core.rope, slots_a, pos, 0, fill=fill)
+    view_b = CallView.gather(core.store, core.rope, slots_b, pos, 0, fill=fill)
     assert (view_a.k - view_b.k).abs().max().item() <= 1e-5
     assert (view_a.v - view_b.v).abs().max().item() <= 1e-5
     _, la = prefill(core, "what is seven", parents=[x_a], offsets=[57])
@@ -80,7 +81,7 @@ def test_repositioning_keys_and_attention(tiny_dirs):
     assert (la - lb).abs().max().item() <= 1e-5
 
 
-def test_concurrent_placements_of_one_parent_are_both_correct(tiny_dirs, tiny_hf):
+def test_concurrent_placements_of_one_parent_are_both_correct(tiny_dirs, tiny_hf, backend):
     """Two calls in one parallel batch place the same parent at different offsets."""
     core = open_tiny(tiny_dirs, "llama")._core
     oracle = Oracle(tiny_hf["llama"])
@@ -93,7 +94,7 @@ def test_concurrent_placements_of_one_parent_are_both_correct(tiny_dirs, tiny_hf
         assert (got - want).abs().max().item() <= TOL
 
 
-def test_decode_many_equals_sequential(tiny_dirs):
+def test_decode_many_equals_sequential(tiny_dirs, backend):
     core = open_tiny(tiny_dirs, "qwen3")._core
     sys_h, _ = prefill(core, "you are a careful solver", role="system")
     q1, _ = prefill(core, "what is seven times six", parents=[sys_h])
@@ -111,7 +112,7 @@ def test_decode_many_equals_sequential(tiny_dirs):
     assert not slots[0] & slots[1] and not slots[1] & slots[2] and not slots[0] & slots[2]
 
 
-def test_prefill_many_equals_sequential(tiny_dirs):
+def test_prefill_many_equals_sequential(tiny_dirs, backend):
     core = open_tiny(tiny_dirs, "qwen2")._core
     base, _ = prefill(core, "you are a careful solver", role="system")
     reqs = [
@@ -137,7 +138,7 @@ def test_modes_agree_on_a_single_chain(tiny_dirs, arch):
     assert outs[0] == outs[1]
 
 
-def test_overlapping_parents_mask(tiny_dirs, tiny_hf):
+def test_overlapping_parents_mask(tiny_dirs, tiny_hf, backend):
     """Two parents at the same offset (MultiQA 'parallel' layout): masked exactly as specified."""
     core = open_tiny(tiny_dirs, "llama")._core
     oracle = Oracle(tiny_hf["llama"])
@@ -192,7 +193,7 @@ def choreographies(draw):
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(groups=choreographies())
-def test_random_choreographies_match_brute_force(tiny_dirs, tiny_hf, arch, groups):
+def test_random_choreographies_match_brute_force(tiny_dirs, tiny_hf, arch, groups, backend):
     core = open_tiny(tiny_dirs, arch)._core
     oracle = Oracle(tiny_hf[arch])
     sink = []

@@ -1,0 +1,140 @@
+"""decode_attention: one decode token for each of B calls whose contexts live in one arena.
+
+Contract: for call b, query head h (KV head h // G, G = Hq / Hkv),
+
+    out[b, h] = softmax(scale * q[b, h] . K_b^T) V_b,
+    K_b = arena_k[h // G, base[b] : base[b] + n[b]]   (V_b likewise)
+
+Shapes: q (B, Hq, D); arena_k, arena_v (Hkv, A, D) (one layer of the view
+arena, rotated keys); base, n (B,) long, n[b] >= 1 (the context plus the new
+token, already written); out (B, Hq, D). Lengths are ragged.
+
+Flash-decoding: the context of every call is cut into splits of SPLIT keys;
+one program per (call, query head, split) computes a partial softmax (running
+max m, normaliser l, weighted sum acc) over its split in blocks of BLOCK keys;
+a second launch merges the splits of each (call, head). Long contexts thus use
+many programs even when B is 1.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import torch
+from torch import Tensor
+
+BLOCK = 32  # keys per inner step
+SPLIT = 256  # keys per program
+
+
+def decode_attention_ref(
+    q: Tensor, arena_k: Tensor, arena_v: Tensor, base: Tensor, n: Tensor, scale: float
+) -> Tensor:
+    """Brute force, one call at a time, in float32. Returns (B, Hq, D) in q's dtype."""
+    b, hq, _ = q.shape
+    g = hq // arena_k.shape[0]
+    out = torch.empty_like(q)
+    for i in range(b):
+        lo, hi = int(base[i]), int(base[i]) + int(n[i])
+        k = arena_k[:, lo:hi].float().repeat_interleave(g, dim=0)  # (Hq, n, D)
+        v = arena_v[:, lo:hi].float().repeat_interleave(g, dim=0)  # (Hq, n, D)
+        scores = torch.einsum("hd,hnd->hn", q[i].float() * scale, k)  # (Hq, n)
+        out[i] = torch.einsum("hn,hnd->hd", torch.softmax(scores, dim=-1), v).to(q.dtype)
+    return out
+
+
+@cache
+def _kernels():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def partial_kernel(
+        q, ak, av, base, n, pm, pl, pacc, scale,
+        s_qb, s_qh, s_kh, s_kp,  # q strides (call, head); arena strides (head, position)
+        G: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr, BLOCK: tl.constexpr, NSPLIT,
+    ):  # fmt: skip
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        s = tl.program_id(2)
+        d = tl.arange(0, D)
+        length = tl.load(n + b)
+        start = tl.load(base + b)
+        qv = tl.load(q + b * s_qb + h * s_qh + d).to(tl.float32) * scale  # (D,)
+        kv_off = (h // G) * s_kh
+        m = -1e30
+        norm = 0.0
+        acc = tl.zeros([D], dtype=tl.float32)
+        lo = s * SPLIT
+        hi = tl.minimum(lo + SPLIT, length)
+        for j in range(lo, hi, BLOCK):
+            p = j + tl.arange(0, BLOCK)  # (BLOCK,) positions in the context
+            live = p < hi
+            rows = kv_off + (start + p)[:, None] * s_kp + d[None, :]  # (BLOCK, D)
+            k = tl.load(ak + rows, mask=live[:, None], other=0.0).to(tl.float32)
+            scores = tl.sum(k * qv[None, :], axis=1)  # (BLOCK,)
+            scores = tl.where(live, scores, float("-inf"))
+            m_new = tl.maximum(m, tl.max(scores, axis=0))
+            w = tl.exp(scores - m_new)  # (BLOCK,), 0 where masked
+            alpha = tl.exp(m - m_new)
+            v = tl.load(av + rows, mask=live[:, None], other=0.0).to(tl.float32)
+            acc = acc * alpha + tl.sum(w[:, None] * v, axis=0)
+            norm = norm * alpha + tl.sum(w, axis=0)
+            m = m_new
+        slot = (b * tl.num_programs(1) + h) * NSPLIT + s
+        tl.store(pm + slot, m)
+        tl.store(pl + slot, norm)
+        tl.store(pacc + slot * D + d, acc)
+
+    @triton.jit
+    def merge_kernel(
+        pm, pl, pacc, out, s_ob, s_oh, NSPLIT, D: tl.constexpr
+    ):  # fmt: skip
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        d = tl.arange(0, D)
+        first = (b * tl.num_programs(1) + h) * NSPLIT
+        top = -1e30
+        for s in range(NSPLIT):
+            top = tl.maximum(top, tl.load(pm + first + s))
+        norm = 0.0
+        acc = tl.zeros([D], dtype=tl.float32)
+        for s in range(NSPLIT):
+            w = tl.exp(tl.load(pm + first + s) - top)  # 0 for a split with no keys
+            norm += w * tl.load(pl + first + s)
+            acc += w * tl.load(pacc + (first + s) * D + d)
+        tl.store(out + b * s_ob + h * s_oh + d, (acc / norm).to(out.dtype.element_ty))
+
+    return partial_kernel, merge_kernel
+
+
+def decode_attention(
+    q: Tensor, arena_k: Tensor, arena_v: Tensor, base: Tensor, n: Tensor, scale: float,
+    max_n: int | None = None,
+) -> Tensor:  # fmt: skip
+    """The Triton kernels (same contract as `decode_attention_ref`). `max_n` is
+    max(n) if the caller knows it (saves a device sync)."""
+    b, hq, dim = q.shape
+    hkv = arena_k.shape[0]
+    if hq % hkv:
+        raise ValueError(f"{hq} query heads do not group over {hkv} KV heads")
+    if dim & (dim - 1):
+        raise ValueError(f"decode_attention needs a power-of-two head dim, got {dim}")
+    if arena_k.stride() != arena_v.stride() or arena_k.stride(-1) != 1 or q.stride(-1) != 1:
+        raise ValueError("decode_attention needs K and V laid out alike, head dim contiguous")
+    out = torch.empty_like(q)
+    if b == 0:
+        return out
+    longest = int(n.max()) if max_n is None else max_n
+    nsplit = max(1, -(-longest // SPLIT))
+    pm = torch.empty(b * hq * nsplit, dtype=torch.float32, device=q.device)
+    pl = torch.empty_like(pm)
+    pacc = torch.empty(b * hq * nsplit * dim, dtype=torch.float32, device=q.device)
+    partial, merge = _kernels()
+    partial[(b, hq, nsplit)](
+        q, arena_k, arena_v, base, n, pm, pl, pacc, scale,
+        q.stride(0), q.stride(1), arena_k.stride(0), arena_k.stride(1),
+        G=hq // hkv, D=dim, SPLIT=SPLIT, BLOCK=BLOCK, NSPLIT=nsplit,
+    )  # fmt: skip
+    merge[(b, hq)](pm, pl, pacc, out, out.stride(0), out.stride(1), D=dim, NSPLIT=nsplit)
+    return out

@@ -1,0 +1,97 @@
+"""flex_prefill: prefill attention of one step's rows, from any number of calls, in one
+FlexAttention launch over the view arena.
+
+Contract: row r (a new token of some call) attends to the arena positions
+[lo[r], hi[r]): its call's context and its own message's earlier tokens, all
+already written to the arena (rotated keys). Shapes: q (T, Hq, D); arena_k,
+arena_v (Hkv, A, D) for one layer; lo, hi (T,) long with lo < hi; out (T, Hq, D).
+Grouped-query attention is native (enable_gqa). The block mask is built once per
+step (`PrefillMask.build`) and shared by every layer: only the key window the
+step touches, [min lo, max hi), is handed to FlexAttention.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from functools import cache
+
+import torch
+from torch import Tensor
+
+
+def prefill_attention_ref(
+    q: Tensor, arena_k: Tensor, arena_v: Tensor, lo: Tensor, hi: Tensor, scale: float
+) -> Tensor:
+    """Brute force, row by row, in float32. Returns (T, Hq, D) in q's dtype."""
+    g = q.shape[1] // arena_k.shape[0]
+    out = torch.empty_like(q)
+    for r in range(q.shape[0]):
+        a, b = int(lo[r]), int(hi[r])
+        k = arena_k[:, a:b].float().repeat_interleave(g, dim=0)  # (Hq, n, D)
+        v = arena_v[:, a:b].float().repeat_interleave(g, dim=0)  # (Hq, n, D)
+        scores = torch.einsum("hd,hnd->hn", q[r].float() * scale, k)  # (Hq, n)
+        out[r] = torch.einsum("hn,hnd->hd", torch.softmax(scores, dim=-1), v).to(q.dtype)
+    return out
+
+
+@dataclass(frozen=True)
+class PrefillMask:
+    """The block mask of one step, over the key window [start, end) of the arena."""
+
+    block_mask: object  # torch.nn.attention.flex_attention.BlockMask
+    start: int
+    end: int
+
+    @classmethod
+    def build(cls, lo: Tensor, hi: Tensor) -> PrefillMask:
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        start, end = int(lo.min()), int(hi.max())
+        lo_w, hi_w = lo - start, hi - start  # (T,) bounds inside the window
+
+        def visible(b, h, q_idx, kv_idx):
+            return (kv_idx >= lo_w[q_idx]) & (kv_idx < hi_w[q_idx])
+
+        mask = create_block_mask(
+            visible, B=None, H=None, Q_LEN=lo.numel(), KV_LEN=end - start, device=lo.device
+        )
+        return cls(mask, start, end)
+
+
+@cache
+def _flex(compiled: bool):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if compiled:
+        return torch.compile(flex_attention, dynamic=True)
+    # Eager is what we ask for off CUDA (dense, exact, no compile): not worth a warning.
+    warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+    return flex_attention
+
+
+def flex_prefill(
+    q: Tensor,
+    arena_k: Tensor,
+    arena_v: Tensor,
+    mask: PrefillMask,
+    scale: float,
+    compiled: bool | None = None,
+) -> Tensor:
+    """FlexAttention (same contract as `prefill_attention_ref`, bounds from `mask`).
+
+    `compiled` defaults to True on CUDA (the fast path) and False elsewhere (eager
+    FlexAttention, which computes the same thing densely)."""
+    if compiled is None:
+        compiled = q.is_cuda
+    k = arena_k[None, :, mask.start : mask.end]  # (1, Hkv, W, D)
+    v = arena_v[None, :, mask.start : mask.end]  # (1, Hkv, W, D)
+    out = _flex(compiled)(
+        q.transpose(0, 1)[None],  # (1, Hq, T, D)
+        k,
+        v,
+        block_mask=mask.block_mask,
+        scale=scale,
+        enable_gqa=q.shape[1] != arena_k.shape[0],
+    )  # (1, Hq, T, D)
+    return out[0].transpose(0, 1)  # (T, Hq, D)

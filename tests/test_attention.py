@@ -1,0 +1,82 @@
+"""engine/attention.py: backend selection (CORPS_ATTENTION) and the decode plan."""
+
+from __future__ import annotations
+
+import pytest
+
+from corps.cache import InvalidRequest
+from corps.engine.attention import (
+    FlexAttention,
+    SdpaAttention,
+    TritonAttention,
+    TritonFlexAttention,
+    select_backend,
+)
+
+from conftest import open_tiny
+
+
+def test_cpu_defaults_to_the_torch_reference(monkeypatch):
+    monkeypatch.delenv("CORPS_ATTENTION", raising=False)
+    assert type(select_backend("cpu")) is SdpaAttention
+
+
+@pytest.mark.parametrize(
+    ("name", "cls"),
+    [
+        ("torch", SdpaAttention),
+        ("triton", TritonAttention),
+        ("flex", FlexAttention),
+        (" Triton+Flex ", TritonFlexAttention),
+    ],
+)
+def test_corps_attention_forces_a_backend(monkeypatch, name, cls):
+    pytest.importorskip("triton")
+    monkeypatch.setenv("CORPS_ATTENTION", name)
+    assert type(select_backend("cpu")) is cls
+
+
+def test_unknown_backend_is_refused_before_loading(tiny_dirs, monkeypatch):
+    monkeypatch.setenv("CORPS_ATTENTION", "cudnn")
+    with pytest.raises(InvalidRequest, match="CORPS_ATTENTION must be one of torch, triton"):
+        open_tiny(tiny_dirs)
+
+
+def test_triton_on_cpu_needs_the_interpreter(monkeypatch):
+    pytest.importorskip("triton")
+    monkeypatch.setenv("CORPS_ATTENTION", "triton")
+    monkeypatch.delenv("TRITON_INTERPRET")
+    with pytest.raises(InvalidRequest, match="TRITON_INTERPRET=1"):
+        select_backend("cpu")
+
+
+def test_triton_missing_says_what_to_install(monkeypatch):
+    from corps.engine import attention
+
+    monkeypatch.setattr(attention, "triton_available", lambda: False)
+    monkeypatch.setenv("CORPS_ATTENTION", "triton")
+    with pytest.raises(InvalidRequest, match=r"pip install 'corps\[cuda\]'"):
+        select_backend("cpu")
+    monkeypatch.delenv("CORPS_ATTENTION")
+    assert type(select_backend("cuda")) is SdpaAttention  # no Triton: the reference
+
+
+async def test_the_engine_decodes_the_same_tokens_on_every_backend(tiny_dirs, monkeypatch):
+    """The whole engine (scheduler, batching, arena views) on each backend: the same
+    greedy tokens for concurrent decodes over shared, repositioned parents."""
+    pytest.importorskip("triton")
+    got = {}
+    for name in ("torch", "triton", "flex", "triton+flex"):
+        monkeypatch.setenv("CORPS_ATTENTION", name)
+        async with open_tiny(tiny_dirs, "qwen3") as engine:
+            assert engine._core.runner.attention.name == name
+            sys = await engine.prefill("you are a careful solver", role="system")
+            q = await engine.prefill("what is seven times six", parents=[sys], new_offset=40)
+            outs = await engine.decode_many(
+                [
+                    dict(parents=[sys, q], max_tokens=6, temperature=0.0, ignore_eos=True),
+                    dict(parents=[q, sys], offsets=[0, 30], max_tokens=5, temperature=0.0),
+                ]
+            )
+            got[name] = [h.tokens for h in outs]
+    assert got["triton"] == got["flex"] == got["triton+flex"] == got["torch"]
