@@ -321,6 +321,32 @@ def bench_vs_llamacpp(
     Console().print(bl.table(result))
 
 
+@bench_app.command("kernels")
+def bench_kernels(
+    device: Annotated[str, typer.Option(help="cuda (or cpu under TRITON_INTERPRET=1).")] = "cuda",
+    repeats: Annotated[int, typer.Option(min=1, help="Timed runs per kernel (median).")] = 20,
+    small: Annotated[bool, typer.Option(help="Small shapes (for the interpreter).")] = False,
+) -> None:
+    """The CUDA kernels timed against their torch references and SDPA (needs a GPU)."""
+    import torch
+
+    from corps.engine.kernels import interpreting, triton_available
+
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        Console().print(
+            "no CUDA device: kernel timings need a GPU, skipped. The kernels are verified "
+            "on CPU by the test suite (Triton's interpreter against torch references)."
+        )
+        return
+    if not triton_available():
+        _bad("the kernels need Triton: pip install 'corps[cuda]'")
+    if not device.startswith("cuda") and not interpreting():
+        _bad(f"--device {device} runs Triton through its interpreter: set TRITON_INTERPRET=1")
+    from corps.cli import bench_kernels as bk
+
+    Console().print(bk.table(bk.measure(device, small=small, repeats=repeats), device))
+
+
 @bench_app.command("workflows")
 def bench_workflows(
     runs: Annotated[int, typer.Option(min=1, help="Measured runs per pattern and cell.")] = 3,
