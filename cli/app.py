@@ -35,7 +35,13 @@ err = Console(stderr=True)
 ModelOpt = Annotated[
     str, typer.Option("--model", "-m", help="Alias, local HF directory or hub id.")
 ]
-DtypeOpt = Annotated[str, typer.Option(help="float32 (default on CPU), bfloat16 or float16.")]
+DtypeOpt = Annotated[
+    str,
+    typer.Option(
+        help="float32 (default), bfloat16, float16, or mixed (float32; batched products in "
+        "bfloat16: fast on CPUs with AMX / AVX512-BF16)."
+    ),
+]
 DeviceOpt = Annotated[str, typer.Option(help="cpu or cuda.")]
 
 

@@ -60,7 +60,7 @@ def measure_bound(engine, repeats: int) -> float:
     """tok/s if a decode step did nothing but stream the weights through our projections."""
     w = engine._core.runner.w
     projs = [p for lw in w.layers for p in (lw.qkv, lw.o, lw.gate_up, lw.down)] + [w.lm_head]
-    xs = [torch.randn(1, p.w.shape[1], dtype=p.w.dtype) for p in projs]
+    xs = [torch.randn(1, p.w.shape[1], dtype=w.dtype) for p in projs]
 
     def stream() -> None:
         for p, x in zip(projs, xs, strict=True):

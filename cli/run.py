@@ -26,7 +26,7 @@ from corps.patterns.result import PatternResult
 
 out = Console()
 MODES = ("choreographed", "baseline", "hf")  # corps.engine.core.MODES (not imported: torch)
-DTYPES = ("float32", "bfloat16", "float16")  # corps.engine.engine.DTYPES (likewise)
+DTYPES = ("float32", "bfloat16", "float16", "mixed")  # corps.engine.engine.DTYPES (likewise)
 err = Console(stderr=True)
 
 

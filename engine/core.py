@@ -77,6 +77,7 @@ class Core:
             raise InvalidRequest(f"mode must be one of {MODES}, got {mode!r}")
         spec = weights.spec
         self.mode = mode
+        self.precision = str(weights.dtype).removeprefix("torch.")  # Engine.load names it
         self.model_path = model_path
         self.tokenizer = tokenizer
         self.fmt = ChatFormat(tokenizer)

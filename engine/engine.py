@@ -30,7 +30,15 @@ from corps.engine.trace import Freed, Header, Recorder, TraceFile, version
 from corps.engine.tracing import end_events, queued_event
 from corps.engine.weights import load_weights, read_spec
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+#: dtype name -> the dtype of weights, activations and the KV store. "mixed" is float32
+#: except products of more than one row, which run in bfloat16 (`corps.engine.linear`).
+DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "mixed": torch.float32,
+}
+MULTI_ROW = {"mixed": torch.bfloat16}
 #: Default KV store budget when no capacity is given.
 DEFAULT_MEMORY_BUDGET = 1 << 30
 #: The default budget never buys more slots than this: a tiny model would otherwise
@@ -136,7 +144,9 @@ class Engine:
             capacity = max(1024, capacity)
         from transformers import AutoTokenizer
 
-        weights = load_weights(path, dtype=torch_dtype, device=device)
+        weights = load_weights(
+            path, dtype=torch_dtype, device=device, multi_row=MULTI_ROW.get(dtype)
+        )
         tokenizer = AutoTokenizer.from_pretrained(str(path))
         if mode == "hf":  # reference: transformers generate, one call at a time
             from transformers import AutoModelForCausalLM
@@ -147,6 +157,7 @@ class Engine:
             core = HFCore(hf, weights, tokenizer, model_path=path, capacity=capacity)
         else:
             core = Core(weights, tokenizer, model_path=path, mode=mode, capacity=capacity)
+        core.precision = dtype
         return cls(
             core,
             queue_size=queue_size,
@@ -198,7 +209,7 @@ class Engine:
             corps=version(),
             model=self._model_name,
             mode=core.mode,
-            dtype=str(core.store.k.dtype).removeprefix("torch."),
+            dtype=core.precision,
             device=str(core.device),
             started_unix=self.recorder.started_unix,
         )

@@ -61,18 +61,33 @@ def read_spec(path: str | Path) -> ModelSpec:
     return ModelSpec.from_config(config)
 
 
-def load_weights(path: str | Path, *, dtype: torch.dtype, device: str | torch.device) -> Weights:
-    """Load an HF checkpoint with transformers and keep its tensors in our fused layout."""
+def load_weights(
+    path: str | Path,
+    *,
+    dtype: torch.dtype,
+    device: str | torch.device,
+    multi_row: torch.dtype | None = None,
+) -> Weights:
+    """Load an HF checkpoint with transformers and keep its tensors in our fused layout.
+
+    `multi_row` (mixed precision): projections of more than one row use weights of
+    this dtype (see `corps.engine.linear`)."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     spec = read_spec(path)
     hf_logging.disable_progress_bar()
     hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
-    return weights_from_hf(hf, spec, device=device)
+    return weights_from_hf(hf, spec, device=device, multi_row=multi_row)
 
 
-def weights_from_hf(hf, spec: ModelSpec, *, device: str | torch.device = "cpu") -> Weights:
+def weights_from_hf(
+    hf,
+    spec: ModelSpec,
+    *,
+    device: str | torch.device = "cpu",
+    multi_row: torch.dtype | None = None,
+) -> Weights:
     """Take the tensors of a loaded HF Llama-family model (hf: PreTrainedModel)."""
     inner = getattr(hf, "model", None)
     if inner is None or not hasattr(inner, "layers"):
@@ -81,6 +96,9 @@ def weights_from_hf(hf, spec: ModelSpec, *, device: str | torch.device = "cpu") 
     def t(x: Tensor) -> Tensor:
         return x.detach().to(device).contiguous()
 
+    def lin(w: Tensor, b: Tensor | None = None) -> Linear:
+        return Linear.of(w, b, multi_row)
+
     layers = []
     for layer in inner.layers:
         att, mlp = layer.self_attn, layer.mlp
@@ -88,16 +106,16 @@ def weights_from_hf(hf, spec: ModelSpec, *, device: str | torch.device = "cpu") 
         layers.append(
             LayerWeights(
                 input_norm=t(layer.input_layernorm.weight),
-                qkv=Linear.of(
+                qkv=lin(
                     t(torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight])),
                     t(torch.cat(biases)) if all(b is not None for b in biases) else None,
                 ),
                 q_norm=t(att.q_norm.weight) if spec.qk_norm else None,
                 k_norm=t(att.k_norm.weight) if spec.qk_norm else None,
-                o=Linear.of(t(att.o_proj.weight)),
+                o=lin(t(att.o_proj.weight)),
                 post_norm=t(layer.post_attention_layernorm.weight),
-                gate_up=Linear.of(t(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))),
-                down=Linear.of(t(mlp.down_proj.weight)),
+                gate_up=lin(t(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))),
+                down=lin(t(mlp.down_proj.weight)),
             )
         )
     embed = t(inner.embed_tokens.weight)
@@ -110,6 +128,6 @@ def weights_from_hf(hf, spec: ModelSpec, *, device: str | torch.device = "cpu") 
         embed=embed,
         layers=tuple(layers),
         final_norm=t(inner.norm.weight),
-        lm_head=Linear.of(embed if tied else t(lm_head)),
+        lm_head=lin(embed if tied else t(lm_head)),
         rope=RopeTables(cos=rope.cos.to(device), sin=rope.sin.to(device)),
     )

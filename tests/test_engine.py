@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import anyio
 import pytest
+import torch
 
 from corps.cache import AccessDenied, InvalidRequest, LeakageError, Private, UnknownHandle
 from corps.cache.handle import Handle
@@ -316,3 +317,21 @@ async def test_default_capacity_is_capped_and_memory_goes_back_on_close(tiny_dir
     core = engine._core
     assert core.store.k.numel() == core.store.v.numel() == 0
     assert core.arena.k.numel() == core.arena.v.numel() == 0
+
+
+async def test_mixed_precision_engine_agrees_with_float32_within_bfloat16_rounding(tiny_dirs):
+    """dtype="mixed": float32 except multi-row products (bfloat16). Prefill logits stay
+    within bfloat16 rounding of the float32 engine, and the trace says "mixed"."""
+    from corps.engine.requests import PrefillRequest
+
+    logits = {}
+    for dtype in ("float32", "mixed"):
+        engine = open_tiny(tiny_dirs, "qwen2", dtype=dtype)  # qwen2: biased projections
+        core = engine._core
+        assert core.precision == dtype and core.store.k.dtype.is_floating_point
+        req = PrefillRequest("the quick brown fox jumps over the lazy dog", role="user")
+        _, (lg,) = core.prefill_many([req], want_logits=True)
+        logits[dtype] = lg
+    ref = logits["float32"]
+    assert (logits["mixed"] - ref).abs().max() <= 0.05 * ref.abs().max()
+    assert not torch.equal(logits["mixed"], ref)
