@@ -311,6 +311,7 @@ def bench_vs_llamacpp(
     runs: Annotated[int, typer.Option(min=1, help="Measured runs per cell.")] = 2,
     warmup: Annotated[int, typer.Option(min=0)] = 1,
     threads: Annotated[int, typer.Option(min=1, help="llama.cpp threads.")] = 2,
+    dtype: DtypeOpt = "float32",
 ) -> None:
     """A tree-of-thoughts-shaped workflow: llama.cpp (its GGUF) vs corps, interleaved."""
     from corps.cli import bench_llamacpp as bl
@@ -321,10 +322,12 @@ def bench_vs_llamacpp(
     except (ValueError, AssertionError):
         _bad(f"--cells takes BxV pairs like 4x4,8x8, got {cells!r}")
     try:
-        result = _run_bench(lambda: bl.measure(shape, runs=runs, warmup=warmup, threads=threads))
+        result = _run_bench(
+            lambda: bl.measure(shape, runs=runs, warmup=warmup, threads=threads, dtype=dtype)
+        )
     except bl.MissingLlamaCpp as exc:
         _bad(str(exc))
-    Console().print(bl.table(result))
+    Console().print(bl.table(result, dtype))
 
 
 @bench_app.command("kernels")

@@ -106,7 +106,12 @@ async def corps_workflow(engine, question: str, branches: int, voters: int) -> f
 
 
 async def measure(
-    cells: list[tuple[int, int]], *, runs: int = 2, warmup: int = 1, threads: int = 2
+    cells: list[tuple[int, int]],
+    *,
+    runs: int = 2,
+    warmup: int = 1,
+    threads: int = 2,
+    dtype: str = "float32",
 ) -> list[Cell]:
     from transformers import AutoTokenizer
 
@@ -122,8 +127,8 @@ async def measure(
 
     out = []
     async with (
-        Engine.open("smollm2-135m", mode="choreographed") as chor,
-        Engine.open("smollm2-135m", mode="baseline") as base,
+        Engine.open("smollm2-135m", mode="choreographed", dtype=dtype) as chor,
+        Engine.open("smollm2-135m", mode="baseline", dtype=dtype) as base,
     ):
         for b, v in cells:
             seconds: dict[str, list[float]] = {"llama.cpp": [], "choreographed": [], "baseline": []}
@@ -141,12 +146,13 @@ async def measure(
     return out
 
 
-def table(cells: list[Cell]) -> Any:
+def table(cells: list[Cell], dtype: str = "float32") -> Any:
     from rich.table import Table
 
     t = Table(
         title=f"tree-of-thoughts shape ({PROPOSAL_TOKENS}/{VOTE_TOKENS}/{SOLVE_TOKENS} tokens), "
-        f"wall seconds, mean of {len(cells[0].seconds['llama.cpp']) if cells else 0} runs"
+        f"wall seconds, mean of {len(cells[0].seconds['llama.cpp']) if cells else 0} runs, "
+        f"corps {dtype}"
     )
     for col in ("B x V", "llama.cpp (Q4_1)", "corps choreographed", "corps baseline"):
         t.add_column(col, justify="right")
