@@ -115,6 +115,11 @@ class Engine:
         bytes buy (default 1 GiB, capped at DEFAULT_MAX_CAPACITY slots). The memory is
         given back when the engine closes.
 
+        `dtype`: float32 (default, exact against transformers), bfloat16, float16, or
+        "mixed" (float32, but products of more than one row run in bfloat16: fast on
+        CPUs with AMX / AVX512-BF16; see `corps.engine.linear`). The attention backend
+        follows the device, or `CORPS_ATTENTION` (`corps.engine.attention`).
+
         `trace=PATH` writes every call, message, actor event and leak to PATH as
         JSON lines (`corps trace view PATH`); off by default. `auto_free=True`
         frees a message's encoding once the last `Handle` naming it is garbage
