@@ -52,6 +52,14 @@ class DecodePlan:
         mask = ar[None, :] < n[:, None]
         return cls(arena, base + n - 1, idx.flatten(), mask, width, base, n)
 
+    def append(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write each call's new k, v (B, Hkv, D) into the arena; return the layer's
+        arena keys and values (Hkv, A, D)."""
+        ak, av = self.arena.k_layers[layer], self.arena.v_layers[layer]
+        ak.index_copy_(1, self.write, k.transpose(0, 1))
+        av.index_copy_(1, self.write, v.transpose(0, 1))
+        return ak, av
+
 
 class AttentionBackend(Protocol):
     name: str
@@ -122,9 +130,7 @@ class SdpaAttention:
         Appends every call's new key/value with one index_copy_ and attends over
         all contexts at once, padded to the longest and masked. Returns (B, Hq, D).
         """
-        ak, av = plan.arena.k_layers[layer], plan.arena.v_layers[layer]  # (Hkv, A, D)
-        ak.index_copy_(1, plan.write, k.transpose(0, 1))
-        av.index_copy_(1, plan.write, v.transpose(0, 1))
+        ak, av = plan.append(layer, k, v)  # (Hkv, A, D)
         b, hq, d = q.shape
         hkv = ak.shape[0]
         keys = ak.index_select(1, plan.gather).view(hkv, b, plan.n, d)  # (Hkv, B, N, D)
@@ -176,9 +182,7 @@ class TritonAttention(SdpaAttention):
     def attend_decode(self, layer, q, k, v, plan: DecodePlan, scale: float) -> Tensor:
         from corps.engine.kernels.decode_attention import decode_attention
 
-        ak, av = plan.arena.k_layers[layer], plan.arena.v_layers[layer]  # (Hkv, A, D)
-        ak.index_copy_(1, plan.write, k.transpose(0, 1))
-        av.index_copy_(1, plan.write, v.transpose(0, 1))
+        ak, av = plan.append(layer, k, v)  # (Hkv, A, D)
         return decode_attention(q, ak, av, plan.base, plan.lengths, scale, max_n=plan.n)
 
 
@@ -196,13 +200,13 @@ class FlexAttention(SdpaAttention):
         if arena is None or any(sp.view.arena is not arena for sp in spans):
             return None
         dev = arena.k.device
-        lo, hi = [], []
-        for sp in spans:
-            t, view = sp.end - sp.start, sp.view
-            lo += [view.base] * t
-            hi += range(view.base + view.length + 1, view.base + view.length + t + 1)
-        lo_t = torch.tensor(lo, device=dev)  # (T,)
-        return arena, PrefillMask.build(lo_t, torch.tensor(hi, device=dev))
+        t = torch.tensor([sp.end - sp.start for sp in spans], device=dev)  # (S,) rows
+        base = torch.tensor([sp.view.base for sp in spans], device=dev)  # (S,)
+        first = torch.tensor([sp.view.length + 1 for sp in spans], device=dev)  # (S,)
+        lo = base.repeat_interleave(t)  # (T,) each row's view start
+        row = torch.arange(int(t.sum()), device=dev) - (torch.cumsum(t, 0) - t).repeat_interleave(t)
+        hi = lo + first.repeat_interleave(t) + row  # (T,) row i sees length + i + 1 keys
+        return arena, PrefillMask.build(lo, hi)
 
     def attend_spans(self, layer, q, k, v, spans, plan, scale) -> Tensor:
         if plan is None:

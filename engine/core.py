@@ -72,12 +72,14 @@ class Core:
         model_path: Path,
         mode: str = "choreographed",
         capacity: int = 32768,
+        precision: str | None = None,
     ) -> None:
         if mode not in MODES:
             raise InvalidRequest(f"mode must be one of {MODES}, got {mode!r}")
         spec = weights.spec
         self.mode = mode
-        self.precision = str(weights.dtype).removeprefix("torch.")  # Engine.load names it
+        # the dtype name the engine was opened with ("mixed" is float32 weights)
+        self.precision = precision or str(weights.dtype).removeprefix("torch.")
         self.model_path = model_path
         self.tokenizer = tokenizer
         self.fmt = ChatFormat(tokenizer)
@@ -218,6 +220,11 @@ class Core:
             self.view_tokens += call.view.capacity
             self.view_tokens_peak = max(self.view_tokens_peak, self.view_tokens)
         return call
+
+    def drop_memory(self) -> None:
+        """Give the store's and the arena's tensors back (the engine closed)."""
+        self.store.drop()
+        self.arena.drop()
 
     def step(self, calls: Sequence[Call], budget: int | None) -> StepOutput:
         """One fused forward: a token for every decoding call, then prefill chunks.

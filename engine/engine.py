@@ -159,10 +159,13 @@ class Engine:
             from corps.engine.hf import HFCore
 
             hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype).to(device)
-            core = HFCore(hf, weights, tokenizer, model_path=path, capacity=capacity)
+            core = HFCore(
+                hf, weights, tokenizer, model_path=path, capacity=capacity, precision=dtype
+            )
         else:
-            core = Core(weights, tokenizer, model_path=path, mode=mode, capacity=capacity)
-        core.precision = dtype
+            core = Core(
+                weights, tokenizer, model_path=path, mode=mode, capacity=capacity, precision=dtype
+            )
         return cls(
             core,
             queue_size=queue_size,
@@ -199,8 +202,9 @@ class Engine:
         await self._tg.__aexit__(None, None, None)
         if self._trace_file is not None:
             self.end_trace(self._trace_file)
-        self._core.store.drop()  # the KV memory goes back now, not when the last
-        self._core.arena.drop()  # Handle or Report naming this engine is collected
+        # The KV memory goes back now, not when the last Handle naming this engine is
+        # collected.
+        self._core.drop_memory()
         return None
 
     # ---- tracing ----

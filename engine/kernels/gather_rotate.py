@@ -16,8 +16,9 @@ from __future__ import annotations
 
 from functools import cache
 
-import torch
 from torch import Tensor
+
+from corps.cache.rope import RopeTables
 
 
 def gather_rotate_ref(
@@ -34,10 +35,7 @@ def gather_rotate_ref(
     c = slots.numel()
     if c == 0:
         return
-    k = store_k[:, slots]  # (L, C, Hkv, D)
-    half = k.shape[-1] // 2
-    rot = torch.cat((-k[..., half:], k[..., :half]), dim=-1)
-    k = k * cos[positions].unsqueeze(-2) + rot * sin[positions].unsqueeze(-2)
+    k = RopeTables(cos=cos, sin=sin).rotate(store_k[:, slots], positions)  # (L, C, Hkv, D)
     out_k[:, :, :c] = k.transpose(1, 2)
     out_v[:, :, :c] = store_v[:, slots].transpose(1, 2)
 
