@@ -1,82 +1,129 @@
 """A call's rotated view of the store: the context one in-flight call attends to.
 
 Design (repositioning and concurrency): the global store keeps keys unrotated.
-When a call starts, the keys of its parents are gathered and rotated to the
-logical positions *this call* gives them, into a contiguous buffer owned by the
-call; the call's own new tokens are appended to it as they are encoded. So:
+When a call starts, the keys of its context are gathered and rotated to the
+logical positions *this call* gives them; the call's own new tokens are
+appended after them as they are encoded. So:
 
 - two concurrent calls placing the same parent at different offsets each see
   correctly rotated keys, and neither mutates what the other reads;
 - the per-step attention cost follows the call's own context, never the size
-  of the store (the gather is done once per call, not per step);
+  of the store (the gather is done once per context, not per step);
 - the store holds exactly one canonical copy per token.
 
-The price is one copy of the context per in-flight call, made once (a memcpy,
-far cheaper than re-encoding those tokens).
+A view has two parts. The context (`SharedContext`) is shared by every
+concurrent call that places the same slots at the same positions (see
+`corps.cache.context`), so B calls over one C-token context hold C + B x own
+tokens, not B x C. The own part holds this call's new tokens. The first call
+to build a context gets both parts as one range (`contiguous`), so a lone call
+reads its whole view as one slice, exactly as before sharing existed; a call
+joining a live context reads the two parts side by side.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
 
 from corps.cache.arena import ViewArena
+from corps.cache.context import ContextPool, SharedContext
 from corps.cache.kv import KVStore
 from corps.cache.rope import RopeTables
 
 
 class CallView:
-    """Rotated K and V of one call's context plus its own tokens so far."""
+    """Rotated K and V of one call's context (shared) plus its own tokens so far."""
 
     def __init__(
         self,
-        k: Tensor,
-        v: Tensor,
-        length: int,
-        arena: ViewArena | None = None,
-        base: int = 0,
+        ctx: SharedContext | None,
+        own_k: Tensor,
+        own_v: Tensor,
+        arena: ViewArena | None,
+        own_base: int,
+        whole: tuple[Tensor, Tensor] | None = None,
+        pool: ContextPool | None = None,
     ) -> None:
-        self.k = k  # (L, Hkv, cap, D), rotated; head-major so each head's keys are contiguous
-        self.v = v  # (L, Hkv, cap, D)
-        self.length = length  # tokens filled so far
-        self.k_layers = k.unbind(0)  # per layer (Hkv, cap, D), made once: decode steps are hot
-        self.v_layers = v.unbind(0)
-        self.arena = arena  # k, v are arena.k/v[:, :, base : base + cap] when set
-        self.base = base
+        self.ctx = ctx
+        self.ctx_len = ctx.length if ctx is not None else 0
+        self.own_k = own_k  # (L, Hkv, E, D) rotated; head-major, each head's keys contiguous
+        self.own_v = own_v  # (L, Hkv, E, D)
+        self.own_k_layers = own_k.unbind(0)  # per layer (Hkv, E, D): decode steps are hot
+        self.own_v_layers = own_v.unbind(0)
+        self.length = self.ctx_len  # context + own tokens filled so far
+        # context and own part as one (L, Hkv, C + E, D) tensor, when they are adjacent
+        self.k = whole[0] if whole is not None else None
+        self.v = whole[1] if whole is not None else None
+        self.k_layers = self.k.unbind(0) if self.k is not None else None
+        self.v_layers = self.v.unbind(0) if self.v is not None else None
+        self.own_arena = arena  # own_k/v are arena.k/v[:, :, own_base : own_base + E] when set
+        self.own_base = own_base
+        self.pool = pool
+
+    @property
+    def contiguous(self) -> bool:
+        """Context and own tokens are one slice (`k_layers`, `v_layers`)."""
+        return self.k is not None
 
     @property
     def capacity(self) -> int:
-        return self.k.shape[2]
+        """Tokens of this call's own part (the context is counted by its pool)."""
+        return self.own_k.shape[2]
+
+    @property
+    def arena(self) -> ViewArena | None:
+        """The arena holding both parts of this view, or None if either is standalone."""
+        ctx = self.ctx
+        if ctx is not None and ctx.arena is not self.own_arena:
+            return None
+        return self.own_arena
+
+    @property
+    def ctx_base(self) -> int:
+        """Arena index of the context's first token (own_base when there is none)."""
+        return self.ctx.base if self.ctx is not None else self.own_base
+
+    @property
+    def own_length(self) -> int:
+        return self.length - self.ctx_len
 
     @classmethod
     def gather(
         cls,
         store: KVStore,
         rope: RopeTables,
-        slots: Tensor,
-        positions: Tensor,
+        slots: Sequence[int] | Tensor,
+        positions: Sequence[int] | Tensor,
         extra: int,
         arena: ViewArena | None = None,
         fill: Callable[..., None] | None = None,
+        pool: ContextPool | None = None,
     ) -> CallView:
         """View of `slots` (C,) placed at `positions` (C,), with room for `extra` new tokens.
 
-        Carved from `arena` when it has room, else standalone. `fill(store_k, store_v,
-        slots, positions, cos, sin, out_k, out_v)` does the gather when given (an
-        attention backend's kernel); else plain torch ops do.
+        With a `pool`, a live context with the same slots and positions is shared
+        instead of rebuilt. Parts are carved from `arena` when it has room, else
+        standalone. `fill(store_k, store_v, slots, positions, cos, sin, out_k, out_v)`
+        does the gather when given (an attention backend's kernel); else plain torch.
         """
+        key = None
+        if pool is not None and len(slots):  # lists name the context without a device read
+            key = (tuple(_ints(slots)), tuple(_ints(positions)))
+        dev = store.k.device
+        slots = torch.as_tensor(slots, dtype=torch.long, device=dev)  # (C,)
+        positions = torch.as_tensor(positions, dtype=torch.long, device=dev)  # (C,)
         n_ctx = int(slots.numel())
-        layers, _, heads, dim = store.k.shape
-        cap = n_ctx + extra
-        base = arena.alloc(cap) if arena is not None else None
-        if base is not None:
-            k, v = arena.k[:, :, base : base + cap], arena.v[:, :, base : base + cap]
-        else:
-            shape = (layers, heads, cap, dim)
-            k = torch.empty(shape, dtype=store.k.dtype, device=store.k.device)
-            v = torch.empty(shape, dtype=store.v.dtype, device=store.v.device)
+        shared = pool.get(key) if key is not None else None
+        if shared is not None:
+            try:
+                k, v, base = _carve(store, arena, extra)
+            except BaseException:
+                pool.release(shared)
+                raise
+            return cls(shared, k, v, arena if base is not None else None, base or 0, pool=pool)
+        k, v, base = _carve(store, arena, n_ctx + extra)
         try:
             if n_ctx and fill is not None:
                 fill(store.k, store.v, slots, positions, rope.cos, rope.sin, k, v)
@@ -86,28 +133,71 @@ class CallView:
                 v[:, :, :n_ctx] = store.v[:, slots].transpose(1, 2)
         except BaseException:
             if base is not None:  # a failed gather gives its arena range back
-                arena.release(base, cap)
+                arena.release(base, n_ctx + extra)
             raise
-        return cls(k, v, n_ctx, arena if base is not None else None, base or 0)
+        into = arena if base is not None else None
+        ctx = None
+        if n_ctx:
+            ctx = SharedContext(key, k[:, :, :n_ctx], v[:, :, :n_ctx], into, base or 0)
+            if pool is not None and key is not None:
+                pool.add(ctx)
+            else:
+                ctx.refs = 1
+        own_k, own_v = k[:, :, n_ctx:], v[:, :, n_ctx:]
+        return cls(ctx, own_k, own_v, into, (base or 0) + n_ctx, whole=(k, v), pool=pool)
 
     def release(self) -> None:
-        """Give an arena range back (idempotent; standalone views are garbage collected)."""
-        if self.arena is not None:
-            self.arena.release(self.base, self.capacity)
-            self.arena = None
+        """Give the own range back and let go of the context (idempotent)."""
+        if self.own_arena is not None:
+            self.own_arena.release(self.own_base, self.capacity)
+            self.own_arena = None
+        ctx, self.ctx = self.ctx, None
+        if ctx is None:
+            return
+        if self.pool is not None and ctx.key is not None:
+            self.pool.release(ctx)
+        elif ctx.arena is not None:  # a context nobody else can find: its range goes now
+            ctx.arena.release(ctx.base, ctx.length)
+            ctx.arena = None
+
+    def keys(self, layer: int, n: int) -> tuple[Tensor, Tensor]:
+        """The first n keys and values (Hkv, n, D) of the view, as one tensor each
+        (a slice when contiguous, else the two parts concatenated)."""
+        if self.k_layers is not None:
+            return self.k_layers[layer][:, :n], self.v_layers[layer][:, :n]
+        own = n - self.ctx_len  # >= 0: attention reads the whole context
+        k = torch.cat([self.ctx.k_layers[layer], self.own_k_layers[layer][:, :own]], dim=1)
+        v = torch.cat([self.ctx.v_layers[layer], self.own_v_layers[layer][:, :own]], dim=1)
+        return k, v  # (Hkv, n, D)
 
     def append(self, layer: int, k_rot: Tensor, v: Tensor) -> None:
         """Write t new rotated keys and values (t, Hkv, D) after the current length.
 
         The length itself advances once per forward step, in `advance`.
         """
-        t, n = k_rot.shape[0], self.length
+        t, n = k_rot.shape[0], self.length - self.ctx_len
         if t == 1:
-            self.k_layers[layer][:, n].copy_(k_rot[0])
-            self.v_layers[layer][:, n].copy_(v[0])
+            self.own_k_layers[layer][:, n].copy_(k_rot[0])
+            self.own_v_layers[layer][:, n].copy_(v[0])
         else:
-            self.k_layers[layer][:, n : n + t] = k_rot.transpose(0, 1)
-            self.v_layers[layer][:, n : n + t] = v.transpose(0, 1)
+            self.own_k_layers[layer][:, n : n + t] = k_rot.transpose(0, 1)
+            self.own_v_layers[layer][:, n : n + t] = v.transpose(0, 1)
 
     def advance(self, t: int) -> None:
         self.length += t
+
+
+def _carve(store: KVStore, arena: ViewArena | None, n: int) -> tuple[Tensor, Tensor, int | None]:
+    """(L, Hkv, n, D) K and V: an arena range (and its start) if one is free, else new."""
+    base = arena.alloc(n) if arena is not None else None
+    if base is not None:
+        return arena.k[:, :, base : base + n], arena.v[:, :, base : base + n], base
+    layers, _, heads, dim = store.k.shape
+    shape = (layers, heads, n, dim)
+    k = torch.empty(shape, dtype=store.k.dtype, device=store.k.device)
+    v = torch.empty(shape, dtype=store.v.dtype, device=store.v.device)
+    return k, v, None
+
+
+def _ints(values: Sequence[int] | Tensor) -> list[int]:
+    return values.tolist() if isinstance(values, Tensor) else list(values)

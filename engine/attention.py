@@ -24,33 +24,74 @@ from corps.engine.kernels import interpreting, triton_available
 from corps.engine.kernels.gather_rotate import gather_rotate_ref
 
 BACKENDS = ("torch", "triton", "flex", "triton+flex")
+#: Calls reading one context in a decode step form a group when grouping saves
+#: gathering at least this many keys ((readers - 1) x context). Below it, the few
+#: extra ops per group cost more than the copy they save (measured on CPU: break-even
+#: near 750 keys, e.g. 16 readers of 64 tokens or 2 of 1024; 16 x 4096 is 24x faster).
+GROUP_MIN_SAVED = 768
 
 
 @dataclass(frozen=True)
 class DecodePlan:
-    """A decode step over B calls whose views all live in one arena (built once per step)."""
+    """A decode step over B calls whose views all live in one arena (built once per step).
+
+    A view is a context (maybe shared) and an own part, each a range of the arena.
+    Calls that share a context within this step form a group: its context is read
+    once per step for all of them (`groups`), and only their own tokens are
+    gathered; every other call's whole view is gathered, padded to N.
+    """
 
     arena: ViewArena
     write: Tensor  # (B,) arena index of each call's new token
-    gather: Tensor  # (B * N,) arena indices of each call's context, padded to N
+    gather: Tensor  # (B * N,) arena indices of each call's gathered keys, padded to N
     mask: Tensor  # (B, N) True where the padded position is real
-    n: int  # longest context, new token included
-    base: Tensor  # (B,) arena index where each call's view starts
-    lengths: Tensor  # (B,) each call's context, new token included
+    n: int  # longest gathered part, new token included
+    ctx_base: Tensor  # (B,) arena index where each call's context starts
+    ctx_len: Tensor  # (B,) tokens in each call's context
+    own_base: Tensor  # (B,) arena index where each call's own tokens start
+    lengths: Tensor  # (B,) each call's context + own tokens, new token included
+    longest: int  # max(lengths)
+    groups: tuple[tuple[Any, Tensor], ...] = ()  # (SharedContext, (Bg,) call indices)
 
     @classmethod
-    def of(cls, views: list[CallView], min_calls: int = 2) -> DecodePlan | None:
+    def of(
+        cls, views: list[CallView], min_calls: int = 2, min_saved: int | None = GROUP_MIN_SAVED
+    ) -> DecodePlan | None:
+        """The plan, or None when the step must take the per-call path. Calls reading
+        one context form a group (the torch backend reads it once) when that saves
+        gathering `min_saved` keys or more; None never groups."""
         arena = views[0].arena
         if len(views) < min_calls or arena is None or any(v.arena is not arena for v in views):
             return None
         dev = arena.k.device  # index tensors live where the arena does
-        base = torch.tensor([v.base for v in views], device=dev)  # (B,)
+        readers: dict[int, list[int]] = {}
+        for i, v in enumerate(views):
+            if min_saved is not None and v.ctx is not None:
+                readers.setdefault(id(v.ctx), []).append(i)
+        grouped = [
+            ix
+            for ix in readers.values()
+            if (len(ix) - 1) * views[ix[0]].ctx_len >= max(1, min_saved)
+        ]
+        in_group = {i for ix in grouped for i in ix}
+        cb = torch.tensor([v.ctx_base for v in views], device=dev)  # (B,)
+        cl = torch.tensor([v.ctx_len for v in views], device=dev)  # (B,)
+        ob = torch.tensor([v.own_base for v in views], device=dev)  # (B,)
         n = torch.tensor([v.length + 1 for v in views], device=dev)  # (B,)
-        width = int(n.max())
+        # gathered part of each call: own tokens only in a group, else the whole view
+        skip = torch.tensor(
+            [v.ctx_len if i in in_group else 0 for i, v in enumerate(views)], device=dev
+        )
+        m = n - skip  # (B,) gathered keys
+        width = int(m.max())
         ar = torch.arange(width, device=dev)  # (N,)
-        idx = base[:, None] + torch.minimum(ar[None, :], n[:, None] - 1)  # (B, N), pads repeat
-        mask = ar[None, :] < n[:, None]
-        return cls(arena, base + n - 1, idx.flatten(), mask, width, base, n)
+        j = skip[:, None] + torch.minimum(ar[None, :], m[:, None] - 1)  # (B, N), pads repeat
+        idx = torch.where(j < cl[:, None], cb[:, None] + j, ob[:, None] + j - cl[:, None])
+        mask = ar[None, :] < m[:, None]
+        groups = tuple((views[ix[0]].ctx, torch.tensor(ix, device=dev)) for ix in grouped)
+        write = ob + n - cl - 1  # (B,) the new token, after each call's own tokens
+        longest = max(v.length + 1 for v in views)
+        return cls(arena, write, idx.flatten(), mask, width, cb, cl, ob, n, longest, groups)
 
     def append(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write each call's new k, v (B, Hkv, D) into the arena; return the layer's
@@ -128,23 +169,56 @@ class SdpaAttention:
         """One decode token for each of B calls: q (B, Hq, D), new k, v (B, Hkv, D).
 
         Appends every call's new key/value with one index_copy_ and attends over
-        all contexts at once, padded to the longest and masked. Returns (B, Hq, D).
+        all gathered parts at once, padded to the longest and masked. A group of
+        calls sharing a context reads it once, with one matmul for all of them,
+        and the two parts' softmax are merged exactly (a shared maximum, summed
+        numerators and normalisers). Returns (B, Hq, D).
         """
         ak, av = plan.append(layer, k, v)  # (Hkv, A, D)
         b, hq, d = q.shape
         hkv = ak.shape[0]
+        g = hq // hkv
         keys = ak.index_select(1, plan.gather).view(hkv, b, plan.n, d)  # (Hkv, B, N, D)
         values = av.index_select(1, plan.gather).view(hkv, b, plan.n, d)  # (Hkv, B, N, D)
-        qg = (q * scale).view(b, hkv, hq // hkv, d).transpose(0, 1)  # (Hkv, B, G, D)
+        qg = (q * scale).view(b, hkv, g, d).transpose(0, 1)  # (Hkv, B, G, D)
         scores = qg @ keys.transpose(-1, -2)  # (Hkv, B, G, N)
         scores = scores.masked_fill(~plan.mask[None, :, None, :], float("-inf"))
-        out = torch.softmax(scores, dim=-1) @ values  # (Hkv, B, G, D)
+        if not plan.groups:
+            out = torch.softmax(scores, dim=-1) @ values  # (Hkv, B, G, D)
+            return out.transpose(0, 1).reshape(b, hq, d)
+        shared = []
+        top = scores.amax(-1)  # (Hkv, B, G)
+        for ctx, ix in plan.groups:
+            qi = qg.index_select(1, ix).reshape(hkv, -1, d)  # (Hkv, Bg G, D)
+            s = torch.bmm(qi, ctx.k_layers[layer].transpose(1, 2))  # (Hkv, Bg G, C)
+            s = s.view(hkv, len(ix), g, -1)  # (Hkv, Bg, G, C)
+            top[:, ix] = torch.maximum(top[:, ix], s.amax(-1))
+            shared.append(s)
+        e = torch.exp(scores - top[..., None])  # (Hkv, B, G, N), 0 where masked
+        num = e @ values  # (Hkv, B, G, D)
+        den = e.sum(-1)  # (Hkv, B, G)
+        for (ctx, ix), s in zip(plan.groups, shared, strict=True):
+            es = torch.exp(s - top[:, ix, :, None])  # (Hkv, Bg, G, C)
+            part = torch.bmm(es.view(hkv, -1, es.shape[-1]), ctx.v_layers[layer])  # (Hkv, Bg G, D)
+            num[:, ix] += part.view(hkv, len(ix), g, d)
+            den[:, ix] += es.sum(-1)
+        out = num / den[..., None]  # (Hkv, B, G, D)
         return out.transpose(0, 1).reshape(b, hq, d)
 
     def attend(self, layer: int, q: Tensor, view: CallView, scale: float) -> Tensor:
         """Per call, grouped-query attention without copying K/V."""
         t, hq, d = q.shape
         n = view.length + t
+        if not view.contiguous:
+            own = view.own_length + t
+            return attend_parts(
+                q,
+                view.ctx.k_layers[layer],
+                view.ctx.v_layers[layer],
+                view.own_k_layers[layer][:, :own],
+                view.own_v_layers[layer][:, :own],
+                scale,
+            )
         k = view.k_layers[layer][:, :n]  # (Hkv, n, D)
         v = view.v_layers[layer][:, :n]  # (Hkv, n, D)
         hkv = k.shape[0]
@@ -167,6 +241,28 @@ class SdpaAttention:
         return out[0].transpose(0, 1)  # (t, Hq, D)
 
 
+def attend_parts(q: Tensor, ck: Tensor, cv: Tensor, ok: Tensor, ov: Tensor, scale: float) -> Tensor:
+    """Attention of t queries q (t, Hq, D) over a context ck, cv (Hkv, C, D), all
+    visible, then own tokens ok, ov (Hkv, M, D), M >= t, where query i sees the
+    first M - t + i + 1. The two parts' softmax merge exactly. Returns (t, Hq, D).
+    """
+    t, hq, d = q.shape
+    hkv = ck.shape[0]
+    g = hq // hkv
+    qg = (q * scale).view(t, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * t, d)  # (Hkv, G t, D)
+    sc = torch.bmm(qg, ck.transpose(1, 2))  # (Hkv, G t, C)
+    so = torch.bmm(qg, ok.transpose(1, 2))  # (Hkv, G t, M)
+    if t > 1:
+        m = ok.shape[1]
+        rows = torch.arange(t, device=q.device).repeat(g)  # (G t,) query index of each row
+        hidden = torch.arange(m, device=q.device)[None, :] > (m - t + rows)[:, None]  # (G t, M)
+        so = so.masked_fill(hidden, float("-inf"))
+    top = torch.maximum(sc.amax(-1), so.amax(-1))[..., None]  # (Hkv, G t, 1)
+    ec, eo = torch.exp(sc - top), torch.exp(so - top)
+    out = (torch.bmm(ec, cv) + torch.bmm(eo, ov)) / (ec.sum(-1) + eo.sum(-1))[..., None]
+    return out.view(hkv, g, t, d).permute(2, 0, 1, 3).reshape(t, hq, d)  # (t, Hq, D)
+
+
 class TritonAttention(SdpaAttention):
     """Gathers with `gather_rotate` and decodes with `decode_attention` (Triton); prefill
     stays on the torch reference."""
@@ -183,7 +279,10 @@ class TritonAttention(SdpaAttention):
         from corps.engine.kernels.decode_attention import decode_attention
 
         ak, av = plan.append(layer, k, v)  # (Hkv, A, D)
-        return decode_attention(q, ak, av, plan.base, plan.lengths, scale, max_n=plan.n)
+        return decode_attention(
+            q, ak, av, plan.ctx_base, plan.lengths, scale,
+            max_n=plan.longest, ctx_len=plan.ctx_len, own_base=plan.own_base,
+        )  # fmt: skip
 
 
 class FlexAttention(SdpaAttention):
@@ -200,13 +299,17 @@ class FlexAttention(SdpaAttention):
         if arena is None or any(sp.view.arena is not arena for sp in spans):
             return None
         dev = arena.k.device
+        views = [sp.view for sp in spans]
         t = torch.tensor([sp.end - sp.start for sp in spans], device=dev)  # (S,) rows
-        base = torch.tensor([sp.view.base for sp in spans], device=dev)  # (S,)
-        first = torch.tensor([sp.view.length + 1 for sp in spans], device=dev)  # (S,)
-        lo = base.repeat_interleave(t)  # (T,) each row's view start
+        cb = torch.tensor([v.ctx_base for v in views], device=dev)  # (S,)
+        cl = torch.tensor([v.ctx_len for v in views], device=dev)  # (S,)
+        ob = torch.tensor([v.own_base for v in views], device=dev)  # (S,)
+        first = torch.tensor([v.own_length + 1 for v in views], device=dev)  # (S,)
         row = torch.arange(int(t.sum()), device=dev) - (torch.cumsum(t, 0) - t).repeat_interleave(t)
-        hi = lo + first.repeat_interleave(t) + row  # (T,) row i sees length + i + 1 keys
-        return arena, PrefillMask.build(lo, hi)
+        lo = cb.repeat_interleave(t)  # (T,) each row's context
+        own_lo = ob.repeat_interleave(t)  # (T,) each row's own tokens
+        own_hi = own_lo + first.repeat_interleave(t) + row  # row i sees own_length + i + 1
+        return arena, PrefillMask.build(lo, lo + cl.repeat_interleave(t), own_lo, own_hi)
 
     def attend_spans(self, layer, q, k, v, spans, plan, scale) -> Tensor:
         if plan is None:

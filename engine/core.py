@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from corps.cache.arena import ViewArena
+from corps.cache.context import ContextPool
 from corps.cache.errors import CacheFullError, StoreTooSmall
 from corps.cache.handle import Handle
 from corps.cache.kv import KVStore
@@ -96,6 +97,8 @@ class Core:
         # Room for the views of in-flight calls (their context + new tokens); a call that
         # does not fit gets a standalone view. Sized like the store.
         self.arena = ViewArena(**dims)
+        # Rotated contexts, each held once for every concurrent call that reads it.
+        self.contexts = ContextPool()
         self.runner = ModelRunner(weights, self.store, select_backend(weights.device))
         self.rope = weights.rope
         self.max_positions = min(spec.max_positions, weights.rope.max_positions)
@@ -113,7 +116,7 @@ class Core:
         self._running_uids: set[int] = set()  # baseline: uids of admitted, unfinished calls
         self._failed: set[int] = set()  # baseline: failed calls whose inserts are still read
         self.tokens_shared_in_batch = 0
-        self.view_tokens = 0  # tokens held in the rotated views of admitted calls
+        self.own_view_tokens = 0  # tokens of admitted calls' own view parts
         self.view_tokens_peak = 0
         self.tokens_encoded = 0
         self.tokens_reused = 0
@@ -206,20 +209,26 @@ class Core:
             call.view = CallView.gather(
                 self.store,
                 self.rope,
-                _long(call.ctx_slots, self.device),
-                _long(call.ctx_pos, self.device),
+                call.ctx_slots,
+                call.ctx_pos,
                 extra,
                 self.arena,
                 fill=self.runner.attention.gather,
+                pool=self.contexts,
             )
         except BaseException:
             self.abort(call)
             raise
         self.tokens_reused += len(call.ctx_slots)
         with self._mutex:
-            self.view_tokens += call.view.capacity
+            self.own_view_tokens += call.view.capacity
             self.view_tokens_peak = max(self.view_tokens_peak, self.view_tokens)
         return call
+
+    @property
+    def view_tokens(self) -> int:
+        """Tokens held in views: every live context once, plus each call's own part."""
+        return self.own_view_tokens + self.contexts.tokens
 
     def drop_memory(self) -> None:
         """Give the store's and the arena's tensors back (the engine closed)."""
@@ -369,7 +378,7 @@ class Core:
         if c.view is not None:
             with self._mutex:
                 c.view.release()
-                self.view_tokens -= c.view.capacity
+                self.own_view_tokens -= c.view.capacity
             c.view = None
 
     def abort(self, c: Call) -> None:
@@ -445,7 +454,7 @@ class Core:
         self._take_slots([call])
         none = _long([], self.device)
         call.view = CallView.gather(self.store, self.rope, none, none, len(sink))
-        self.view_tokens += call.view.capacity  # given back when it finishes
+        self.own_view_tokens += call.view.capacity  # given back when it finishes
         while not call.done:
             self.step([call], budget=None)
         return self.finish(call)

@@ -11,7 +11,7 @@ from torch import Tensor
 from corps.cache.kv import KVStore
 from corps.cache.rope import rotate_half
 from corps.cache.view import CallView
-from corps.engine.attention import AttentionBackend, DecodePlan, SdpaAttention
+from corps.engine.attention import GROUP_MIN_SAVED, AttentionBackend, DecodePlan, SdpaAttention
 from corps.engine.weights import Weights
 
 
@@ -55,6 +55,8 @@ class ModelRunner:
         self.store = store
         self.attention = attention or SdpaAttention()
         self.scale = self.spec.head_dim**-0.5
+        # decode steps read a context once for its readers when that saves this many keys
+        self.group_min_saved: int | None = GROUP_MIN_SAVED
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> Tensor:
@@ -64,7 +66,7 @@ class ModelRunner:
         plan = None
         if len(batch.spans) == batch.input_ids.shape[0]:  # one token per call: a decode step
             views = [sp.view for sp in batch.spans]
-            plan = DecodePlan.of(views, self.attention.decode_min_calls)
+            plan = DecodePlan.of(views, self.attention.decode_min_calls, self.group_min_saved)
         prefill = self.attention.plan_prefill(batch.spans) if plan is None else None
         cos = w.rope.cos[batch.positions].unsqueeze(1)  # (T, 1, D)
         sin = w.rope.sin[batch.positions].unsqueeze(1)  # (T, 1, D)

@@ -95,6 +95,35 @@ def test_concurrent_placements_of_one_parent_are_both_correct(tiny_dirs, tiny_hf
         assert (got - want).abs().max().item() <= TOL
 
 
+def test_calls_over_one_context_share_it_and_stay_exact(tiny_dirs, tiny_hf, backend):
+    """Concurrent calls placing the same parents at the same offsets read one rotated
+    copy of that context (held once), and each still matches transformers."""
+    core = open_tiny(tiny_dirs, "llama")._core
+    core.runner.group_min_saved = 1  # tiny contexts: group them anyway
+    oracle = Oracle(tiny_hf["llama"])
+    a, _ = prefill(core, "you are a careful solver")
+    oracle.encode(a.id, a.tokens, [], 0)
+    b, _ = prefill(core, "what is seven times six", parents=[a])
+    oracle.encode(b.id, b.tokens, [(a.id, 0)], a.length)
+    texts = ("hello world", "the quick brown fox jumps", "seven")
+    reqs = [PrefillRequest(t, parents=[a, b]) for t in texts]
+    handles, logits = core.prefill_many(reqs, want_logits=True)
+    context = a.length + b.length
+    # one context plus each call's own tokens, not three contexts
+    assert core.view_tokens_peak == context + sum(h.length for h in handles)
+    for h, got in zip(handles, logits, strict=True):
+        want = oracle.encode(h.id, h.tokens, [(a.id, 0), (b.id, a.length)], context)
+        assert (got - want).abs().max().item() <= TOL
+    reqs = [
+        DecodeRequest(parents=[a, b], header=t, sampling=greedy(n))
+        for t, n in (("so", 9), ("the", 5), ("it", 12), ("we", 7))
+    ]
+    together = core.decode_many(reqs)
+    alone = [core.decode_many([r])[0] for r in reqs]
+    assert [h.tokens for h in together] == [h.tokens for h in alone]
+    assert core.view_tokens == 0 and len(core.contexts) == 0
+
+
 def test_decode_many_equals_sequential(tiny_dirs, backend):
     core = open_tiny(tiny_dirs, "qwen3")._core
     sys_h, _ = prefill(core, "you are a careful solver", role="system")

@@ -55,29 +55,67 @@ def test_kernel_matches_reference(case):
     assert torch.allclose(got.float(), want.float(), atol=TOL[dt], rtol=TOL[dt])
 
 
-def test_reference_matches_the_torch_backend():
-    """The oracle agrees with what the CPU engine computes (SdpaAttention.attend_decode)."""
+def shared_views(extra: int = 1):
+    """Views over one arena from a random store: two contexts each read by two calls
+    (the second reader of each is split in two parts), one call with no context."""
     from corps.cache.arena import ViewArena
+    from corps.cache.context import ContextPool
+    from corps.cache.kv import KVStore
+    from corps.cache.rope import RopeTables
     from corps.cache.view import CallView
-    from corps.engine.attention import DecodePlan, SdpaAttention
 
     g = torch.Generator().manual_seed(0)
-    arena = ViewArena(num_layers=1, num_kv_heads=2, head_dim=64, capacity=64, dtype=torch.float32)
+    dims = dict(num_layers=1, num_kv_heads=2, head_dim=64, dtype=torch.float32)
+    store = KVStore(capacity=64, **dims)
+    store.k.copy_(torch.randn(store.k.shape, generator=g))
+    store.v.copy_(torch.randn(store.v.shape, generator=g))
+    rope = RopeTables(torch.randn(128, 64, generator=g), torch.randn(128, 64, generator=g))
+    arena = ViewArena(capacity=256, **dims)
+    pool = ContextPool()
+    short, long = (list(range(5)), list(range(5))), (list(range(20, 37)), list(range(10, 27)))
     views = []
-    for ctx in (0, 5, 17):
-        base = arena.alloc(ctx + 1)
-        k = arena.k[:, :, base : base + ctx + 1]
-        k[:, :, :ctx] = torch.randn(1, 2, ctx, 64, generator=g)
-        arena.v[:, :, base : base + ctx] = torch.randn(1, 2, ctx, 64, generator=g)
-        views.append(CallView(k, arena.v[:, :, base : base + ctx + 1], ctx, arena, base))
-    plan = DecodePlan.of(views)
-    q = torch.randn(3, 8, 64, generator=g)
-    k_new, v_new = torch.randn(3, 2, 64, generator=g), torch.randn(3, 2, 64, generator=g)
+    for slots, pos in (short, long, ([], []), short, long):
+        s, p = torch.tensor(slots, dtype=torch.long), torch.tensor(pos, dtype=torch.long)
+        views.append(CallView.gather(store, rope, s, p, extra, arena, pool=pool))
+    return arena, pool, views, g
+
+
+def test_shared_contexts_are_held_once_and_given_back():
+    arena, pool, views, _ = shared_views(extra=3)
+    assert len(pool) == 2 and pool.tokens == 5 + 17
+    assert views[3].ctx is views[0].ctx and views[4].ctx is views[1].ctx
+    assert [v.contiguous for v in views] == [True, True, True, False, False]
+    assert arena.free_tokens == 256 - (5 + 17) - 5 * 3
+    for v in views:
+        v.release()
+        v.release()  # idempotent
+    assert len(pool) == 0 and pool.tokens == 0 and arena.free_tokens == 256
+
+
+def test_reference_matches_the_torch_backend_over_shared_contexts():
+    from corps.engine.attention import DecodePlan, SdpaAttention
+
+    arena, _, views, g = shared_views()
+    assert not DecodePlan.of(views).groups  # too short to be worth a group by default
+    plan = DecodePlan.of(views, min_saved=1)
+    assert len(plan.groups) == 2  # each shared context is read once for its two calls
+    q = torch.randn(5, 8, 64, generator=g)
+    k_new, v_new = torch.randn(5, 2, 64, generator=g), torch.randn(5, 2, 64, generator=g)
     ours = SdpaAttention().attend_decode(0, q, k_new, v_new, plan, 0.125)
-    ref = decode_attention_ref(
-        q, arena.k_layers[0], arena.v_layers[0], plan.base, plan.lengths, 0.125
-    )
+    args = (plan.ctx_base, plan.lengths, 0.125, plan.ctx_len, plan.own_base)
+    ref = decode_attention_ref(q, arena.k_layers[0], arena.v_layers[0], *args)
     assert torch.allclose(ours, ref, atol=1e-5)
+    kernel = decode_attention(q, arena.k_layers[0], arena.v_layers[0], *args[:3], **dict(
+        ctx_len=plan.ctx_len, own_base=plan.own_base
+    ))  # fmt: skip
+    assert torch.allclose(kernel, ref, atol=1e-5)
+    ungrouped = DecodePlan.of(views, min_saved=None)  # every view gathered whole, padded
+    assert not ungrouped.groups
+    alone = SdpaAttention().attend_decode(0, q, k_new, v_new, ungrouped, 0.125)
+    assert torch.allclose(alone, ref, atol=1e-5)
+    for i, v in enumerate(views):  # the per-call path reads the same (new token written)
+        one = SdpaAttention().attend(0, q[i : i + 1], v, 0.125)
+        assert torch.allclose(one[0], ref[i], atol=1e-5)
 
 
 def test_kernel_rejects_heads_that_do_not_group():

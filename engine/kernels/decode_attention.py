@@ -3,11 +3,15 @@
 Contract: for call b, query head h (KV head h // G, G = Hq / Hkv),
 
     out[b, h] = softmax(scale * q[b, h] . K_b^T) V_b,
-    K_b = arena_k[h // G, base[b] : base[b] + n[b]]   (V_b likewise)
+    K_b = arena_k[h // G, idx_b]   (V_b likewise),
+    idx_b = [base[b], base[b] + c[b]) then [own[b], own[b] + n[b] - c[b])
+
+A call's view is two ranges of the arena: its context (c[b] keys, maybe shared
+with other calls) and its own tokens. By default c = n (one range).
 
 Shapes: q (B, Hq, D); arena_k, arena_v (Hkv, A, D) (one layer of the view
-arena, rotated keys); base, n (B,) long, n[b] >= 1 (the context plus the new
-token, already written); out (B, Hq, D). Lengths are ragged.
+arena, rotated keys); base, n, c, own (B,) long, n[b] >= 1 (the context plus
+the new token, already written); out (B, Hq, D). Lengths are ragged.
 
 Flash-decoding: the context of every call is cut into splits of SPLIT keys;
 one program per (call, query head, split) computes a partial softmax (running
@@ -28,16 +32,22 @@ SPLIT = 256  # keys per program
 
 
 def decode_attention_ref(
-    q: Tensor, arena_k: Tensor, arena_v: Tensor, base: Tensor, n: Tensor, scale: float
-) -> Tensor:
+    q: Tensor, arena_k: Tensor, arena_v: Tensor, base: Tensor, n: Tensor, scale: float,
+    ctx_len: Tensor | None = None, own_base: Tensor | None = None,
+) -> Tensor:  # fmt: skip
     """Brute force, one call at a time, in float32. Returns (B, Hq, D) in q's dtype."""
     b, hq, _ = q.shape
     g = hq // arena_k.shape[0]
     out = torch.empty_like(q)
+    c = n if ctx_len is None else ctx_len
+    own = base + n if own_base is None else own_base
     for i in range(b):
-        lo, hi = int(base[i]), int(base[i]) + int(n[i])
-        k = arena_k[:, lo:hi].float().repeat_interleave(g, dim=0)  # (Hq, n, D)
-        v = arena_v[:, lo:hi].float().repeat_interleave(g, dim=0)  # (Hq, n, D)
+        lo, hi = int(base[i]), int(base[i]) + int(c[i])
+        olo, ohi = int(own[i]), int(own[i]) + int(n[i]) - int(c[i])
+        k = torch.cat([arena_k[:, lo:hi], arena_k[:, olo:ohi]], 1)  # (Hkv, n, D)
+        v = torch.cat([arena_v[:, lo:hi], arena_v[:, olo:ohi]], 1)
+        k = k.float().repeat_interleave(g, dim=0)  # (Hq, n, D)
+        v = v.float().repeat_interleave(g, dim=0)  # (Hq, n, D)
         scores = torch.einsum("hd,hnd->hn", q[i].float() * scale, k)  # (Hq, n)
         out[i] = torch.einsum("hn,hnd->hd", torch.softmax(scores, dim=-1), v).to(q.dtype)
     return out
@@ -50,7 +60,7 @@ def _kernels():
 
     @triton.jit
     def partial_kernel(
-        q, ak, av, base, n, pm, pl, pacc, scale,
+        q, ak, av, base, n, clen, own, pm, pl, pacc, scale,
         s_qb, s_qh, s_kh, s_kp,  # q strides (call, head); arena strides (head, position)
         G: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr, BLOCK: tl.constexpr, NSPLIT,
     ):  # fmt: skip
@@ -60,6 +70,8 @@ def _kernels():
         d = tl.arange(0, D)
         length = tl.load(n + b)
         start = tl.load(base + b)
+        ctx = tl.load(clen + b)  # keys [0, ctx) from the context, the rest from own
+        own_start = tl.load(own + b) - ctx
         qv = tl.load(q + b * s_qb + h * s_qh + d).to(tl.float32) * scale  # (D,)
         kv_off = (h // G) * s_kh
         m = -1e30
@@ -70,7 +82,8 @@ def _kernels():
         for j in range(lo, hi, BLOCK):
             p = j + tl.arange(0, BLOCK)  # (BLOCK,) positions in the context
             live = p < hi
-            rows = kv_off + (start + p)[:, None] * s_kp + d[None, :]  # (BLOCK, D)
+            at = tl.where(p < ctx, start + p, own_start + p)  # (BLOCK,) arena index
+            rows = kv_off + at[:, None] * s_kp + d[None, :]  # (BLOCK, D)
             k = tl.load(ak + rows, mask=live[:, None], other=0.0).to(tl.float32)
             scores = tl.sum(k * qv[None, :], axis=1)  # (BLOCK,)
             scores = tl.where(live, scores, float("-inf"))
@@ -110,7 +123,7 @@ def _kernels():
 
 def decode_attention(
     q: Tensor, arena_k: Tensor, arena_v: Tensor, base: Tensor, n: Tensor, scale: float,
-    max_n: int | None = None,
+    max_n: int | None = None, ctx_len: Tensor | None = None, own_base: Tensor | None = None,
 ) -> Tensor:  # fmt: skip
     """The Triton kernels (same contract as `decode_attention_ref`). `max_n` is
     max(n) if the caller knows it (saves a device sync)."""
@@ -130,9 +143,11 @@ def decode_attention(
     pm = torch.empty(b * hq * nsplit, dtype=torch.float32, device=q.device)
     pl = torch.empty_like(pm)
     pacc = torch.empty(b * hq * nsplit * dim, dtype=torch.float32, device=q.device)
+    c = n if ctx_len is None else ctx_len
+    own = base + n if own_base is None else own_base
     partial, merge = _kernels()
     partial[(b, hq, nsplit)](
-        q, arena_k, arena_v, base, n, pm, pl, pacc, scale,
+        q, arena_k, arena_v, base, n, c, own, pm, pl, pacc, scale,
         q.stride(0), q.stride(1), arena_k.stride(0), arena_k.stride(1),
         G=hq // hkv, D=dim, SPLIT=SPLIT, BLOCK=BLOCK, NSPLIT=nsplit,
     )  # fmt: skip

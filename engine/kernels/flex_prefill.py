@@ -2,9 +2,11 @@
 FlexAttention launch over the view arena.
 
 Contract: row r (a new token of some call) attends to the arena positions
-[lo[r], hi[r]): its call's context and its own message's earlier tokens, all
+[lo[r], hi[r]) (its call's context, maybe shared with other calls) and
+[own_lo[r], own_hi[r]) (its own message's earlier tokens and itself), all
 already written to the arena (rotated keys). Shapes: q (T, Hq, D); arena_k,
-arena_v (Hkv, A, D) for one layer; lo, hi (T,) long with lo < hi; out (T, Hq, D).
+arena_v (Hkv, A, D) for one layer; lo <= hi, own_lo < own_hi (T,) long (without
+own bounds, [lo, hi) is the whole view, lo < hi); out (T, Hq, D).
 Grouped-query attention is native (enable_gqa). The block mask is built once per
 step (`PrefillMask.build`) and shared by every layer: only the key window the
 step touches, [min lo, max hi), is handed to FlexAttention.
@@ -21,15 +23,20 @@ from torch import Tensor
 
 
 def prefill_attention_ref(
-    q: Tensor, arena_k: Tensor, arena_v: Tensor, lo: Tensor, hi: Tensor, scale: float
-) -> Tensor:
+    q: Tensor, arena_k: Tensor, arena_v: Tensor, lo: Tensor, hi: Tensor, scale: float,
+    own_lo: Tensor | None = None, own_hi: Tensor | None = None,
+) -> Tensor:  # fmt: skip
     """Brute force, row by row, in float32. Returns (T, Hq, D) in q's dtype."""
     g = q.shape[1] // arena_k.shape[0]
     out = torch.empty_like(q)
+    if own_lo is None:
+        own_lo = own_hi = hi
     for r in range(q.shape[0]):
-        a, b = int(lo[r]), int(hi[r])
-        k = arena_k[:, a:b].float().repeat_interleave(g, dim=0)  # (Hq, n, D)
-        v = arena_v[:, a:b].float().repeat_interleave(g, dim=0)  # (Hq, n, D)
+        a, b, c, e = int(lo[r]), int(hi[r]), int(own_lo[r]), int(own_hi[r])
+        k = torch.cat([arena_k[:, a:b], arena_k[:, c:e]], 1).float()  # (Hkv, n, D)
+        v = torch.cat([arena_v[:, a:b], arena_v[:, c:e]], 1).float()
+        k = k.repeat_interleave(g, dim=0)  # (Hq, n, D)
+        v = v.repeat_interleave(g, dim=0)  # (Hq, n, D)
         scores = torch.einsum("hd,hnd->hn", q[r].float() * scale, k)  # (Hq, n)
         out[r] = torch.einsum("hn,hnd->hd", torch.softmax(scores, dim=-1), v).to(q.dtype)
     return out
@@ -44,14 +51,21 @@ class PrefillMask:
     end: int
 
     @classmethod
-    def build(cls, lo: Tensor, hi: Tensor) -> PrefillMask:
+    def build(
+        cls, lo: Tensor, hi: Tensor, own_lo: Tensor | None = None, own_hi: Tensor | None = None
+    ) -> PrefillMask:
         from torch.nn.attention.flex_attention import create_block_mask
 
-        start, end = int(lo.min()), int(hi.max())
+        if own_lo is None:
+            own_lo = own_hi = hi
+        start = int(torch.minimum(lo, own_lo).min())
+        end = int(torch.maximum(hi, own_hi).max())
         lo_w, hi_w = lo - start, hi - start  # (T,) bounds inside the window
+        olo_w, ohi_w = own_lo - start, own_hi - start
 
         def visible(b, h, q_idx, kv_idx):
-            return (kv_idx >= lo_w[q_idx]) & (kv_idx < hi_w[q_idx])
+            ctx = (kv_idx >= lo_w[q_idx]) & (kv_idx < hi_w[q_idx])
+            return ctx | ((kv_idx >= olo_w[q_idx]) & (kv_idx < ohi_w[q_idx]))
 
         mask = create_block_mask(
             visible, B=None, H=None, Q_LEN=lo.numel(), KV_LEN=end - start, device=lo.device
