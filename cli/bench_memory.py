@@ -7,7 +7,8 @@
 - shared context: the tree-of-thoughts shape, `voters` calls each attending to
   `branches` messages of `branch_tokens` tokens. Reports the peak tokens held in
   the calls' rotated views against the store tokens those messages need (the
-  issue's target is <= 1.5x; each call holding its own copy makes it ~voters x).
+  issue's target is <= 1.5x). A context shared by the voters is held once
+  (`corps.cache.context`), so this is ~1x; a copy per call made it ~voters x.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ class SharedContext(BaseModel):
     voters: int
     store_tokens: int  # what the question and branches take in the store
     view_tokens_peak: int
-    ratio: float
+    ratio: float  # views / store
+    total_ratio: float  # (store + views) / store: all the KV memory those calls need
     step_s: float  # wall time of the voters' decode_many
 
 
@@ -111,6 +113,7 @@ async def shared_context(
         store_tokens=store,
         view_tokens_peak=peak,
         ratio=peak / store,
+        total_ratio=(store + peak) / store,
         step_s=step,
     )
 
@@ -125,9 +128,14 @@ def tables(adm: Admission, ctx: SharedContext) -> list[Any]:
     c = Table(
         title=f"shared context: {ctx.voters} calls over {ctx.branches} messages (tree of thoughts)"
     )
-    for col in ("store tokens", "peak view tokens", "views / store (target <= 1.5)", "step"):
+    cols = ("store tokens", "peak view tokens", "views / store (target <= 1.5)", "store + views")
+    for col in (*cols, "step"):
         c.add_column(col, justify="right")
     c.add_row(
-        str(ctx.store_tokens), str(ctx.view_tokens_peak), f"{ctx.ratio:.1f}x", f"{ctx.step_s:.2f} s"
+        str(ctx.store_tokens),
+        str(ctx.view_tokens_peak),
+        f"{ctx.ratio:.2f}x",
+        f"{ctx.total_ratio:.2f}x",
+        f"{ctx.step_s:.2f} s",
     )
     return [a, c]

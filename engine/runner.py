@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -63,11 +64,7 @@ class ModelRunner:
         """Encode the batch, write its K/V to the store and views, return logits (N, V)."""
         spec, w = self.spec, self.w
         x = w.embed[batch.input_ids]  # (T, E)
-        plan = None
-        if len(batch.spans) == batch.input_ids.shape[0]:  # one token per call: a decode step
-            views = [sp.view for sp in batch.spans]
-            plan = DecodePlan.of(views, self.attention.decode_min_calls, self.group_min_saved)
-        prefill = self.attention.plan_prefill(batch.spans) if plan is None else None
+        split = self._split(batch)
         cos = w.rope.cos[batch.positions].unsqueeze(1)  # (T, 1, D)
         sin = w.rope.sin[batch.positions].unsqueeze(1)  # (T, 1, D)
         for i, lw in enumerate(w.layers):
@@ -84,18 +81,67 @@ class ModelRunner:
                 spec.rms_norm_eps,
             )
             self.store.write(i, batch.slots, k, v)
-            if plan is not None:
-                attn = self.attention.attend_decode(i, q, k_rot, v, plan, self.scale)
-                attn = attn.reshape(q.shape[0], -1)  # (B, Hq D)
-            else:
-                attn = self.attention.attend_spans(
-                    i, q, k_rot, v, batch.spans, prefill, self.scale
-                ).reshape(q.shape[0], -1)  # (T, Hq D)
-            x = layer_mlp(x, attn, lw.o, lw.post_norm, lw.gate_up, lw.down, spec.rms_norm_eps)
+            attn = split.attend(self.attention, i, q, k_rot, v, self.scale)  # (T, Hq, D)
+            x = layer_mlp(
+                x, attn.reshape(q.shape[0], -1), lw.o, lw.post_norm, lw.gate_up, lw.down,
+                spec.rms_norm_eps,
+            )  # fmt: skip
         for span in batch.spans:
             span.view.advance(span.end - span.start)
         h = rms_norm(x[batch.logit_rows], w.final_norm, spec.rms_norm_eps)
         return w.lm_head(h)  # (N, V)
+
+    def _split(self, batch: ForwardBatch) -> StepSplit:
+        """How this step's rows attend: one-token spans (decodes) through one batched
+        decode over the arena when they can, the other spans (prefill chunks) through
+        the backend's span attention; a mixed step keeps both batched paths."""
+        ones = [j for j, sp in enumerate(batch.spans) if sp.end - sp.start == 1]
+        views = [batch.spans[j].view for j in ones]
+        plan = None
+        if views:
+            plan = DecodePlan.of(views, self.attention.decode_min_calls, self.group_min_saved)
+        if plan is None:  # every span through span attention
+            return StepSplit(
+                None, None, None, batch.spans, self.attention.plan_prefill(batch.spans)
+            )
+        dev = batch.input_ids.device
+        if len(ones) == len(batch.spans):
+            return StepSplit(plan, None, None, (), None)
+        rest = [sp for j, sp in enumerate(batch.spans) if sp.end - sp.start != 1]
+        rows, spans, t = [], [], 0
+        for sp in rest:  # prefill spans, renumbered over their own rows
+            rows += range(sp.start, sp.end)
+            spans.append(SeqSpan(t, t + sp.end - sp.start, sp.view))
+            t += sp.end - sp.start
+        decode_rows = torch.tensor([batch.spans[j].start for j in ones], device=dev)
+        spans = tuple(spans)
+        prefill_rows = torch.tensor(rows, device=dev)
+        return StepSplit(plan, decode_rows, prefill_rows, spans, self.attention.plan_prefill(spans))
+
+
+@dataclass(frozen=True)
+class StepSplit:
+    """One step's rows split between batched decode and span (prefill) attention."""
+
+    decode: DecodePlan | None  # the one-token spans' plan, None if they go by span
+    decode_rows: Tensor | None  # (Bd,) their rows, None when every row is a decode
+    prefill_rows: Tensor | None  # (Tp,) the other rows, in span order
+    spans: tuple[SeqSpan, ...]  # the span-attended spans, over prefill_rows' numbering
+    prefill: Any  # the backend's per-step prefill plan for those spans
+
+    def attend(self, attention: AttentionBackend, layer: int, q, k, v, scale: float) -> Tensor:
+        """Attention output (T, Hq, D) of every row; q (T, Hq, D), k, v (T, Hkv, D)."""
+        if self.decode is None:
+            return attention.attend_spans(layer, q, k, v, self.spans, self.prefill, scale)
+        if self.decode_rows is None:
+            return attention.attend_decode(layer, q, k, v, self.decode, scale)
+        d, p = self.decode_rows, self.prefill_rows
+        out = torch.empty_like(q)
+        dec = attention.attend_decode(layer, q[d], k[d], v[d], self.decode, scale)  # (Bd, Hq, D)
+        out.index_copy_(0, d, dec)
+        pre = attention.attend_spans(layer, q[p], k[p], v[p], self.spans, self.prefill, scale)
+        out.index_copy_(0, p, pre)
+        return out
 
 
 def layer_qkv(x, norm, qkv_proj, q_norm, k_norm, cos, sin, hq: int, hkv: int, eps: float):

@@ -421,3 +421,35 @@ def test_prefills_keep_a_share_of_every_step_under_a_full_batch_of_decodes(tiny_
     for c in [*decodes, long]:
         core.abort(c)
     assert core.store.used_slots == len(core.table.get(q.id).slots)
+
+
+def test_mixed_steps_batch_decodes_and_prefill_chunks_and_agree_with_alone(tiny_dirs, backend):
+    """Decodes already running while other calls prefill: each step fuses one batched
+    decode with the prefill chunks, and every call ends as it does alone."""
+    core = open_tiny(tiny_dirs, "qwen3")._core
+    core.runner.group_min_saved = 1  # the shared-context groups take part too
+    q, _ = prefill(core, "count with me")
+    r, _ = prefill(core, "what is seven times six")
+    reqs = [DecodeRequest(parents=[q], header=h, sampling=greedy(12)) for h in ("one", "two")]
+    reqs.append(DecodeRequest(parents=[r], sampling=greedy(12)))
+    late = [
+        DecodeRequest(parents=[q, r], header="hello world " * 6, sampling=greedy(8)),
+        PrefillRequest("the lazy dog sleeps", parents=[r]),
+    ]
+    alone_dec = [core.decode_many([x])[0].tokens for x in [*reqs, late[0]]]
+    (_,), (alone_pre,) = core.prefill_many([late[1]], want_logits=True)
+    calls = [core.admit(x) for x in reqs]
+    while any(c.pending is None for c in calls):
+        core.step(calls, budget=None)
+    core.step(calls, budget=None)  # the decodes are running
+    calls += [core.admit(late[0]), core.admit(late[1], want_logits=True)]
+    mixed = 0
+    while not all(c.done for c in calls):
+        live = [c for c in calls if not c.done]
+        decoding = [c for c in live if c.pending is not None]
+        mixed += bool(decoding) and len(decoding) < len(live)
+        core.step(live, budget=4 + len(decoding))  # prefills take a few chunks
+    assert mixed >= 2
+    handles = [core.finish(c) for c in calls]
+    assert [h.tokens for h in handles[:4]] == alone_dec
+    assert (torch.cat(calls[4].logits) - alone_pre).abs().max().item() <= 1e-5
