@@ -289,20 +289,25 @@ def bench_memory(
     branches: Annotated[int, typer.Option(min=1)] = 16,
     voters: Annotated[int, typer.Option(min=1)] = 16,
     branch_tokens: Annotated[int, typer.Option(min=1)] = 256,
+    prompt_tokens: Annotated[
+        int, typer.Option(min=0, help="Long prompt arriving during 16 decodes (0: skip).")
+    ] = 4096,
     model: ModelOpt = "smollm2-135m",
 ) -> None:
-    """Admission under memory pressure, and view memory over a shared context."""
+    """Admission under memory pressure, view memory over a shared context, and a long
+    prompt arriving while decodes run."""
     from corps.cli import bench_memory as bm
 
-    async def both():
+    async def all_three():
         adm = await bm.admission(model, calls=calls, max_tokens=max_tokens, capacity=capacity)
         ctx = await bm.shared_context(
             model, branches=branches, voters=voters, branch_tokens=branch_tokens
         )
-        return adm, ctx
+        long = await bm.long_prefill(model, prompt_tokens=prompt_tokens) if prompt_tokens else None
+        return adm, ctx, long
 
-    adm, ctx = _run_bench(both)
-    Console().print(*bm.tables(adm, ctx))
+    adm, ctx, long = _run_bench(all_three)
+    Console().print(*bm.tables(adm, ctx, long))
 
 
 @bench_app.command("vs-llamacpp")

@@ -31,6 +31,17 @@ class Admission(BaseModel):
     wall_s: float
 
 
+class LongPrefill(BaseModel):
+    decodes: int
+    prompt_tokens: int
+    chunk_ms: float  # one step-sized prefill chunk, alone
+    decode_step_ms: float  # median step of the decodes alone
+    worst_step_ms: float  # longest step while the long prompt was being encoded
+    mixed_steps: int  # steps that ran decodes and a prefill chunk together
+    prefill_s: float  # the long prompt's wall time, arrival to handle
+    finished: bool
+
+
 class SharedContext(BaseModel):
     branches: int
     voters: int
@@ -118,7 +129,74 @@ async def shared_context(
     )
 
 
-def tables(adm: Admission, ctx: SharedContext) -> list[Any]:
+async def long_prefill(
+    model: str, *, decodes: int = 16, prompt_tokens: int = 4096, max_tokens: int = 96
+) -> LongPrefill:
+    """A long prompt arriving while `decodes` calls decode: each step should carry
+    the decodes plus at most one chunk of the prompt (read from the trace's steps)."""
+    import json
+    import statistics
+    import tempfile
+    from pathlib import Path
+
+    from corps.engine.engine import Engine
+
+    step_tokens = 512
+    async with Engine.open(model, step_tokens=step_tokens) as engine:
+        text = " ".join(DOCUMENT_PARAGRAPHS)
+        ids = engine.tokenizer.encode(text, add_special_tokens=False)
+        while len(ids) < prompt_tokens:
+            ids = ids + ids
+        chunk = step_tokens - decodes  # what a step leaves the prompt beside the decodes
+        engine.free(await engine.prefill(ids[:chunk], frame=False))  # warm up
+        t0 = time.perf_counter()
+        engine.free(await engine.prefill(ids[:chunk], frame=False))
+        chunk_ms = (time.perf_counter() - t0) * 1e3
+        qs = [await engine.prefill(f"Count slowly from {i} upwards.") for i in range(decodes)]
+        path = Path(tempfile.mkdtemp()) / "steps.jsonl"
+        sink = engine.trace_to(path)
+        started, out = anyio.Event(), {}
+
+        async def decode(q) -> None:
+            async with engine.stream(parents=[q], max_tokens=max_tokens, ignore_eos=True) as st:
+                seen = 0
+                async for _ in st:
+                    seen += 1
+                    if seen == 4:
+                        started.set()
+            engine.free(st.handle)
+
+        async def prompt() -> None:
+            await started.wait()
+            t = time.perf_counter()
+            h = await engine.prefill(ids[:prompt_tokens], frame=False)
+            out["s"], out["ok"] = time.perf_counter() - t, h.length == prompt_tokens
+            engine.free(h)
+
+        async with anyio.create_task_group() as tg:
+            for q in qs:
+                tg.start_soon(decode, q)
+            tg.start_soon(prompt)
+        engine.end_trace(sink)
+        for q in qs:
+            engine.free(q)
+    steps = [json.loads(line) for line in path.read_text().splitlines()]
+    steps = [e for e in steps if e.get("type") == "step"]
+    alone = [e["dur"] for e in steps if e["calls"] == decodes and e["sampled"] == decodes]
+    mixed = [e["dur"] for e in steps if e["calls"] == decodes + 1]
+    return LongPrefill(
+        decodes=decodes,
+        prompt_tokens=prompt_tokens,
+        chunk_ms=chunk_ms,
+        decode_step_ms=statistics.median(alone) * 1e3 if alone else 0.0,
+        worst_step_ms=max(mixed) * 1e3 if mixed else 0.0,
+        mixed_steps=len(mixed),
+        prefill_s=out.get("s", 0.0),
+        finished=out.get("ok", False),
+    )
+
+
+def tables(adm: Admission, ctx: SharedContext, long: LongPrefill | None = None) -> list[Any]:
     from rich.table import Table
 
     a = Table(title=f"admission: {adm.calls} long decodes, store of {adm.capacity} tokens")
@@ -138,4 +216,27 @@ def tables(adm: Admission, ctx: SharedContext) -> list[Any]:
         f"{ctx.total_ratio:.2f}x",
         f"{ctx.step_s:.2f} s",
     )
-    return [a, c]
+    if long is None:
+        return [a, c]
+    p = Table(
+        title=f"a {long.prompt_tokens}-token prompt arriving during {long.decodes} running decodes"
+    )
+    for col in (
+        "decodes' step",
+        "one chunk alone",
+        "worst step with the prompt",
+        "worst / (step + chunk)",
+        "mixed steps",
+        "prompt done",
+    ):
+        p.add_column(col, justify="right")
+    bound = long.decode_step_ms + long.chunk_ms
+    p.add_row(
+        f"{long.decode_step_ms:.0f} ms",
+        f"{long.chunk_ms:.0f} ms",
+        f"{long.worst_step_ms:.0f} ms",
+        f"{long.worst_step_ms / bound:.2f}" if bound else "-",
+        str(long.mixed_steps),
+        f"{'yes' if long.finished else 'NO'}, {long.prefill_s:.1f} s",
+    )
+    return [a, c, p]

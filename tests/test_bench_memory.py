@@ -22,3 +22,19 @@ async def test_shared_context_reports_view_memory(tiny_dirs):
     assert ctx.store_tokens <= ctx.view_tokens_peak < 2 * ctx.store_tokens
     assert ctx.ratio == ctx.view_tokens_peak / ctx.store_tokens
     assert ctx.total_ratio == pytest.approx(1 + ctx.ratio)
+
+
+async def test_long_prefill_during_decodes_finishes_in_mixed_steps(tiny_dirs):
+    long = await bm.long_prefill(str(tiny_dirs["llama"]), decodes=4, prompt_tokens=1200)
+    assert long.finished
+    assert long.mixed_steps >= 1200 // (512 - 4)  # the prompt rode along with the decodes
+    assert bm.tables(*_placeholders(), long)[-1].row_count == 1
+
+
+def _placeholders():
+    adm = bm.Admission(calls=1, capacity=256, failed=0, differing=0, store_peak=1, wall_s=0.0)
+    ctx = bm.SharedContext(
+        branches=1, voters=1, store_tokens=1, view_tokens_peak=1, ratio=1.0,
+        total_ratio=2.0, step_s=0.0,
+    )  # fmt: skip
+    return adm, ctx
