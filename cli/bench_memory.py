@@ -34,7 +34,7 @@ class Admission(BaseModel):
 class LongPrefill(BaseModel):
     decodes: int
     prompt_tokens: int
-    chunk_ms: float  # one step-sized prefill chunk, alone
+    chunk_ms: float  # the prompt's costliest chunk (512 tokens) when it runs alone
     decode_step_ms: float  # median step of the decodes alone
     worst_step_ms: float  # longest step while the long prompt was being encoded
     mixed_steps: int  # steps that ran decodes and a prefill chunk together
@@ -134,7 +134,6 @@ async def long_prefill(
 ) -> LongPrefill:
     """A long prompt arriving while `decodes` calls decode: each step should carry
     the decodes plus at most one chunk of the prompt (read from the trace's steps)."""
-    import json
     import statistics
     import tempfile
     from pathlib import Path
@@ -147,13 +146,15 @@ async def long_prefill(
         ids = engine.tokenizer.encode(text, add_special_tokens=False)
         while len(ids) < prompt_tokens:
             ids = ids + ids
-        chunk = step_tokens - decodes  # what a step leaves the prompt beside the decodes
-        engine.free(await engine.prefill(ids[:chunk], frame=False))  # warm up
-        t0 = time.perf_counter()
-        engine.free(await engine.prefill(ids[:chunk], frame=False))
-        chunk_ms = (time.perf_counter() - t0) * 1e3
+        engine.free(await engine.prefill(ids[:512], frame=False))  # warm up
+        # the prompt alone: its costliest chunk (the deepest, attending to the most keys)
+        alone_path = Path(tempfile.mkdtemp()) / "alone.jsonl"
+        sink = engine.trace_to(alone_path)
+        engine.free(await engine.prefill(ids[:prompt_tokens], frame=False))
+        engine.end_trace(sink)
+        chunk_ms = max(e["dur"] for e in _steps(alone_path)) * 1e3
         qs = [await engine.prefill(f"Count slowly from {i} upwards.") for i in range(decodes)]
-        path = Path(tempfile.mkdtemp()) / "steps.jsonl"
+        path = alone_path.with_name("steps.jsonl")
         sink = engine.trace_to(path)
         started, out = anyio.Event(), {}
 
@@ -180,8 +181,7 @@ async def long_prefill(
         engine.end_trace(sink)
         for q in qs:
             engine.free(q)
-    steps = [json.loads(line) for line in path.read_text().splitlines()]
-    steps = [e for e in steps if e.get("type") == "step"]
+    steps = _steps(path)
     alone = [e["dur"] for e in steps if e["calls"] == decodes and e["sampled"] == decodes]
     mixed = [e["dur"] for e in steps if e["calls"] == decodes + 1]
     return LongPrefill(
@@ -194,6 +194,14 @@ async def long_prefill(
         prefill_s=out.get("s", 0.0),
         finished=out.get("ok", False),
     )
+
+
+def _steps(path) -> list[dict]:
+    """The `step` events of a trace file."""
+    import json
+
+    events = [json.loads(line) for line in path.read_text().splitlines()]
+    return [e for e in events if e.get("type") == "step"]
 
 
 def tables(adm: Admission, ctx: SharedContext, long: LongPrefill | None = None) -> list[Any]:
@@ -223,7 +231,7 @@ def tables(adm: Admission, ctx: SharedContext, long: LongPrefill | None = None) 
     )
     for col in (
         "decodes' step",
-        "one chunk alone",
+        "worst chunk, prompt alone",
         "worst step with the prompt",
         "worst / (step + chunk)",
         "mixed steps",
