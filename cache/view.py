@@ -160,16 +160,6 @@ class CallView:
             ctx.arena.release(ctx.base, ctx.length)
             ctx.arena = None
 
-    def keys(self, layer: int, n: int) -> tuple[Tensor, Tensor]:
-        """The first n keys and values (Hkv, n, D) of the view, as one tensor each
-        (a slice when contiguous, else the two parts concatenated)."""
-        if self.k_layers is not None:
-            return self.k_layers[layer][:, :n], self.v_layers[layer][:, :n]
-        own = n - self.ctx_len  # >= 0: attention reads the whole context
-        k = torch.cat([self.ctx.k_layers[layer], self.own_k_layers[layer][:, :own]], dim=1)
-        v = torch.cat([self.ctx.v_layers[layer], self.own_v_layers[layer][:, :own]], dim=1)
-        return k, v  # (Hkv, n, D)
-
     def append(self, layer: int, k_rot: Tensor, v: Tensor) -> None:
         """Write t new rotated keys and values (t, Hkv, D) after the current length.
 
