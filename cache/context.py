@@ -41,6 +41,12 @@ class SharedContext:
     def length(self) -> int:
         return self.k.shape[2]
 
+    def free(self) -> None:
+        """Give the arena range back (idempotent); its last reader calls this."""
+        if self.arena is not None:
+            self.arena.release(self.base, self.length)
+            self.arena = None
+
 
 class ContextPool:
     """The live shared contexts of one engine, by (slots, positions)."""
@@ -74,6 +80,4 @@ class ContextPool:
         if self._live.get(ctx.key) is ctx:
             del self._live[ctx.key]
             self.tokens -= ctx.length
-        if ctx.arena is not None:
-            ctx.arena.release(ctx.base, ctx.length)
-            ctx.arena = None
+        ctx.free()

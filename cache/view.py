@@ -139,10 +139,8 @@ class CallView:
         ctx = None
         if n_ctx:
             ctx = SharedContext(key, k[:, :, :n_ctx], v[:, :, :n_ctx], into, base or 0)
-            if pool is not None and key is not None:
+            if key is not None:
                 pool.add(ctx)
-            else:
-                ctx.refs = 1
         own_k, own_v = k[:, :, n_ctx:], v[:, :, n_ctx:]
         return cls(ctx, own_k, own_v, into, (base or 0) + n_ctx, whole=(k, v), pool=pool)
 
@@ -154,11 +152,10 @@ class CallView:
         ctx, self.ctx = self.ctx, None
         if ctx is None:
             return
-        if self.pool is not None and ctx.key is not None:
+        if ctx.key is not None:
             self.pool.release(ctx)
-        elif ctx.arena is not None:  # a context nobody else can find: its range goes now
-            ctx.arena.release(ctx.base, ctx.length)
-            ctx.arena = None
+        else:  # a context built without a pool has this one reader
+            ctx.free()
 
     def append(self, layer: int, k_rot: Tensor, v: Tensor) -> None:
         """Write t new rotated keys and values (t, Hkv, D) after the current length.

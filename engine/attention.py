@@ -77,21 +77,20 @@ class DecodePlan:
         cb = torch.tensor([v.ctx_base for v in views], device=dev)  # (B,)
         cl = torch.tensor([v.ctx_len for v in views], device=dev)  # (B,)
         ob = torch.tensor([v.own_base for v in views], device=dev)  # (B,)
-        n = torch.tensor([v.length + 1 for v in views], device=dev)  # (B,)
+        lengths = [v.length + 1 for v in views]  # context + own + the new token
+        n = torch.tensor(lengths, device=dev)  # (B,)
         # gathered part of each call: own tokens only in a group, else the whole view
-        skip = torch.tensor(
-            [v.ctx_len if i in in_group else 0 for i, v in enumerate(views)], device=dev
-        )
+        skips = [v.ctx_len if i in in_group else 0 for i, v in enumerate(views)]
+        skip = torch.tensor(skips, device=dev)  # (B,)
         m = n - skip  # (B,) gathered keys
-        width = int(m.max())
+        width = max(a - b for a, b in zip(lengths, skips, strict=True))  # no device sync
         ar = torch.arange(width, device=dev)  # (N,)
         j = skip[:, None] + torch.minimum(ar[None, :], m[:, None] - 1)  # (B, N), pads repeat
         idx = torch.where(j < cl[:, None], cb[:, None] + j, ob[:, None] + j - cl[:, None])
         mask = ar[None, :] < m[:, None]
         groups = tuple((views[ix[0]].ctx, torch.tensor(ix, device=dev)) for ix in grouped)
         write = ob + n - cl - 1  # (B,) the new token, after each call's own tokens
-        longest = max(v.length + 1 for v in views)
-        return cls(arena, write, idx.flatten(), mask, width, cb, cl, ob, n, longest, groups)
+        return cls(arena, write, idx.flatten(), mask, width, cb, cl, ob, n, max(lengths), groups)
 
     def append(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write each call's new k, v (B, Hkv, D) into the arena; return the layer's

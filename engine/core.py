@@ -452,8 +452,7 @@ class Core:
             prefix=list(sink),
         )
         self._take_slots([call])
-        none = _long([], self.device)
-        call.view = CallView.gather(self.store, self.rope, none, none, len(sink))
+        call.view = CallView.gather(self.store, self.rope, [], [], len(sink))
         self.own_view_tokens += call.view.capacity  # given back when it finishes
         while not call.done:
             self.step([call], budget=None)

@@ -104,9 +104,9 @@ class ModelRunner:
             return StepSplit(
                 None, None, None, batch.spans, self.attention.plan_prefill(batch.spans)
             )
-        dev = batch.input_ids.device
         if len(ones) == len(batch.spans):
             return StepSplit(plan, None, None, (), None)
+        dev = batch.input_ids.device
         rest = [sp for j, sp in enumerate(batch.spans) if sp.end - sp.start != 1]
         rows, spans, t = [], [], 0
         for sp in rest:  # prefill spans, renumbered over their own rows
