@@ -8,6 +8,7 @@ from corps.cache.errors import (
     PositionError,
     StoreTooSmall,
     UnknownHandle,
+    ViewsFull,
 )
 from corps.cache.handle import Handle
 from corps.cache.visibility import (
@@ -35,4 +36,5 @@ __all__ = [
     "Shared",
     "StoreTooSmall",
     "UnknownHandle",
+    "ViewsFull",
 ]

@@ -3,8 +3,9 @@
 Views of calls live side by side in one (L, Hkv, A, D) tensor, so a decode step
 over many calls can append all their new keys with one `index_copy_` and read
 all their contexts with one `index_select` per layer, instead of a dozen small
-ops per call. Ranges are handed out first-fit; a call that does not fit gets a
-standalone view and takes the per-call path.
+ops per call. Ranges are handed out first-fit; a call whose view does not fit
+waits (`ViewsFull`) until running calls give theirs back: the arena is part of
+the engine's memory budget, and views never spill outside it.
 """
 
 from __future__ import annotations

@@ -24,6 +24,10 @@ class StoreTooSmall(CacheFullError):
     """A call needs more slots than the whole store has: it could never run."""
 
 
+class ViewsFull(CacheFullError):
+    """The view arena has no room for a call's view now (running calls hold it)."""
+
+
 class UnknownHandle(InvalidRequest):
     """A handle that names no live message of this engine (freed, or from another engine)."""
 

@@ -49,6 +49,12 @@ class KVStore:
         return 2 * num_layers * num_kv_heads * head_dim * torch.finfo(dtype).bits // 8
 
     @property
+    def bytes_per_slot(self) -> int:
+        """Bytes of K and V one slot holds, over all layers."""
+        layers, _, heads, dim = self.k.shape
+        return self.bytes_per_token(layers, heads, dim, self.k.dtype)
+
+    @property
     def free_slots(self) -> int:
         return len(self._free)
 

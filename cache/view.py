@@ -29,6 +29,7 @@ from torch import Tensor
 
 from corps.cache.arena import ViewArena
 from corps.cache.context import ContextPool, SharedContext
+from corps.cache.errors import ViewsFull
 from corps.cache.kv import KVStore
 from corps.cache.rope import RopeTables
 
@@ -104,9 +105,10 @@ class CallView:
         """View of `slots` (C,) placed at `positions` (C,), with room for `extra` new tokens.
 
         With a `pool`, a live context with the same slots and positions is shared
-        instead of rebuilt. Parts are carved from `arena` when it has room, else
-        standalone. `fill(store_k, store_v, slots, positions, cos, sin, out_k, out_v)`
-        does the gather when given (an attention backend's kernel); else plain torch.
+        instead of rebuilt. Parts are carved from `arena` (ViewsFull when it has no
+        room: views never spill outside it); without an arena they are standalone.
+        `fill(store_k, store_v, slots, positions, cos, sin, out_k, out_v)` does the
+        gather when given (an attention backend's kernel); else plain torch.
         """
         key = None
         if pool is not None and len(slots):  # lists name the context without a device read
@@ -175,9 +177,16 @@ class CallView:
 
 
 def _carve(store: KVStore, arena: ViewArena | None, n: int) -> tuple[Tensor, Tensor, int | None]:
-    """(L, Hkv, n, D) K and V: an arena range (and its start) if one is free, else new."""
-    base = arena.alloc(n) if arena is not None else None
-    if base is not None:
+    """(L, Hkv, n, D) K and V: an arena range and its start, or ViewsFull; new tensors
+    when there is no arena."""
+    if arena is not None:
+        base = arena.alloc(n)
+        if base is None:
+            raise ViewsFull(
+                f"the view arena has no free range of {n} tokens ({arena.free_tokens} free of "
+                f"{arena.capacity}); the call waits for running calls to finish, or open the "
+                f"engine with a larger memory_budget"
+            )
         return arena.k[:, :, base : base + n], arena.v[:, :, base : base + n], base
     layers, _, heads, dim = store.k.shape
     shape = (layers, heads, n, dim)

@@ -287,7 +287,8 @@ class TritonAttention(SdpaAttention):
 class FlexAttention(SdpaAttention):
     """Prefill with FlexAttention: all of a step's rows in one launch over the view
     arena, under a block mask built once per step. Steps whose views are not all in
-    the arena (a view that did not fit is standalone) use the torch reference."""
+    the arena (views built without one, as the attention sink's) use the torch
+    reference."""
 
     name = "flex"
 

@@ -73,6 +73,7 @@ class Core:
         model_path: Path,
         mode: str = "choreographed",
         capacity: int = 32768,
+        view_capacity: int | None = None,
         precision: str | None = None,
     ) -> None:
         if mode not in MODES:
@@ -94,9 +95,10 @@ class Core:
         )
         self.device = weights.device
         self.store = KVStore(**dims)
-        # Room for the views of in-flight calls (their context + new tokens); a call that
-        # does not fit gets a standalone view. Sized like the store.
-        self.arena = ViewArena(**dims)
+        # Room for the views of in-flight calls (each context once + their new tokens).
+        # Views never spill outside it: a call that does not fit waits (ViewsFull). Sized
+        # like the store by default, so any call that fits the store fits it alone.
+        self.arena = ViewArena(**{**dims, "capacity": view_capacity or capacity})
         # Rotated contexts, each held once for every concurrent call that reads it.
         self.contexts = ContextPool()
         self.runner = ModelRunner(weights, self.store, select_backend(weights.device))
@@ -155,7 +157,13 @@ class Core:
             while True:
                 for i in list(waiting):  # baseline may hold a call until a shared prefix is in
                     req, want = requests[i]
-                    calls[i] = self.admit(req, want_logits=want, hold=True)
+                    try:
+                        calls[i] = self.admit(req, want_logits=want, hold=True)
+                    except CacheFullError as exc:  # wait while running calls may give room
+                        running = any(c is not None and not c.done for c in calls)
+                        if isinstance(exc, StoreTooSmall) or not running:
+                            raise
+                        break  # first come, first served: the rest wait behind it
                     if calls[i] is not None:
                         waiting.remove(i)
                 active = [c for c in calls if c is not None and not c.done]
@@ -196,7 +204,7 @@ class Core:
             call = self.planner.prefill(request)
         call.want_logits = want_logits
         if self.mode != "choreographed" and not call.is_decode and not want_logits:
-            call.done = True  # baseline / hf prefill stores text only
+            call.done = call.text_only = True  # baseline / hf prefill stores text only
             return call
         if self.mode == "hf":
             return call  # run by transformers generate: no slots, no view
@@ -219,7 +227,8 @@ class Core:
         except BaseException:
             self.abort(call)
             raise
-        self.tokens_reused += len(call.ctx_slots)
+        call.reused = len(call.ctx_slots)
+        self.tokens_reused += call.reused
         with self._mutex:
             self.own_view_tokens += call.view.capacity
             self.view_tokens_peak = max(self.view_tokens_peak, self.view_tokens)
@@ -276,6 +285,9 @@ class Core:
         for (c, start, n), k in zip(plan, rows, strict=True):
             self._advance(c, start, n, logits[r : r + k], out)
             r += k
+            if c.done:  # its view and unused reservations go now, for waiting calls
+                self._drop_view(c)
+                self._release_spare(c)
         return out
 
     def _forward(self, plan: list[tuple[Call, int, int]]) -> tuple[Tensor, list[int]]:
@@ -366,11 +378,12 @@ class Core:
     def _check_fits(self, c: Call) -> None:
         """StoreTooSmall if the call could not run even in an otherwise empty store."""
         prompt = len(c.prefix) if self.mode != "choreographed" else len(c.ctx_slots) + len(c.feed)
-        need = prompt + _generated_max(c)
-        if need > self.store.capacity:
+        need = prompt + _generated_max(c)  # store slots, and view tokens alike
+        room, where = min((self.store.capacity, "store"), (self.arena.capacity, "view arena"))
+        if need > room:
             raise StoreTooSmall(
                 f"this {c.kind} call needs {need} token slots (prompt {prompt} + up to "
-                f"{need - prompt} generated) but the whole store has {self.store.capacity}; "
+                f"{need - prompt} generated) but the whole {where} has {room}; "
                 f"lower max_tokens or open the engine with a larger capacity / memory_budget"
             )
 
@@ -427,6 +440,8 @@ class Core:
             prefix_shared_in_batch=self.tokens_shared_in_batch,
             view_tokens=self.view_tokens,
             view_tokens_peak=self.view_tokens_peak,
+            view_capacity=self.arena.capacity,
+            kv_bytes=(self.store.capacity + self.arena.capacity) * self.store.bytes_per_slot,
         )
 
     # ---- planning ----
@@ -577,7 +592,7 @@ class Core:
         return c.prefix[len(c.prefix) - c.own :]
 
     def _finish_prefill(self, c: Call) -> Handle:
-        if c.view is None:  # baseline / hf prefill: text only
+        if c.text_only:  # baseline / hf prefill
             return self._register(c, self._own(c), [])
         if self.radix is not None:
             self._cache_prefix(c, c.prefix)
@@ -630,7 +645,7 @@ class Core:
         )
         msg = self.table.get(mid)
         msg.extra["tokens_encoded"] = c.encoded
-        msg.extra["tokens_reused"] = len(c.ctx_slots) if c.view is not None else 0
+        msg.extra["tokens_reused"] = c.reused
         if c.is_decode:
             msg.extra["generated_from"] = c.own
             msg.extra["generated"] = len(c.generated)

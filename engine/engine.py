@@ -39,8 +39,8 @@ DTYPES = {
     "mixed": torch.float32,
 }
 MULTI_ROW = {"mixed": torch.bfloat16}
-#: Default KV store budget when no capacity is given.
-DEFAULT_MEMORY_BUDGET = 1 << 30
+#: Default KV memory (the store and the view arena together) when no capacity is given.
+DEFAULT_MEMORY_BUDGET = 2 << 30
 #: The default budget never buys more slots than this: a tiny model would otherwise
 #: get millions of slots (and their bookkeeping) it has no use for.
 DEFAULT_MAX_CAPACITY = 1 << 17
@@ -111,9 +111,11 @@ class Engine:
     ) -> Engine:
         """Load synchronously (blocks); start it with `async with engine:`.
 
-        The KV store holds `capacity` tokens; without it, as many as `memory_budget`
-        bytes buy (default 1 GiB, capped at DEFAULT_MAX_CAPACITY slots). The memory is
-        given back when the engine closes.
+        The KV store holds `capacity` tokens, and the view arena (calls' rotated
+        contexts, each shared context once) as many. Without `capacity`, the two
+        together take at most `memory_budget` bytes (default 2 GiB, capped at
+        DEFAULT_MAX_CAPACITY store slots); `stats().kv_bytes` says what was taken.
+        The memory is given back when the engine closes.
 
         `dtype`: float32 (default, exact against transformers), bfloat16, float16, or
         "mixed" (float32, but products of more than one row run in bfloat16: fast on
@@ -142,11 +144,20 @@ class Engine:
             per_token = KVStore.bytes_per_token(
                 spec.num_layers, spec.num_kv_heads, spec.head_dim, torch_dtype
             )
-            if memory_budget is None:  # default: 1 GiB, at most DEFAULT_MAX_CAPACITY slots
-                capacity = min(DEFAULT_MAX_CAPACITY, DEFAULT_MEMORY_BUDGET // per_token)
+            # the budget buys the store and a view arena of the same size: every token
+            # slot costs twice (`stats().kv_bytes` is what it bought, never more)
+            if memory_budget is None:  # default: 2 GiB, at most DEFAULT_MAX_CAPACITY slots
+                capacity = max(
+                    1024, min(DEFAULT_MAX_CAPACITY, DEFAULT_MEMORY_BUDGET // per_token // 2)
+                )
             else:
-                capacity = memory_budget // per_token
-            capacity = max(1024, capacity)
+                capacity = memory_budget // per_token // 2
+                if capacity < 256:
+                    raise InvalidRequest(
+                        f"memory_budget={memory_budget} bytes buys {capacity} token slots "
+                        f"(store and views, {2 * per_token} bytes per slot); give at least "
+                        f"{256 * 2 * per_token}"
+                    )
         from transformers import AutoTokenizer
 
         weights = load_weights(

@@ -60,6 +60,8 @@ class Call:
     view: CallView | None = None
     generator: torch.Generator | None = None
     want_logits: bool = False
+    text_only: bool = False  # baseline / hf prefill: stores its text, runs nothing
+    reused: int = 0  # context tokens read from the store, not encoded (0 without a view)
     fed: int = 0  # feed tokens encoded so far
     encoded: int = 0  # tokens this call ran through the model (feed + generated)
     pending: int | None = None  # sampled token not yet encoded

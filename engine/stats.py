@@ -28,6 +28,8 @@ class EngineStats:
     records: int = 0  # message records held, freed ones still referenced included
     view_tokens: int = 0  # tokens held in running calls' rotated views (beside the store)
     view_tokens_peak: int = 0
+    view_capacity: int = 0  # tokens the view arena holds (views never spill outside it)
+    kv_bytes: int = 0  # store + view arena: all the KV memory the engine can use
 
     @property
     def prefix_hit_rate(self) -> float:

@@ -62,7 +62,7 @@ def end_events(rec: Recorder, table: MessageTable, job: Job) -> list[BaseModel]:
                 offsets=list(call.parent_offsets),
                 new_offset=call.offset,
                 encoded=call.encoded,
-                reused=len(call.ctx_slots) if call.view is not None else 0,
+                reused=call.reused,
                 generated=len(call.generated),
             )
         )

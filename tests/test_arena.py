@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from corps.cache.arena import ViewArena
@@ -41,7 +41,7 @@ def test_ranges_never_overlap_and_free_space_is_exact(ops):
     assert a._free == [(0, 64)]  # everything merged back
 
 
-def test_calls_that_do_not_fit_fall_back_and_agree(tiny_dirs):
+def test_calls_that_do_not_fit_the_arena_wait_for_it_and_agree(tiny_dirs):
     reqs = None
     outputs = []
     for capacity in (4096, 40):  # the small arena holds some views, not all
@@ -80,3 +80,87 @@ def test_a_failed_gather_gives_its_arena_range_back():
     with pytest.raises(RuntimeError):
         CallView.gather(store, Broken(), slots, slots, 4, arena)
     assert arena.alloc(16) == 0  # the whole arena is free again
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("admit"), st.integers(0, 7), st.booleans(), st.integers(1, 8)),
+            st.tuples(st.just("admit"), st.integers(0, 7), st.booleans(), st.integers(1, 8)),
+            st.tuples(st.just("step"), st.integers(1, 64), st.integers(1, 24)),
+            st.tuples(st.just("cancel"), st.integers(0, 15)),
+            st.tuples(st.just("finish")),
+            st.tuples(st.just("finish")),
+            st.tuples(st.just("free"), st.integers(0, 15)),
+        ),
+        min_size=8,
+        max_size=60,
+    )
+)
+def test_budget_holds_under_random_admissions_steps_cancels_and_frees(tiny_dirs, ops):
+    """A model of the budget: the store holds exactly the live messages plus what every
+    running call reserved up front (its feed, and every token it may generate); every
+    view token sits in the arena (nothing spills); a call refused for memory changes
+    nothing; and once all is cancelled and freed, nothing has leaked."""
+    from corps.cache.errors import CacheFullError
+
+    from helpers import check_invariants
+
+    engine = open_tiny(tiny_dirs, "llama", capacity=96)
+    core = engine._core
+    roots = [core.prefill_many([PrefillRequest(t)])[0][0] for t in ("hello world", "the fox")]
+    messages, running = list(roots), []
+
+    def check() -> None:
+        live = sum(len(m.slots) for m in core.table.all() if not m.freed or m.pins)
+        held = sum(len(c.slots) + len(c.spare) for c in running)
+        assert core.store.used_slots == live + held
+        for c in running:
+            if not c.done:  # reserved up front: never runs out mid-generation
+                assert len(c.slots) + len(c.spare) == len(c.feed) + c.sampling.max_tokens + len(
+                    c.footer
+                )
+        arena = core.arena
+        assert arena.capacity - arena.free_tokens == core.view_tokens <= arena.capacity
+
+    for op in ops:
+        if op[0] == "admit":
+            parents = [h for i, h in enumerate(roots + messages[2:]) if op[1] >> (i % 3) & 1]
+            parents = [p for p in dict.fromkeys(parents) if not core.table.get(p.id).freed]
+            offsets = None if op[2] else [3 * i for i in range(len(parents))]
+            req = DecodeRequest(
+                parents=parents[:3],
+                offsets=offsets[:3] if offsets else None,
+                sampling=SamplingParams(max_tokens=op[3], ignore_eos=True),
+            )
+            before = (core.store.used_slots, core.arena.free_tokens, core.view_tokens)
+            try:
+                running.append(core.admit(req))
+            except CacheFullError:
+                assert (core.store.used_slots, core.arena.free_tokens, core.view_tokens) == before
+        elif op[0] == "step":
+            for _ in range(op[2]):
+                live = [c for c in running if not c.done]
+                if live:
+                    assert not core.step(live, budget=op[1]).failed
+                    check()  # done calls hold no view or spare slots, before finish too
+        elif op[0] == "cancel" and running:
+            c = running.pop(op[1] % len(running))
+            core.abort(c)
+        elif op[0] == "finish":
+            messages += [core.finish(c) for c in running if c.done]
+            running = [c for c in running if not c.done]
+        elif op[0] == "free" and len(messages) > 2:
+            h = messages[2 + op[1] % (len(messages) - 2)]
+            if not core.table.get(h.id).freed:
+                core.free(h)
+        check()
+    for c in running:
+        core.abort(c)
+    for h in messages:
+        if not core.table.get(h.id).freed:
+            core.free(h)
+    check_invariants(engine)

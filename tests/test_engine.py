@@ -306,8 +306,11 @@ async def test_default_capacity_is_capped_and_memory_goes_back_on_close(tiny_dir
     assert (1 << 30) // per_token > DEFAULT_MAX_CAPACITY  # the cap matters for this model
     engine = Engine.load(str(tiny_dirs["llama"]))
     assert engine.stats().capacity == DEFAULT_MAX_CAPACITY
-    budget = 4096 * per_token  # an explicit budget is honoured, cap or not
-    assert Engine.load(str(tiny_dirs["llama"]), memory_budget=budget).stats().capacity == 4096
+    budget = 4096 * per_token  # an explicit budget is honoured, cap or not: store + views
+    stats = Engine.load(str(tiny_dirs["llama"]), memory_budget=budget).stats()
+    assert stats.capacity == stats.view_capacity == 2048 and stats.kv_bytes == budget
+    with pytest.raises(InvalidRequest, match="memory_budget"):
+        Engine.load(str(tiny_dirs["llama"]), memory_budget=100 * per_token)
     async with engine:
         h = await engine.prefill("kept in the store", role="user")
         assert engine.stats().tokens_used == h.length
