@@ -23,6 +23,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from corps.cli.run import DEFAULT_DTYPE
+
 VOTE = "Vote for the best approach above, by its number."
 SOLVE = "Now solve the problem, following the approach with the most votes."
 PROPOSAL_TOKENS, VOTE_TOKENS, SOLVE_TOKENS = 48, 16, 48
@@ -111,7 +113,7 @@ async def measure(
     runs: int = 2,
     warmup: int = 1,
     threads: int = 2,
-    dtype: str = "float32",
+    dtype: str = DEFAULT_DTYPE,
 ) -> list[Cell]:
     from transformers import AutoTokenizer
 
@@ -146,7 +148,7 @@ async def measure(
     return out
 
 
-def table(cells: list[Cell], dtype: str = "float32") -> Any:
+def table(cells: list[Cell], dtype: str = DEFAULT_DTYPE) -> Any:
     from rich.table import Table
 
     t = Table(

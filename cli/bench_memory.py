@@ -3,7 +3,9 @@
 - admission: many concurrent long decodes on a store too small for all of them
   (each caller frees its message when done). Counts calls that failed (target
   0) and calls whose tokens differ from the same call run alone (greedy,
-  target 0), with the peak store use.
+  target 0), with the peak store use. It runs in float32 by default: under
+  "mixed" a product's kernel (float16 or bfloat16) follows the step's row count,
+  so a batched call may differ from itself alone by 16-bit rounding.
 - shared context: the tree-of-thoughts shape, `voters` calls each attending to
   `branches` messages of `branch_tokens` tokens. Reports the peak tokens held in
   the calls' rotated views against the store tokens those messages need (the
@@ -53,11 +55,17 @@ class SharedContext(BaseModel):
 
 
 async def admission(
-    model: str, *, calls: int = 64, max_tokens: int = 96, capacity: int = 2048, prompts: int = 4
+    model: str,
+    *,
+    calls: int = 64,
+    max_tokens: int = 96,
+    capacity: int = 2048,
+    prompts: int = 4,
+    dtype: str = "float32",
 ) -> Admission:
     from corps.engine.engine import Engine
 
-    async with Engine.open(model, capacity=capacity) as engine:
+    async with Engine.open(model, capacity=capacity, dtype=dtype) as engine:
         qs = [await engine.prefill(f"Count slowly from {i} upwards.") for i in range(prompts)]
         alone = []
         for q in qs:
@@ -95,11 +103,16 @@ async def admission(
 
 
 async def shared_context(
-    model: str, *, branches: int = 16, voters: int = 16, branch_tokens: int = 256
+    model: str,
+    *,
+    branches: int = 16,
+    voters: int = 16,
+    branch_tokens: int = 256,
+    dtype: str = "float32",
 ) -> SharedContext:
     from corps.engine.engine import Engine
 
-    async with Engine.open(model) as engine:
+    async with Engine.open(model, dtype=dtype) as engine:
         text = " ".join(DOCUMENT_PARAGRAPHS)
         ids = engine.tokenizer.encode(text, add_special_tokens=False)
         while len(ids) < branch_tokens:
@@ -130,7 +143,12 @@ async def shared_context(
 
 
 async def long_prefill(
-    model: str, *, decodes: int = 16, prompt_tokens: int = 4096, max_tokens: int = 96
+    model: str,
+    *,
+    decodes: int = 16,
+    prompt_tokens: int = 4096,
+    max_tokens: int = 96,
+    dtype: str = "float32",
 ) -> LongPrefill:
     """A long prompt arriving while `decodes` calls decode: each step should carry
     the decodes plus at most one chunk of the prompt (read from the trace's steps)."""
@@ -141,7 +159,7 @@ async def long_prefill(
     from corps.engine.engine import Engine
 
     step_tokens = 512
-    async with Engine.open(model, step_tokens=step_tokens) as engine:
+    async with Engine.open(model, step_tokens=step_tokens, dtype=dtype) as engine:
         text = " ".join(DOCUMENT_PARAGRAPHS)
         ids = engine.tokenizer.encode(text, add_special_tokens=False)
         while len(ids) < prompt_tokens:

@@ -34,6 +34,7 @@ from pydantic import BaseModel
 
 from corps.agents import Agent, AgentError, Runtime
 from corps.cache.errors import CacheFullError, InvalidRequest, PositionError, UnknownHandle
+from corps.cli.run import DEFAULT_DTYPE
 from corps.patterns.samples import DOCUMENT_PARAGRAPHS
 
 #: The workflow mix: built-in patterns at small settings.
@@ -200,7 +201,7 @@ async def soak(
     seed: int = 0,
     deadline_s: float = 300.0,
     capacity: int | None = None,
-    dtype: str = "float32",
+    dtype: str = DEFAULT_DTYPE,
     progress: Callable[[int], None] | None = None,
 ) -> SoakReport:
     """Run the soak; `progress(n)` is called after each of the n workflows ends."""

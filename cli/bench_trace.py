@@ -20,6 +20,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from corps.cli.bench_workflow import Ratio, bootstrap
+from corps.cli.run import DEFAULT_DTYPE
 
 
 class TraceCost(BaseModel):
@@ -63,7 +64,7 @@ async def measure(
     model: str,
     runs: int = 5,
     warmup: int = 1,
-    dtype: str = "float32",
+    dtype: str = DEFAULT_DTYPE,
     live: bool = False,
 ) -> TraceCost:
     from corps.agents import Runtime

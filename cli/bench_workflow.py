@@ -20,6 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from corps.cli.run import DEFAULT_DTYPE
 from corps.patterns.replay import Replay
 from corps.patterns.result import PatternResult
 
@@ -117,7 +118,7 @@ async def measure(
     impls: tuple[str, ...] = IMPLS,
     runs: int = 3,
     warmup: int = 1,
-    dtype: str = "float32",
+    dtype: str = DEFAULT_DTYPE,
     questions: list[str] | None = None,
 ) -> Report:
     """Open one engine per implementation, warm up, then interleave `runs` runs.

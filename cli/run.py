@@ -27,6 +27,7 @@ from corps.patterns.result import PatternResult
 out = Console()
 MODES = ("choreographed", "baseline", "hf")  # corps.engine.core.MODES (not imported: torch)
 DTYPES = ("float32", "bfloat16", "float16", "mixed")  # corps.engine.engine.DTYPES (likewise)
+DEFAULT_DTYPE = "mixed"  # corps.engine.engine.DEFAULT_DTYPE (likewise)
 err = Console(stderr=True)
 
 
@@ -75,7 +76,9 @@ def run(
     ] = None,
     concurrency: Annotated[int, typer.Option(min=1, help="Runs at a time with --inputs.")] = 4,
     leak_policy: Annotated[str, typer.Option(help="allow, warn, deny or reencode.")] = "warn",
-    dtype: Annotated[str, typer.Option(help="float32, bfloat16 or float16.")] = "float32",
+    dtype: Annotated[
+        str, typer.Option(help="mixed (default), float32, bfloat16 or float16.")
+    ] = DEFAULT_DTYPE,
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
     trace: Annotated[
         Path | None,

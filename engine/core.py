@@ -442,6 +442,7 @@ class Core:
             view_tokens_peak=self.view_tokens_peak,
             view_capacity=self.arena.capacity,
             kv_bytes=(self.store.capacity + self.arena.capacity) * self.store.bytes_per_slot,
+            weight_bytes=self.runner.w.nbytes,
         )
 
     # ---- planning ----

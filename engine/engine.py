@@ -31,14 +31,17 @@ from corps.engine.tracing import end_events, queued_event
 from corps.engine.weights import load_weights, read_spec
 
 #: dtype name -> the dtype of weights, activations and the KV store. "mixed" is float32
-#: except products of more than one row, which run in bfloat16 (`corps.engine.linear`).
+#: except the projections' weights: float16 for one or two rows, bfloat16 for more
+#: (`corps.engine.linear`).
 DTYPES = {
     "float32": torch.float32,
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
     "mixed": torch.float32,
 }
-MULTI_ROW = {"mixed": torch.bfloat16}
+#: The default dtype: 2-3x float32's decode speed, within 16-bit rounding of it
+#: (README, "Precision"); float32 is the exact one.
+DEFAULT_DTYPE = "mixed"
 #: Default KV memory (the store and the view arena together) when no capacity is given.
 DEFAULT_MEMORY_BUDGET = 2 << 30
 #: The default budget never buys more slots than this: a tiny model would otherwise
@@ -98,7 +101,7 @@ class Engine:
         *,
         mode: str = "choreographed",
         device: str = "cpu",
-        dtype: str = "float32",
+        dtype: str = DEFAULT_DTYPE,
         capacity: int | None = None,
         memory_budget: int | None = None,
         queue_size: int = 256,
@@ -160,9 +163,7 @@ class Engine:
                     )
         from transformers import AutoTokenizer
 
-        weights = load_weights(
-            path, dtype=torch_dtype, device=device, multi_row=MULTI_ROW.get(dtype)
-        )
+        weights = load_weights(path, dtype=torch_dtype, device=device, mixed=dtype == "mixed")
         tokenizer = AutoTokenizer.from_pretrained(str(path))
         if mode == "hf":  # reference: transformers generate, one call at a time
             from transformers import AutoModelForCausalLM

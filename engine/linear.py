@@ -1,7 +1,7 @@
 """A projection y = x W^T + b whose weight layout follows the fastest CPU kernel.
 
-Measured on this project's CPU machine (MKL, AVX2, 2 threads, SmolLM2-135M,
-every projection of one forward step, best of 5):
+float32 (the default precision, exact against transformers). Measured on an AVX2
+CPU (MKL, 2 threads, SmolLM2-135M, every projection of one forward step, best of 5):
 
     rows      1     2     3     4     8    16    64   512   (ms per step)
     x @ W^T  16.9  25.5  27.7  31.0  42.9  50.7  75.4  472   (W^T stored)
@@ -10,24 +10,28 @@ every projection of one forward step, best of 5):
 
 One row (a lone decode) goes through the transposed copy; any other count
 through `F.linear`, never worse than 10% off the best and 2.3x faster than
-`(W x^T)^T` (used before) on the 2-3 row steps of small parallel workflows.
-So float32 CPU weights are kept in both layouts (twice the weight memory);
-other dtypes and devices use `F.linear` (bfloat16 gemm on AVX2 is 20x slower
-transposed).
+`(W x^T)^T` on the 2-3 row steps of small parallel workflows. So float32 CPU
+weights are kept in both layouts (twice the weight memory); bfloat16 and float16
+use `F.linear` alone (a bfloat16 gemm on AVX2 is 20x slower transposed).
 
-Mixed precision (`Engine.open(dtype="mixed")`): on CPUs with bfloat16 matrix units
-(AMX, AVX512-BF16) a multi-row bfloat16 gemm costs what one row does, while float32
-multi-row products cost 2-3x one row. Measured on such a CPU (2 threads, all the
-projections of one SmolLM2-135M step, ms):
+Mixed precision (`Engine.open(dtype="mixed")`): 16-bit weights, float32 everything
+else (activations, norms, attention, the KV store). Each product picks its kernel by
+row count. Measured on an AVX-512 / AVX512-BF16 CPU without AMX (2 threads, all
+projections of one step, ms, casts in and out included):
 
-    rows              1     2     4     8    16    64
-    x @ W^T (fp32)  17.1  26.1  33.0  47.3  53.6  89.4
-    F.linear bf16   20.6  22.1  21.7  22.5  24.2  30.8
+    rows                 1     2     3     4     8    16
+    x @ W^T (float32)  32.4  48.2   -   70.8    -   79.1
+    F.linear float16   11.1  20.9  22.6  29.1  82.5  123
+    F.linear bfloat16  23.2  22.4  20.1  21.5  34.4  31.3
 
-So "mixed" keeps the float32 W^T for single rows (a lone decode stays exact
-float32) and a bfloat16 W for every other row count, cast in and out of it; the
-rest of the model (norms, attention, the KV store) stays float32. Weight memory:
-1.5x float32 instead of 2x.
+A float16 product of one or two rows reads half the bytes of float32 and
+accumulates in float32 (torch's reduced-precision gemv), so a lone decode runs at
+nearly 3x float32; from three rows on, the bfloat16 gemm is the fastest. So "mixed"
+keeps W twice, in float16 (<= FEW_ROWS rows) and bfloat16 (more): 4 bytes per
+weight, half of float32's two layouts. Float16 keeps 3 more mantissa bits than
+bfloat16; its range (65504) is far above this model family's activations.
+On a CPU without bfloat16 units (AVX2 only: there a bfloat16 gemm is several
+times slower than float32) the multi-row copy stays float32 (6 bytes per weight).
 """
 
 from __future__ import annotations
@@ -38,28 +42,52 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+#: In mixed precision, products of at most this many rows use the float16 weights.
+FEW_ROWS = 2
+
 
 @dataclass(frozen=True)
 class Linear:
     w: Tensor  # (N, K), for multi-row products; bfloat16 in mixed precision
     b: Tensor | None = None  # (N,), in the model's dtype
-    wt: Tensor | None = None  # (K, N), contiguous; single rows, only where it is faster
+    wt: Tensor | None = None  # (K, N), contiguous; float32 single rows, only where faster
+    few: Tensor | None = None  # (N, K) float16, for products of <= FEW_ROWS rows (mixed)
 
     @classmethod
-    def of(cls, w: Tensor, b: Tensor | None = None, multi_row: torch.dtype | None = None) -> Linear:
-        """`multi_row`: keep W in this dtype for products of more than one row."""
+    def of(cls, w: Tensor, b: Tensor | None = None, *, mixed: bool = False) -> Linear:
+        """`mixed`: keep W in float16 for few rows, and in bfloat16 for more where the
+        device has fast bfloat16 gemms (else in w's dtype), instead of w's layouts."""
+        if mixed:
+            many = w.to(torch.bfloat16) if fast_bfloat16(w.device) else w
+            return cls(many, b, None, w.to(torch.float16))
         dual = w.device.type == "cpu" and w.dtype == torch.float32
-        wt = w.t().contiguous() if dual else None
-        if multi_row is not None and multi_row != w.dtype:
-            w = w.to(multi_row)
-        return cls(w, b, wt)
+        return cls(w, b, w.t().contiguous() if dual else None)
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes held by this projection's weight layouts (not its bias)."""
+        return sum(
+            t.numel() * t.element_size() for t in (self.w, self.wt, self.few) if t is not None
+        )
 
     def __call__(self, x: Tensor) -> Tensor:
         """x (M, K) -> (M, N), contiguous, in x's dtype."""
-        if self.wt is not None and x.shape[0] == 1:
+        rows = x.shape[0]
+        if self.wt is not None and rows == 1:
             y = x @ self.wt  # (1, N)
-        elif self.w.dtype != x.dtype:  # mixed precision: a bfloat16 gemm, cast in and out
+        elif self.few is not None and rows <= FEW_ROWS:  # mixed: float16 gemv
+            y = F.linear(x.to(self.few.dtype), self.few).to(x.dtype)  # (M, N)
+        elif self.w.dtype != x.dtype:  # mixed: a bfloat16 gemm, cast in and out
             y = F.linear(x.to(self.w.dtype), self.w).to(x.dtype)  # (M, N)
         else:
             return F.linear(x, self.w, self.b)  # (M, N)
         return y if self.b is None else y + self.b
+
+
+def fast_bfloat16(device: torch.device) -> bool:
+    """Whether bfloat16 gemms beat float32 ones here: GPUs, and CPUs with AVX512-BF16
+    or AMX (torch.cpu's probes; False if this torch lacks them)."""
+    if device.type != "cpu":
+        return True
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(torch.cpu, p, lambda: False)() for p in probes)

@@ -30,6 +30,7 @@ class EngineStats:
     view_tokens_peak: int = 0
     view_capacity: int = 0  # tokens the view arena holds (views never spill outside it)
     kv_bytes: int = 0  # store + view arena: all the KV memory the engine can use
+    weight_bytes: int = 0  # the model's weights as held (float32 keeps projections twice)
 
     @property
     def prefix_hit_rate(self) -> float:

@@ -46,6 +46,20 @@ class Weights:
     def device(self) -> torch.device:
         return self.embed.device
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of every weight held, each projection's layouts included (the
+        embedding once when the head is tied to it)."""
+        norms = [self.final_norm] + [
+            n for lw in self.layers for n in (lw.input_norm, lw.post_norm, lw.q_norm, lw.k_norm)
+        ]
+        projs = [p for lw in self.layers for p in (lw.qkv, lw.o, lw.gate_up, lw.down)]
+        small = norms + [p.b for p in projs]
+        total = sum(p.weight_bytes for p in [*projs, self.lm_head])
+        if self.lm_head.w is not self.embed:  # not the tied head's own weight
+            small.append(self.embed)
+        return total + sum(t.numel() * t.element_size() for t in small if t is not None)
+
 
 def read_spec(path: str | Path) -> ModelSpec:
     """Read and check a model's config without loading its weights."""
@@ -66,19 +80,19 @@ def load_weights(
     *,
     dtype: torch.dtype,
     device: str | torch.device,
-    multi_row: torch.dtype | None = None,
+    mixed: bool = False,
 ) -> Weights:
     """Load an HF checkpoint with transformers and keep its tensors in our fused layout.
 
-    `multi_row` (mixed precision): projections of more than one row use weights of
-    this dtype (see `corps.engine.linear`)."""
+    `mixed`: projections keep 16-bit weights and pick float16 or bfloat16 by row
+    count (see `corps.engine.linear`); everything else stays in `dtype`."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     spec = read_spec(path)
     hf_logging.disable_progress_bar()
     hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
-    return weights_from_hf(hf, spec, device=device, multi_row=multi_row)
+    return weights_from_hf(hf, spec, device=device, mixed=mixed)
 
 
 def weights_from_hf(
@@ -86,7 +100,7 @@ def weights_from_hf(
     spec: ModelSpec,
     *,
     device: str | torch.device = "cpu",
-    multi_row: torch.dtype | None = None,
+    mixed: bool = False,
 ) -> Weights:
     """Take the tensors of a loaded HF Llama-family model (hf: PreTrainedModel)."""
     inner = getattr(hf, "model", None)
@@ -97,7 +111,7 @@ def weights_from_hf(
         return x.detach().to(device).contiguous()
 
     def lin(w: Tensor, b: Tensor | None = None) -> Linear:
-        return Linear.of(w, b, multi_row)
+        return Linear.of(w, b, mixed=mixed)
 
     layers = []
     for layer in inner.layers:

@@ -54,7 +54,10 @@ def tiny_hf(tiny_dirs):
 
 
 def open_tiny(tiny_dirs, name: str = "llama", **kwargs) -> Engine:
+    """An engine on a tiny model: float32 unless asked (exact against transformers;
+    the default dtype, mixed, is within 16-bit rounding)."""
     kwargs.setdefault("capacity", 4096)
+    kwargs.setdefault("dtype", "float32")
     return Engine.load(str(tiny_dirs[name]), **kwargs)
 
 
@@ -68,7 +71,7 @@ def real_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def real_engine(real_dir) -> Engine:
-    return Engine.load(str(real_dir), capacity=8192)
+    return Engine.load(str(real_dir), capacity=8192, dtype="float32")  # exact vs transformers
 
 
 @pytest.fixture(scope="session")

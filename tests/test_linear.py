@@ -1,35 +1,50 @@
-"""engine/linear.py: the projection's layouts, and mixed precision (bfloat16 multi-row)."""
+"""engine/linear.py: the projection's layouts, and mixed precision (16-bit weights by row count)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
+import torch.nn.functional as F
 
-from corps.engine.linear import Linear
+from corps.engine import linear
+from corps.engine.linear import FEW_ROWS, Linear
 
 
 def test_float32_keeps_both_layouts_and_both_agree():
     g = torch.Generator().manual_seed(0)
     w, b = torch.randn(48, 32, generator=g), torch.randn(48, generator=g)
     lin = Linear.of(w, b)
-    assert lin.wt is not None and lin.w.dtype == torch.float32
+    assert lin.wt is not None and lin.w.dtype == torch.float32 and lin.few is None
+    assert lin.weight_bytes == 48 * 32 * 8
     for rows in (1, 2, 7):
         x = torch.randn(rows, 32, generator=g)
         assert torch.allclose(lin(x), x @ w.T + b, atol=1e-5)
 
 
-def test_mixed_precision_single_rows_exact_batches_in_bfloat16():
+@pytest.mark.parametrize("bf16_units", [True, False], ids=["bf16-cpu", "avx2-cpu"])
+def test_mixed_precision_float16_for_few_rows_bfloat16_for_more(bf16_units, monkeypatch):
+    """Few rows: float16. More: bfloat16 where the CPU has bfloat16 units, else float32."""
+    monkeypatch.setattr(linear, "fast_bfloat16", lambda device: bf16_units)
     g = torch.Generator().manual_seed(1)
     w, b = torch.randn(64, 96, generator=g), torch.randn(64, generator=g)
-    lin = Linear.of(w, b, multi_row=torch.bfloat16)
-    assert lin.w.dtype == torch.bfloat16 and lin.wt.dtype == torch.float32  # 1.5x, not 2x
-    one = torch.randn(1, 96, generator=g)
-    assert torch.equal(lin(one), one @ w.T.contiguous() + b)  # a lone decode: float32
-    many = torch.randn(5, 96, generator=g)
-    got = lin(many)
-    assert got.dtype == torch.float32 and got.shape == (5, 64)
-    want = many @ w.T + b
-    assert (got - want).abs().max() <= 0.02 * want.abs().max()  # bfloat16 rounding
-    assert not torch.equal(got, want)  # it really ran in bfloat16
+    lin = Linear.of(w, b, mixed=True)
+    many = torch.bfloat16 if bf16_units else torch.float32
+    assert lin.wt is None and lin.few.dtype == torch.float16 and lin.w.dtype == many
+    assert lin.weight_bytes == 64 * 96 * (4 if bf16_units else 6)  # float32 keeps 8
+    for rows in range(1, 6):
+        x = torch.randn(rows, 96, generator=g)
+        got = lin(x)
+        assert got.dtype == torch.float32 and got.shape == (rows, 64)
+        exact = x @ w.T + b
+        if rows > FEW_ROWS and not bf16_units:
+            assert torch.allclose(got, exact, atol=1e-4)
+            continue
+        half = torch.float16 if rows <= FEW_ROWS else torch.bfloat16
+        want = F.linear(x.to(half), w.to(half)).float() + b  # the kernel that row count takes
+        assert torch.equal(got, want)
+        tol = 2e-3 if half == torch.float16 else 2e-2  # float16 keeps 3 more mantissa bits
+        assert (got - exact).abs().max() <= tol * exact.abs().max()
+        assert not torch.equal(got, exact)  # it really ran in 16 bits
 
 
 def test_other_dtypes_use_one_layout():

@@ -243,9 +243,13 @@ async def test_engine_must_be_started(tiny_dirs):
 
 
 @pytest.mark.real_model
-async def test_real_model_batch_changes_greedy_tokens_only_on_near_ties(real_dir, real_hf):
+@pytest.mark.parametrize(("dtype", "tie"), [("float32", 0.02), ("mixed", 0.25)])
+async def test_real_model_batch_changes_greedy_tokens_only_on_near_ties(
+    real_dir, real_hf, dtype, tie
+):
     """What the README promises: a batch may change a greedy token only where the
-    model's top two logits are within rounding of each other."""
+    model's top two logits are within rounding of each other (float32 rounding, or
+    16-bit rounding under mixed, whose kernels follow the step's row count)."""
     import torch
 
     from corps.engine.engine import Engine
@@ -261,7 +265,7 @@ async def test_real_model_batch_changes_greedy_tokens_only_on_near_ties(real_dir
         "What do bees make?",
     ]
     kw = dict(max_tokens=32, temperature=0.0)
-    async with Engine.load(str(real_dir), capacity=8192) as engine:
+    async with Engine.load(str(real_dir), capacity=8192, dtype=dtype) as engine:
         qs = [await engine.prefill(p) for p in prompts]
         alone = [await engine.decode(parents=[q], **kw) for q in qs]
         before = engine.stats()
@@ -283,7 +287,7 @@ async def test_real_model_batch_changes_greedy_tokens_only_on_near_ties(real_dir
         if a.generated != t.generated:  # greedy: they differ at some token, maybe the stop
             pairs = zip(a.generated, t.generated, strict=False)
             i = next(k for k, (x, y) in enumerate(pairs) if x != y)
-            assert gaps[i] < 0.02, f"a batch changed token {i} though its margin is {gaps[i]}"
+            assert gaps[i] < tie, f"a batch changed token {i} though its margin is {gaps[i]}"
 
 
 async def test_baseline_encodes_a_prompt_shared_by_concurrent_calls_once(tiny_dirs):
