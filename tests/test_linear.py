@@ -31,6 +31,7 @@ def test_mixed_precision_float16_for_few_rows_bfloat16_for_more(bf16_units, monk
     many = torch.bfloat16 if bf16_units else torch.float32
     assert lin.wt is None and lin.few.dtype == torch.float16 and lin.w.dtype == many
     assert lin.weight_bytes == 64 * 96 * (4 if bf16_units else 6)  # float32 keeps 8
+    assert lin.packed == (bf16_units and torch.backends.mkldnn.is_available())
     for rows in range(1, 6):
         x = torch.randn(rows, 96, generator=g)
         got = lin(x)
