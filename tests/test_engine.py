@@ -46,6 +46,24 @@ async def test_seeded_sampling_is_reproducible(tiny_dirs):
         assert a.tokens == b.tokens == others[1].tokens
 
 
+async def test_a_step_mixing_greedy_sampled_and_forced_calls_gives_each_its_own(tiny_dirs):
+    """Greedy calls take their argmax from one op over the step's rows; sampled and
+    forced calls in the same step must still get exactly what they get alone."""
+    async with open_tiny(tiny_dirs, "llama") as engine:
+        qs = [await engine.prefill(t) for t in ("hello world", "the lazy dog", "one two")]
+        kinds = [
+            dict(max_tokens=10, ignore_eos=True),
+            dict(max_tokens=10, ignore_eos=True, temperature=1.2, seed=5),
+            dict(force=[7, 8, 9, 10]),
+            dict(max_tokens=10, ignore_eos=True),
+        ]
+        reqs = [dict(parents=[qs[i % 3]], **kw) for i, kw in enumerate(kinds)]
+        alone = [await engine.decode(**r) for r in reqs]
+        together = await engine.decode_many(reqs)
+        assert [h.generated for h in together] == [h.generated for h in alone]
+        assert together[2].generated == [7, 8, 9, 10]
+
+
 async def test_stop_strings_and_raw_header(tiny_dirs):
     async with open_tiny(tiny_dirs, "llama") as engine:
         q = await engine.prefill("the quick brown fox")
