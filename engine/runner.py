@@ -63,7 +63,7 @@ class ModelRunner:
     def forward(self, batch: ForwardBatch) -> Tensor:
         """Encode the batch, write its K/V to the store and views, return logits (N, V)."""
         spec, w = self.spec, self.w
-        x = w.embed[batch.input_ids]  # (T, E)
+        x = w.embed[batch.input_ids].to(w.dtype)  # (T, E)
         split = self._split(batch)
         cos = w.rope.cos[batch.positions].unsqueeze(1)  # (T, 1, D)
         sin = w.rope.sin[batch.positions].unsqueeze(1)  # (T, 1, D)

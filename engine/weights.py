@@ -32,7 +32,7 @@ class LayerWeights:
 @dataclass(frozen=True)
 class Weights:
     spec: ModelSpec
-    embed: Tensor  # (V, E)
+    embed: Tensor  # (V, E); float16 in mixed precision (rows are cast on lookup)
     layers: tuple[LayerWeights, ...]
     final_norm: Tensor  # (E,)
     lm_head: Linear  # E -> V (its weight is the embedding itself when tied)
@@ -40,7 +40,8 @@ class Weights:
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.embed.dtype
+        """The activations' dtype (and the KV store's)."""
+        return self.final_norm.dtype
 
     @property
     def device(self) -> torch.device:
@@ -56,7 +57,7 @@ class Weights:
         projs = [p for lw in self.layers for p in (lw.qkv, lw.o, lw.gate_up, lw.down)]
         small = norms + [p.b for p in projs]
         total = sum(p.weight_bytes for p in [*projs, self.lm_head])
-        if self.lm_head.w is not self.embed:  # not the tied head's own weight
+        if all(self.embed is not h for h in (self.lm_head.w, self.lm_head.few)):  # untied
             small.append(self.embed)
         return total + sum(t.numel() * t.element_size() for t in small if t is not None)
 
@@ -137,11 +138,14 @@ def weights_from_hf(
     tied = lm_head.data_ptr() == inner.embed_tokens.weight.data_ptr()
     positions = min(spec.max_positions, MAX_TABLE_POSITIONS)
     rope = RopeTables.from_hf_rotary(inner.rotary_emb, positions, embed.dtype)
+    head = lin(embed if tied else t(lm_head))
+    if mixed:  # the embedding rows in float16 too: the tied head's own copy
+        embed = head.few if tied else embed.to(torch.float16)
     return Weights(
         spec=spec,
         embed=embed,
         layers=tuple(layers),
         final_norm=t(inner.norm.weight),
-        lm_head=lin(embed if tied else t(lm_head)),
+        lm_head=head,
         rope=RopeTables(cos=rope.cos.to(device), sin=rope.sin.to(device)),
     )
