@@ -7,7 +7,10 @@ run by run on the same machine:
 
 - `llama.cpp`: llama-cpp-python on the embedded model's own GGUF (Q4_1), 2
   threads, calls one at a time as an agent framework drives it, with its
-  automatic reuse of the previous prompt's prefix;
+  automatic reuse of the previous prompt's prefix. It runs in a child process
+  (`LlamaProcess`): loaded beside torch, its OpenMP runtime (the system libgomp,
+  not torch's) slowed corps' 4 x 4 run from ~3.5 s to ~6 s on this machine, so
+  in one process the comparison measured the interference, not the engines;
 - `corps choreographed` and `corps baseline`: the same calls through the Engine
   API (proposals and votes fused by `decode_many`).
 
@@ -17,6 +20,8 @@ installed: several minutes); without it the command says so and exits 2.
 
 from __future__ import annotations
 
+import importlib.util
+import multiprocessing
 import statistics
 import time
 from typing import Any
@@ -52,6 +57,77 @@ def load_llama(gguf: str, threads: int = 2):
             "llama.cpp, a few minutes), then run this again"
         ) from exc
     return Llama(model_path=gguf, n_ctx=8192, n_threads=threads, verbose=False)
+
+
+def require_llama_cpp() -> None:
+    """Raise MissingLlamaCpp unless llama-cpp-python is installed (without loading it)."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        raise MissingLlamaCpp(
+            "llama-cpp-python is not installed: pip install 'corps[llamacpp]' (it compiles "
+            "llama.cpp, a few minutes), then run this again"
+        )
+
+
+class LlamaProcess:
+    """llama.cpp's side of the benchmark in a child process, driven run by run."""
+
+    def __init__(self, gguf: str, model_dir: str, threads: int) -> None:
+        ctx = multiprocessing.get_context("spawn")  # no torch state inherited
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_serve, args=(child, gguf, model_dir, threads), daemon=True)
+        self._proc.start()
+        child.close()
+        try:
+            self._reply()  # loaded
+        except RuntimeError:
+            self.close()
+            raise
+
+    def run(self, question: str, branches: int, voters: int) -> float:
+        """One workflow run in the child; its wall seconds (measured there)."""
+        self._conn.send((question, branches, voters))
+        return self._reply()
+
+    def close(self) -> None:
+        try:
+            self._conn.send(None)
+        except OSError:
+            pass
+        self._proc.join(timeout=30)
+        if self._proc.is_alive():
+            self._proc.kill()
+        self._conn.close()
+
+    def _reply(self) -> Any:
+        try:
+            ok, value = self._conn.recv()
+        except EOFError:
+            raise RuntimeError(
+                f"the llama.cpp process died (exit code {self._proc.exitcode})"
+            ) from None
+        if not ok:
+            raise RuntimeError(f"llama.cpp failed: {value}")
+        return value
+
+
+def _serve(conn, gguf: str, model_dir: str, threads: int) -> None:
+    """The child: load llama.cpp and the chat template, then run what the parent asks."""
+    try:
+        from transformers import AutoTokenizer
+
+        llm = load_llama(gguf, threads)
+        tok = AutoTokenizer.from_pretrained(model_dir)
+
+        def render(messages: list[dict[str, str]]) -> str:
+            return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+        conn.send((True, None))
+        while (job := conn.recv()) is not None:
+            conn.send((True, llama_workflow(llm, render, *job)))
+    except Exception as exc:  # the parent raises it
+        conn.send((False, repr(exc)))
+    finally:
+        conn.close()
 
 
 def llama_workflow(llm, render, question: str, branches: int, voters: int) -> float:
@@ -115,36 +191,37 @@ async def measure(
     threads: int = 2,
     dtype: str = DEFAULT_DTYPE,
 ) -> list[Cell]:
-    from transformers import AutoTokenizer
+    from contextlib import closing
 
     from corps.engine.engine import Engine
     from corps.engine.registry import gguf_file, resolve_model
     from corps.patterns.samples import MATH_PROBLEMS
 
-    llm = load_llama(str(gguf_file("smollm2-135m")), threads)
-    tok = AutoTokenizer.from_pretrained(str(resolve_model("smollm2-135m")))
-
-    def render(messages: list[dict[str, str]]) -> str:
-        return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-
+    require_llama_cpp()
+    gguf, model_dir = str(gguf_file("smollm2-135m")), str(resolve_model("smollm2-135m"))
     out = []
     async with (
         Engine.open("smollm2-135m", mode="choreographed", dtype=dtype) as chor,
         Engine.open("smollm2-135m", mode="baseline", dtype=dtype) as base,
     ):
-        for b, v in cells:
-            seconds: dict[str, list[float]] = {"llama.cpp": [], "choreographed": [], "baseline": []}
-            for r in range(warmup + runs):
-                question = MATH_PROBLEMS[r % len(MATH_PROBLEMS)][0]
-                got = {
-                    "llama.cpp": llama_workflow(llm, render, question, b, v),
-                    "choreographed": await corps_workflow(chor, question, b, v),
-                    "baseline": await corps_workflow(base, question, b, v),
+        with closing(LlamaProcess(gguf, model_dir, threads)) as llama:
+            for b, v in cells:
+                seconds: dict[str, list[float]] = {
+                    "llama.cpp": [],
+                    "choreographed": [],
+                    "baseline": [],
                 }
-                if r >= warmup:
-                    for k, s in got.items():
-                        seconds[k].append(s)
-            out.append(Cell(branches=b, voters=v, seconds=seconds))
+                for r in range(warmup + runs):
+                    question = MATH_PROBLEMS[r % len(MATH_PROBLEMS)][0]
+                    got = {
+                        "llama.cpp": llama.run(question, b, v),
+                        "choreographed": await corps_workflow(chor, question, b, v),
+                        "baseline": await corps_workflow(base, question, b, v),
+                    }
+                    if r >= warmup:
+                        for k, s in got.items():
+                            seconds[k].append(s)
+                out.append(Cell(branches=b, voters=v, seconds=seconds))
     return out
 
 

@@ -35,3 +35,10 @@ def test_without_llama_cpp_it_says_how_to_install_it(monkeypatch):
 def test_bad_cells_exit_2():
     result = CliRunner().invoke(app, ["bench", "vs-llamacpp", "--cells", "4by4"])
     assert result.exit_code == 2 and "BxV" in result.output
+
+
+def test_the_llama_process_reports_a_child_failure_and_exits(tmp_path):
+    """llama.cpp runs in a child process; a failure there (no llama-cpp-python, or a
+    bad model file) is raised in the parent with its cause, and the child is gone."""
+    with pytest.raises(RuntimeError, match=r"llama\.cpp failed: .*"):
+        bl.LlamaProcess(str(tmp_path / "missing.gguf"), str(tmp_path), threads=1)
