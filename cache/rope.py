@@ -39,6 +39,18 @@ class RopeTables:
         sin = self.sin[positions].unsqueeze(-2)  # (T, 1, D)
         return x * cos + rotate_half(x) * sin
 
+    def rotate_into(self, x: Tensor, positions: Tensor, out: Tensor) -> None:
+        """Write `rotate(x, positions)` into out (x's shape, any strides), bit for bit,
+        in four passes over the data instead of seven (no concatenated copy of x):
+        first half x1 cos - x2 sin, second half x2 cos + x1 sin, as rotate_half has it."""
+        half = x.shape[-1] // 2
+        cos = self.cos[positions].unsqueeze(-2)  # (T, 1, D)
+        sin = self.sin[positions].unsqueeze(-2)  # (T, 1, D)
+        x1, x2 = x[..., :half], x[..., half:]
+        torch.mul(x, cos, out=out)
+        out[..., :half].sub_(x2 * sin[..., :half])  # x1 c + (-x2) s == x1 c - x2 s exactly
+        out[..., half:].add_(x1 * sin[..., half:])
+
 
 def rotate_half(x: Tensor) -> Tensor:
     half = x.shape[-1] // 2

@@ -130,8 +130,8 @@ class CallView:
             if n_ctx and fill is not None:
                 fill(store.k, store.v, slots, positions, rope.cos, rope.sin, k, v)
             elif n_ctx:
-                rotated = rope.rotate(store.k[:, slots], positions)  # (L, C, Hkv, D)
-                k[:, :, :n_ctx] = rotated.transpose(1, 2)
+                ctx_k = k[:, :, :n_ctx].transpose(1, 2)  # (L, C, Hkv, D) view
+                rope.rotate_into(store.k[:, slots], positions, ctx_k)
                 v[:, :, :n_ctx] = store.v[:, slots].transpose(1, 2)
         except BaseException:
             if base is not None:  # a failed gather gives its arena range back

@@ -73,7 +73,7 @@ def test_a_failed_gather_gives_its_arena_range_back():
     store, arena = KVStore(**dims), ViewArena(**dims)
 
     class Broken:
-        def rotate(self, x, positions):
+        def rotate_into(self, x, positions, out):
             raise RuntimeError("rotation failed")
 
     slots = torch.tensor([0, 1])

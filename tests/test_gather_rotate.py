@@ -79,3 +79,17 @@ def test_kernel_rejects_what_it_cannot_do():
         gather_rotate(
             sk, sk, torch.tensor([0, 1]), torch.tensor([0, 1]), rope.cos, rope.sin, out, out
         )
+
+
+def test_rotate_into_a_strided_view_is_bitwise_rotate():
+    """The view gather rotates straight into the arena's (L, Hkv, C, D) layout in four
+    passes; it must equal RopeTables.rotate bit for bit (positions repeat, any order)."""
+    g = torch.Generator().manual_seed(3)
+    angles = torch.arange(64)[:, None].float() * torch.rand(8, generator=g)[None]  # (P, D)
+    rope = RopeTables(cos=angles.cos(), sin=angles.sin())
+    x = torch.randn(2, 5, 3, 8, generator=g)  # (L, C, Hkv, D)
+    positions = torch.tensor([9, 0, 63, 9, 1])
+    out = torch.full((2, 3, 7, 8), float("nan"))  # (L, Hkv, >= C, D), as the arena holds it
+    rope.rotate_into(x, positions, out[:, :, :5].transpose(1, 2))
+    assert torch.equal(out[:, :, :5].transpose(1, 2), rope.rotate(x, positions))
+    assert out[:, :, 5:].isnan().all()  # nothing written past the context

@@ -35,8 +35,8 @@ def gather_rotate_ref(
     c = slots.numel()
     if c == 0:
         return
-    k = RopeTables(cos=cos, sin=sin).rotate(store_k[:, slots], positions)  # (L, C, Hkv, D)
-    out_k[:, :, :c] = k.transpose(1, 2)
+    rope = RopeTables(cos=cos, sin=sin)
+    rope.rotate_into(store_k[:, slots], positions, out_k[:, :, :c].transpose(1, 2))
     out_v[:, :, :c] = store_v[:, slots].transpose(1, 2)
 
 
