@@ -120,10 +120,13 @@ class Engine:
         DEFAULT_MAX_CAPACITY store slots); `stats().kv_bytes` says what was taken.
         The memory is given back when the engine closes.
 
-        `dtype`: float32 (default, exact against transformers), bfloat16, float16, or
-        "mixed" (float32, but products of more than one row run in bfloat16: fast on
-        CPUs with AMX / AVX512-BF16; see `corps.engine.linear`). The attention backend
-        follows the device, or `CORPS_ATTENTION` (`corps.engine.attention`).
+        `dtype`: "mixed" (default: float32 activations, attention and KV store, with
+        16-bit projection weights, float16 for one or two rows and bfloat16 for more;
+        2-3x float32's decode speed, within 16-bit rounding of it; see
+        `corps.engine.linear`), "float32" (exact against transformers; a batched call
+        equals itself alone up to float32 rounding), "bfloat16" or "float16". The
+        attention backend follows the device, or `CORPS_ATTENTION`
+        (`corps.engine.attention`).
 
         `trace=PATH` writes every call, message, actor event and leak to PATH as
         JSON lines (`corps trace view PATH`); off by default. `auto_free=True`
