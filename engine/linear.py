@@ -44,6 +44,7 @@ the weight: same results bit for bit as `F.linear`, and faster (same CPU, ms):
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -111,10 +112,24 @@ def fast_bfloat16(device: torch.device) -> bool:
 
 def onednn_pack(w: Tensor) -> Tensor | None:
     """W (N, K) bfloat16 in oneDNN's blocked layout for any row count, or None where
-    this torch or device has no oneDNN linear (then `F.linear` takes the plain W)."""
-    if w.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+    this torch or device has no working oneDNN linear (then `F.linear` takes W)."""
+    if w.device.type != "cpu" or not _onednn_linear_works():
         return None
+    return torch.ops.mkldnn._reorder_linear_weight(w, None)
+
+
+@functools.cache
+def _onednn_linear_works() -> bool:
+    """Probe once per process: oneDNN's prepacked bfloat16 linear exists here and
+    gives what `F.linear` gives (these are torch's private ops, used by inductor)."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(48, 32, generator=g).to(torch.bfloat16)
+    x = torch.randn(5, 32, generator=g).to(torch.bfloat16)
     try:
-        return torch.ops.mkldnn._reorder_linear_weight(w, None)
-    except (RuntimeError, AttributeError):
-        return None
+        packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
+        y = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+    except (RuntimeError, AttributeError, NotImplementedError):
+        return False
+    return bool(torch.equal(y, F.linear(x, w)))

@@ -52,3 +52,22 @@ def test_other_dtypes_use_one_layout():
     lin = Linear.of(torch.randn(8, 4).to(torch.bfloat16))
     assert lin.wt is None
     assert lin(torch.randn(3, 4).to(torch.bfloat16)).dtype == torch.bfloat16
+
+
+def test_mixed_precision_without_a_working_onednn_falls_back_to_plain_bfloat16(monkeypatch):
+    monkeypatch.setattr(linear, "fast_bfloat16", lambda device: True)
+    monkeypatch.setattr(linear, "_onednn_linear_works", lambda: False)
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(16, 24, generator=g)
+    lin = Linear.of(w, mixed=True)
+    assert not lin.packed and lin.w.dtype == torch.bfloat16 and not lin.w.is_mkldnn
+    x = torch.randn(4, 24, generator=g)
+    assert torch.equal(lin(x), F.linear(x.bfloat16(), w.bfloat16()).float())
+
+
+def test_the_onednn_probe_agrees_with_this_torch():
+    """On this machine's torch the probe runs for real (no monkeypatch): it must not
+    raise, and where it says yes, packing really happens."""
+    works = linear._onednn_linear_works()
+    packed = linear.onednn_pack(torch.randn(8, 8).bfloat16())
+    assert (packed is not None) == works
