@@ -31,7 +31,7 @@ from corps.engine.tracing import end_events, queued_event
 from corps.engine.weights import load_weights, read_spec
 
 #: dtype name -> the dtype of weights, activations and the KV store. "mixed" is float32
-#: except the projections' weights: float16 for one or two rows, bfloat16 for more
+#: except the projections' weights: float16 for one row, bfloat16 for more
 #: (`corps.engine.linear`).
 DTYPES = {
     "float32": torch.float32,
@@ -121,7 +121,7 @@ class Engine:
         The memory is given back when the engine closes.
 
         `dtype`: "mixed" (default: float32 activations, attention and KV store, with
-        16-bit projection weights, float16 for one or two rows and bfloat16 for more;
+        16-bit projection weights, float16 for one row and bfloat16 for more;
         2-3x float32's decode speed, within 16-bit rounding of it; see
         `corps.engine.linear`), "float32" (exact against transformers; a batched call
         equals itself alone up to float32 rounding), "bfloat16" or "float16". The

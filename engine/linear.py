@@ -24,11 +24,11 @@ projections of one step, ms, casts in and out included):
     F.linear float16   11.1  20.9  22.6  29.1  82.5  123
     F.linear bfloat16  23.2  22.4  20.1  21.5  34.4  31.3
 
-A float16 product of one or two rows reads half the bytes of float32 and
-accumulates in float32 (torch's reduced-precision gemv), so a lone decode runs at
-nearly 3x float32; from three rows on, the bfloat16 gemm is the fastest. So "mixed"
-keeps W twice, in float16 (<= FEW_ROWS rows) and bfloat16 (more): 4 bytes per
-weight, half of float32's two layouts. Float16 keeps 3 more mantissa bits than
+A float16 product of one row reads half the bytes of float32 and accumulates in
+float32 (torch's reduced-precision gemv), so a lone decode runs at nearly 3x
+float32; from two rows on (prepacked, below; three if not), the bfloat16 gemm is
+the fastest. So "mixed" keeps W twice, in float16 (few rows) and bfloat16 (more):
+4 bytes per weight, half of float32's two layouts. Float16 keeps 3 more mantissa bits than
 bfloat16; its range (65504) is far above this model family's activations.
 On a CPU without bfloat16 units (AVX2 only: there a bfloat16 gemm is several
 times slower than float32) the multi-row copy stays float32 (6 bytes per weight).
@@ -51,7 +51,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-#: In mixed precision, products of at most this many rows use the float16 weights.
+#: In mixed precision, products of at most this many rows use the float16 weights
+#: (one row only where the bfloat16 weights are prepacked: see `Linear.few_rows`).
 FEW_ROWS = 2
 
 
@@ -60,7 +61,7 @@ class Linear:
     w: Tensor  # (N, K), for multi-row products; bfloat16 in mixed precision
     b: Tensor | None = None  # (N,), in the model's dtype
     wt: Tensor | None = None  # (K, N), contiguous; float32 single rows, only where faster
-    few: Tensor | None = None  # (N, K) float16, for products of <= FEW_ROWS rows (mixed)
+    few: Tensor | None = None  # (N, K) float16, for products of <= few_rows rows (mixed)
     packed: bool = False  # w is in oneDNN's blocked layout (bfloat16, mixed)
 
     @classmethod
@@ -78,6 +79,13 @@ class Linear:
         return cls(w, b, w.t().contiguous() if dual else None)
 
     @property
+    def few_rows(self) -> int:
+        """Row counts up to this run the float16 gemv (mixed). Prepacked bfloat16 is
+        faster from two rows on (15.4-16.6 ms against 20.3-23.1 for float16, all the
+        projections of a step here); plain bfloat16 only from three."""
+        return 1 if self.packed else FEW_ROWS
+
+    @property
     def weight_bytes(self) -> int:
         """Bytes held by this projection's weight layouts (not its bias)."""
         return sum(
@@ -89,7 +97,7 @@ class Linear:
         rows = x.shape[0]
         if self.wt is not None and rows == 1:
             y = x @ self.wt  # (1, N)
-        elif self.few is not None and rows <= FEW_ROWS:  # mixed: float16 gemv
+        elif self.few is not None and rows <= self.few_rows:  # mixed: float16 gemv
             y = F.linear(x.to(self.few.dtype), self.few).to(x.dtype)  # (M, N)
         elif self.packed:  # mixed: oneDNN's bfloat16 gemm on the prepacked W
             xb = x.to(torch.bfloat16)

@@ -341,8 +341,8 @@ async def test_default_capacity_is_capped_and_memory_goes_back_on_close(tiny_dir
 
 
 async def test_mixed_precision_engine_agrees_with_float32_within_16_bit_rounding(tiny_dirs):
-    """dtype="mixed": float32 except the projections' weights (float16 for one or two
-    rows, bfloat16 for more). Prefill (many rows: bfloat16) and a lone decode step (one
+    """dtype="mixed": float32 except the projections' weights (float16 for one row,
+    bfloat16 for more). Prefill (many rows: bfloat16) and a lone decode step (one
     row: float16) stay within their rounding of the float32 engine; the weights take
     fewer bytes."""
     from corps.engine.requests import PrefillRequest

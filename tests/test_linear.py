@@ -31,16 +31,17 @@ def test_mixed_precision_float16_for_few_rows_bfloat16_for_more(bf16_units, monk
     many = torch.bfloat16 if bf16_units else torch.float32
     assert lin.wt is None and lin.few.dtype == torch.float16 and lin.w.dtype == many
     assert lin.weight_bytes == 64 * 96 * (4 if bf16_units else 6)  # float32 keeps 8
-    assert lin.packed == (bf16_units and torch.backends.mkldnn.is_available())
+    assert lin.packed == (bf16_units and linear._onednn_linear_works())
+    assert lin.few_rows == (1 if lin.packed else FEW_ROWS)
     for rows in range(1, 6):
         x = torch.randn(rows, 96, generator=g)
         got = lin(x)
         assert got.dtype == torch.float32 and got.shape == (rows, 64)
         exact = x @ w.T + b
-        if rows > FEW_ROWS and not bf16_units:
+        if rows > lin.few_rows and not bf16_units:
             assert torch.allclose(got, exact, atol=1e-4)
             continue
-        half = torch.float16 if rows <= FEW_ROWS else torch.bfloat16
+        half = torch.float16 if rows <= lin.few_rows else torch.bfloat16
         want = F.linear(x.to(half), w.to(half)).float() + b  # the kernel that row count takes
         assert torch.equal(got, want)
         tol = 2e-3 if half == torch.float16 else 2e-2  # float16 keeps 3 more mantissa bits
