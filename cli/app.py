@@ -154,12 +154,24 @@ def bench_batching(
     dtype: DtypeOpt = run_cli.DEFAULT_DTYPE,
     streams: Annotated[str, typer.Option(help="Comma-separated stream counts.")] = "1,4,16,64",
     tokens: Annotated[int, typer.Option(min=2, help="Tokens decoded per stream.")] = 32,
+    rounds: Annotated[
+        int,
+        typer.Option(
+            min=1, help="Run the counts round-robin this many times; report medians and ranges."
+        ),
+    ] = 1,
 ) -> None:
     """Aggregate decode tokens/s for concurrent streams through the batching loop."""
     from corps.cli.bench_batching import main
 
     try:
-        main(model, dtype, [int(x) for x in streams.split(",") if x.strip()], tokens)
+        counts = [int(x) for x in streams.split(",") if x.strip()]
+    except ValueError:
+        _bad(f"--streams takes comma-separated counts like 1,4,16, got {streams!r}")
+    if not counts or min(counts) < 1:
+        _bad(f"--streams takes counts >= 1, got {streams!r}")
+    try:
+        main(model, dtype, counts, tokens, rounds)
     except CorpsError as exc:
         fail(exc)
 

@@ -6,11 +6,19 @@ of streams served one at a time (measured on up to 4 of them: the per-stream
 rate does not depend on how many), HF `generate` with batch size 1, the
 speed-up over one stream, and the share of wall time spent outside the model's
 forward (the scheduler's overhead: batching, sampling, bookkeeping, thread hops).
+
+With `rounds` > 1 the stream counts run round-robin (1, 4, 16, 1, 4, 16, ...), so
+a machine whose speed drifts hits every count alike: each count reports its
+median, and the speed-up over one stream gives the range of the per-round ratios
+(each taken between measurements seconds apart).
 """
 
 from __future__ import annotations
 
+import statistics
 import time
+from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
 import torch
@@ -49,46 +57,65 @@ async def _streams(engine, n: int, tokens: int, concurrent: bool) -> tuple[float
     return n * tokens / wall, 1 - forward / wall
 
 
-async def _measure(model: str, dtype: str, counts: list[int], tokens: int):
+@dataclass
+class Row:
+    streams: int
+    together: list[float] = field(default_factory=list)  # tok/s, one per round
+    overhead: list[float] = field(default_factory=list)
+    alone: float = 0.0  # tok/s served one at a time (first round)
+
+    def ratios(self, base: Row) -> list[float]:
+        """Per round: this count's tok/s over the first count's in the same round."""
+        return [t / b for t, b in zip(self.together, base.together, strict=True)]
+
+
+async def _measure(
+    model: str, dtype: str, counts: list[int], tokens: int, rounds: int = 1
+) -> tuple[list[Row], Any]:
     from corps.engine.engine import Engine
 
-    rows = []
+    rows = [Row(n) for n in counts]
     async with Engine.open(model, dtype=dtype) as engine:
         await _streams(engine, 2, 4, True)  # warm up
-        for n in counts:
-            together, overhead = await _streams(engine, n, tokens, True)
-            alone, _ = await _streams(engine, min(n, 4), tokens, False)
-            rows.append((n, together, alone, overhead))
+        for r in range(rounds):
+            for row in rows:
+                together, overhead = await _streams(engine, row.streams, tokens, True)
+                row.together.append(together)
+                row.overhead.append(overhead)
+                if r == 0:
+                    row.alone, _ = await _streams(engine, min(row.streams, 4), tokens, False)
         path = engine.model_path
     return rows, path
 
 
-def main(model: str, dtype: str, counts: list[int], tokens: int) -> None:
+def main(model: str, dtype: str, counts: list[int], tokens: int, rounds: int = 1) -> None:
     from corps.engine.engine import DTYPES
 
-    rows, path = anyio.run(_measure, model, dtype, counts, tokens)
+    rows, path = anyio.run(_measure, model, dtype, counts, tokens, rounds)
     hf, _ = measure_hf(path, DTYPES[dtype], tokens, 8, 1)
-    base = rows[0][1]
+    base = rows[0]
     table = Table(
         title=f"batching loop ({model}, {dtype}, {tokens} tokens per stream, "
-        f"CPU threads={torch.get_num_threads()})"
+        f"CPU threads={torch.get_num_threads()}, median of {rounds} round(s))"
     )
     for col in (
         "streams",
         "loop tok/s",
         "one at a time",
         "HF generate bs=1",
-        "vs 1 stream",
+        f"vs {base.streams} stream{'s' if base.streams > 1 else ''}",
         "overhead",
     ):
         table.add_column(col, justify="right")
-    for n, together, alone, overhead in rows:
+    for row in rows:
+        ratios = row.ratios(base)
+        spread = f" [{min(ratios):.2f}, {max(ratios):.2f}]" if rounds > 1 else ""
         table.add_row(
-            str(n),
-            f"{together:.1f}",
-            f"{alone:.1f}",
+            str(row.streams),
+            f"{statistics.median(row.together):.1f}",
+            f"{row.alone:.1f}",
             f"{hf:.1f}",
-            f"{together / base:.2f}x",
-            f"{overhead:.1%}",
+            f"{statistics.median(ratios):.2f}x{spread}",
+            f"{statistics.median(row.overhead):.1%}",
         )
     Console().print(table)
