@@ -25,7 +25,9 @@ def test_the_command_prints_medians_and_ranges(tiny_dirs, monkeypatch):
     # HF's side is bench runner's (it prefills random ids of the real vocabulary)
     monkeypatch.setattr(bb, "measure_hf", lambda *a: (1.0, 1.0))
     args = ["bench", "batching", "-m", str(tiny_dirs["llama"]), "--streams", "1,2"]
-    result = CliRunner().invoke(app, [*args, "--tokens", "3", "--rounds", "2"])
+    result = CliRunner().invoke(
+        app, [*args, "--tokens", "3", "--rounds", "2"], env={"COLUMNS": "200"}
+    )
     assert result.exit_code == 0, result.output
     assert "median of 2 round(s)" in result.output and "1.00x [1.00, 1.00]" in result.output
 
