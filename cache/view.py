@@ -130,9 +130,7 @@ class CallView:
             if n_ctx and fill is not None:
                 fill(store.k, store.v, slots, positions, rope.cos, rope.sin, k, v)
             elif n_ctx:
-                ctx_k = k[:, :, :n_ctx].transpose(1, 2)  # (L, C, Hkv, D) view
-                rope.rotate_into(store.k[:, slots], positions, ctx_k)
-                v[:, :, :n_ctx] = store.v[:, slots].transpose(1, 2)
+                gather_rotated(store.k, store.v, slots, positions, rope, k, v)
         except BaseException:
             if base is not None:  # a failed gather gives its arena range back
                 arena.release(base, n_ctx + extra)
@@ -197,3 +195,11 @@ def _carve(store: KVStore, arena: ViewArena | None, n: int) -> tuple[Tensor, Ten
 
 def _ints(values: Sequence[int] | Tensor) -> list[int]:
     return values.tolist() if isinstance(values, Tensor) else list(values)
+
+
+def gather_rotated(store_k, store_v, slots, positions, rope, out_k, out_v) -> None:
+    """The plain-torch gather: out_k[l, h, c] = rope(store_k[l, slots[c], h], positions[c])
+    and out_v[l, h, c] = store_v[l, slots[c], h]; store (L, S, Hkv, D), out (L, Hkv, >= C, D)."""
+    c = slots.numel()
+    rope.rotate_into(store_k[:, slots], positions, out_k[:, :, :c].transpose(1, 2))
+    out_v[:, :, :c] = store_v[:, slots].transpose(1, 2)

@@ -48,24 +48,24 @@ class Cell(BaseModel):
         return statistics.fmean(self.seconds[impl])
 
 
+MISSING = (
+    "llama-cpp-python is not installed: pip install 'corps[llamacpp]' (it compiles "
+    "llama.cpp, a few minutes), then run this again"
+)
+
+
 def load_llama(gguf: str, threads: int = 2):
     try:
         from llama_cpp import Llama
     except ImportError as exc:
-        raise MissingLlamaCpp(
-            "llama-cpp-python is not installed: pip install 'corps[llamacpp]' (it compiles "
-            "llama.cpp, a few minutes), then run this again"
-        ) from exc
+        raise MissingLlamaCpp(MISSING) from exc
     return Llama(model_path=gguf, n_ctx=8192, n_threads=threads, verbose=False)
 
 
 def require_llama_cpp() -> None:
     """Raise MissingLlamaCpp unless llama-cpp-python is installed (without loading it)."""
     if importlib.util.find_spec("llama_cpp") is None:
-        raise MissingLlamaCpp(
-            "llama-cpp-python is not installed: pip install 'corps[llamacpp]' (it compiles "
-            "llama.cpp, a few minutes), then run this again"
-        )
+        raise MissingLlamaCpp(MISSING)
 
 
 class LlamaProcess:

@@ -28,8 +28,8 @@ A float16 product of one row reads half the bytes of float32 and accumulates in
 float32 (torch's reduced-precision gemv), so a lone decode runs at nearly 3x
 float32; from two rows on (prepacked, below; three if not), the bfloat16 gemm is
 the fastest. So "mixed" keeps W twice, in float16 (few rows) and bfloat16 (more):
-4 bytes per weight, half of float32's two layouts. Float16 keeps 3 more mantissa bits than
-bfloat16; its range (65504) is far above this model family's activations.
+4 bytes per weight, half of float32's two layouts. Float16 keeps 3 more mantissa
+bits than bfloat16; its range (65504) is far above this model family's activations.
 On a CPU without bfloat16 units (AVX2 only: there a bfloat16 gemm is several
 times slower than float32) the multi-row copy stays float32 (6 bytes per weight).
 

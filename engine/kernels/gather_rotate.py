@@ -19,6 +19,7 @@ from functools import cache
 from torch import Tensor
 
 from corps.cache.rope import RopeTables
+from corps.cache.view import gather_rotated
 
 
 def gather_rotate_ref(
@@ -32,12 +33,9 @@ def gather_rotate_ref(
     out_v: Tensor,
 ) -> None:
     """The torch reference: what `CallView.gather` does on CPU."""
-    c = slots.numel()
-    if c == 0:
-        return
-    rope = RopeTables(cos=cos, sin=sin)
-    rope.rotate_into(store_k[:, slots], positions, out_k[:, :, :c].transpose(1, 2))
-    out_v[:, :, :c] = store_v[:, slots].transpose(1, 2)
+    if slots.numel():
+        rope = RopeTables(cos=cos, sin=sin)
+        gather_rotated(store_k, store_v, slots, positions, rope, out_k, out_v)
 
 
 @cache
