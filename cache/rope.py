@@ -39,13 +39,19 @@ class RopeTables:
         sin = self.sin[positions].unsqueeze(-2)  # (T, 1, D)
         return x * cos + rotate_half(x) * sin
 
-    def rotate_into(self, x: Tensor, positions: Tensor, out: Tensor) -> None:
+    def rotate_into(self, x: Tensor, positions: Tensor, out: Tensor, token_dim: int = -3) -> None:
         """Write `rotate(x, positions)` into out (x's shape, any strides), bit for bit,
         in four passes over the data instead of seven (no concatenated copy of x):
-        first half x1 cos - x2 sin, second half x2 cos + x1 sin, as rotate_half has it."""
+        first half x1 cos - x2 sin, second half x2 cos + x1 sin, as rotate_half has it.
+
+        x is (..., T, H, D) by default; `token_dim=-2` takes head-major (..., H, T, D).
+        """
         half = x.shape[-1] // 2
-        cos = self.cos[positions].unsqueeze(-2)  # (T, 1, D)
-        sin = self.sin[positions].unsqueeze(-2)  # (T, 1, D)
+        cos, sin = self.cos[positions], self.sin[positions]  # (T, D)
+        if token_dim == -3:
+            cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # (T, 1, D)
+        elif token_dim != -2:
+            raise ValueError(f"token_dim must be -3 or -2, got {token_dim}")
         x1, x2 = x[..., :half], x[..., half:]
         torch.mul(x, cos, out=out)
         out[..., :half].sub_(x2 * sin[..., :half])  # x1 c + (-x2) s == x1 c - x2 s exactly

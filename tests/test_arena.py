@@ -73,7 +73,7 @@ def test_a_failed_gather_gives_its_arena_range_back():
     store, arena = KVStore(**dims), ViewArena(**dims)
 
     class Broken:
-        def rotate_into(self, x, positions, out):
+        def rotate_into(self, x, positions, out, token_dim=-3):
             raise RuntimeError("rotation failed")
 
     slots = torch.tensor([0, 1])

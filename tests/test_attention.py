@@ -80,3 +80,26 @@ async def test_the_engine_decodes_the_same_tokens_on_every_backend(tiny_dirs, mo
             )
             got[name] = [h.tokens for h in outs]
     assert got["triton"] == got["flex"] == got["triton+flex"] == got["torch"]
+
+
+@pytest.mark.parametrize("contiguous", [True, False])
+@pytest.mark.parametrize("t", [1, 2, 9])
+def test_causal_mask_is_the_bottom_right_causal_bias(contiguous, t):
+    """The per-step span mask is what SDPA's causal_lower_right bias says: row i of t
+    new rows sees the view so far and its own rows up to i (over the own part only
+    when the context is a separate, fully visible range)."""
+    from types import SimpleNamespace
+
+    import torch
+    from torch.nn.attention.bias import causal_lower_right
+
+    from corps.engine.attention import causal_mask
+
+    view = SimpleNamespace(length=7, own_length=3, contiguous=contiguous, own_k=torch.empty(0))
+    got = causal_mask(t, view)
+    if t == 1:
+        assert got is None
+        return
+    n = (7 if contiguous else 3) + t
+    visible = causal_lower_right(t, n)._materialize()
+    assert torch.equal(got == 0, visible) and torch.equal(got.isneginf(), ~visible)

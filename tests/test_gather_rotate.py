@@ -93,3 +93,9 @@ def test_rotate_into_a_strided_view_is_bitwise_rotate():
     rope.rotate_into(x, positions, out[:, :, :5].transpose(1, 2))
     assert torch.equal(out[:, :, :5].transpose(1, 2), rope.rotate(x, positions))
     assert out[:, :, 5:].isnan().all()  # nothing written past the context
+    head_major = torch.full_like(out, float("nan"))
+    rope.rotate_into(x.transpose(1, 2), positions, head_major[:, :, :5], token_dim=-2)
+    assert torch.equal(head_major[:, :, :5], out[:, :, :5])  # (L, Hkv, C, D) in, same bits
+    assert head_major[:, :, 5:].isnan().all()
+    with pytest.raises(ValueError, match="token_dim"):
+        rope.rotate_into(x, positions, out[:, :, :5], token_dim=-1)
