@@ -43,15 +43,14 @@ async def _streams(engine, n: int, tokens: int, concurrent: bool) -> tuple[float
     """(tokens/s, overhead share) for n decode streams."""
     prompts = [f"Write a story about {TOPICS[i % len(TOPICS)]} (#{i})." for i in range(n)]
     qs = await engine.prefill_many([dict(message=p) for p in prompts])
-    core = engine._core
-    forward0, t0 = core.forward_seconds, time.perf_counter()
+    forward0, t0 = engine.stats().forward_s, time.perf_counter()
     kw = dict(max_tokens=tokens, ignore_eos=True)
     if concurrent:
         handles = await engine.decode_many([dict(parents=[q], **kw) for q in qs])
     else:
         handles = [await engine.decode(parents=[q], **kw) for q in qs]
     wall = time.perf_counter() - t0
-    forward = core.forward_seconds - forward0
+    forward = engine.stats().forward_s - forward0
     for h in [*handles, *qs]:
         engine.free(h)
     return n * tokens / wall, 1 - forward / wall

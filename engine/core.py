@@ -464,6 +464,7 @@ class Core:
             view_capacity=self.arena.capacity,
             kv_bytes=(self.store.capacity + self.arena.capacity) * self.store.bytes_per_slot,
             weight_bytes=self.runner.w.nbytes,
+            forward_s=self.forward_seconds,
         )
 
     # ---- planning ----

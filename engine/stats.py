@@ -31,6 +31,7 @@ class EngineStats:
     view_capacity: int = 0  # tokens the view arena holds (views never spill outside it)
     kv_bytes: int = 0  # store + view arena: all the KV memory the engine can use
     weight_bytes: int = 0  # the model's weights as held (float32 keeps projections twice)
+    forward_s: float = 0.0  # seconds spent in the model's forward since the engine opened
 
     @property
     def prefix_hit_rate(self) -> float:

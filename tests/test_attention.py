@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from corps.cache import InvalidRequest
 from corps.engine.attention import (
@@ -103,3 +105,68 @@ def test_causal_mask_is_the_bottom_right_causal_bias(contiguous, t):
     n = (7 if contiguous else 3) + t
     visible = causal_lower_right(t, n)._materialize()
     assert torch.equal(got == 0, visible) and torch.equal(got.isneginf(), ~visible)
+
+
+def _views_in_one_arena(extra: int):
+    """Five views over one arena from a random store: two contexts each read by two
+    calls (the second reader of each in two parts), one call with no context."""
+    import torch
+
+    from corps.cache.arena import ViewArena
+    from corps.cache.context import ContextPool
+    from corps.cache.kv import KVStore
+    from corps.cache.rope import RopeTables
+    from corps.cache.view import CallView
+
+    g = torch.Generator().manual_seed(0)
+    dims = dict(num_layers=1, num_kv_heads=2, head_dim=16, dtype=torch.float32)
+    store = KVStore(capacity=64, **dims)
+    store.k.copy_(torch.randn(store.k.shape, generator=g))
+    store.v.copy_(torch.randn(store.v.shape, generator=g))
+    rope = RopeTables(torch.randn(128, 16, generator=g), torch.randn(128, 16, generator=g))
+    arena, pool = ViewArena(capacity=256, **dims), ContextPool()
+    arena.k.zero_(), arena.v.zero_()  # compared whole below: no uninitialised NaN
+    short, long = (list(range(5)), list(range(5))), (list(range(20, 37)), list(range(10, 27)))
+    views = []
+    for slots, pos in (short, long, ([], []), short, long):
+        s, p = torch.tensor(slots, dtype=torch.long), torch.tensor(pos, dtype=torch.long)
+        views.append(CallView.gather(store, rope, s, p, extra, arena, pool=pool))
+    return arena, views
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    rows=st.lists(st.integers(1, 6), min_size=5, max_size=5),
+    filled=st.lists(st.integers(0, 3), min_size=5, max_size=5),
+    grouped=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_spans_of_several_rows_batch_like_each_call_alone(rows, filled, grouped, seed):
+    """The torch backend's batched plan over calls adding 1-6 rows each (decodes and
+    short prefill spans, shared contexts read once or gathered whole) gives every row
+    what the per-call path gives it, and writes the same arena entries."""
+    import torch
+
+    from corps.engine.attention import DecodePlan, SdpaAttention
+
+    arena, views = _views_in_one_arena(extra=12)
+    g = torch.Generator().manual_seed(seed)
+    for view, f in zip(views, filled, strict=True):  # some own tokens already there
+        if f:
+            view.append(0, torch.randn(f, 2, 16, generator=g), torch.randn(f, 2, 16, generator=g))
+            view.advance(f)
+    total = sum(rows)
+    q, k, v = (torch.randn(total, h, 16, generator=g) for h in (6, 2, 2))
+    plan = DecodePlan.of(views, min_saved=1 if grouped else None, rows=rows)
+    assert bool(plan.groups) == grouped and plan.t == max(rows)
+    att = SdpaAttention()
+    got = att.attend_decode(0, q, k, v, plan, 0.25)  # (T, Hq, D)
+    batched_k = arena.k.clone()
+    start = 0
+    for view, r in zip(views, rows, strict=True):
+        sl = slice(start, start + r)
+        view.append(0, k[sl], v[sl])
+        want = att.attend(0, q[sl], view, 0.25)
+        assert torch.allclose(got[sl], want, atol=1e-5), (rows, view.ctx_len)
+        start += r
+    assert torch.equal(arena.k, batched_k)  # the plan wrote each row where the call does
