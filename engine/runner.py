@@ -15,6 +15,11 @@ from corps.cache.view import CallView
 from corps.engine.attention import GROUP_MIN_SAVED, AttentionBackend, DecodePlan, SdpaAttention
 from corps.engine.weights import Weights
 
+#: Short spans are batched only while their padded scores stay this small per query
+#: head (x 4 bytes x heads: ~38 MB for this model family's 9 heads), since padding
+#: every span to the longest one grows with the product; one by one they stay small.
+SHORT_SPAN_PAIRS = 1 << 20
+
 
 @dataclass(frozen=True)
 class SeqSpan:
@@ -105,7 +110,7 @@ class ModelRunner:
         taken: set[int] = set()
         ones = [sp for sp in spans if sp.end - sp.start == 1]
         short = [sp for sp in spans if 1 < sp.end - sp.start <= att.short_span_rows]
-        if all(sp.view.contiguous for sp in short):
+        if all(sp.view.contiguous for sp in short) or _padded_pairs(short) > SHORT_SPAN_PAIRS:
             short = []
         for group, min_calls in ((ones, att.decode_min_calls), (short, 2)):
             if not group:
@@ -137,6 +142,15 @@ class ModelRunner:
             renum = tuple(renum)
             out.append((torch.tensor(rows, device=dev), None, renum, att.plan_prefill(renum)))
         return StepSplit(tuple(out))
+
+
+def _padded_pairs(spans: list[SeqSpan]) -> int:
+    """(row, key) pairs a batched plan over these spans scores per query head: every
+    span padded to the most rows and the longest view."""
+    if not spans:
+        return 0
+    rows = max(sp.end - sp.start for sp in spans)
+    return len(spans) * rows * max(sp.view.length + rows for sp in spans)
 
 
 @dataclass(frozen=True)

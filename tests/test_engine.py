@@ -34,6 +34,7 @@ async def test_documented_api_shape(tiny_dirs):
         )
         stats = engine.stats()
         assert stats.messages == 7 and stats.tokens_reused > 0
+        assert stats.forward_s > 0  # time in the model's forward, for benchmarks' overhead
 
 
 async def test_seeded_sampling_is_reproducible(tiny_dirs):

@@ -104,12 +104,13 @@ async def test_real_model_modes_agree_and_stop_at_end_of_turn(real_dir):
     assert tokens[-2:] == [2, 198]  # closed with the template's footer, "<|im_end|>\n", once
 
 
+@pytest.mark.parametrize("capped", [False, True])
 async def test_short_headers_over_a_shared_context_batch_and_match_each_call_alone(
-    tiny_dirs, monkeypatch
+    tiny_dirs, monkeypatch, capped
 ):
     """Voters' headers over one shared context go through one batched plan (spans of
-    several rows), beside a decode and a long prompt in the same steps; every call
-    decodes what it decodes alone."""
+    several rows), beside a decode and a long prompt in the same steps, unless their
+    padded scores would pass the cap; every call decodes what it decodes alone."""
     from functools import partial
 
     import anyio
@@ -127,6 +128,8 @@ async def test_short_headers_over_a_shared_context_batch_and_match_each_call_alo
         return real(self, layer, q, k, v, plan, scale)
 
     monkeypatch.setattr(SdpaAttention, "attend_decode", spy)
+    if capped:
+        monkeypatch.setattr("corps.engine.runner.SHORT_SPAN_PAIRS", 0)
     async with open_tiny(tiny_dirs, "qwen3") as engine:
         ctx = await engine.prefill_many([dict(message=f"branch {i} " * 9) for i in range(4)])
         votes = [
@@ -145,5 +148,5 @@ async def test_short_headers_over_a_shared_context_batch_and_match_each_call_alo
             tg.start_soon(partial(engine.prefill, **long))
             for i in range(4):
                 tg.start_soon(vote, i)
-    assert spans_batched  # the headers went through the batched plan
+    assert bool(spans_batched) != capped  # the headers went through the batched plan
     assert [together[i] for i in range(4)] == alone
