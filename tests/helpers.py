@@ -224,3 +224,32 @@ def check_invariants(engine) -> None:
         assert a + n < b, "arena ranges overlap or were not merged"
     assert arena.free_tokens == arena.capacity, "an arena range was never released"
     assert core.view_tokens == 0, f"{core.view_tokens} view tokens still counted while idle"
+
+
+def shared_views(extra: int = 1, head_dim: int = 64):
+    """Views over one arena from a random store: two contexts each read by two calls
+    (the second reader of each is split in two parts), one call with no context.
+    The arena starts zeroed, so tests may compare it whole. Returns (arena, pool,
+    views, generator)."""
+    from corps.cache.arena import ViewArena
+    from corps.cache.context import ContextPool
+    from corps.cache.kv import KVStore
+    from corps.cache.rope import RopeTables
+    from corps.cache.view import CallView
+
+    g = torch.Generator().manual_seed(0)
+    dims = dict(num_layers=1, num_kv_heads=2, head_dim=head_dim, dtype=torch.float32)
+    store = KVStore(capacity=64, **dims)
+    store.k.copy_(torch.randn(store.k.shape, generator=g))
+    store.v.copy_(torch.randn(store.v.shape, generator=g))
+    cos, sin = torch.randn(128, head_dim, generator=g), torch.randn(128, head_dim, generator=g)
+    rope = RopeTables(cos, sin)
+    arena = ViewArena(capacity=256, **dims)
+    arena.k.zero_(), arena.v.zero_()
+    pool = ContextPool()
+    short, long = (list(range(5)), list(range(5))), (list(range(20, 37)), list(range(10, 27)))
+    views = []
+    for slots, pos in (short, long, ([], []), short, long):
+        s, p = torch.tensor(slots, dtype=torch.long), torch.tensor(pos, dtype=torch.long)
+        views.append(CallView.gather(store, rope, s, p, extra, arena, pool=pool))
+    return arena, pool, views, g

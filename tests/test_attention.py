@@ -16,6 +16,7 @@ from corps.engine.attention import (
 )
 
 from conftest import open_tiny
+from helpers import shared_views
 
 
 def test_cpu_defaults_to_the_torch_reference(monkeypatch):
@@ -107,33 +108,6 @@ def test_causal_mask_is_the_bottom_right_causal_bias(contiguous, t):
     assert torch.equal(got == 0, visible) and torch.equal(got.isneginf(), ~visible)
 
 
-def _views_in_one_arena(extra: int):
-    """Five views over one arena from a random store: two contexts each read by two
-    calls (the second reader of each in two parts), one call with no context."""
-    import torch
-
-    from corps.cache.arena import ViewArena
-    from corps.cache.context import ContextPool
-    from corps.cache.kv import KVStore
-    from corps.cache.rope import RopeTables
-    from corps.cache.view import CallView
-
-    g = torch.Generator().manual_seed(0)
-    dims = dict(num_layers=1, num_kv_heads=2, head_dim=16, dtype=torch.float32)
-    store = KVStore(capacity=64, **dims)
-    store.k.copy_(torch.randn(store.k.shape, generator=g))
-    store.v.copy_(torch.randn(store.v.shape, generator=g))
-    rope = RopeTables(torch.randn(128, 16, generator=g), torch.randn(128, 16, generator=g))
-    arena, pool = ViewArena(capacity=256, **dims), ContextPool()
-    arena.k.zero_(), arena.v.zero_()  # compared whole below: no uninitialised NaN
-    short, long = (list(range(5)), list(range(5))), (list(range(20, 37)), list(range(10, 27)))
-    views = []
-    for slots, pos in (short, long, ([], []), short, long):
-        s, p = torch.tensor(slots, dtype=torch.long), torch.tensor(pos, dtype=torch.long)
-        views.append(CallView.gather(store, rope, s, p, extra, arena, pool=pool))
-    return arena, views
-
-
 @settings(max_examples=30, deadline=None)
 @given(
     rows=st.lists(st.integers(1, 6), min_size=5, max_size=5),
@@ -149,7 +123,7 @@ def test_spans_of_several_rows_batch_like_each_call_alone(rows, filled, grouped,
 
     from corps.engine.attention import DecodePlan, SdpaAttention
 
-    arena, views = _views_in_one_arena(extra=12)
+    arena, _, views, _ = shared_views(extra=12, head_dim=16)
     g = torch.Generator().manual_seed(seed)
     for view, f in zip(views, filled, strict=True):  # some own tokens already there
         if f:

@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 
 from corps.engine.kernels.decode_attention import SPLIT, decode_attention, decode_attention_ref
 
+from helpers import shared_views
+
 pytest.importorskip("triton")
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
@@ -53,31 +55,6 @@ def test_kernel_matches_reference(case):
     want = decode_attention_ref(q, ak, av, base, n, scale)
     assert got.dtype == q.dtype and got.shape == q.shape
     assert torch.allclose(got.float(), want.float(), atol=TOL[dt], rtol=TOL[dt])
-
-
-def shared_views(extra: int = 1):
-    """Views over one arena from a random store: two contexts each read by two calls
-    (the second reader of each is split in two parts), one call with no context."""
-    from corps.cache.arena import ViewArena
-    from corps.cache.context import ContextPool
-    from corps.cache.kv import KVStore
-    from corps.cache.rope import RopeTables
-    from corps.cache.view import CallView
-
-    g = torch.Generator().manual_seed(0)
-    dims = dict(num_layers=1, num_kv_heads=2, head_dim=64, dtype=torch.float32)
-    store = KVStore(capacity=64, **dims)
-    store.k.copy_(torch.randn(store.k.shape, generator=g))
-    store.v.copy_(torch.randn(store.v.shape, generator=g))
-    rope = RopeTables(torch.randn(128, 64, generator=g), torch.randn(128, 64, generator=g))
-    arena = ViewArena(capacity=256, **dims)
-    pool = ContextPool()
-    short, long = (list(range(5)), list(range(5))), (list(range(20, 37)), list(range(10, 27)))
-    views = []
-    for slots, pos in (short, long, ([], []), short, long):
-        s, p = torch.tensor(slots, dtype=torch.long), torch.tensor(pos, dtype=torch.long)
-        views.append(CallView.gather(store, rope, s, p, extra, arena, pool=pool))
-    return arena, pool, views, g
 
 
 def test_shared_contexts_are_held_once_and_given_back():
