@@ -106,42 +106,38 @@ class ModelRunner:
         their own are as fast through SDPA one by one. The rest (long prefill chunks)
         go through the backend's span attention; a mixed step keeps every path."""
         att, spans = self.attention, batch.spans
-        parts: list[tuple[list[SeqSpan], DecodePlan | None]] = []
-        taken: set[int] = set()
+        batched = self._batched(spans)
+        taken = {id(sp) for group, _ in batched for sp in group}
+        rest = tuple(sp for sp in spans if id(sp) not in taken)
+        if not batched:
+            return StepSplit((StepPart(None, None, spans, att.plan_prefill(spans)),))
+        if not rest and len(batched) == 1:  # every row through one plan, in batch order
+            return StepSplit((StepPart(None, batched[0][1]),))
+        dev = batch.input_ids.device
+        parts = [StepPart(_rows(group, dev), plan) for group, plan in batched]
+        if rest:
+            renum = _renumbered(rest)
+            parts.append(StepPart(_rows(rest, dev), None, renum, att.plan_prefill(renum)))
+        return StepSplit(tuple(parts))
+
+    def _batched(self, spans) -> list[tuple[list[SeqSpan], DecodePlan]]:
+        """The spans attended through a batched plan, with their plan: the decodes,
+        then the short spans when some read a shared context and their padded scores
+        stay under SHORT_SPAN_PAIRS."""
+        att = self.attention
         ones = [sp for sp in spans if sp.end - sp.start == 1]
         short = [sp for sp in spans if 1 < sp.end - sp.start <= att.short_span_rows]
         if all(sp.view.contiguous for sp in short) or _padded_pairs(short) > SHORT_SPAN_PAIRS:
             short = []
-        for group, min_calls in ((ones, att.decode_min_calls), (short, 2)):
-            if not group:
-                continue
-            rows = [sp.end - sp.start for sp in group]
-            views = [sp.view for sp in group]
-            plan = DecodePlan.of(views, min_calls, self.group_min_saved, rows)
-            if plan is not None:
-                parts.append((group, plan))
-                taken.update(id(sp) for sp in group)
-        rest = [sp for sp in spans if id(sp) not in taken]
-        if not parts:
-            return StepSplit(((None, None, spans, att.plan_prefill(spans)),))
-        if rest:
-            parts.append((rest, None))
-        if len(parts) == 1:  # every row through one plan, in batch order
-            return StepSplit(((None, parts[0][1], (), None),))
-        dev = batch.input_ids.device
         out = []
-        for group, plan in parts:
-            rows = [r for sp in group for r in range(sp.start, sp.end)]
-            if plan is not None:
-                out.append((torch.tensor(rows, device=dev), plan, (), None))
-                continue
-            renum, t = [], 0
-            for sp in group:  # prefill spans, renumbered over their own rows
-                renum.append(SeqSpan(t, t + sp.end - sp.start, sp.view))
-                t += sp.end - sp.start
-            renum = tuple(renum)
-            out.append((torch.tensor(rows, device=dev), None, renum, att.plan_prefill(renum)))
-        return StepSplit(tuple(out))
+        for group, min_calls in ((ones, att.decode_min_calls), (short, 2)):
+            if group:
+                rows = [sp.end - sp.start for sp in group]
+                views = [sp.view for sp in group]
+                plan = DecodePlan.of(views, min_calls, self.group_min_saved, rows)
+                if plan is not None:
+                    out.append((group, plan))
+        return out
 
 
 def _padded_pairs(spans: list[SeqSpan]) -> int:
@@ -153,34 +149,52 @@ def _padded_pairs(spans: list[SeqSpan]) -> int:
     return len(spans) * rows * max(sp.view.length + rows for sp in spans)
 
 
+def _rows(spans, device) -> Tensor:
+    """(T,) the step's rows of these spans, span after span."""
+    return torch.tensor([r for sp in spans for r in range(sp.start, sp.end)], device=device)
+
+
+def _renumbered(spans) -> tuple[SeqSpan, ...]:
+    """The spans numbered over their own rows, in order (for attending them apart)."""
+    out, t = [], 0
+    for sp in spans:
+        out.append(SeqSpan(t, t + sp.end - sp.start, sp.view))
+        t += sp.end - sp.start
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class StepPart:
+    """Some of a step's rows and how they attend: one batched plan (decodes, short
+    spans), or span by span with the backend's prefill plan."""
+
+    rows: Tensor | None  # (Tp,) its rows of the step, span after span; None: all, in order
+    plan: DecodePlan | None  # None: the spans attend one by one
+    spans: tuple[SeqSpan, ...] = ()  # without a plan: its spans, over its own rows
+    prefill: Any = None  # the backend's prefill plan for those spans
+
+    def attend(self, attention: AttentionBackend, layer: int, q, k, v, scale: float) -> Tensor:
+        """Output (Tp, Hq, D) of the part's rows q (Tp, Hq, D), k, v (Tp, Hkv, D)."""
+        if self.plan is not None:
+            return attention.attend_decode(layer, q, k, v, self.plan, scale)
+        return attention.attend_spans(layer, q, k, v, self.spans, self.prefill, scale)
+
+
 @dataclass(frozen=True)
 class StepSplit:
-    """One step's rows split between batched plans (decodes, short spans) and span
-    (prefill) attention.
+    """One step's rows split in parts, each attended its own way."""
 
-    Each part is (rows, plan, spans, prefill): its rows of the step (None: all of
-    them, in order), then either a DecodePlan over them, or the spans attended one
-    by one (numbered over the part's rows) with the backend's prefill plan.
-    """
-
-    parts: tuple[tuple[Tensor | None, DecodePlan | None, tuple[SeqSpan, ...], Any], ...]
+    parts: tuple[StepPart, ...]
 
     def attend(self, attention: AttentionBackend, layer: int, q, k, v, scale: float) -> Tensor:
         """Attention output (T, Hq, D) of every row; q (T, Hq, D), k, v (T, Hkv, D)."""
-        if len(self.parts) == 1 and self.parts[0][0] is None:
-            return self._attend(self.parts[0], attention, layer, q, k, v, scale)
+        if len(self.parts) == 1 and self.parts[0].rows is None:
+            return self.parts[0].attend(attention, layer, q, k, v, scale)
         out = torch.empty_like(q)
         for part in self.parts:
-            r = part[0]
-            out.index_copy_(0, r, self._attend(part, attention, layer, q[r], k[r], v[r], scale))
+            r = part.rows
+            out.index_copy_(0, r, part.attend(attention, layer, q[r], k[r], v[r], scale))
         return out
-
-    @staticmethod
-    def _attend(part, attention: AttentionBackend, layer: int, q, k, v, scale: float) -> Tensor:
-        _, plan, spans, prefill = part
-        if plan is not None:
-            return attention.attend_decode(layer, q, k, v, plan, scale)
-        return attention.attend_spans(layer, q, k, v, spans, prefill, scale)
 
 
 def layer_qkv(x, norm, qkv_proj, q_norm, k_norm, cos, sin, hq: int, hkv: int, eps: float):
