@@ -105,20 +105,9 @@ class DecodePlan:
         first = [v.own_base + v.length - v.ctx_len for v in views]
         write = [f + i for f, r in zip(first, rows, strict=True) for i in range(r)]
         write = torch.tensor(write, device=dev)  # (T,)
-        t = max(rows)
-        if t == 1:
-            mask = ar[None, :] < m[:, None]  # (B, N)
-            return cls(arena, write, idx.flatten(), mask, width, cb, cl, ob, n,
-                       max(lengths), groups)  # fmt: skip
-        # row i of a t_b-row span sees the gathered keys before m_b - (t_b - 1 - i); a
-        # padding row (i >= t_b) sees them all, so its softmax is defined (and dropped)
-        r = torch.tensor(rows, device=dev)  # (B,)
-        ti = torch.arange(t, device=dev)  # (t,)
-        seen = m[:, None] - (r[:, None] - 1 - ti[None, :]).clamp(min=0)  # (B, t)
-        mask = ar[None, None, :] < seen[:, :, None]  # (B, t, N)
-        padded = [b * t + i for b, rb in enumerate(rows) for i in range(rb)]
+        mask, padded = _row_masks(rows, m, width)
         return cls(arena, write, idx.flatten(), mask, width, cb, cl, ob, n,
-                   max(lengths), groups, t, torch.tensor(padded, device=dev))  # fmt: skip
+                   max(lengths), groups, max(rows), padded)  # fmt: skip
 
     @cached_property
     def rows(self) -> Tensor:
@@ -143,6 +132,24 @@ class DecodePlan:
         ak.index_copy_(1, self.write, k.transpose(0, 1))
         av.index_copy_(1, self.write, v.transpose(0, 1))
         return ak, av
+
+
+def _row_masks(rows: list[int], m: Tensor, width: int) -> tuple[Tensor, Tensor | None]:
+    """Which gathered keys each row sees, for calls adding `rows` (B,) rows over m (B,)
+    gathered keys (new rows last), padded to `width`. One row each: (B, N), and no
+    padding. Else (B, t, N) and each real row's index among the B x t padded rows:
+    row i of a t_b-row span sees the keys before m_b - (t_b - 1 - i); a padding row
+    (i >= t_b) sees them all, so its softmax is defined (and dropped)."""
+    dev = m.device
+    ar = torch.arange(width, device=dev)  # (N,)
+    t = max(rows)
+    if t == 1:
+        return ar[None, :] < m[:, None], None  # (B, N)
+    r = torch.tensor(rows, device=dev)  # (B,)
+    ti = torch.arange(t, device=dev)  # (t,)
+    seen = m[:, None] - (r[:, None] - 1 - ti[None, :]).clamp(min=0)  # (B, t)
+    padded = [b * t + i for b, rb in enumerate(rows) for i in range(rb)]
+    return ar[None, None, :] < seen[:, :, None], torch.tensor(padded, device=dev)  # (B, t, N)
 
 
 class AttentionBackend(Protocol):
