@@ -112,7 +112,8 @@ def bench_decode(device: torch.device, calls: int, context: int, repeats: int) -
     arena.k[0], arena.v[0] = ak, av
     idx = base[:, None] + torch.arange(context, device=device)[None]  # (B, N)
     plan = DecodePlan(  # each call's view one range: the context is the whole view
-        arena, base + n - 1, idx.flatten(), idx >= 0, context, base, n, base + n, n, context
+        arena, base + n - 1, idx.flatten(), (idx >= 0)[:, None], context, base, n, base + n, n,
+        context,
     )  # fmt: skip
     k_new, v_new = ak[:, base + n - 1].transpose(0, 1), av[:, base + n - 1].transpose(0, 1)
     torch_ms = clock(

@@ -49,7 +49,7 @@ class DecodePlan:
     arena: ViewArena
     write: Tensor  # (T,) arena index of each new row, span after span
     gather: Tensor  # (B * N,) arena indices of each call's gathered keys, padded to N
-    mask: Tensor  # (B, N), or (B, t, N) for spans of several rows: True where row sees key
+    mask: Tensor  # (B, t, N) True where the row sees the gathered key
     n: int  # longest gathered part, new rows included
     ctx_base: Tensor  # (B,) arena index where each call's context starts
     ctx_len: Tensor  # (B,) tokens in each call's context
@@ -136,15 +136,15 @@ class DecodePlan:
 
 def _row_masks(rows: list[int], m: Tensor, width: int) -> tuple[Tensor, Tensor | None]:
     """Which gathered keys each row sees, for calls adding `rows` (B,) rows over m (B,)
-    gathered keys (new rows last), padded to `width`. One row each: (B, N), and no
-    padding. Else (B, t, N) and each real row's index among the B x t padded rows:
+    gathered keys (new rows last), padded to `width`: (B, t, N), and each real row's
+    index among the B x t padded rows (None when every call adds one row):
     row i of a t_b-row span sees the keys before m_b - (t_b - 1 - i); a padding row
     (i >= t_b) sees them all, so its softmax is defined (and dropped)."""
     dev = m.device
     ar = torch.arange(width, device=dev)  # (N,)
     t = max(rows)
     if t == 1:
-        return ar[None, :] < m[:, None], None  # (B, N)
+        return (ar[None, :] < m[:, None])[:, None], None  # (B, 1, N)
     r = torch.tensor(rows, device=dev)  # (B,)
     ti = torch.arange(t, device=dev)  # (t,)
     seen = m[:, None] - (r[:, None] - 1 - ti[None, :]).clamp(min=0)  # (B, t)
@@ -212,12 +212,10 @@ class SdpaAttention:
         return tuple(causal_mask(sp.end - sp.start, sp.view, sp.view.own_k.dtype) for sp in spans)
 
     def attend_spans(self, layer, q, k, v, spans, plan, scale) -> Tensor:
-        """Each span appends to and attends through its own view, one at a time."""
-        # None: a subclass whose own plan did not apply; build ours (FlexAttention's
-        # fallback for views outside the arena)
-        masks = plan if plan is not None else SdpaAttention.plan_prefill(self, spans)
+        """Each span appends to and attends through its own view, one at a time;
+        `plan` is `plan_prefill(spans)`."""
         outs = []
-        for sp, mask in zip(spans, masks, strict=True):
+        for sp, mask in zip(spans, plan, strict=True):
             sp.view.append(layer, k[sp.start : sp.end], v[sp.start : sp.end])
             outs.append(self.attend(layer, q[sp.start : sp.end], sp.view, scale, mask))
         return outs[0] if len(outs) == 1 else torch.cat(outs)  # (T, Hq, D)
@@ -244,8 +242,7 @@ class SdpaAttention:
         qg = (q * scale).view(b, t, hkv, g, d).permute(2, 0, 1, 3, 4)  # (Hkv, B, t, G, D)
         qg = qg.reshape(hkv, b, t * g, d)  # rows ordered (span row, head in group)
         scores = (qg @ keys.transpose(-1, -2)).view(hkv, b, t, g, -1)  # (Hkv, B, t, G, N)
-        mask = plan.mask if plan.mask.dim() == 3 else plan.mask[:, None]  # (B, t, N)
-        scores = scores.masked_fill(~mask[None, :, :, None, :], float("-inf"))
+        scores = scores.masked_fill(~plan.mask[None, :, :, None, :], float("-inf"))
         scores = scores.view(hkv, b, t * g, -1)  # (Hkv, B, t G, N)
         if not plan.groups:
             out = torch.softmax(scores, dim=-1) @ values  # (Hkv, B, t G, D)
@@ -334,13 +331,12 @@ def causal_mask(t: int, view: CallView, dtype: torch.dtype = torch.float32) -> T
 
 
 def attend_parts(
-    q: Tensor, ck: Tensor, cv: Tensor, ok: Tensor, ov: Tensor, scale: float, mask=None
+    q: Tensor, ck: Tensor, cv: Tensor, ok: Tensor, ov: Tensor, scale: float, mask: Tensor | None
 ) -> Tensor:
     """Attention of t queries q (t, Hq, D) over a context ck, cv (Hkv, C, D), all
     visible, then own tokens ok, ov (Hkv, M, D), M >= t, where query i sees the
-    first M - t + i + 1 (`mask` (t, M), the additive `causal_mask`, when the caller
-    has it).
-    The two parts' softmax merge exactly. Returns (t, Hq, D).
+    first M - t + i + 1: `mask` (t, M) is the additive `causal_mask` (None for one
+    query). The two parts' softmax merge exactly. Returns (t, Hq, D).
     """
     t, hq, d = q.shape
     hkv = ck.shape[0]
@@ -350,10 +346,6 @@ def attend_parts(
     so = torch.bmm(qg, ok.transpose(1, 2))  # (Hkv, G t, M)
     if t > 1:
         m = ok.shape[1]
-        if mask is None:
-            rows = m - t + torch.arange(t, device=q.device)  # (t,) last key each row sees
-            hidden = torch.arange(m, device=q.device)[None, :] > rows[:, None]  # (t, M)
-            mask = torch.zeros(t, m, device=q.device).masked_fill_(hidden, float("-inf"))
         so = (so.view(hkv, g, t, m) + mask).view(hkv, g * t, m)  # + 0 is exact
     top = torch.maximum(sc.amax(-1), so.amax(-1))[..., None]  # (Hkv, G t, 1)
     ec, eo = torch.exp(sc - top), torch.exp(so - top)
@@ -384,6 +376,15 @@ class TritonAttention(SdpaAttention):
         )  # fmt: skip
 
 
+@dataclass(frozen=True)
+class FlexPlan:
+    """A step's FlexAttention prefill: the arena every span's view lives in, and the
+    block mask of all the step's rows over it."""
+
+    arena: ViewArena
+    mask: Any  # corps.engine.kernels.flex_prefill.PrefillMask
+
+
 class FlexAttention(SdpaAttention):
     """Prefill with FlexAttention: all of a step's rows in one launch over the view
     arena, under a block mask built once per step. Steps whose views are not all in
@@ -398,7 +399,7 @@ class FlexAttention(SdpaAttention):
 
         arena = spans[0].view.arena
         if arena is None or any(sp.view.arena is not arena for sp in spans):
-            return None
+            return super().plan_prefill(spans)  # the torch reference's per-span masks
         dev = arena.k.device
         views = [sp.view for sp in spans]
         t = torch.tensor([sp.end - sp.start for sp in spans], device=dev)  # (S,) rows
@@ -410,14 +411,14 @@ class FlexAttention(SdpaAttention):
         lo = cb.repeat_interleave(t)  # (T,) each row's context
         own_lo = ob.repeat_interleave(t)  # (T,) each row's own tokens
         own_hi = own_lo + first.repeat_interleave(t) + row  # row i sees own_length + i + 1
-        return arena, PrefillMask.build(lo, lo + cl.repeat_interleave(t), own_lo, own_hi)
+        return FlexPlan(arena, PrefillMask.build(lo, lo + cl.repeat_interleave(t), own_lo, own_hi))
 
     def attend_spans(self, layer, q, k, v, spans, plan, scale) -> Tensor:
-        if plan is None:
+        if not isinstance(plan, FlexPlan):  # views outside the arena: the torch reference
             return super().attend_spans(layer, q, k, v, spans, plan, scale)
         from corps.engine.kernels.flex_prefill import flex_prefill
 
-        arena, mask = plan
+        arena, mask = plan.arena, plan.mask
         for sp in spans:
             sp.view.append(layer, k[sp.start : sp.end], v[sp.start : sp.end])
         return flex_prefill(q, arena.k_layers[layer], arena.v_layers[layer], mask, scale)
