@@ -38,7 +38,7 @@ from corps.engine.errors import InvalidRequest
 from corps.engine.planner import Call, Planner
 from corps.engine.requests import DecodeRequest, PrefillRequest
 from corps.engine.runner import ForwardBatch, ModelRunner, SeqSpan
-from corps.engine.sampling import SamplingParams, argmax_rows, sample
+from corps.engine.sampling import SamplingParams, argmax_rows, forced, sample
 from corps.engine.stats import EngineStats
 from corps.engine.weights import Weights
 
@@ -331,11 +331,12 @@ class Core:
 
     @staticmethod
     def _greedy_picks(plan, rows: list[int], logits: Tensor) -> dict[int, int]:
-        """Logit row -> token for every greedy decode in the step, in one op."""
+        """Logit row -> token for every greedy decode in the step, in one op (forced
+        ones too: they do the work of the calls they replay)."""
         last, r = [], 0
         for (c, _, _), k in zip(plan, rows, strict=True):
             r += k
-            if k and c.is_decode and c.sampling.greedy and not c.sampling.force:
+            if k and c.is_decode and c.sampling.greedy:
                 last.append(r - 1)
         if not last:
             return {}
@@ -367,7 +368,7 @@ class Core:
                 return
         try:
             tok = (
-                pick
+                forced(c.sampling, len(c.generated), pick)
                 if pick is not None
                 else sample(logits[-1], c.sampling, c.generator, len(c.generated))
             )

@@ -6,7 +6,9 @@ parents' tokens as one causal prompt (as baseline mode does) and runs
 `model.generate` on it, with no cache shared between calls and no batching.
 Planning, messages, handles and access checks are the engine's own, so
 patterns and agents run unchanged. Forced decodes (`force=`) replay tokens
-through a logits processor, so generate still runs one step per token.
+through a logits processor, so generate still runs one step per token, and
+samples with the call's settings (only the forced token is left to draw), as the
+call it replays did.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ class HFCore(Core):
         sp = c.sampling
         prompt = torch.tensor([c.prefix], device=self.device)  # (1, P)
         n = len(sp.force) or sp.max_tokens
-        sampled = not sp.greedy and not sp.force
+        sampled = not sp.greedy  # a forced call samples too (its processor leaves one token)
         config = GenerationConfig(
             max_new_tokens=n,
             min_new_tokens=n if (sp.force or sp.ignore_eos) else 0,

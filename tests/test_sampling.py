@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from corps.engine import sampling
 from corps.engine.errors import InvalidRequest
-from corps.engine.sampling import SamplingParams, sample
+from corps.engine.sampling import SamplingParams, candidates, draw, sample
 
 LOGITS = torch.tensor([0.1, 2.0, 1.9, -1.0, 0.5])
 
@@ -56,3 +59,67 @@ def test_force_emits_exactly_the_forced_tokens():
         SamplingParams(max_tokens=2, force=(1, 2, 3))
     with pytest.raises(InvalidRequest, match="token ids"):
         SamplingParams(force=(1, -2))
+
+
+def test_a_forced_call_does_the_sampling_it_replays():
+    """Benchmarks time forced runs as normal decoding: a forced sampled call draws
+    from its generator exactly as the call it replays did, then emits its token."""
+    logits = torch.randn(300)
+    for params in (dict(temperature=0.7, top_p=0.95), dict(temperature=1.0, top_k=5)):
+        free, forced = SamplingParams(seed=1, **params), SamplingParams(seed=1, force=(3,), **params)
+        g_free, g_forced = free.generator(), forced.generator()
+        sample(logits, free, g_free)
+        assert sample(logits, forced, g_forced) == 3
+        assert torch.equal(g_free.get_state(), g_forced.get_state())
+
+
+def _oracle(logits: torch.Tensor, params: SamplingParams) -> set[int]:
+    """The candidates by brute force: sort the whole vocabulary, cut to top_k,
+    renormalise, keep the prefix before which less than top_p is gathered (top_p < 1)."""
+    probs = torch.softmax(logits.float() / params.temperature, -1)
+    order = torch.argsort(probs, descending=True)
+    if params.top_k:
+        order = order[: params.top_k]
+    p = probs[order]
+    if params.top_k:
+        p = p / p.sum()
+    if params.top_p < 1.0:
+        order = order[torch.cumsum(p, 0) - p < params.top_p]
+    return set(order.tolist())
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    tenths=st.lists(st.integers(-100, 100), min_size=2, max_size=201, unique=True),
+    temperature=st.sampled_from([0.3, 0.7, 1.0, 2.0]),
+    top_k=st.integers(0, 120),
+    top_p=st.sampled_from([0.05, 0.5, 0.9, 0.95, 0.999, 1.0]),
+    first=st.sampled_from([1, 4, 64]),
+)
+def test_candidates_match_a_full_sort(tenths, temperature, top_k, top_p, first):
+    """Whether the nucleus is found among the first few most likely tokens or needs the
+    whole sort, the candidates are those of the brute-force rule, with weights in
+    proportion to their probabilities. (Logits 0.1 apart within [-10, 10]: no two
+    probabilities tie, none underflows, so the rule names one set.)"""
+    x = torch.tensor(tenths) / 10
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sampling, "NUCLEUS_FIRST", first)  # where the nucleus is looked for first
+        ids, weights = candidates(x, params)
+    probs = torch.softmax(x / temperature, -1)
+    if ids is None:
+        assert top_k == 0 and top_p == 1.0 and torch.equal(weights, probs)
+        return
+    assert set(ids.tolist()) == _oracle(x, params) and len(ids) == len(set(ids.tolist()))
+    assert torch.equal(weights, probs[ids])
+
+
+def test_draws_follow_the_weights_and_never_pick_a_zero():
+    gen = torch.Generator().manual_seed(0)
+    weights = torch.tensor([0.0, 0.5, 0.0, 0.3, 0.2, 0.0])
+    picks = [draw(None, weights, gen) for _ in range(20000)]
+    counts = torch.bincount(torch.tensor(picks), minlength=6) / len(picks)
+    assert counts[0] == counts[2] == counts[5] == 0
+    assert torch.allclose(counts, weights, atol=0.015)
+    ids = torch.tensor([40, 7, 9])
+    assert {draw(ids, torch.tensor([1.0, 0.0, 3.0]), gen) for _ in range(500)} == {40, 9}
