@@ -66,7 +66,10 @@ def test_a_forced_call_does_the_sampling_it_replays():
     from its generator exactly as the call it replays did, then emits its token."""
     logits = torch.randn(300)
     for params in (dict(temperature=0.7, top_p=0.95), dict(temperature=1.0, top_k=5)):
-        free, forced = SamplingParams(seed=1, **params), SamplingParams(seed=1, force=(3,), **params)
+        free, forced = (
+            SamplingParams(seed=1, **params),
+            SamplingParams(seed=1, force=(3,), **params),
+        )
         g_free, g_forced = free.generator(), forced.generator()
         sample(logits, free, g_free)
         assert sample(logits, forced, g_forced) == 3
