@@ -1,64 +1,74 @@
-"""`corps bench runner`: our runner next to HF generate, single stream, same model and dtype.
+"""`corps bench runner`: our engine next to HF generate, single stream, same model and dtype.
 
 Decode tokens/s is measured as (N - 1) / (t(N tokens) - t(1 token)) for both, so
 prompt encoding and start-up cancel out; prefill tokens/s is one forward pass
-over a prompt of the given length. Each figure is the best of `repeats` runs.
+over a prompt of the given length. Ours goes through the public async API
+(`Engine.open`, `prefill`, `decode`), so the batching loop's overhead counts.
+Each figure is the best of `repeats` runs, and the runs alternate between the
+two (ours, HF, ours, HF, ...) so that this machine's drift hits both alike.
 The "decode bound" row is what a decode step would reach if it did nothing but
 stream the weights once through our projections: the machine's limit.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
+from functools import partial
 
 import torch
 from rich.console import Console
 from rich.table import Table
 
-from corps.engine.requests import DecodeRequest, PrefillRequest
-from corps.engine.sampling import SamplingParams
-
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 
+Probe = Callable[[], object]
 
-def best(fn: Callable[[], object], repeats: int) -> float:
-    times = []
+
+def best_of(probes: dict[str, Probe], repeats: int) -> dict[str, float]:
+    """Each probe's best wall time over `repeats` rounds, every probe once per round."""
+    best = dict.fromkeys(probes, math.inf)
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
+        for name, probe in probes.items():
+            t0 = time.perf_counter()
+            probe()
+            best[name] = min(best[name], time.perf_counter() - t0)
+    return best
 
 
-def measure_ours(
-    engine, decode_tokens: int, prefill_tokens: int, repeats: int
-) -> tuple[float, float]:
-    core = engine._core
-    (q,), _ = core.prefill_many([PrefillRequest(PROMPT)])
-
-    def decode(n: int) -> Callable[[], object]:
-        sp = SamplingParams(max_tokens=n, ignore_eos=True)
-
-        def run() -> None:
-            (h,) = core.decode_many([DecodeRequest(parents=[q], sampling=sp)])
-            core.free(h)
-
-        return run
-
-    t_n, t_1 = best(decode(decode_tokens), repeats), best(decode(1), repeats)
-    ids = torch.randint(100, 1000, (prefill_tokens,)).tolist()
-
-    def prefill() -> None:
-        (h,), _ = core.prefill_many([PrefillRequest(ids, frame=False)])
-        core.free(h)
-
-    return (decode_tokens - 1) / (t_n - t_1), prefill_tokens / best(prefill, repeats)
+def rates(t: dict[str, float], decode_tokens: int, prefill_tokens: int) -> tuple[float, float]:
+    """(decode tok/s, prefill tok/s) from the times of `decode_n`, `decode_1`, `prefill`."""
+    return (decode_tokens - 1) / (t["decode_n"] - t["decode_1"]), prefill_tokens / t["prefill"]
 
 
-def measure_bound(engine, repeats: int) -> float:
+def random_ids(vocab: int, n: int) -> list[int]:
+    """n ordinary token ids (ids 100-999 of a real vocabulary, past the special ones)."""
+    return torch.randint(min(100, vocab // 2), min(1000, vocab), (n,)).tolist()
+
+
+async def ours_probes(engine, decode_tokens: int, prefill_tokens: int) -> dict[str, Probe]:
+    """Our decode of N and of 1 token, and one prefill, as coroutine functions."""
+    q = await engine.prefill(PROMPT)
+    ids = random_ids(len(engine.tokenizer), prefill_tokens)
+
+    async def decode(n: int) -> None:
+        engine.free(await engine.decode(parents=[q], max_tokens=n, ignore_eos=True))
+
+    async def prefill() -> None:
+        engine.free(await engine.prefill(ids, frame=False))
+
+    return dict(
+        decode_n=partial(decode, decode_tokens), decode_1=partial(decode, 1), prefill=prefill
+    )
+
+
+def measure_bound(path, dtype: str, repeats: int) -> float:
     """tok/s if a decode step did nothing but stream the weights through our projections."""
-    w = engine._core.runner.w
+    from corps.engine.engine import DTYPES
+    from corps.engine.weights import load_weights
+
+    w = load_weights(path, dtype=DTYPES[dtype], device="cpu", mixed=dtype == "mixed")
     projs = [p for lw in w.layers for p in (lw.qkv, lw.o, lw.gate_up, lw.down)] + [w.lm_head]
     xs = [torch.randn(1, p.w.shape[1], dtype=w.dtype) for p in projs]
 
@@ -66,10 +76,11 @@ def measure_bound(engine, repeats: int) -> float:
         for p, x in zip(projs, xs, strict=True):
             p(x)
 
-    return 1 / best(stream, repeats + 2)
+    return 1 / best_of({"stream": stream}, repeats + 2)["stream"]
 
 
-def measure_hf(path, dtype: torch.dtype, decode_tokens: int, prefill_tokens: int, repeats: int):
+def hf_probes(path, dtype: torch.dtype, decode_tokens: int, prefill_tokens: int):
+    """HF generate of N and of 1 token, and one forward over a prompt, as functions."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(path))
@@ -81,43 +92,60 @@ def measure_hf(path, dtype: torch.dtype, decode_tokens: int, prefill_tokens: int
         return_dict=True,
     )["input_ids"]
 
-    def gen(n: int) -> Callable[[], object]:
-        def run() -> None:
-            with torch.inference_mode():
-                model.generate(
-                    ids,
-                    max_new_tokens=n,
-                    min_new_tokens=n,
-                    do_sample=False,
-                    pad_token_id=tok.eos_token_id,
-                )
+    @torch.inference_mode()
+    def gen(n: int) -> None:
+        model.generate(
+            ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=tok.eos_token_id
+        )
 
-        return run
+    long = torch.tensor([random_ids(model.config.vocab_size, prefill_tokens)])  # (1, P)
 
-    t_n, t_1 = best(gen(decode_tokens), repeats), best(gen(1), repeats)
-    long = torch.randint(100, 1000, (1, prefill_tokens))
-
+    @torch.inference_mode()
     def prefill() -> None:
-        with torch.inference_mode():
-            model(long, use_cache=True)
+        model(long, use_cache=True)
 
-    return (decode_tokens - 1) / (t_n - t_1), prefill_tokens / best(prefill, repeats)
+    return dict(decode_n=partial(gen, decode_tokens), decode_1=partial(gen, 1), prefill=prefill)
+
+
+def measure_hf(path, dtype: torch.dtype, decode_tokens: int, prefill_tokens: int, repeats: int):
+    """HF's (decode tok/s, prefill tok/s) alone."""
+    probes = hf_probes(path, dtype, decode_tokens, prefill_tokens)
+    return rates(best_of(probes, repeats), decode_tokens, prefill_tokens)
+
+
+def measure(model: str, dtype: str, decode_tokens: int, prefill_tokens: int, repeats: int):
+    """(ours, HF, bound): ours and HF as (decode tok/s, prefill tok/s), run alternately."""
+    from anyio.from_thread import start_blocking_portal
+
+    from corps.engine.engine import DTYPES, Engine
+
+    with (
+        start_blocking_portal() as portal,
+        portal.wrap_async_context_manager(Engine.open(model, dtype=dtype)) as engine,
+    ):
+        ours = portal.call(ours_probes, engine, decode_tokens, prefill_tokens)
+        hf = hf_probes(engine.model_path, DTYPES[dtype], decode_tokens, prefill_tokens)
+        probes = {("ours", k): partial(portal.call, f) for k, f in ours.items()}
+        probes |= {("hf", k): f for k, f in hf.items()}  # each round: ours, then HF
+        t = best_of(probes, repeats)
+        bound = measure_bound(engine.model_path, dtype, repeats)
+    by = {who: {k: v for (w, k), v in t.items() if w == who} for who in ("ours", "hf")}
+    return (
+        rates(by["ours"], decode_tokens, prefill_tokens),
+        rates(by["hf"], decode_tokens, prefill_tokens),
+        bound,
+    )
 
 
 def main(
     model: str, dtypes: list[str], decode_tokens: int, prefill_tokens: int, repeats: int
 ) -> None:
-    from corps.engine.engine import DTYPES, Engine
-
     console = Console()
-    table = Table(title=f"runner vs HF generate ({model}, CPU threads={torch.get_num_threads()})")
+    table = Table(title=f"engine vs HF generate ({model}, CPU threads={torch.get_num_threads()})")
     for col in ("dtype", "metric", "corps tok/s", "HF tok/s", "ratio"):
         table.add_column(col, justify="right")
     for dtype in dtypes:
-        engine = Engine.load(model, dtype=dtype)
-        ours = measure_ours(engine, decode_tokens, prefill_tokens, repeats)
-        bound = measure_bound(engine, repeats)
-        hf = measure_hf(engine.model_path, DTYPES[dtype], decode_tokens, prefill_tokens, repeats)
+        ours, hf, bound = measure(model, dtype, decode_tokens, prefill_tokens, repeats)
         names = (f"decode ({decode_tokens} tok)", f"prefill ({prefill_tokens} tok)")
         for name, o, h in zip(names, ours, hf, strict=True):
             table.add_row(dtype, name, f"{o:.1f}", f"{h:.1f}", f"{o / h:.2f}x")
@@ -128,7 +156,6 @@ def main(
             f"{hf[0]:.1f}",
             f"{bound / hf[0]:.2f}x",
         )
-        del engine
     console.print(table)
 
 
