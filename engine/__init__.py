@@ -20,6 +20,7 @@ _HOME = {
     "FetchError": "corps.engine.errors",
     "InvalidRequest": "corps.engine.errors",
     "ModelNotFound": "corps.engine.errors",
+    "NonFiniteLogits": "corps.engine.errors",
     "UnsupportedModel": "corps.engine.errors",
     "SamplingParams": "corps.engine.sampling",
     "EngineStats": "corps.engine.stats",
@@ -36,6 +37,7 @@ __all__ = [
     "InvalidRequest",
     "LeakWarning",
     "ModelNotFound",
+    "NonFiniteLogits",
     "Pending",
     "SamplingParams",
     "TextStream",
@@ -54,6 +56,7 @@ if TYPE_CHECKING:
         FetchError,
         InvalidRequest,
         ModelNotFound,
+        NonFiniteLogits,
         UnsupportedModel,
     )
     from corps.engine.sampling import SamplingParams

@@ -38,7 +38,7 @@ from corps.engine.errors import InvalidRequest
 from corps.engine.planner import Call, Planner
 from corps.engine.requests import DecodeRequest, PrefillRequest
 from corps.engine.runner import ForwardBatch, ModelRunner, SeqSpan
-from corps.engine.sampling import SamplingParams, argmax_rows, forced, sample
+from corps.engine.sampling import SamplingParams, argmax_rows, forced, sample, sample_rows
 from corps.engine.stats import EngineStats
 from corps.engine.weights import Weights
 
@@ -281,10 +281,10 @@ class Core:
         if not plan:
             return out
         logits, rows = self._forward(plan)
-        greedy = self._greedy_picks(plan, rows, logits)
+        picks = self._picks(plan, rows, logits)
         r = 0
         for (c, start, n), k in zip(plan, rows, strict=True):
-            pick = greedy.get(r + k - 1) if k else None
+            pick = picks.get(r + k - 1) if k else None
             self._advance(c, start, n, logits[r : r + k], out, pick)
             r += k
             if c.done:  # its view and unused reservations go now, for waiting calls
@@ -330,18 +330,29 @@ class Core:
         return []
 
     @staticmethod
-    def _greedy_picks(plan, rows: list[int], logits: Tensor) -> dict[int, int]:
-        """Logit row -> token for every greedy decode in the step, in one op (forced
-        ones too: they do the work of the calls they replay)."""
-        last, r = [], 0
-        for (c, _, _), k in zip(plan, rows, strict=True):
+    def _picks(plan, rows: list[int], logits: Tensor) -> dict[int, int]:
+        """Logit row -> drawn token for the step's decodes that pick one now: one argmax
+        over the greedy ones' rows (a per-call argmax over the vocabulary cost ~60 us)
+        and one batched draw for the sampled ones (each from its own generator, so it
+        draws what it would alone). Forced calls are in: they do the work of the calls
+        they replay. A row missing (logits not finite) samples alone, and fails."""
+        greedy, sampled, r = [], [], 0
+        for (c, start, _), k in zip(plan, rows, strict=True):
             r += k
-            if k and c.is_decode and c.sampling.greedy:
-                last.append(r - 1)
-        if not last:
-            return {}
-        picks = argmax_rows(logits[last])  # (len(last),)
-        return dict(zip(last, picks, strict=True))
+            if not (k and c.is_decode):
+                continue
+            if c.sampling.greedy:
+                greedy.append(r - 1)
+            elif _samples_now(c, start):
+                sampled.append((r - 1, c))
+        picks = dict(zip(greedy, argmax_rows(logits[greedy]), strict=True)) if greedy else {}
+        if sampled:
+            at = [i for i, _ in sampled]
+            drawn = sample_rows(
+                logits[at], [c.sampling for _, c in sampled], [c.generator for _, c in sampled]
+            )
+            picks |= {i: t for i, t in zip(at, drawn, strict=True) if t is not None}
+        return picks
 
     def _advance(
         self, c: Call, start: int, n: int, logits: Tensor, out: StepOutput, pick: int | None
@@ -740,3 +751,10 @@ def _common_len(a: list[int], b: list[int]) -> int:
 def _long(values, device: torch.device) -> Tensor:
     """Index tensors are made on the store's device (index_copy_ / index_select need it)."""
     return torch.tensor(values, dtype=torch.long, device=device)
+
+
+def _samples_now(c: Call, start: int) -> bool:
+    """Whether a decode with a logit row in this step samples from it (`Core._advance`):
+    yes (its prompt's last row, or its pending token), unless that pending token is
+    one of a finishing call's (its turn's footer being encoded): no work for it."""
+    return not (start < 0 and c.finishing)

@@ -12,6 +12,7 @@ __all__ = [
     "FetchError",
     "InvalidRequest",
     "ModelNotFound",
+    "NonFiniteLogits",
     "UnsupportedModel",
 ]
 
@@ -38,3 +39,8 @@ class EngineClosed(CorpsError):
 
 class CallCancelled(CorpsError):
     """The call was cancelled (`Pending.cancel()`) before it finished; it left no message."""
+
+
+class NonFiniteLogits(CorpsError):
+    """A sampled call's next-token scores hold NaN or inf (e.g. a 16-bit overflow): that
+    call fails; open the engine with dtype="float32"."""

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import math
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from corps.engine.errors import InvalidRequest
+from corps.engine.errors import InvalidRequest, NonFiniteLogits
 
 
 @dataclass(frozen=True)
@@ -92,11 +93,17 @@ def sample(
 
     A forced call does all the same work, then emits its `index`-th forced token, so
     a benchmark replaying tokens times decoding as it is (not minus the sampling).
+    Raises NonFiniteLogits when the logits hold NaN or inf.
     """
     if params.greedy:
         return forced(params, index, int(torch.argmax(logits)))
-    ids, weights = candidates(logits, params)
-    return forced(params, index, draw(ids, weights, generator))
+    (token,) = sample_rows(logits[None], [params], [generator])
+    if token is None:
+        raise NonFiniteLogits(
+            "the model's next-token scores are not finite (NaN or inf), so nothing can be "
+            "sampled: a 16-bit overflow? open the engine with dtype='float32'"
+        )
+    return forced(params, index, token)
 
 
 def forced(params: SamplingParams, index: int, token: int) -> int:
@@ -104,50 +111,95 @@ def forced(params: SamplingParams, index: int, token: int) -> int:
     return params.force[index] if params.force else token
 
 
-def candidates(logits: Tensor, params: SamplingParams) -> tuple[Tensor | None, Tensor]:
-    """The tokens a sampled call may draw and their weights (proportional to their
-    probabilities): the `top_k` most likely (ties in any order), then of those the
-    nucleus, the fewest most likely whose probability reaches `top_p` (the token that
-    crosses it included). Returns (K,) ids and (K,) weights, most likely first; or
-    None and the (V,) probabilities when every token is a candidate."""
-    probs = torch.softmax(logits.float() / params.temperature, dim=-1)  # (V,)
-    v = probs.numel()
-    if not params.top_k and params.top_p >= 1.0:
+def sample_rows(
+    logits: Tensor,
+    params: Sequence[SamplingParams],
+    generators: Sequence[torch.Generator | None],
+) -> list[int | None]:
+    """The tokens drawn by B sampled calls (forcing not applied), one row of logits
+    (B, V) each; None for a row whose logits are not finite.
+
+    Calls with the same top-k and top-p share one softmax and one topk over their
+    rows (one call alone is the case B = 1, through the same ops), and each draws
+    from its own generator, so a call draws what it would draw alone.
+    """
+    out: list[int | None] = [None] * len(params)
+    groups: dict[tuple[int, float], list[int]] = {}
+    for i, p in enumerate(params):
+        groups.setdefault((p.top_k, p.top_p), []).append(i)
+    for (top_k, top_p), ix in groups.items():
+        rows = logits if len(ix) == len(params) else logits[ix]  # (Bg, V)
+        temps = torch.tensor([[params[i].temperature] for i in ix], device=rows.device)
+        probs = torch.softmax(rows.float() / temps, dim=-1)  # (Bg, V)
+        ids, weights = candidates(probs, top_k, top_p)
+        gens = [generators[i] for i in ix]
+        for i, token in zip(ix, draw(ids, weights, gens), strict=True):
+            out[i] = token
+    return out
+
+
+def candidates(probs: Tensor, top_k: int, top_p: float) -> tuple[Tensor | None, Tensor]:
+    """The tokens each row may draw and their weights, from its probabilities (B, V):
+    the `top_k` most likely (ties in any order), then of those the nucleus, the fewest
+    most likely whose probability reaches `top_p` (the token that crosses it
+    included). Returns (B, K) ids and (B, K) weights, most likely first and 0 past a
+    row's candidates; or None and the probabilities when every token is a candidate."""
+    v = probs.shape[-1]
+    if not top_k and top_p >= 1.0:
         return None, probs
-    k = min(params.top_k or v, v)
-    if params.top_p >= 1.0:  # top-k only
-        vals, ids = torch.topk(probs, k)  # (k,) most likely first
+    k = min(top_k or v, v)
+    if top_p >= 1.0:  # top-k only
+        vals, ids = torch.topk(probs, k)  # (B, k) most likely first
         return ids, vals
+    vals, ids = torch.topk(probs, min(k, NUCLEUS_FIRST))  # (B, F) most likely first
     norm = None  # with top-k, the nucleus is taken over the top k renormalised
-    vals, ids = torch.topk(probs, min(k, NUCLEUS_FIRST))  # most likely first
-    if params.top_k:
-        norm = vals.sum() if vals.numel() == k else torch.topk(probs, k).values.sum()
-    if vals.numel() < k and _nucleus(vals, params.top_p, norm)[-1]:
-        vals, ids = torch.sort(probs, descending=True)  # the nucleus may go on: all of it
-        vals, ids = vals[:k], ids[:k]
-    keep = _nucleus(vals, params.top_p, norm)
-    return ids[keep], vals[keep]
+    if top_k:
+        top = vals if vals.shape[-1] == k else torch.topk(probs, k).values
+        norm = top.sum(-1, keepdim=True)  # (B, 1)
+    if vals.shape[-1] < k:
+        wide = _nucleus(vals, top_p, norm)[:, -1]  # (B,) the nucleus may go on
+        if bool(wide.any()):
+            vals, ids = _widened(probs, vals, ids, wide, k)
+    keep = _nucleus(vals, top_p, norm)  # (B, K), a prefix of each row
+    return ids, vals * keep
+
+
+def _widened(probs: Tensor, vals: Tensor, ids: Tensor, wide: Tensor, k: int):
+    """vals, ids (B, F) padded with zeros to (B, k), the `wide` rows' replaced by their
+    k most likely from a sort of the whole row."""
+    pad = k - vals.shape[-1]
+    vals = torch.nn.functional.pad(vals, (0, pad))  # (B, k)
+    ids = torch.nn.functional.pad(ids, (0, pad))
+    sv, si = torch.sort(probs[wide], dim=-1, descending=True)  # (W, V)
+    vals[wide], ids[wide] = sv[:, :k], si[:, :k]
+    return vals, ids
 
 
 def _nucleus(sorted_probs: Tensor, top_p: float, norm: Tensor | None) -> Tensor:
-    """(K,) bool: which of these most-likely-first probabilities (divided by `norm`,
+    """(B, K) bool: which of these most-likely-first probabilities (divided by `norm`,
     the top-k mass, when top-k renormalises them) are in the nucleus: those before
     which less than top_p is gathered. The most likely always is."""
     p = sorted_probs / norm if norm is not None else sorted_probs
-    return torch.cumsum(p, 0) - p < top_p
+    return torch.cumsum(p, -1) - p < top_p
 
 
-def draw(ids: Tensor | None, weights: Tensor, generator: torch.Generator | None) -> int:
-    """One of `ids` (or, when None, a token id: an index of `weights`) with
-    probability proportional to its weight, by inverting the cumulative weights at
-    one uniform draw: ~60 us over a 49k vocabulary, where `torch.multinomial` drew
-    an exponential per token (~1.2 ms). The sums are in float64, so that even a
-    token 1e-9 likely keeps its own share of [0, 1); a zero weight is never drawn."""
-    cdf = torch.cumsum(weights, 0, dtype=torch.float64)  # (K,)
-    r = torch.rand(1, generator=generator, dtype=cdf.dtype, device=cdf.device)
-    u = (1 - r) * cdf[-1]  # in (0, total]: the first cdf >= u has a positive weight
-    i = int(torch.searchsorted(cdf, u).clamp_(max=cdf.numel() - 1))
-    return i if ids is None else int(ids[i])
+def draw(
+    ids: Tensor | None, weights: Tensor, generators: Sequence[torch.Generator | None]
+) -> list[int | None]:
+    """One token per row: one of its `ids` (or, when None, a token id: an index of its
+    weights) with probability proportional to its weight (B, K), by inverting the
+    cumulative weights at one uniform draw from the row's generator: ~60 us over a
+    49k vocabulary, where `torch.multinomial` drew an exponential per token (~1.2 ms).
+    The sums are in float64, so that even a token 1e-9 likely keeps its own share of
+    [0, 1); a zero weight is never drawn. None for a row whose weights are not finite."""
+    cdf = torch.cumsum(weights, -1, dtype=torch.float64)  # (B, K)
+    total = cdf[:, -1:]  # (B, 1)
+    r = torch.cat([torch.rand(1, generator=g, dtype=cdf.dtype) for g in generators])  # (B,)
+    u = (1 - r.to(cdf.device))[:, None] * total  # (B, 1) in (0, total]
+    at = torch.searchsorted(cdf, u).clamp_(max=cdf.shape[-1] - 1)  # (B, 1) first cdf >= u
+    tokens = at if ids is None else ids.gather(-1, at)
+    ok = (torch.isfinite(total) & (total > 0))[:, 0].tolist()
+    return [t if good else None for t, good in zip(tokens[:, 0].tolist(), ok, strict=True)]
 
 
 def argmax_rows(logits: Tensor) -> list[int]:

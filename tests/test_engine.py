@@ -47,9 +47,25 @@ async def test_seeded_sampling_is_reproducible(tiny_dirs):
         assert a.tokens == b.tokens == others[1].tokens
 
 
+async def test_a_sampled_call_draws_the_same_however_its_prompt_is_chunked(tiny_dirs):
+    """A sampled call draws from its generator only when it samples, never on its
+    prompt's earlier chunks: a seed gives the same tokens whatever the step budget."""
+    got = []
+    for step_tokens in (512, 40):
+        async with open_tiny(tiny_dirs, "llama", step_tokens=step_tokens) as engine:
+            q = await engine.prefill("hello world")
+            h = await engine.decode(
+                parents=[q], header=[5 + i % 50 for i in range(150)], temperature=1.5,
+                top_p=0.95, seed=11, max_tokens=8, ignore_eos=True,
+            )  # fmt: skip
+            got.append(h.generated)
+    assert got[0] == got[1]
+
+
 async def test_a_step_mixing_greedy_sampled_and_forced_calls_gives_each_its_own(tiny_dirs):
-    """Greedy calls take their argmax from one op over the step's rows; sampled and
-    forced calls in the same step must still get exactly what they get alone."""
+    """Greedy calls take their argmax from one op over the step's rows, sampled ones
+    their draws from one batched sampler; each call (forced ones too) must still get
+    exactly what it gets alone."""
     async with open_tiny(tiny_dirs, "llama") as engine:
         qs = [await engine.prefill(t) for t in ("hello world", "the lazy dog", "one two")]
         kinds = [
@@ -57,12 +73,15 @@ async def test_a_step_mixing_greedy_sampled_and_forced_calls_gives_each_its_own(
             dict(max_tokens=10, ignore_eos=True, temperature=1.2, seed=5),
             dict(force=[7, 8, 9, 10]),
             dict(max_tokens=10, ignore_eos=True),
+            dict(max_tokens=10, ignore_eos=True, temperature=0.8, top_p=0.9, seed=2),
+            dict(max_tokens=10, ignore_eos=True, temperature=1.5, top_p=0.9, seed=3),
+            dict(force=[5, 6, 7], temperature=0.7, top_p=0.95),
         ]
         reqs = [dict(parents=[qs[i % 3]], **kw) for i, kw in enumerate(kinds)]
         alone = [await engine.decode(**r) for r in reqs]
         together = await engine.decode_many(reqs)
         assert [h.generated for h in together] == [h.generated for h in alone]
-        assert together[2].generated == [7, 8, 9, 10]
+        assert together[2].generated == [7, 8, 9, 10] and together[6].generated == [5, 6, 7]
 
 
 async def test_stop_strings_and_raw_header(tiny_dirs):

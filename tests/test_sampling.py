@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from corps.engine import sampling
-from corps.engine.errors import InvalidRequest
-from corps.engine.sampling import SamplingParams, candidates, draw, sample
+from corps.engine.errors import InvalidRequest, NonFiniteLogits
+from corps.engine.sampling import SamplingParams, candidates, draw, sample, sample_rows
 
 LOGITS = torch.tensor([0.1, 2.0, 1.9, -1.0, 0.5])
 
@@ -100,29 +100,69 @@ def _oracle(logits: torch.Tensor, params: SamplingParams) -> set[int]:
     first=st.sampled_from([1, 4, 64]),
 )
 def test_candidates_match_a_full_sort(tenths, temperature, top_k, top_p, first):
-    """Whether the nucleus is found among the first few most likely tokens or needs the
-    whole sort, the candidates are those of the brute-force rule, with weights in
-    proportion to their probabilities. (Logits 0.1 apart within [-10, 10]: no two
-    probabilities tie, none underflows, so the rule names one set.)"""
+    """Whether a row's nucleus is found among its first few most likely tokens or needs
+    the whole sort, and whatever the other rows need, its candidates are those of the
+    brute-force rule, weighted by their probabilities. (Logits 0.1 apart within
+    [-10, 10]: no two probabilities tie, none underflows, so the rule names one set.)"""
     x = torch.tensor(tenths) / 10
-    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+    rows = torch.stack([x, x.flip(0), x / 2, x / 8])  # peaked and flat rows side by side
+    probs = torch.softmax(rows / temperature, -1)  # (4, V)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(sampling, "NUCLEUS_FIRST", first)  # where the nucleus is looked for first
-        ids, weights = candidates(x, params)
-    probs = torch.softmax(x / temperature, -1)
+        ids, weights = candidates(probs, top_k, top_p)
     if ids is None:
         assert top_k == 0 and top_p == 1.0 and torch.equal(weights, probs)
         return
-    assert set(ids.tolist()) == _oracle(x, params) and len(ids) == len(set(ids.tolist()))
-    assert torch.equal(weights, probs[ids])
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+    for row, i, w, p in zip(rows, ids, weights, probs, strict=True):
+        kept = i[w > 0]
+        assert set(kept.tolist()) == _oracle(row, params) and len(kept) == len(set(kept.tolist()))
+        assert torch.equal(w[w > 0], p[kept])
 
 
 def test_draws_follow_the_weights_and_never_pick_a_zero():
     gen = torch.Generator().manual_seed(0)
-    weights = torch.tensor([0.0, 0.5, 0.0, 0.3, 0.2, 0.0])
-    picks = [draw(None, weights, gen) for _ in range(20000)]
+    weights = torch.tensor([[0.0, 0.5, 0.0, 0.3, 0.2, 0.0]])
+    picks = [draw(None, weights, [gen])[0] for _ in range(20000)]
     counts = torch.bincount(torch.tensor(picks), minlength=6) / len(picks)
     assert counts[0] == counts[2] == counts[5] == 0
-    assert torch.allclose(counts, weights, atol=0.015)
-    ids = torch.tensor([40, 7, 9])
-    assert {draw(ids, torch.tensor([1.0, 0.0, 3.0]), gen) for _ in range(500)} == {40, 9}
+    assert torch.allclose(counts, weights[0], atol=0.015)
+    ids = torch.tensor([[40, 7, 9]])
+    assert {draw(ids, torch.tensor([[1.0, 0.0, 3.0]]), [gen])[0] for _ in range(500)} == {40, 9}
+
+
+def test_calls_sampled_together_draw_what_they_draw_alone():
+    logits = torch.randn(6, 500) * 4
+    params = [
+        SamplingParams(temperature=t, top_p=p, top_k=k, seed=i)
+        for i, (t, p, k) in enumerate(
+            [
+                (0.7, 0.95, 0),
+                (1.3, 0.95, 0),
+                (0.7, 1.0, 0),
+                (1.0, 0.9, 20),
+                (2.0, 1.0, 7),
+                (0.5, 0.95, 0),
+            ]
+        )
+    ]
+    for _ in range(3):  # several draws each, generators advancing together
+        gens = [p.generator() for p in params]
+        alone_gens = [p.generator() for p in params]
+        together = sample_rows(logits, params, gens)
+        alone = [
+            sample_rows(logits[i : i + 1], [p], [g])[0]
+            for i, (p, g) in enumerate(zip(params, alone_gens, strict=True))
+        ]
+        assert together == alone and None not in together
+        logits = logits.roll(1, -1)
+
+
+def test_non_finite_logits_fail_that_call_only():
+    logits = torch.randn(3, 50)
+    logits[1, 4] = float("nan")
+    params = [SamplingParams(temperature=0.8, top_p=0.9, seed=i) for i in range(3)]
+    drawn = sample_rows(logits, params, [p.generator() for p in params])
+    assert drawn[1] is None and None not in (drawn[0], drawn[2])
+    with pytest.raises(NonFiniteLogits, match="float32"):
+        sample(logits[1], params[1], params[1].generator())
