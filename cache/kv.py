@@ -80,3 +80,8 @@ class KVStore:
         """Store unrotated k, v (T, Hkv, D) at slots (T,)."""
         self.k[layer].index_copy_(0, slots, k)
         self.v[layer].index_copy_(0, slots, v)
+
+    def copy(self, src: Tensor, dst: Tensor) -> None:
+        """Copy every layer's K and V of slots src (T,) into slots dst (T,)."""
+        self.k.index_copy_(1, dst, self.k.index_select(1, src))
+        self.v.index_copy_(1, dst, self.v.index_select(1, src))

@@ -173,6 +173,14 @@ class CallView:
     def advance(self, t: int) -> None:
         self.length += t
 
+    def copy_own(self, other: CallView, t: int) -> None:
+        """Take `other`'s first t own tokens as this view's (every layer) and advance:
+        for a twin call whose own tokens would be the same (`Core._forward`)."""
+        n = self.own_length
+        self.own_k[:, :, n : n + t] = other.own_k[:, :, :t]
+        self.own_v[:, :, n : n + t] = other.own_v[:, :, :t]
+        self.advance(t)
+
 
 def _carve(store: KVStore, arena: ViewArena | None, n: int) -> tuple[Tensor, Tensor, int | None]:
     """(L, Hkv, n, D) K and V: an arena range and its start, or ViewsFull; new tensors

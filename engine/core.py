@@ -293,8 +293,26 @@ class Core:
         return out
 
     def _forward(self, plan: list[tuple[Call, int, int]]) -> tuple[Tensor, list[int]]:
+        """Run the plan's rows; returns the logit rows (N, V) and each entry's count.
+
+        Twin calls (`_twin_key`: the same shared context, the same first chunk at the
+        same positions, as sixteen voters' headers over one set of branches) are
+        encoded once: the first runs, the others copy its K/V and share its logits,
+        and count those tokens as reused. In-batch prefix sharing does the same for
+        the baseline's identical prompts."""
         ids, pos, slots, spans, rows, counts, t = [], [], [], [], [], [], 0
+        leaders: dict[tuple, tuple[Call, list[int]]] = {}
+        twins: list[tuple[Call, Call, int]] = []  # (twin, the call it copies, tokens)
         for c, start, n in plan:
+            key = self._twin_key(c, start, n)
+            if key in leaders:
+                lead, lead_rows = leaders[key]
+                twins.append((c, lead, n))
+                c.reused += n
+                self.tokens_reused += n
+                rows += lead_rows
+                counts.append(len(lead_rows))
+                continue
             if start < 0:  # the pending sampled token
                 ids.append(c.pending)
                 pos.append(c.feed_start + len(c.feed) + len(c.generated) + len(c.closed) - 1)
@@ -305,6 +323,8 @@ class Core:
                 pos += range(c.feed_start + start, c.feed_start + start + n)
                 slots += c.slots[start : start + n]
                 mine = self._feed_rows(c, start, n, t)
+                if key is not None:
+                    leaders[key] = (c, mine)
             spans.append(SeqSpan(t, t + n, c.view))
             c.encoded += n
             rows += mine
@@ -316,9 +336,24 @@ class Core:
         )
         t0 = time.perf_counter()
         logits = self.runner.forward(batch)  # (len(rows), V)
+        for c, lead, n in twins:
+            self.store.copy(_long(lead.slots[:n], dev), _long(c.slots[:n], dev))
+            c.view.copy_own(lead.view, n)
         self.forward_seconds += time.perf_counter() - t0
         self.tokens_encoded += t
         return logits, counts
+
+    @staticmethod
+    def _twin_key(c: Call, start: int, n: int) -> tuple | None:
+        """What makes a decode's first chunk encode exactly as another's: the same
+        shared context (one object: the same slots at the same positions), nothing of
+        its own yet, the same tokens at the same positions. None: not a candidate."""
+        v = c.view
+        if start != 0 or not c.is_decode or c.want_logits or v is None or v.ctx is None:
+            return None
+        if v.own_length or v.ctx.key is None:
+            return None
+        return (id(v.ctx), c.feed_start, n, tuple(c.feed[:n]))
 
     def _feed_rows(self, c: Call, start: int, n: int, t: int) -> list[int]:
         """Rows of a feed chunk whose logits the call needs."""
@@ -335,7 +370,8 @@ class Core:
         over the greedy ones' rows (a per-call argmax over the vocabulary cost ~60 us)
         and one batched draw for the sampled ones (each from its own generator, so it
         draws what it would alone). Forced calls are in: they do the work of the calls
-        they replay. A row missing (logits not finite) samples alone, and fails."""
+        they replay. A row missing (its logits not finite, or the batched draw
+        failed) samples alone in `_advance`, where an error fails that call only."""
         greedy, sampled, r = [], [], 0
         for (c, start, _), k in zip(plan, rows, strict=True):
             r += k
@@ -348,9 +384,11 @@ class Core:
         picks = dict(zip(greedy, argmax_rows(logits[greedy]), strict=True)) if greedy else {}
         if sampled:
             at = [i for i, _ in sampled]
-            drawn = sample_rows(
-                logits[at], [c.sampling for _, c in sampled], [c.generator for _, c in sampled]
-            )
+            params, gens = [c.sampling for _, c in sampled], [c.generator for _, c in sampled]
+            try:
+                drawn = sample_rows(logits[at], params, gens)
+            except Exception:  # each samples alone in _advance: an error fails that call only
+                drawn = [None] * len(at)
             picks |= {i: t for i, t in zip(at, drawn, strict=True) if t is not None}
         return picks
 

@@ -152,14 +152,20 @@ async def test_queue_full_nowait_raises_and_await_waits(tiny_dirs):
 async def test_one_bad_call_fails_alone(tiny_dirs, monkeypatch):
     import corps.engine.core as core_mod
 
-    real_sample = core_mod.sample
+    real_sample, real_rows = core_mod.sample, core_mod.sample_rows
 
     def flaky(logits, params, generator, index):
         if params.seed == 666:
             raise RuntimeError("injected sampling failure")
         return real_sample(logits, params, generator, index)
 
+    def flaky_rows(logits, params, generators):  # the step's batched draw fails as a whole
+        if any(p.seed == 666 for p in params):
+            raise RuntimeError("injected sampling failure")
+        return real_rows(logits, params, generators)
+
     monkeypatch.setattr(core_mod, "sample", flaky)
+    monkeypatch.setattr(core_mod, "sample_rows", flaky_rows)
     async with open_tiny(tiny_dirs, "llama") as engine:
         q = await engine.prefill("hello world")
         outcomes = {}
