@@ -347,7 +347,9 @@ class Core:
     def _twin_key(c: Call, start: int, n: int) -> tuple | None:
         """What makes a decode's first chunk encode exactly as another's: the same
         shared context (one object: the same slots at the same positions), nothing of
-        its own yet, the same tokens at the same positions. None: not a candidate."""
+        its own yet, the same tokens at the same positions. None: not a candidate.
+        A twin's copy depends only on what the twin itself reads, so it carries no
+        other agent's context (nothing for the leak policy to see)."""
         v = c.view
         if start != 0 or not c.is_decode or c.want_logits or v is None or v.ctx is None:
             return None
