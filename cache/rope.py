@@ -37,7 +37,7 @@ class RopeTables:
         """Rotate x (..., T, H, D) to positions (T,) as HF does (rotate_half convention)."""
         cos = self.cos[positions].unsqueeze(-2)  # (T, 1, D)
         sin = self.sin[positions].unsqueeze(-2)  # (T, 1, D)
-        return x * cos + rotate_half(x) * sin
+        return apply_rope(x, cos, sin)
 
     def rotate_into(self, x: Tensor, positions: Tensor, out: Tensor, token_dim: int = -3) -> None:
         """Write `rotate(x, positions)` into out (x's shape, any strides), bit for bit,
@@ -56,6 +56,12 @@ class RopeTables:
         torch.mul(x, cos, out=out)
         out[..., :half].sub_(x2 * sin[..., :half])  # x1 c + (-x2) s == x1 c - x2 s exactly
         out[..., half:].add_(x1 * sin[..., half:])
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x rotated by tables already picked for its tokens (broadcast against x), as HF
+    does: x cos + rotate_half(x) sin. The forward uses it with one step's tables."""
+    return x * cos + rotate_half(x) * sin
 
 
 def rotate_half(x: Tensor) -> Tensor:

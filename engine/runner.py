@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from corps.cache.kv import KVStore
-from corps.cache.rope import rotate_half
+from corps.cache.rope import apply_rope
 from corps.cache.view import CallView
 from corps.engine.attention import GROUP_MIN_SAVED, AttentionBackend, DecodePlan, SdpaAttention
 from corps.engine.weights import Weights
@@ -214,7 +214,7 @@ def layer_qkv(x, norm, qkv_proj, q_norm, k_norm, cos, sin, hq: int, hkv: int, ep
         q = rms_norm(q.view(-1, hq, d), q_norm, eps)
         k = rms_norm(k, k_norm, eps)
         qk = torch.cat([q, k], dim=1)
-    qk = qk * cos + rotate_half(qk) * sin  # one rotation for q and k
+    qk = apply_rope(qk, cos, sin)  # one rotation for q and k
     return qk[:, :hq], qk[:, hq:], k, v
 
 
