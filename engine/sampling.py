@@ -147,31 +147,28 @@ def candidates(probs: Tensor, top_k: int, top_p: float) -> tuple[Tensor | None, 
     v = probs.shape[-1]
     if not top_k and top_p >= 1.0:
         return None, probs
-    k = min(top_k or v, v)
-    if top_p >= 1.0:  # top-k only
-        vals, ids = torch.topk(probs, k)  # (B, k) most likely first
-        return ids, vals
-    vals, ids = torch.topk(probs, min(k, NUCLEUS_FIRST))  # (B, F) most likely first
-    norm = None  # with top-k, the nucleus is taken over the top k renormalised
-    if top_k:
-        top = vals if vals.shape[-1] == k else torch.topk(probs, k).values
-        norm = top.sum(-1, keepdim=True)  # (B, 1)
-    if vals.shape[-1] < k:
-        wide = _nucleus(vals, top_p, norm)[:, -1]  # (B,) the nucleus may go on
+    if top_k:  # the k most likely bound the work: no need to look further
+        vals, ids = torch.topk(probs, min(top_k, v))  # (B, k) most likely first
+        if top_p >= 1.0:
+            return ids, vals
+        keep = _nucleus(vals, top_p, vals.sum(-1, keepdim=True))  # over the top k renormalised
+        return ids, vals * keep
+    vals, ids = torch.topk(probs, min(v, NUCLEUS_FIRST))  # (B, F) most likely first
+    if vals.shape[-1] < v:
+        wide = _nucleus(vals, top_p, None)[:, -1]  # (B,) the nucleus may go on
         if bool(wide.any()):
-            vals, ids = _widened(probs, vals, ids, wide, k)
-    keep = _nucleus(vals, top_p, norm)  # (B, K), a prefix of each row
+            vals, ids = _widened(probs, vals, ids, wide)
+    keep = _nucleus(vals, top_p, None)  # (B, K), a prefix of each row
     return ids, vals * keep
 
 
-def _widened(probs: Tensor, vals: Tensor, ids: Tensor, wide: Tensor, k: int):
-    """vals, ids (B, F) padded with zeros to (B, k), the `wide` rows' replaced by their
-    k most likely from a sort of the whole row."""
-    pad = k - vals.shape[-1]
-    vals = torch.nn.functional.pad(vals, (0, pad))  # (B, k)
+def _widened(probs: Tensor, vals: Tensor, ids: Tensor, wide: Tensor) -> tuple[Tensor, Tensor]:
+    """vals, ids (B, F) padded with zeros to (B, V), the `wide` rows' replaced by a sort
+    of the whole row."""
+    pad = probs.shape[-1] - vals.shape[-1]
+    vals = torch.nn.functional.pad(vals, (0, pad))  # (B, V)
     ids = torch.nn.functional.pad(ids, (0, pad))
-    sv, si = torch.sort(probs[wide], dim=-1, descending=True)  # (W, V)
-    vals[wide], ids[wide] = sv[:, :k], si[:, :k]
+    vals[wide], ids[wide] = torch.sort(probs[wide], dim=-1, descending=True)  # (W, V)
     return vals, ids
 
 

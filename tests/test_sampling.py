@@ -120,6 +120,14 @@ def test_candidates_match_a_full_sort(tenths, temperature, top_k, top_p, first):
         assert torch.equal(w[w > 0], p[kept])
 
 
+def test_top_p_applies_to_the_top_k_renormalised():
+    probs = torch.tensor([[0.4, 0.3, 0.1, 0.1, 0.1]])
+    ids, weights = candidates(probs, 2, 0.5)  # top 2 renormalised: 0.57, 0.43
+    assert ids[weights > 0].tolist() == [0]
+    ids, weights = candidates(probs, 0, 0.5)  # no top-k: 0.4 is not enough alone
+    assert ids[weights > 0].tolist() == [0, 1]
+
+
 def test_draws_follow_the_weights_and_never_pick_a_zero():
     gen = torch.Generator().manual_seed(0)
     weights = torch.tensor([[0.0, 0.5, 0.0, 0.3, 0.2, 0.0]])
