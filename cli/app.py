@@ -427,9 +427,9 @@ def bench_workflows(
             )
             reports.append(cells[(b, v)])
     if cells:
-        for metric, label in (("wall_s", "end to end"), ("ttft_s", "TTFT")):
+        for label, value in bw.SWEEP_MAPS:
             title = f"tree of thoughts sweep: baseline/choreographed {label}"
-            console.print(bw.sweep_table(cells, sizes, metric, title))
+            console.print(bw.sweep_table(cells, sizes, value, title))
     _write(bw, reports, json_out, plot_out)
 
 

@@ -123,6 +123,7 @@ class Core:
         self.tokens_encoded = 0
         self.tokens_reused = 0
         self.forward_seconds = 0.0  # time spent in the model's forward
+        self.step_encoded = False  # the last step ran a prompt chunk (not decodes only)
         # Guards slot and pin bookkeeping: `free` runs on the caller's thread while a
         # call may be running on the worker thread.
         self._mutex = threading.RLock()
@@ -255,6 +256,7 @@ class Core:
         others go on.
         """
         out = StepOutput()
+        self.step_encoded = False
         plan: list[tuple[Call, int, int]] = []  # (call, first feed index or -1, n tokens)
         left = budget if budget is not None else 1 << 62
         prefilling = sum(len(c.feed) - c.fed for c in calls if c.pending is None)
@@ -280,6 +282,7 @@ class Core:
                 left -= n
         if not plan:
             return out
+        self.step_encoded = any(start >= 0 for _, start, _ in plan)
         logits, rows = self._forward(plan)
         picks = self._picks(plan, rows, logits)
         r = 0

@@ -121,6 +121,7 @@ class _Counters:
     tokens_sampled: int = 0
     step_seconds: float = 0.0  # wall time of steps, measured on the loop
     forward_seconds: float = 0.0  # of which in the model's forward
+    encode_seconds: float = 0.0  # of which in steps that encoded a prompt chunk
     ttft_sum: float = 0.0
     ttft_n: int = 0
 
@@ -259,10 +260,13 @@ class Scheduler:
         forward0 = self.core.forward_seconds
         self._incoming = new  # owned by the loop until the step has taken them
         steps = self.n.steps
+        self.core.step_encoded = False  # set by the step, if one runs and encodes
         await anyio.to_thread.run_sync(self._step_sync, new, t0)
         self._incoming = []
         now = time.perf_counter()
         self.n.step_seconds += now - t0
+        if self.core.step_encoded:
+            self.n.encode_seconds += now - t0
         self.n.forward_seconds += self.core.forward_seconds - forward0
         rec = self.rec
         for job, tok in self._tokens:
@@ -392,4 +396,6 @@ class Scheduler:
             tokens_per_s=n.tokens_sampled / n.step_seconds if n.step_seconds else 0.0,
             mean_ttft_s=n.ttft_sum / n.ttft_n if n.ttft_n else math.nan,
             overhead=1 - n.forward_seconds / n.step_seconds if n.step_seconds else 0.0,
+            step_s=n.step_seconds,
+            encode_step_s=n.encode_seconds,
         )

@@ -32,6 +32,10 @@ class EngineStats:
     kv_bytes: int = 0  # store + view arena: all the KV memory the engine can use
     weight_bytes: int = 0  # the model's weights as held (float32 keeps projections twice)
     forward_s: float = 0.0  # seconds spent in the model's forward since the engine opened
+    step_s: float = 0.0  # wall time of the batching loop's steps (admission, forward, sampling)
+    # of step_s, the steps that encoded any prompt chunk (a prefill, a decode's prompt or
+    # header); the rest only decoded. What a workflow could save by encoding less.
+    encode_step_s: float = 0.0
 
     @property
     def prefix_hit_rate(self) -> float:

@@ -40,6 +40,17 @@ async def test_every_implementation_decodes_the_same_tokens(tiny_dirs, pattern, 
     assert chor.prefilled < hf.prefilled  # hf re-encodes every prompt from scratch
     assert set(report.ratios) == {"baseline/choreographed", "hf/choreographed"}
     assert all(r.low <= r.mean <= r.high for by in report.ratios.values() for r in by.values())
+    assert 0 < base.encode_s < base.wall_s and 0 < chor.encode_s < chor.wall_s
+    assert report.ceiling > 1
+
+
+def test_ceiling_is_the_baseline_without_its_encoding_steps():
+    def run(wall: float, encode: float) -> dict[str, bw.Sample]:
+        s = bw.Sample(ttft_s=0, wall_s=wall, calls=1, prefilled=1, reused=0, decoded=1, tokens=[])
+        return {"baseline": s.model_copy(update={"encode_s": encode}), "choreographed": s}
+
+    assert bw.ceiling([run(10.0, 5.0), run(6.0, 1.0)]) == pytest.approx(8.0 / 5.0)
+    assert bw.ceiling([run(1.0, 1.0)]) == float("inf")
 
 
 def test_bootstrap_brackets_the_ratio_of_means():
@@ -88,5 +99,7 @@ def test_workflows_runs_the_paper_settings_and_the_sweep(tiny_dirs, tmp_path):
     names = [r["pattern"] for r in reports]
     assert names == ["debate", "tree_of_thoughts", "parallel_debate"] + ["tree_of_thoughts"] * 4
     assert all(r["equal_work"] for r in reports)
-    assert result.output.count("tree of thoughts sweep") == 2  # end to end, TTFT
+    assert result.output.count("tree of thoughts sweep") == 3  # end to end, TTFT, ceiling
+    assert "end-to-end ceiling" in result.output
+    assert all(r["ceiling"] > 1 for r in reports)
     assert list(reports[-1]["runs"][0]) == ["baseline", "choreographed"]  # the sweep's pair

@@ -37,6 +37,19 @@ async def test_many_concurrent_callers_share_steps(tiny_dirs):
         assert stats.queue_depth == 0 and stats.tokens_per_s > 0 and stats.mean_ttft_s > 0
 
 
+async def test_step_time_is_split_into_encoding_and_decoding_steps(tiny_dirs):
+    async with open_tiny(tiny_dirs, "llama") as engine:
+        q = await engine.prefill("hello world")
+        after_prefill = engine.stats()
+        assert after_prefill.encode_step_s > 0
+        assert after_prefill.encode_step_s == after_prefill.step_s  # a prefill only encodes
+        await engine.decode(parents=[q], max_tokens=8, ignore_eos=True)
+        after = engine.stats()
+        # the header's step encodes; the next tokens' steps only decode
+        assert after.encode_step_s > after_prefill.encode_step_s
+        assert after.step_s - after.encode_step_s > 0
+
+
 async def test_greedy_and_seeded_outputs_do_not_depend_on_the_batch(tiny_dirs):
     async with open_tiny(tiny_dirs, "qwen3") as engine:
         qs = await engine.prefill_many([dict(message=p) for p in PROMPTS])
