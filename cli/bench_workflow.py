@@ -71,11 +71,15 @@ def sample_of(result: PatternResult, encode_s: float = 0.0) -> Sample:
     decodes = [h for h in result.messages if h is not None and h.ttft is not None]
     tokens = [h.generated for h in decodes]
     decoded = sum(len(t) for t in tokens)
+    # generated tokens run back through the model: all in choreography (a message is
+    # kept encoded); the baseline and hf never run a turn's last token (they re-encode
+    # its text where it is read)
+    fed_back = decoded - (0 if result.mode == "choreographed" else len(decodes))
     return Sample(
         ttft_s=statistics.fmean(h.ttft for h in decodes) if decodes else 0.0,
         wall_s=result.wall_s,
         calls=len(decodes),
-        prefilled=result.tokens_encoded - decoded,
+        prefilled=result.tokens_encoded - fed_back,
         reused=result.tokens_reused,
         decoded=decoded,
         encode_s=encode_s,

@@ -266,15 +266,18 @@ class Core:
         for c in calls:
             if c.pending is None or decodes <= 0:
                 continue
-            decodes -= 1
+            # the pending token; a finishing call's footer goes with it, so its turn is
+            # closed in one step (rows that need no logits need not wait for each other)
+            n = 1 + len(c.closing)
+            decodes -= n
             try:
-                c.slots.append(c.spare.pop() if c.spare else self._alloc(1, "a next token")[0])
+                self._next_slots(c, n)
             except CacheFullError as exc:
                 self.abort(c)
                 out.failed.append((c, exc))
                 continue
-            plan.append((c, -1, 1))
-            left -= 1
+            plan.append((c, -1, n))
+            left -= n
         for c in calls:
             if c.pending is None and c.fed < len(c.feed) and left > 0:
                 n = min(len(c.feed) - c.fed, PREFILL_CHUNK, left)
@@ -316,10 +319,11 @@ class Core:
                 rows += lead_rows
                 counts.append(len(lead_rows))
                 continue
-            if start < 0:  # the pending sampled token
-                ids.append(c.pending)
-                pos.append(c.feed_start + len(c.feed) + len(c.generated) + len(c.closed) - 1)
-                slots.append(c.slots[-1])
+            if start < 0:  # the pending sampled token, then a finishing call's footer
+                first = c.feed_start + len(c.feed) + len(c.generated) + len(c.closed) - 1
+                ids += [c.pending, *c.closing]  # n tokens
+                pos += range(first, first + n)
+                slots += c.slots[len(c.slots) - n :]
                 mine = [] if c.finishing else [t]
             else:
                 ids += c.feed[start : start + n]
@@ -378,13 +382,13 @@ class Core:
         they replay. A row missing (its logits not finite, or the batched draw
         failed) samples alone in `_advance`, where an error fails that call only."""
         greedy, sampled, r = [], [], 0
-        for (c, start, _), k in zip(plan, rows, strict=True):
+        for (c, _, _), k in zip(plan, rows, strict=True):
             r += k
             if not (k and c.is_decode):
                 continue
             if c.sampling.greedy:
                 greedy.append(r - 1)
-            elif _samples_now(c, start):
+            else:  # a finishing call's closing step has no logit row: it never gets here
                 sampled.append((r - 1, c))
         picks = dict(zip(greedy, argmax_rows(logits[greedy]), strict=True)) if greedy else {}
         if sampled:
@@ -402,12 +406,10 @@ class Core:
     ) -> None:
         if start < 0:
             c.pending = None
-            if c.finishing:
-                if c.closing:  # close the turn: the footer is encoded, never sampled
-                    c.pending = c.closing.pop(0)
-                    c.closed.append(c.pending)
-                else:
-                    c.done = True
+            if c.finishing:  # its last token and footer are encoded: the turn is closed
+                c.closed += c.closing
+                c.closing = []
+                c.done = True
                 return
         else:
             c.fed += n
@@ -435,6 +437,12 @@ class Core:
         c.finishing = self._stops(c, tok)
         if c.finishing:
             c.closing = self._closing(c.footer, tok)
+            if self.radix is not None:
+                # The baseline re-encodes a turn's text wherever it is read, so it never
+                # runs the last token and footer through the model (a serving engine's
+                # prefix cache keeps a finished request's prompt and output but its last
+                # token): the call is done. Choreography must encode them, as the message.
+                c.closed, c.closing, c.pending, c.done = c.closing, [], None, True
         out.tokens.append((c, tok))
 
     def finish(self, c: Call) -> Handle:
@@ -444,6 +452,15 @@ class Core:
         self._drop_view(c)
         self._release_spare(c)
         return handle
+
+    def _next_slots(self, c: Call, n: int) -> None:
+        """n more store slots for the call's next tokens: its reservation first."""
+        take = min(n, len(c.spare))
+        if take:
+            c.slots += reversed(c.spare[len(c.spare) - take :])
+            del c.spare[len(c.spare) - take :]
+        if n > take:
+            c.slots += self._alloc(n - take, "a next token")
 
     def _release_spare(self, c: Call) -> None:
         if c.spare:
@@ -681,8 +698,8 @@ class Core:
         tokens = self._own(c) + c.generated
         c.text = self._decoded_text(tokens[c.frame_len :], c.sampling)
         tokens += c.closed
-        if self.radix is not None:
-            self._cache_prefix(c, c.prefix + c.generated + c.closed)
+        if self.radix is not None:  # its last generated token was never encoded
+            self._cache_prefix(c, c.prefix + c.generated[:-1])
             return self._register(c, tokens, [])
         return self._register(c, tokens, c.slots)
 
@@ -794,10 +811,3 @@ def _common_len(a: list[int], b: list[int]) -> int:
 def _long(values, device: torch.device) -> Tensor:
     """Index tensors are made on the store's device (index_copy_ / index_select need it)."""
     return torch.tensor(values, dtype=torch.long, device=device)
-
-
-def _samples_now(c: Call, start: int) -> bool:
-    """Whether a decode with a logit row in this step samples from it (`Core._advance`):
-    yes (its prompt's last row, or its pending token), unless that pending token is
-    one of a finishing call's (its turn's footer being encoded): no work for it."""
-    return not (start < 0 and c.finishing)

@@ -169,6 +169,21 @@ async def test_stream_yields_the_text(tiny_dirs):
         assert "".join(deltas) == stream.handle.text
 
 
+@pytest.mark.parametrize("mode, closing_steps", [("choreographed", 1), ("baseline", 0)])
+async def test_a_turn_is_closed_in_one_step_or_not_at_all(tiny_dirs, mode, closing_steps):
+    # choreography encodes the last token and footer together (the message is kept);
+    # the baseline never encodes them (its readers re-encode the turn's text)
+    async with open_tiny(tiny_dirs, "llama", mode=mode) as engine:
+        q = await engine.prefill("hello world")
+        steps = engine.stats().steps
+        a = await engine.decode(parents=[q], max_tokens=5, ignore_eos=True)
+        # one step for the prompt (or header) and the first token, one per next token
+        assert engine.stats().steps - steps == 1 + 4 + closing_steps
+        fmt = engine._core.fmt
+        footer = fmt.encode(fmt.frame("assistant")[1])  # whole: max_tokens cut the turn
+        assert footer and a.tokens == a.tokens[: len(a.tokens) - len(footer)] + footer
+
+
 async def test_baseline_multi_turn_reencodes_only_the_new_turn(tiny_dirs):
     async with open_tiny(tiny_dirs, "llama", mode="baseline") as engine:
         sys = await engine.prefill("you are a careful solver", role="system")
@@ -178,11 +193,14 @@ async def test_baseline_multi_turn_reencodes_only_the_new_turn(tiny_dirs):
         before = engine.stats()
         a2 = await engine.decode(parents=[sys, u1, a1, u2], max_tokens=6, ignore_eos=True)
         after = engine.stats()
-        # Encoded: the new user turn, then a2's header, its 6 tokens and its footer.
+        # A turn's last token and footer are never encoded in the baseline (its text is
+        # re-encoded where it is read), so a2 re-encodes a1's, then the new user turn and
+        # its own header and tokens but its last one and footer: the tails cancel.
+        fmt = engine._core.fmt
+        tail = 1 + len(fmt.encode(fmt.frame("assistant")[1]))
         assert after.tokens_encoded - before.tokens_encoded == u2.length + a2.length
-        assert (
-            after.prefix_hit_tokens - before.prefix_hit_tokens == sys.length + u1.length + a1.length
-        )
+        hit = after.prefix_hit_tokens - before.prefix_hit_tokens
+        assert hit == sys.length + u1.length + a1.length - tail
         assert 0 < after.prefix_hit_rate < 1
 
 

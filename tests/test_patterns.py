@@ -154,8 +154,9 @@ async def test_choreography_encodes_no_more_than_baseline(tiny_dirs, name):
     chor = await run(tiny_dirs, name, "choreographed")
     base = await run(tiny_dirs, name, "baseline")
     assert chor.calls == base.calls  # the same structure in both modes
-    if name == "multi_qa":  # one reader: nothing to reuse, the same work either way
-        assert chor.tokens_encoded <= base.tokens_encoded + 2
+    if name == "multi_qa":  # one reader: nothing to reuse, the same work either way,
+        # but the baseline never encodes its answer's last token and footer (3 tokens)
+        assert chor.tokens_encoded <= base.tokens_encoded + 2 + 3
     else:
         assert chor.tokens_encoded < base.tokens_encoded
 
