@@ -66,9 +66,9 @@ async def branch_solve_merge(
         # The instruction both writers share is one message, encoded once; each
         # writer reads it followed by its own group.
         solve = await run.prefill(SOLVE)
-        asks = [
-            await run.prefill(GROUP.format(concepts=", ".join(g)), parents=[solve]) for g in groups
-        ]
+        asks = await run.prefill_many(
+            [dict(message=GROUP.format(concepts=", ".join(g)), parents=[solve]) for g in groups]
+        )
         stories = await run.ask(writer, *[run.turn([solve, a], header="Story: ") for a in asks])
         merge = await run.prefill(MERGE)
         offsets, new_offset = None, None

@@ -48,11 +48,9 @@ async def debate(
         rt, "debate", max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed
     ) as run:
         aff, neg, mod = [await run.agent(r) for r in ("affirmative", "negative", "moderator")]
-        instr = {
-            aff: await run.prefill(AFFIRMATIVE.format(question=question), role="system"),
-            neg: await run.prefill(NEGATIVE.format(question=question), role="system"),
-            mod: await run.prefill(MODERATOR.format(question=question), role="system"),
-        }
+        texts = [t.format(question=question) for t in (AFFIRMATIVE, NEGATIVE, MODERATOR)]
+        handles = await run.prefill_many([dict(message=t, role="system") for t in texts])
+        instr = dict(zip((aff, neg, mod), handles, strict=True))
         history, verdicts, parsed = [], [], []
         stop_round, answer = None, None
         for r in range(1, rounds + 1):

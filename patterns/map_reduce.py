@@ -55,7 +55,7 @@ async def map_reduce(
         if not chunks:
             raise InvalidRequest("map_reduce needs a non-empty document")
         instr = await run.prefill(MAP)
-        parts = [await run.prefill(c, parents=[instr]) for c in chunks]
+        parts = await run.prefill_many([dict(message=c, parents=[instr]) for c in chunks])
         level = await run.ask(
             mapper, *[run.turn([instr, p], header="Summary:", stop=("\n",)) for p in parts]
         )

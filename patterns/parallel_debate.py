@@ -47,8 +47,9 @@ async def parallel_debate(
         seed=seed,
     ) as run:
         names = [await run.agent(f"agent{k + 1}") for k in range(agents)]
-        instr = await run.prefill(INSTRUCTIONS.format(question=question))
-        update = await run.prefill(UPDATE) if rounds > 1 else None
+        texts = [INSTRUCTIONS.format(question=question), *([UPDATE] if rounds > 1 else [])]
+        instr, *rest = await run.prefill_many([dict(message=t) for t in texts])
+        update = rest[0] if rest else None
         own: list[list] = [[] for _ in names]
         previous: list = []
         for _ in range(rounds):

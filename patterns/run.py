@@ -130,6 +130,13 @@ class Run:
         self.messages.append(h)
         return h
 
+    async def prefill_many(self, items: list[dict[str, Any]]) -> list[Handle]:
+        """Independent instructions or inputs at once (`Engine.prefill_many` items: message,
+        role, parents, ...), in one batched step rather than one step each; handles in order."""
+        handles = await self.engine.prefill_many(items)
+        self.messages.extend(handles)
+        return handles
+
     def turn(self, parents: list[Handle], **kw: Any) -> Turn:
         """A decode turn with the run's sampling settings and the next seed."""
         kw.setdefault("max_tokens", self.max_tokens)

@@ -54,12 +54,13 @@ async def tree_of_thoughts(
         seed=seed,
     ) as run:
         proposer, voter, solver = [await run.agent(r) for r in ("proposer", "voter", "solver")]
-        propose = await run.prefill(PROPOSE.format(question=question))
+        # the three instructions are independent: encoded in one step, up front
+        texts = [t.format(question=question) for t in (PROPOSE, VOTE, FINISH)]
+        propose, vote, finish = await run.prefill_many([dict(message=t) for t in texts])
         proposals = await run.ask(
             proposer,
             *[run.turn([propose], header=f"Solution #{i + 1}:\n") for i in range(branches)],
         )
-        vote = await run.prefill(VOTE.format(question=question))
         vote_now = await run.prefill(VOTE_NOW.format(n=branches), parents=[vote, *proposals])
         ballots = await run.ask(
             voter,
@@ -81,7 +82,6 @@ async def tree_of_thoughts(
         if winner is None:
             run.error("no valid vote: the first candidate wins")
             winner = 1
-        finish = await run.prefill(FINISH.format(question=question))
         best = proposals[winner - 1]
         finish_now = await run.prefill(FINISH_NOW, parents=[finish, best])
         (final,) = await run.ask(solver, run.turn([finish, best, finish_now]))

@@ -43,9 +43,9 @@ def ids(handles) -> list[int]:
 async def test_tree_of_thoughts_structure(tiny_dirs, mode):
     r = await run(tiny_dirs, "tree_of_thoughts", mode)
     m = r.messages
-    propose, proposals = m[0], m[1:5]
-    vote, vote_now, ballots = m[5], m[6], m[7:10]
-    finish, finish_now, final = m[10], m[11], m[12]
+    propose, vote, finish, proposals = m[0], m[1], m[2], m[3:7]
+    vote_now, ballots = m[7], m[8:11]
+    finish_now, final = m[11], m[12]
     assert r.calls == 13 and r.mode == mode and r.pattern == "tree_of_thoughts"
     assert all(p.parents == (propose,) for p in proposals)
     assert vote_now.parents == (vote, *proposals)
