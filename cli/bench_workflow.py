@@ -45,7 +45,7 @@ class Sample(BaseModel):
     prefilled: int  # tokens run through the model that were not sampled
     reused: int  # cached tokens attended to without encoding them
     decoded: int  # sampled (or teacher-forced) tokens
-    encode_s: float = 0.0  # wall time of the engine's steps that encoded a prompt chunk
+    encode_s: float = 0.0  # wall time of the engine's steps that encoded a prompt chunk or a footer
     tokens: list[list[int]]  # each decode's tokens, in the run's order (equal-work check)
 
 

@@ -123,7 +123,7 @@ class Core:
         self.tokens_encoded = 0
         self.tokens_reused = 0
         self.forward_seconds = 0.0  # time spent in the model's forward
-        self.step_encoded = False  # the last step ran a prompt chunk (not decodes only)
+        self.step_encoded = False  # the last step encoded a prompt chunk or a turn's footer
         # Guards slot and pin bookkeeping: `free` runs on the caller's thread while a
         # call may be running on the worker thread.
         self._mutex = threading.RLock()
@@ -285,7 +285,8 @@ class Core:
                 left -= n
         if not plan:
             return out
-        self.step_encoded = any(start >= 0 for _, start, _ in plan)
+        # what the step ran besides freshly sampled tokens: prompt chunks, turns' footers
+        self.step_encoded = any(start >= 0 or c.finishing for c, start, _ in plan)
         logits, rows = self._forward(plan)
         picks = self._picks(plan, rows, logits)
         r = 0

@@ -34,7 +34,8 @@ class EngineStats:
     forward_s: float = 0.0  # seconds spent in the model's forward since the engine opened
     step_s: float = 0.0  # wall time of the batching loop's steps (admission, forward, sampling)
     # of step_s, the steps that encoded any prompt chunk (a prefill, a decode's prompt or
-    # header); the rest only decoded. What a workflow could save by encoding less.
+    # header) or a finished turn's footer; the rest only decoded. What a workflow could
+    # save by encoding less.
     encode_step_s: float = 0.0
 
     @property

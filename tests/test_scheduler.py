@@ -45,7 +45,7 @@ async def test_step_time_is_split_into_encoding_and_decoding_steps(tiny_dirs):
         assert after_prefill.encode_step_s == after_prefill.step_s  # a prefill only encodes
         await engine.decode(parents=[q], max_tokens=8, ignore_eos=True)
         after = engine.stats()
-        # the header's step encodes; the next tokens' steps only decode
+        # the header's step and the closing footer's encode; the next tokens' only decode
         assert after.encode_step_s > after_prefill.encode_step_s
         assert after.step_s - after.encode_step_s > 0
 
