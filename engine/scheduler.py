@@ -121,7 +121,7 @@ class _Counters:
     tokens_sampled: int = 0
     step_seconds: float = 0.0  # wall time of steps, measured on the loop
     forward_seconds: float = 0.0  # of which in the model's forward
-    encode_seconds: float = 0.0  # of which in steps that encoded a prompt chunk
+    encode_seconds: float = 0.0  # of which in steps that encoded a prompt chunk or a footer
     ttft_sum: float = 0.0
     ttft_n: int = 0
 
