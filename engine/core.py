@@ -60,6 +60,7 @@ class StepOutput:
 
     tokens: list[tuple[Call, int]] = field(default_factory=list)
     failed: list[tuple[Call, BaseException]] = field(default_factory=list)
+    encoded: bool = False  # it ran a prompt chunk or a turn's footer, not only decodes
 
 
 class Core:
@@ -123,7 +124,6 @@ class Core:
         self.tokens_encoded = 0
         self.tokens_reused = 0
         self.forward_seconds = 0.0  # time spent in the model's forward
-        self.step_encoded = False  # the last step encoded a prompt chunk or a turn's footer
         # Guards slot and pin bookkeeping: `free` runs on the caller's thread while a
         # call may be running on the worker thread.
         self._mutex = threading.RLock()
@@ -256,7 +256,6 @@ class Core:
         others go on.
         """
         out = StepOutput()
-        self.step_encoded = False
         plan: list[tuple[Call, int, int]] = []  # (call, first feed index or -1, n tokens)
         left = budget if budget is not None else 1 << 62
         prefilling = sum(len(c.feed) - c.fed for c in calls if c.pending is None)
@@ -285,8 +284,7 @@ class Core:
                 left -= n
         if not plan:
             return out
-        # what the step ran besides freshly sampled tokens: prompt chunks, turns' footers
-        self.step_encoded = any(start >= 0 or c.finishing for c, start, _ in plan)
+        out.encoded = any(start >= 0 or c.finishing for c, start, _ in plan)
         logits, rows = self._forward(plan)
         picks = self._picks(plan, rows, logits)
         r = 0

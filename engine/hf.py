@@ -37,7 +37,7 @@ class HFCore(Core):
         c = next((c for c in calls if not c.done), None)
         if c is None:
             return out
-        self.step_encoded = True  # every call here encodes its whole prompt
+        out.encoded = True  # every call here encodes its whole prompt
         try:
             self._generate(c, out) if c.is_decode else self._prefill(c)
         except Exception as exc:  # this call fails alone, as in the fused loop

@@ -149,6 +149,7 @@ class Scheduler:
         self._incoming: list[Job] = []
         self._finished: list[Job] = []
         self._tokens: list[tuple[Job, int]] = []
+        self._encoded = False  # the last step encoded (StepOutput.encoded), for its timing
         self._closing = False
         self._dead: BaseException | None = None
         self.started = False
@@ -260,12 +261,11 @@ class Scheduler:
         forward0 = self.core.forward_seconds
         self._incoming = new  # owned by the loop until the step has taken them
         steps = self.n.steps
-        self.core.step_encoded = False  # set by the step, if one runs and encodes
         await anyio.to_thread.run_sync(self._step_sync, new, t0)
         self._incoming = []
         now = time.perf_counter()
         self.n.step_seconds += now - t0
-        if self.core.step_encoded:
+        if self._encoded:
             self.n.encode_seconds += now - t0
         self.n.forward_seconds += self.core.forward_seconds - forward0
         rec = self.rec
@@ -286,7 +286,7 @@ class Scheduler:
             if job.handle is not None and job.first_token is not None:
                 self.core.table.get(job.handle.id).extra["ttft_s"] = job.first_token - job.submitted
             job.end()
-        self._tokens, self._finished = [], []
+        self._tokens, self._finished, self._encoded = [], [], False
         if self.after_step is not None:
             self.after_step()
 
@@ -350,6 +350,7 @@ class Scheduler:
                 for call, exc in out.failed:
                     by_call[id(call)].error = exc
                 self._tokens = [(by_call[id(c)], tok) for c, tok in out.tokens]
+                self._encoded = out.encoded
                 self.n.steps += 1
                 self.n.calls_in_steps += len(active)
         for job in [j for j in self._running if j.call.done]:
