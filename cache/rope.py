@@ -46,16 +46,23 @@ class RopeTables:
 
         x is (..., T, H, D) by default; `token_dim=-2` takes head-major (..., H, T, D).
         """
-        half = x.shape[-1] // 2
         cos, sin = self.cos[positions], self.sin[positions]  # (T, D)
         if token_dim == -3:
             cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # (T, 1, D)
         elif token_dim != -2:
             raise ValueError(f"token_dim must be -3 or -2, got {token_dim}")
-        x1, x2 = x[..., :half], x[..., half:]
-        torch.mul(x, cos, out=out)
-        out[..., :half].sub_(x2 * sin[..., :half])  # x1 c + (-x2) s == x1 c - x2 s exactly
-        out[..., half:].add_(x1 * sin[..., half:])
+        rope_into(x, cos, sin, out)
+
+
+def rope_into(x: Tensor, cos: Tensor, sin: Tensor, out: Tensor) -> None:
+    """out = x rotated by tables already picked for its tokens (broadcast against x),
+    bit for bit as `apply_rope`, in four passes: first half x1 cos - x2 sin, second
+    half x2 cos + x1 sin, as rotate_half has it."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    torch.mul(x, cos, out=out)
+    out[..., :half].sub_(x2 * sin[..., :half])  # x1 c + (-x2) s == x1 c - x2 s exactly
+    out[..., half:].add_(x1 * sin[..., half:])
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

@@ -17,7 +17,9 @@ concurrent call that places the same slots at the same positions (see
 tokens, not B x C. The own part holds this call's new tokens. The first call
 to build a context gets both parts as one range (`contiguous`), so a lone call
 reads its whole view as one slice, exactly as before sharing existed; a call
-joining a live context reads the two parts side by side.
+joining a live context reads the two parts side by side. With an engine's
+contexts="store", the context is a `StoreContext` read from the store itself
+(nothing copied; `corps.cache.context`), and only the own part is in the arena.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import torch
 from torch import Tensor
 
 from corps.cache.arena import ViewArena
-from corps.cache.context import ContextPool, SharedContext
+from corps.cache.context import ContextPool, SharedContext, StoreContext
 from corps.cache.errors import ViewsFull
 from corps.cache.kv import KVStore
 from corps.cache.rope import RopeTables
@@ -39,7 +41,7 @@ class CallView:
 
     def __init__(
         self,
-        ctx: SharedContext | None,
+        ctx: SharedContext | StoreContext | None,
         own_k: Tensor,
         own_v: Tensor,
         arena: ViewArena | None,
@@ -75,11 +77,21 @@ class CallView:
 
     @property
     def arena(self) -> ViewArena | None:
-        """The arena holding both parts of this view, or None if either is standalone."""
+        """The arena holding both parts of this view, or None if either is standalone
+        or the context is read from the store."""
         ctx = self.ctx
         if ctx is not None and ctx.arena is not self.own_arena:
             return None
         return self.own_arena
+
+    @property
+    def batch_arena(self) -> ViewArena | None:
+        """The arena a batched step (`DecodePlan`) reads this view from: as `arena`,
+        except that a context read from the store does not stand in the way (such a
+        context is always read through its own `layer`)."""
+        if self.ctx is not None and self.ctx.in_store:
+            return self.own_arena
+        return self.arena
 
     @property
     def ctx_base(self) -> int:
@@ -101,6 +113,7 @@ class CallView:
         arena: ViewArena | None = None,
         fill: Callable[..., None] | None = None,
         pool: ContextPool | None = None,
+        scratch: ViewArena | None = None,
     ) -> CallView:
         """View of `slots` (C,) placed at `positions` (C,), with room for `extra` new tokens.
 
@@ -109,6 +122,10 @@ class CallView:
         room: views never spill outside it); without an arena they are standalone.
         `fill(store_k, store_v, slots, positions, cos, sin, out_k, out_v)` does the
         gather when given (an attention backend's kernel); else plain torch.
+
+        With a `scratch` (a one-layer arena), the context is not copied at all:
+        attention reads it from the store (`StoreContext`), and only the own part
+        is carved from `arena`.
         """
         key = None
         if pool is not None and len(slots):  # lists name the context without a device read
@@ -118,11 +135,16 @@ class CallView:
         positions = torch.as_tensor(positions, dtype=torch.long, device=dev)  # (C,)
         n_ctx = int(slots.numel())
         shared = pool.get(key) if key is not None else None
+        if shared is None and scratch is not None and n_ctx:
+            shared = StoreContext(key, store, rope, slots, positions, scratch)
+            shared.refs = 1
+            if key is not None:
+                pool.add(shared)
         if shared is not None:
             try:
                 k, v, base = _carve(store, arena, extra)
             except BaseException:
-                pool.release(shared)
+                _let_go(shared, pool)
                 raise
             return cls(shared, k, v, arena if base is not None else None, base or 0, pool=pool)
         k, v, base = _carve(store, arena, n_ctx + extra)
@@ -150,12 +172,8 @@ class CallView:
             self.own_arena.release(self.own_base, self.capacity)
             self.own_arena = None
         ctx, self.ctx = self.ctx, None
-        if ctx is None:
-            return
-        if ctx.key is not None:
-            self.pool.release(ctx)
-        else:  # a context built without a pool has this one reader
-            ctx.free()
+        if ctx is not None:
+            _let_go(ctx, self.pool)
 
     def append(self, layer: int, k_rot: Tensor, v: Tensor) -> None:
         """Write t new rotated keys and values (t, Hkv, D) after the current length.
@@ -180,6 +198,15 @@ class CallView:
         self.own_k[:, :, n : n + t] = other.own_k[:, :, :t]
         self.own_v[:, :, n : n + t] = other.own_v[:, :, :t]
         self.advance(t)
+
+
+def _let_go(ctx: SharedContext | StoreContext, pool: ContextPool | None) -> None:
+    """One reader is done with ctx: the pool's last reader frees it; a context built
+    without a pool has that one reader."""
+    if ctx.key is not None:
+        pool.release(ctx)
+    else:
+        ctx.free()
 
 
 def _carve(store: KVStore, arena: ViewArena | None, n: int) -> tuple[Tensor, Tensor, int | None]:

@@ -324,9 +324,17 @@ def bench_memory(
         adm = await bm.admission(
             model, calls=calls, max_tokens=max_tokens, capacity=capacity, dtype=dtype
         )
-        ctx = await bm.shared_context(
-            model, branches=branches, voters=voters, branch_tokens=branch_tokens, dtype=dtype
-        )
+        ctx = [
+            await bm.shared_context(
+                model,
+                branches=branches,
+                voters=voters,
+                branch_tokens=branch_tokens,
+                dtype=dtype,
+                contexts=contexts,
+            )
+            for contexts in ("copy", "store")
+        ]
         long = None
         if prompt_tokens:
             long = await bm.long_prefill(model, prompt_tokens=prompt_tokens, dtype=dtype)

@@ -7,10 +7,13 @@
   "mixed" a product's kernel (float16 or bfloat16) follows the step's row count,
   so a batched call may differ from itself alone by 16-bit rounding.
 - shared context: the tree-of-thoughts shape, `voters` calls each attending to
-  `branches` messages of `branch_tokens` tokens. Reports the peak tokens held in
-  the calls' rotated views against the store tokens those messages need (the
-  issue's target is <= 1.5x). A context shared by the voters is held once
-  (`corps.cache.context`), so this is ~1x; a copy per call made it ~voters x.
+  `branches` messages of `branch_tokens` tokens, once per way of holding contexts
+  (`Engine.open(contexts=...)`), side by side. Reports the peak KV memory (the
+  store's tokens, the views' and the one-layer scratch's) against the store
+  tokens those messages need (question, branches and votes; target <= 1.5x), and
+  the voters' step time. "copy" holds the shared context once beside the store
+  (~2x; a copy per call made it ~voters x); "store" reads it from the store
+  (~1x) and pays a rotation per layer at every step.
 """
 
 from __future__ import annotations
@@ -45,13 +48,24 @@ class LongPrefill(BaseModel):
 
 
 class SharedContext(BaseModel):
+    contexts: str  # how the engine held them: "copy" or "store"
     branches: int
     voters: int
-    store_tokens: int  # what the question and branches take in the store
+    store_tokens: int  # what the question, the branches and the votes take in the store
     view_tokens_peak: int
-    ratio: float  # views / store
-    total_ratio: float  # (store + views) / store: all the KV memory those calls need
+    scratch_tokens_peak: int  # one layer's worth each (contexts="store")
+    layers: int
     step_s: float  # wall time of the voters' decode_many
+
+    @property
+    def kv_tokens(self) -> float:
+        """Peak KV memory in whole-token units (every layer's K and V)."""
+        return self.store_tokens + self.view_tokens_peak + self.scratch_tokens_peak / self.layers
+
+    @property
+    def ratio(self) -> float:
+        """Peak KV memory over the store tokens those messages need."""
+        return self.kv_tokens / self.store_tokens
 
 
 async def admission(
@@ -109,10 +123,11 @@ async def shared_context(
     voters: int = 16,
     branch_tokens: int = 256,
     dtype: str = "float32",
+    contexts: str = "copy",
 ) -> SharedContext:
     from corps.engine.engine import Engine
 
-    async with Engine.open(model, dtype=dtype) as engine:
+    async with Engine.open(model, dtype=dtype, contexts=contexts) as engine:
         text = " ".join(DOCUMENT_PARAGRAPHS)
         ids = engine.tokenizer.encode(text, add_special_tokens=False)
         while len(ids) < branch_tokens:
@@ -121,23 +136,23 @@ async def shared_context(
         props = await engine.prefill_many(
             [dict(message=ids[i : i + branch_tokens], frame=False) for i in range(branches)]
         )
-        store = q.length + sum(p.length for p in props)
-        base = engine.stats().view_tokens_peak
         t0 = time.perf_counter()
         votes = await engine.decode_many(
             [dict(parents=[q, *props], max_tokens=4, ignore_eos=True) for _ in range(voters)]
         )
         step = time.perf_counter() - t0
-        peak = max(engine.stats().view_tokens_peak, base)
+        stats = engine.stats()  # the prefills' views are tiny; the voters' peak is the peak
+        store = sum(h.length for h in [q, *props, *votes])
         for h in [*votes, *props, q]:
             engine.free(h)
     return SharedContext(
+        contexts=contexts,
         branches=branches,
         voters=voters,
         store_tokens=store,
-        view_tokens_peak=peak,
-        ratio=peak / store,
-        total_ratio=(store + peak) / store,
+        view_tokens_peak=stats.view_tokens_peak,
+        scratch_tokens_peak=stats.scratch_tokens_peak,
+        layers=stats.layers,
         step_s=step,
     )
 
@@ -222,26 +237,35 @@ def _steps(path) -> list[dict]:
     return [e for e in events if e.get("type") == "step"]
 
 
-def tables(adm: Admission, ctx: SharedContext, long: LongPrefill | None = None) -> list[Any]:
+def tables(
+    adm: Admission, ctxs: list[SharedContext], long: LongPrefill | None = None
+) -> list[Any]:
     from rich.table import Table
 
     a = Table(title=f"admission: {adm.calls} long decodes, store of {adm.capacity} tokens")
     for col in ("failed (target 0)", "differ from alone (target 0)", "store peak", "wall"):
         a.add_column(col, justify="right")
     a.add_row(str(adm.failed), str(adm.differing), str(adm.store_peak), f"{adm.wall_s:.1f} s")
+    first = ctxs[0]
     c = Table(
-        title=f"shared context: {ctx.voters} calls over {ctx.branches} messages (tree of thoughts)"
+        title=f"shared context: {first.voters} calls over {first.branches} messages (tree of "
+        "thoughts), per way of holding contexts",
+        caption="KV memory: store + views + the one-layer scratch; step: the voters' "
+        "decode_many, relative to the first row",
     )
-    cols = ("store tokens", "peak view tokens", "views / store (target <= 1.5)", "store + views")
-    for col in (*cols, "step"):
+    cols = ("contexts", "store tokens", "peak view tokens", "peak scratch (1 layer)")
+    for col in (*cols, "KV memory / store (target <= 1.5)", "voters' step", "step / first"):
         c.add_column(col, justify="right")
-    c.add_row(
-        str(ctx.store_tokens),
-        str(ctx.view_tokens_peak),
-        f"{ctx.ratio:.2f}x",
-        f"{ctx.total_ratio:.2f}x",
-        f"{ctx.step_s:.2f} s",
-    )
+    for ctx in ctxs:
+        c.add_row(
+            ctx.contexts,
+            str(ctx.store_tokens),
+            str(ctx.view_tokens_peak),
+            str(ctx.scratch_tokens_peak),
+            f"{ctx.ratio:.2f}x",
+            f"{ctx.step_s:.2f} s",
+            f"{ctx.step_s / first.step_s:.2f}x" if first.step_s else "-",
+        )
     if long is None:
         return [a, c]
     p = Table(

@@ -72,8 +72,11 @@ class DecodePlan:
         each call's new rows (default one each). Calls reading one context form a
         group (the torch backend reads it once) when that saves gathering `min_saved`
         keys or more; None never groups."""
-        arena = views[0].arena
-        if len(views) < min_calls or arena is None or any(v.arena is not arena for v in views):
+        arena = views[0].batch_arena
+        if len(views) < min_calls or arena is None or any(v.batch_arena is not arena for v in views):
+            return None
+        in_store = [v.ctx is not None and v.ctx.in_store for v in views]
+        if min_saved is None and any(in_store):  # such a context is only read as a group
             return None
         rows = rows or [1] * len(views)
         dev = arena.k.device  # index tensors live where the arena does
@@ -84,7 +87,7 @@ class DecodePlan:
         grouped = [
             ix
             for ix in readers.values()
-            if (len(ix) - 1) * views[ix[0]].ctx_len >= max(1, min_saved)
+            if (len(ix) - 1) * views[ix[0]].ctx_len >= max(1, min_saved) or in_store[ix[0]]
         ]
         in_group = {i for ix in grouped for i in ix}
         cb = torch.tensor([v.ctx_base for v in views], device=dev)  # (B,)
@@ -251,16 +254,17 @@ class SdpaAttention:
         top = scores.amax(-1)  # (Hkv, B, t G)
         for ctx, ix in plan.groups:
             qi = qg.index_select(1, ix).reshape(hkv, -1, d)  # (Hkv, Bg t G, D)
-            s = torch.bmm(qi, ctx.k_layers[layer].transpose(1, 2))  # (Hkv, Bg t G, C)
+            ck, cv = ctx.layer(layer)  # (Hkv, C, D) each
+            s = torch.bmm(qi, ck.transpose(1, 2))  # (Hkv, Bg t G, C)
             s = s.view(hkv, len(ix), t * g, -1)  # (Hkv, Bg, t G, C)
             top[:, ix] = torch.maximum(top[:, ix], s.amax(-1))
-            shared.append(s)
+            shared.append((s, cv))
         e = torch.exp(scores - top[..., None])  # (Hkv, B, t G, N), 0 where masked
         num = e @ values  # (Hkv, B, t G, D)
         den = e.sum(-1)  # (Hkv, B, t G)
-        for (ctx, ix), s in zip(plan.groups, shared, strict=True):
+        for (_, ix), (s, cv) in zip(plan.groups, shared, strict=True):
             es = torch.exp(s - top[:, ix, :, None])  # (Hkv, Bg, t G, C)
-            part = torch.bmm(es.view(hkv, -1, es.shape[-1]), ctx.v_layers[layer])
+            part = torch.bmm(es.view(hkv, -1, es.shape[-1]), cv)
             num[:, ix] += part.view(hkv, len(ix), t * g, d)  # (Hkv, Bg t G, D) per group
             den[:, ix] += es.sum(-1)
         return self._rows(num / den[..., None], plan, hq, d)
@@ -286,8 +290,7 @@ class SdpaAttention:
             own = view.own_length + t
             return attend_parts(
                 q,
-                view.ctx.k_layers[layer],
-                view.ctx.v_layers[layer],
+                *view.ctx.layer(layer),
                 view.own_k_layers[layer][:, :own],
                 view.own_v_layers[layer][:, :own],
                 scale,

@@ -43,6 +43,10 @@ from corps.engine.stats import EngineStats
 from corps.engine.weights import Weights
 
 MODES = ("choreographed", "baseline", "hf")
+#: How calls hold the contexts they read (`corps.cache.context`): "copy" rotates each
+#: placed context once into the view arena; "store" reads it from the store at every
+#: step (keys rotated one layer at a time), for KV memory close to the store's alone.
+CONTEXTS = ("copy", "store")
 #: Longest piece of one call's prompt encoded in a single forward step.
 PREFILL_CHUNK = 512
 #: Baseline: a call waits for a running call's prompt when they share at least
@@ -76,9 +80,12 @@ class Core:
         capacity: int = 32768,
         view_capacity: int | None = None,
         precision: str | None = None,
+        contexts: str = "copy",
     ) -> None:
         if mode not in MODES:
             raise InvalidRequest(f"mode must be one of {MODES}, got {mode!r}")
+        if contexts not in CONTEXTS:
+            raise InvalidRequest(f"contexts must be one of {CONTEXTS}, got {contexts!r}")
         spec = weights.spec
         self.mode = mode
         # the dtype name the engine was opened with ("mixed" is float32 weights)
@@ -103,6 +110,18 @@ class Core:
         # Rotated contexts, each held once for every concurrent call that reads it.
         self.contexts = ContextPool()
         self.runner = ModelRunner(weights, self.store, select_backend(weights.device))
+        # contexts="store": a one-layer scratch holds each live context's rotated keys of
+        # the layer being run (1/L of a copy); nothing else is held beside the store.
+        self.context_mode = contexts
+        self.scratch: ViewArena | None = None
+        if contexts == "store":
+            if self.runner.attention.name != "torch":
+                raise InvalidRequest(
+                    f'contexts="store" needs the torch attention backend, not '
+                    f"{self.runner.attention.name!r} (set CORPS_ATTENTION=torch)"
+                )
+            self.scratch = ViewArena(**{**dims, "num_layers": 1})
+        self.scratch_tokens_peak = 0
         self.rope = weights.rope
         self.max_positions = min(spec.max_positions, weights.rope.max_positions)
         self.table = MessageTable()
@@ -224,6 +243,7 @@ class Core:
                 self.arena,
                 fill=self.runner.attention.gather,
                 pool=self.contexts,
+                scratch=self.scratch,
             )
         except BaseException:
             self.abort(call)
@@ -233,6 +253,7 @@ class Core:
         with self._mutex:
             self.own_view_tokens += call.view.capacity
             self.view_tokens_peak = max(self.view_tokens_peak, self.view_tokens)
+            self.scratch_tokens_peak = max(self.scratch_tokens_peak, self.scratch_tokens)
         return call
 
     @property
@@ -240,10 +261,18 @@ class Core:
         """Tokens held in views: every live context once, plus each call's own part."""
         return self.own_view_tokens + self.contexts.tokens
 
+    @property
+    def scratch_tokens(self) -> int:
+        """Tokens of one layer that contexts read from the store hold (contexts="store")."""
+        s = self.scratch
+        return s.capacity - s.free_tokens if s is not None else 0
+
     def drop_memory(self) -> None:
-        """Give the store's and the arena's tensors back (the engine closed)."""
+        """Give the store's, the arena's and the scratch's tensors back (the engine closed)."""
         self.store.drop()
         self.arena.drop()
+        if self.scratch is not None:
+            self.scratch.drop()
 
     def step(self, calls: Sequence[Call], budget: int | None) -> StepOutput:
         """One fused forward: a token for every decoding call, then prefill chunks.
@@ -533,10 +562,22 @@ class Core:
             view_tokens=self.view_tokens,
             view_tokens_peak=self.view_tokens_peak,
             view_capacity=self.arena.capacity,
-            kv_bytes=(self.store.capacity + self.arena.capacity) * self.store.bytes_per_slot,
+            kv_bytes=self.kv_bytes,
+            contexts=self.context_mode,
+            scratch_tokens=self.scratch_tokens,
+            scratch_tokens_peak=self.scratch_tokens_peak,
+            layers=self.store.k.shape[0],
             weight_bytes=self.runner.w.nbytes,
             forward_s=self.forward_seconds,
         )
+
+    @property
+    def kv_bytes(self) -> int:
+        """All the KV memory the engine can use: the store, the view arena and the
+        one-layer context scratch (contexts="store")."""
+        per = self.store.bytes_per_slot
+        scratch = self.scratch.capacity * per // self.store.k.shape[0] if self.scratch else 0
+        return (self.store.capacity + self.arena.capacity) * per + scratch
 
     # ---- planning ----
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import os
 from collections.abc import AsyncIterator, Awaitable, Generator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from functools import partial
@@ -20,7 +21,7 @@ from corps.cache.handle import Handle, bind
 from corps.cache.kv import KVStore
 from corps.cache.visibility import Leak, LeakWarning
 from corps.engine.access import Guard, TraceEvent, check_access
-from corps.engine.core import Core
+from corps.engine.core import CONTEXTS, Core
 from corps.engine.errors import EngineBusy, InvalidRequest
 from corps.engine.registry import DEFAULT_MODEL, resolve_model
 from corps.engine.requests import PrefillRequest, decode_request, prefill_request
@@ -110,6 +111,7 @@ class Engine:
         trace: str | Path | None = None,
         auto_free: bool = False,
         max_running: int = 256,
+        contexts: str | None = None,
         console: Console | None = None,
     ) -> Engine:
         """Load synchronously (blocks); start it with `async with engine:`.
@@ -128,6 +130,15 @@ class Engine:
         attention backend follows the device, or `CORPS_ATTENTION`
         (`corps.engine.attention`).
 
+        `contexts`: how calls hold the contexts they read. "copy" (default, fastest):
+        each placed context is rotated once into the view arena and shared by every
+        concurrent call that reads it, so KV memory is the store plus one copy of
+        each live context. "store": nothing is copied; attention reads each context
+        from the store, rotating its keys one layer at a time at every step, so KV
+        memory is the store plus calls' own tokens (and a one-layer scratch), and
+        steps over long contexts are slower (`corps bench memory` measures both).
+        "store" needs the torch attention backend. None: `CORPS_CONTEXTS`, else "copy".
+
         `trace=PATH` writes every call, message, actor event and leak to PATH as
         JSON lines (`corps trace view PATH`); off by default. `auto_free=True`
         frees a message's encoding once the last `Handle` naming it is garbage
@@ -139,6 +150,9 @@ class Engine:
         running calls may give memory back. At most `max_running` calls run at
         once. A call that could never fit raises `StoreTooSmall` at once.
         """
+        contexts = contexts or os.environ.get("CORPS_CONTEXTS", "").strip().lower() or "copy"
+        if contexts not in CONTEXTS:
+            raise InvalidRequest(f"contexts must be one of {', '.join(CONTEXTS)}, got {contexts!r}")
         if dtype not in DTYPES:
             raise InvalidRequest(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
         if device.startswith("cuda") and not torch.cuda.is_available():
@@ -150,19 +164,19 @@ class Engine:
             per_token = KVStore.bytes_per_token(
                 spec.num_layers, spec.num_kv_heads, spec.head_dim, torch_dtype
             )
-            # the budget buys the store and a view arena of the same size: every token
-            # slot costs twice (`stats().kv_bytes` is what it bought, never more)
+            # the budget buys the store and a view arena of the same size (and with
+            # contexts="store" a one-layer scratch as long): every token slot costs
+            # twice and a bit (`stats().kv_bytes` is what it bought, never more)
+            per_slot = 2 * per_token + (per_token // spec.num_layers if contexts == "store" else 0)
             if memory_budget is None:  # default: 2 GiB, at most DEFAULT_MAX_CAPACITY slots
-                capacity = max(
-                    1024, min(DEFAULT_MAX_CAPACITY, DEFAULT_MEMORY_BUDGET // per_token // 2)
-                )
+                capacity = max(1024, min(DEFAULT_MAX_CAPACITY, DEFAULT_MEMORY_BUDGET // per_slot))
             else:
-                capacity = memory_budget // per_token // 2
+                capacity = memory_budget // per_slot
                 if capacity < 256:
                     raise InvalidRequest(
                         f"memory_budget={memory_budget} bytes buys {capacity} token slots "
-                        f"(store and views, {2 * per_token} bytes per slot); give at least "
-                        f"{256 * 2 * per_token}"
+                        f"(store and views, {per_slot} bytes per slot); give at least "
+                        f"{256 * per_slot}"
                     )
         from transformers import AutoTokenizer
 
@@ -179,7 +193,13 @@ class Engine:
             )
         else:
             core = Core(
-                weights, tokenizer, model_path=path, mode=mode, capacity=capacity, precision=dtype
+                weights,
+                tokenizer,
+                model_path=path,
+                mode=mode,
+                capacity=capacity,
+                precision=dtype,
+                contexts=contexts,
             )
         return cls(
             core,

@@ -29,7 +29,13 @@ class EngineStats:
     view_tokens: int = 0  # tokens held in running calls' rotated views (beside the store)
     view_tokens_peak: int = 0
     view_capacity: int = 0  # tokens the view arena holds (views never spill outside it)
-    kv_bytes: int = 0  # store + view arena: all the KV memory the engine can use
+    kv_bytes: int = 0  # store + view arena (+ context scratch): all the KV memory it can use
+    contexts: str = "copy"  # how calls hold their contexts: "copy" or "store" (read in place)
+    # contexts="store": tokens of one layer that live contexts hold in the scratch
+    # (their keys of the layer being run; 1/num_layers of a token's K and V each)
+    scratch_tokens: int = 0
+    scratch_tokens_peak: int = 0
+    layers: int = 0  # the model's layers: a scratch token is 1/layers of a store token
     weight_bytes: int = 0  # the model's weights as held (float32 keeps projections twice)
     forward_s: float = 0.0  # seconds spent in the model's forward since the engine opened
     step_s: float = 0.0  # wall time of the batching loop's steps (admission, forward, sampling)

@@ -39,12 +39,17 @@ def _collect_real_engines(request):
         gc.collect()
 
 
-@pytest.fixture(params=["torch", "triton", "flex"])
+@pytest.fixture(params=["torch", "triton", "flex", "store"])
 def backend(request, monkeypatch) -> str:
-    """Run the test once per attention backend (CORPS_ATTENTION); Triton interpreted."""
+    """Run the test once per attention backend (CORPS_ATTENTION); Triton interpreted.
+    "store" is the torch backend with contexts read from the store (CORPS_CONTEXTS)."""
     if "triton" in request.param:
         pytest.importorskip("triton")
-    monkeypatch.setenv("CORPS_ATTENTION", request.param)
+    if request.param == "store":
+        monkeypatch.setenv("CORPS_ATTENTION", "torch")
+        monkeypatch.setenv("CORPS_CONTEXTS", "store")
+    else:
+        monkeypatch.setenv("CORPS_ATTENTION", request.param)
     return request.param
 
 

@@ -15,13 +15,21 @@ async def test_admission_under_pressure_fails_nothing_and_changes_nothing(tiny_d
     assert adm.store_peak <= adm.capacity
 
 
-async def test_shared_context_reports_view_memory(tiny_dirs):
-    ctx = await bm.shared_context(str(tiny_dirs["llama"]), branches=3, voters=4, branch_tokens=20)
-    assert ctx.store_tokens >= 3 * 20
-    # the voters' context is held once (a copy per voter would be >= voters x)
-    assert ctx.store_tokens <= ctx.view_tokens_peak < 2 * ctx.store_tokens
-    assert ctx.ratio == ctx.view_tokens_peak / ctx.store_tokens
-    assert ctx.total_ratio == pytest.approx(1 + ctx.ratio)
+async def test_shared_context_reports_kv_memory_per_way_of_holding_contexts(tiny_dirs):
+    kw = dict(branches=3, voters=4, branch_tokens=20)
+    copy = await bm.shared_context(str(tiny_dirs["llama"]), **kw)
+    store = await bm.shared_context(str(tiny_dirs["llama"]), contexts="store", **kw)
+    assert copy.store_tokens == store.store_tokens >= 3 * 20 + 4 * 4
+    # "store": the voters' own tokens beside the store (their votes: each >= 4 tokens),
+    # and one layer of the context they share in the scratch
+    own, context = store.view_tokens_peak, store.scratch_tokens_peak
+    assert own >= 4 * 4 and context >= 3 * 20 and own + context == copy.store_tokens
+    # "copy": that context is held once more (a copy per voter would be >= voters x)
+    assert (copy.view_tokens_peak, copy.scratch_tokens_peak) == (context + own, 0)
+    assert copy.ratio == pytest.approx(2.0)
+    assert store.ratio == pytest.approx(1 + (own + context / store.layers) / store.store_tokens)
+    assert store.ratio < copy.ratio  # (this tiny shape is mostly votes; the real one is ~1x)
+    assert bm.tables(*_placeholders())[1].row_count == 1
 
 
 async def test_long_prefill_during_decodes_finishes_in_mixed_steps(tiny_dirs):
@@ -34,7 +42,7 @@ async def test_long_prefill_during_decodes_finishes_in_mixed_steps(tiny_dirs):
 def _placeholders():
     adm = bm.Admission(calls=1, capacity=256, failed=0, differing=0, store_peak=1, wall_s=0.0)
     ctx = bm.SharedContext(
-        branches=1, voters=1, store_tokens=1, view_tokens_peak=1, ratio=1.0,
-        total_ratio=2.0, step_s=0.0,
+        contexts="copy", branches=1, voters=1, store_tokens=1, view_tokens_peak=1,
+        scratch_tokens_peak=0, layers=1, step_s=0.0,
     )  # fmt: skip
-    return adm, ctx
+    return adm, [ctx]
