@@ -335,13 +335,18 @@ def bench_memory(
             )
             for contexts in ("copy", "store")
         ]
+        decodes = [
+            await bm.context_decode(model, contexts=c, context_tokens=n, calls=k, dtype=dtype)
+            for n, k in ((512, 1), (2048, 1), (2048, 8))
+            for c in ("copy", "store")
+        ]
         long = None
         if prompt_tokens:
             long = await bm.long_prefill(model, prompt_tokens=prompt_tokens, dtype=dtype)
-        return adm, ctx, long
+        return adm, ctx, long, decodes
 
-    adm, ctx, long = _run_bench(all_three)
-    Console().print(*bm.tables(adm, ctx, long))
+    adm, ctx, long, decodes = _run_bench(all_three)
+    Console().print(*bm.tables(adm, ctx, long, decodes))
 
 
 @bench_app.command("vs-llamacpp")

@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import anyio
@@ -52,10 +53,20 @@ class SharedContext(BaseModel):
     branches: int
     voters: int
     store_tokens: int  # what the question, the branches and the votes take in the store
-    view_tokens_peak: int
-    scratch_tokens_peak: int  # one layer's worth each (contexts="store")
+    view_tokens_peak: int  # during the voters' step
+    scratch_tokens_peak: int  # during the voters' step; one layer's worth each
     layers: int
     step_s: float  # wall time of the voters' decode_many
+    # the whole run's peak, the branches' prefill included: a prefill holds its own
+    # tokens in its view while it runs, whichever way contexts are held
+    run_view_tokens_peak: int = 0
+
+    @property
+    def run_ratio(self) -> float:
+        """The whole run's peak KV memory over the store tokens the messages need
+        (the branches' own views and the voters' peaks did not overlap in time)."""
+        views = max(self.run_view_tokens_peak, self.view_tokens_peak)
+        return (self.kv_tokens - self.view_tokens_peak + views) / self.store_tokens
 
     @property
     def kv_tokens(self) -> float:
@@ -136,12 +147,14 @@ async def shared_context(
         props = await engine.prefill_many(
             [dict(message=ids[i : i + branch_tokens], frame=False) for i in range(branches)]
         )
+        run_peak = engine.stats().view_tokens_peak  # the prefills', own tokens all
+        engine.reset_peak_stats()
         t0 = time.perf_counter()
         votes = await engine.decode_many(
             [dict(parents=[q, *props], max_tokens=4, ignore_eos=True) for _ in range(voters)]
         )
         step = time.perf_counter() - t0
-        stats = engine.stats()  # the prefills' views are tiny; the voters' peak is the peak
+        stats = engine.stats()
         store = sum(h.length for h in [q, *props, *votes])
         for h in [*votes, *props, q]:
             engine.free(h)
@@ -154,6 +167,53 @@ async def shared_context(
         scratch_tokens_peak=stats.scratch_tokens_peak,
         layers=stats.layers,
         step_s=step,
+        run_view_tokens_peak=run_peak,
+    )
+
+
+class ContextDecode(BaseModel):
+    contexts: str
+    context_tokens: int
+    calls: int
+    max_tokens: int
+    wall_s: float  # the calls' decode_many, after a warm-up decode over the same context
+
+
+async def context_decode(
+    model: str,
+    *,
+    contexts: str = "copy",
+    context_tokens: int = 2048,
+    calls: int = 1,
+    max_tokens: int = 48,
+    dtype: str = "float32",
+) -> ContextDecode:
+    """What reading contexts from the store costs a decode: `calls` decodes of
+    `max_tokens` over one `context_tokens`-token message (each step rotates the
+    context's keys per layer with contexts="store", reads a copy with "copy")."""
+    from corps.engine.engine import Engine
+
+    async with Engine.open(model, dtype=dtype, contexts=contexts) as engine:
+        ids = engine.tokenizer.encode(" ".join(DOCUMENT_PARAGRAPHS), add_special_tokens=False)
+        while len(ids) < context_tokens:
+            ids = ids + ids
+        q = await engine.prefill(ids[:context_tokens], frame=False)
+        engine.free(await engine.decode(parents=[q], max_tokens=4, ignore_eos=True))  # warm up
+        reqs = [
+            dict(parents=[q], header=f"Reader {i}.", max_tokens=max_tokens, ignore_eos=True)
+            for i in range(calls)
+        ]
+        t0 = time.perf_counter()
+        for h in await engine.decode_many(reqs):
+            engine.free(h)
+        wall = time.perf_counter() - t0
+        engine.free(q)
+    return ContextDecode(
+        contexts=contexts,
+        context_tokens=context_tokens,
+        calls=calls,
+        max_tokens=max_tokens,
+        wall_s=wall,
     )
 
 
@@ -238,7 +298,10 @@ def _steps(path) -> list[dict]:
 
 
 def tables(
-    adm: Admission, ctxs: list[SharedContext], long: LongPrefill | None = None
+    adm: Admission,
+    ctxs: list[SharedContext],
+    long: LongPrefill | None = None,
+    decodes: Sequence[ContextDecode] = (),
 ) -> list[Any]:
     from rich.table import Table
 
@@ -254,7 +317,8 @@ def tables(
         "decode_many, relative to the first row",
     )
     cols = ("contexts", "store tokens", "peak view tokens", "peak scratch (1 layer)")
-    for col in (*cols, "KV memory / store (target <= 1.5)", "voters' step", "step / first"):
+    cols = (*cols, "KV memory / store (target <= 1.5)", "whole run, prefills included")
+    for col in (*cols, "voters' step", "step / first"):
         c.add_column(col, justify="right")
     for ctx in ctxs:
         c.add_row(
@@ -263,11 +327,15 @@ def tables(
             str(ctx.view_tokens_peak),
             str(ctx.scratch_tokens_peak),
             f"{ctx.ratio:.2f}x",
+            f"{ctx.run_ratio:.2f}x",
             f"{ctx.step_s:.2f} s",
             f"{ctx.step_s / first.step_s:.2f}x" if first.step_s else "-",
         )
+    out = [a, c]
+    if decodes:
+        out.append(_decode_table(decodes))
     if long is None:
-        return [a, c]
+        return out
     p = Table(
         title=f"a {long.prompt_tokens}-token prompt arriving during {long.decodes} running decodes"
     )
@@ -289,4 +357,27 @@ def tables(
         str(long.mixed_steps),
         f"{'yes' if long.finished else 'NO'}, {long.prefill_s:.1f} s",
     )
-    return [a, c, p]
+    return [*out, p]
+
+
+def _decode_table(decodes: Sequence[ContextDecode]) -> Any:
+    from rich.table import Table
+
+    d = Table(
+        title="decodes over one long context, contexts copied or read from the store",
+        caption="store / copy: what reading contexts from the store costs a decode",
+    )
+    for col in ("context tokens", "calls", "tokens each", "copy", "store", "store / copy"):
+        d.add_column(col, justify="right")
+    by = {(r.context_tokens, r.calls, r.contexts): r for r in decodes}
+    for n, calls in dict.fromkeys((r.context_tokens, r.calls) for r in decodes):
+        copy, store = by[n, calls, "copy"], by[n, calls, "store"]
+        d.add_row(
+            str(n),
+            str(calls),
+            str(copy.max_tokens),
+            f"{copy.wall_s:.2f} s",
+            f"{store.wall_s:.2f} s",
+            f"{store.wall_s / copy.wall_s:.2f}x",
+        )
+    return d

@@ -73,7 +73,9 @@ class DecodePlan:
         group (the torch backend reads it once) when that saves gathering `min_saved`
         keys or more; None never groups."""
         arena = views[0].batch_arena
-        if len(views) < min_calls or arena is None or any(v.batch_arena is not arena for v in views):
+        if len(views) < min_calls or arena is None:
+            return None
+        if any(v.batch_arena is not arena for v in views):
             return None
         in_store = [v.ctx is not None and v.ctx.in_store for v in views]
         if min_saved is None and any(in_store):  # such a context is only read as a group

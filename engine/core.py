@@ -261,6 +261,11 @@ class Core:
         """Tokens held in views: every live context once, plus each call's own part."""
         return self.own_view_tokens + self.contexts.tokens
 
+    def reset_peaks(self) -> None:
+        with self._mutex:
+            self.view_tokens_peak = self.view_tokens
+            self.scratch_tokens_peak = self.scratch_tokens
+
     @property
     def scratch_tokens(self) -> int:
         """Tokens of one layer that contexts read from the store hold (contexts="store")."""

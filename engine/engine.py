@@ -299,6 +299,11 @@ class Engine:
             records=table.records,
         )
 
+    def reset_peak_stats(self) -> None:
+        """Start `stats()`'s peaks (`view_tokens_peak`, `scratch_tokens_peak`) over from
+        what is held now, to measure one phase of a workflow."""
+        self._core.reset_peaks()
+
     def leaks(self) -> list[Leak]:
         """The latest leaks recorded (policies allow and warn), oldest first: at most
         `corps.engine.access.RECENT`; `stats().leaks` counts them all, each message

@@ -46,3 +46,14 @@ def _placeholders():
         scratch_tokens_peak=0, layers=1, step_s=0.0,
     )  # fmt: skip
     return adm, [ctx]
+
+
+async def test_context_decode_gives_the_same_row_for_both_ways(tiny_dirs):
+    rows = [
+        await bm.context_decode(str(tiny_dirs["llama"]), contexts=c, context_tokens=64,
+                                max_tokens=5)
+        for c in ("copy", "store")
+    ]  # fmt: skip
+    assert [r.contexts for r in rows] == ["copy", "store"] and all(r.wall_s > 0 for r in rows)
+    table = bm.tables(*_placeholders(), decodes=rows)[-1]
+    assert table.row_count == 1

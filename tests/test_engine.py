@@ -37,6 +37,20 @@ async def test_documented_api_shape(tiny_dirs):
         assert stats.forward_s > 0  # time in the model's forward, for benchmarks' overhead
 
 
+@pytest.mark.parametrize("contexts", ["copy", "store"])
+async def test_peaks_start_over_for_a_phase(tiny_dirs, contexts):
+    async with open_tiny(tiny_dirs, "llama", contexts=contexts) as engine:
+        q = await engine.prefill("what is seven times six, and why")
+        await engine.decode_many([dict(parents=[q], max_tokens=3) for _ in range(2)])
+        before = engine.stats()
+        assert before.view_tokens_peak > 0 and before.view_tokens == 0
+        assert (before.scratch_tokens_peak > 0) == (contexts == "store")
+        engine.reset_peak_stats()  # nothing held now: the peaks start from zero
+        after = engine.stats()
+        assert (after.view_tokens_peak, after.scratch_tokens_peak) == (0, 0)
+        assert after.contexts == contexts
+
+
 async def test_seeded_sampling_is_reproducible(tiny_dirs):
     async with open_tiny(tiny_dirs, "llama") as engine:
         q = await engine.prefill("hello world")
