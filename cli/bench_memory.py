@@ -139,10 +139,7 @@ async def shared_context(
     from corps.engine.engine import Engine
 
     async with Engine.open(model, dtype=dtype, contexts=contexts) as engine:
-        text = " ".join(DOCUMENT_PARAGRAPHS)
-        ids = engine.tokenizer.encode(text, add_special_tokens=False)
-        while len(ids) < branch_tokens:
-            ids = ids + ids
+        ids = _document(engine, branch_tokens)
         q = await engine.prefill("Which proposal is best?")
         props = await engine.prefill_many(
             [dict(message=ids[i : i + branch_tokens], frame=False) for i in range(branches)]
@@ -194,9 +191,7 @@ async def context_decode(
     from corps.engine.engine import Engine
 
     async with Engine.open(model, dtype=dtype, contexts=contexts) as engine:
-        ids = engine.tokenizer.encode(" ".join(DOCUMENT_PARAGRAPHS), add_special_tokens=False)
-        while len(ids) < context_tokens:
-            ids = ids + ids
+        ids = _document(engine, context_tokens)
         q = await engine.prefill(ids[:context_tokens], frame=False)
         engine.free(await engine.decode(parents=[q], max_tokens=4, ignore_eos=True))  # warm up
         reqs = [
@@ -235,10 +230,7 @@ async def long_prefill(
 
     step_tokens = 512
     async with Engine.open(model, step_tokens=step_tokens, dtype=dtype) as engine:
-        text = " ".join(DOCUMENT_PARAGRAPHS)
-        ids = engine.tokenizer.encode(text, add_special_tokens=False)
-        while len(ids) < prompt_tokens:
-            ids = ids + ids
+        ids = _document(engine, prompt_tokens)
         engine.free(await engine.prefill(ids[:512], frame=False))  # warm up
         # the prompt alone: its costliest chunk (the deepest, attending to the most keys)
         alone_path = Path(tempfile.mkdtemp()) / "alone.jsonl"
@@ -287,6 +279,12 @@ async def long_prefill(
         prefill_s=out.get("s", 0.0),
         finished=out.get("ok", False),
     )
+
+
+def _document(engine, tokens: int) -> list[int]:
+    """At least `tokens` token ids of the sample document, repeated as needed."""
+    ids = engine.tokenizer.encode(" ".join(DOCUMENT_PARAGRAPHS), add_special_tokens=False)
+    return ids * -(-tokens // len(ids))
 
 
 def _steps(path) -> list[dict]:
