@@ -43,6 +43,8 @@ ContextKey = tuple[tuple[int, ...], tuple[int, ...]]  # (store slots, positions)
 class SharedContext:
     """Rotated K and V of one context (L, Hkv, C, D), read by `refs` live views."""
 
+    in_store = False  # read from the view arena (a StoreContext is read from the store)
+
     def __init__(
         self, key: ContextKey | None, k: Tensor, v: Tensor, arena: ViewArena | None, base: int
     ) -> None:
@@ -54,8 +56,6 @@ class SharedContext:
         self.arena = arena  # k, v are arena.k/v[:, :, base : base + C] when set
         self.base = base
         self.refs = 0
-
-    in_store = False
 
     @property
     def length(self) -> int:

@@ -137,8 +137,7 @@ class CallView:
         shared = pool.get(key) if key is not None else None
         if shared is None and scratch is not None and n_ctx:
             shared = StoreContext(key, store, rope, slots, positions, scratch)
-            shared.refs = 1
-            if key is not None:
+            if key is not None:  # (without a pool it has this one reader, counted nowhere)
                 pool.add(shared)
         if shared is not None:
             try:

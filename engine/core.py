@@ -262,6 +262,7 @@ class Core:
         return self.own_view_tokens + self.contexts.tokens
 
     def reset_peaks(self) -> None:
+        """Peaks start over from what is held now (`Engine.reset_peak_stats`)."""
         with self._mutex:
             self.view_tokens_peak = self.view_tokens
             self.scratch_tokens_peak = self.scratch_tokens
