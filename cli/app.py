@@ -15,6 +15,7 @@ from rich.table import Table
 from corps.cache.errors import CorpsError
 from corps.cli import run as run_cli
 from corps.cli.trace_cmd import trace_app
+from corps.engine.config import DEFAULT_DTYPE, BadConfig, EngineConfig
 
 app = typer.Typer(
     name="corps",
@@ -35,11 +36,22 @@ err = Console(stderr=True)
 ModelOpt = Annotated[
     str, typer.Option("--model", "-m", help="Alias, local HF directory or hub id.")
 ]
+
+
+def _dtype(value: str) -> str:
+    """Checked by the engine's config, before anything loads."""
+    try:
+        return EngineConfig.of(dtype=value).dtype
+    except CorpsError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
 DtypeOpt = Annotated[
     str,
     typer.Option(
         help="mixed (default: float32 with 16-bit projection weights, 2-3x faster decode), "
-        "float32 (exact against transformers), bfloat16 or float16."
+        "float32 (exact against transformers), bfloat16 or float16.",
+        callback=_dtype,
     ),
 ]
 DeviceOpt = Annotated[str, typer.Option(help="cpu or cuda.")]
@@ -82,21 +94,21 @@ def chat(
     top_p: Annotated[float, typer.Option(min=0.0, max=1.0)] = 1.0,
     seed: Annotated[int | None, typer.Option(help="Seed for reproducible sampling.")] = None,
     mode: Annotated[str, typer.Option(help="choreographed, baseline or hf.")] = "choreographed",
-    dtype: DtypeOpt = run_cli.DEFAULT_DTYPE,
+    dtype: DtypeOpt = DEFAULT_DTYPE,
     device: DeviceOpt = "cpu",
 ) -> None:
     """Ask one question and stream the answer to the terminal."""
     import anyio
 
-    if mode not in run_cli.MODES:  # before loading anything
-        _bad(f"--mode must be one of {', '.join(run_cli.MODES)}, got {mode!r}")
-    if dtype not in run_cli.DTYPES:
-        _bad(f"--dtype must be one of {', '.join(run_cli.DTYPES)}, got {dtype!r}")
+    try:  # before loading anything
+        config = EngineConfig.of(model, mode=mode, dtype=dtype, device=device)
+    except BadConfig as exc:
+        _bad(exc.for_cli())
 
     from corps.engine.engine import Engine
 
     async def run() -> None:
-        async with Engine.open(model, mode=mode, dtype=dtype, device=device) as engine:
+        async with Engine.open(config) as engine:
             parents = []
             if system:
                 parents.append(await engine.prefill(system, role="system"))
@@ -136,10 +148,16 @@ def bench_runner(
     """Single-stream decode and prefill tokens/s: our runner next to HF generate."""
     from corps.cli.bench_runner import main
 
+    names = [d.strip() for d in dtypes.split(",") if d.strip()]
+    try:
+        for name in names:
+            EngineConfig.of(dtype=name)
+    except CorpsError as exc:
+        _bad(f"--dtypes: {exc}")
     try:
         main(
             model,
-            [d.strip() for d in dtypes.split(",") if d.strip()],
+            names,
             decode_tokens,
             prefill_tokens,
             repeats,
@@ -151,7 +169,7 @@ def bench_runner(
 @bench_app.command("batching")
 def bench_batching(
     model: ModelOpt = "smollm2-135m",
-    dtype: DtypeOpt = run_cli.DEFAULT_DTYPE,
+    dtype: DtypeOpt = DEFAULT_DTYPE,
     streams: Annotated[str, typer.Option(help="Comma-separated stream counts.")] = "1,4,16,64",
     tokens: Annotated[int, typer.Option(min=2, help="Tokens decoded per stream.")] = 32,
     rounds: Annotated[
@@ -188,7 +206,7 @@ def bench_workflow(
         str, typer.Option(help="Comma-separated: baseline, choreographed, hf.")
     ] = "baseline,choreographed,hf",
     model: ModelOpt = "smollm2-135m",
-    dtype: DtypeOpt = run_cli.DEFAULT_DTYPE,
+    dtype: DtypeOpt = DEFAULT_DTYPE,
     json_out: Annotated[str | None, typer.Option("--json", help="Write the report here.")] = None,
     plot_out: Annotated[
         str | None, typer.Option("--plot", help="PNG bar chart of the ratios (matplotlib).")
@@ -216,7 +234,7 @@ def bench_trace(
     runs: Annotated[int, typer.Option(min=1, help="Measured runs (each traced and not).")] = 5,
     warmup: Annotated[int, typer.Option(min=0)] = 1,
     model: ModelOpt = "smollm2-135m",
-    dtype: DtypeOpt = run_cli.DEFAULT_DTYPE,
+    dtype: DtypeOpt = DEFAULT_DTYPE,
     live: Annotated[
         bool, typer.Option("--live", help="The traced runs also draw the live view off-screen.")
     ] = False,
@@ -255,7 +273,7 @@ def bench_soak(
         float, typer.Option(min=1.0, help="Seconds before a workflow counts as hung.")
     ] = 300.0,
     model: ModelOpt = "smollm2-135m",
-    dtype: DtypeOpt = run_cli.DEFAULT_DTYPE,
+    dtype: DtypeOpt = DEFAULT_DTYPE,
     json_out: Annotated[str | None, typer.Option("--json", help="Write the report here.")] = None,
 ) -> None:
     """Many workflows with injected faults through one engine: failures, hangs, memory, speed."""
@@ -309,16 +327,14 @@ def bench_memory(
         str,
         typer.Option(
             help="float32 by default here: batched calls equal to alone needs kernels that "
-            "do not depend on the step's row count, which mixed's do."
+            "do not depend on the step's row count, which mixed's do.",
+            callback=_dtype,
         ),
     ] = "float32",
 ) -> None:
     """Admission under memory pressure, view memory over a shared context, and a long
     prompt arriving while decodes run."""
     from corps.cli import bench_memory as bm
-
-    if dtype not in run_cli.DTYPES:
-        _bad(f"--dtype must be one of {', '.join(run_cli.DTYPES)}, got {dtype!r}")
 
     async def all_three():
         adm = await bm.admission(
@@ -355,7 +371,7 @@ def bench_vs_llamacpp(
     runs: Annotated[int, typer.Option(min=1, help="Measured runs per cell.")] = 2,
     warmup: Annotated[int, typer.Option(min=0)] = 1,
     threads: Annotated[int, typer.Option(min=1, help="llama.cpp threads.")] = 2,
-    dtype: DtypeOpt = run_cli.DEFAULT_DTYPE,
+    dtype: DtypeOpt = DEFAULT_DTYPE,
 ) -> None:
     """A tree-of-thoughts-shaped workflow: llama.cpp (its GGUF) vs corps, interleaved."""
     from corps.cli import bench_llamacpp as bl
@@ -413,7 +429,7 @@ def bench_workflows(
     ] = True,
     max_tokens: Annotated[int, typer.Option(min=1, help="Decode budget per call.")] = 64,
     model: ModelOpt = "smollm2-135m",
-    dtype: DtypeOpt = run_cli.DEFAULT_DTYPE,
+    dtype: DtypeOpt = DEFAULT_DTYPE,
     json_out: Annotated[str | None, typer.Option("--json", help="Write the reports here.")] = None,
     plot_out: Annotated[str | None, typer.Option("--plot", help="PNG of the ratios.")] = None,
 ) -> None:

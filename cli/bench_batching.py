@@ -88,10 +88,10 @@ async def _measure(
 
 
 def main(model: str, dtype: str, counts: list[int], tokens: int, rounds: int = 1) -> None:
-    from corps.engine.engine import DTYPES
+    from corps.engine.weights import torch_dtype
 
     rows, path = anyio.run(_measure, model, dtype, counts, tokens, rounds)
-    hf, _ = measure_hf(path, DTYPES[dtype], tokens, 8, 1)
+    hf, _ = measure_hf(path, torch_dtype(dtype), tokens, 8, 1)
     base = rows[0]
     table = Table(
         title=f"batching loop ({model}, {dtype}, {tokens} tokens per stream, "

@@ -28,7 +28,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from corps.cli.run import DEFAULT_DTYPE
+from corps.engine.config import DEFAULT_DTYPE
 
 VOTE = "Vote for the best approach above, by its number."
 SOLVE = "Now solve the problem, following the approach with the most votes."

@@ -65,10 +65,9 @@ async def ours_probes(engine, decode_tokens: int, prefill_tokens: int) -> dict[s
 
 def measure_bound(path, dtype: str, repeats: int) -> float:
     """tok/s if a decode step did nothing but stream the weights through our projections."""
-    from corps.engine.engine import DTYPES
-    from corps.engine.weights import load_weights
+    from corps.engine.weights import load_weights, torch_dtype
 
-    w = load_weights(path, dtype=DTYPES[dtype], device="cpu", mixed=dtype == "mixed")
+    w = load_weights(path, dtype=torch_dtype(dtype), device="cpu", mixed=dtype == "mixed")
     projs = [p for lw in w.layers for p in (lw.qkv, lw.o, lw.gate_up, lw.down)] + [w.lm_head]
     xs = [torch.randn(1, p.w.shape[1], dtype=w.dtype) for p in projs]
 
@@ -117,14 +116,15 @@ def measure(model: str, dtype: str, decode_tokens: int, prefill_tokens: int, rep
     """(ours, HF, bound): ours and HF as (decode tok/s, prefill tok/s), run alternately."""
     from anyio.from_thread import start_blocking_portal
 
-    from corps.engine.engine import DTYPES, Engine
+    from corps.engine.engine import Engine
+    from corps.engine.weights import torch_dtype
 
     with (
         start_blocking_portal() as portal,
         portal.wrap_async_context_manager(Engine.open(model, dtype=dtype)) as engine,
     ):
         ours = portal.call(ours_probes, engine, decode_tokens, prefill_tokens)
-        hf = hf_probes(engine.model_path, DTYPES[dtype], decode_tokens, prefill_tokens)
+        hf = hf_probes(engine.model_path, torch_dtype(dtype), decode_tokens, prefill_tokens)
         probes = {("ours", k): partial(portal.call, f) for k, f in ours.items()}
         probes |= {("hf", k): f for k, f in hf.items()}  # each round: ours, then HF
         t = best_of(probes, repeats)

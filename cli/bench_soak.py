@@ -34,7 +34,7 @@ from pydantic import BaseModel
 
 from corps.agents import Agent, AgentError, Runtime
 from corps.cache.errors import CacheFullError, InvalidRequest, PositionError, UnknownHandle
-from corps.cli.run import DEFAULT_DTYPE
+from corps.engine.config import DEFAULT_DTYPE
 from corps.patterns.samples import DOCUMENT_PARAGRAPHS
 
 #: The workflow mix: built-in patterns at small settings.

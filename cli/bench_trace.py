@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from corps.cli.bench_workflow import Ratio, bootstrap
-from corps.cli.run import DEFAULT_DTYPE
+from corps.engine.config import DEFAULT_DTYPE
 
 
 class TraceCost(BaseModel):

@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from corps.cli.run import DEFAULT_DTYPE
+from corps.engine.config import DEFAULT_DTYPE
 from corps.patterns.replay import Replay
 from corps.patterns.result import PatternResult
 

@@ -21,13 +21,11 @@ from corps.agents import AgentError
 from corps.cache.errors import CorpsError
 from corps.cache.visibility import LeakWarning
 from corps.cli.scenario import ScenarioError, Target, parse_sets, resolve
+from corps.engine.config import DEFAULT_DTYPE, DEFAULT_MODEL, BadConfig, EngineConfig
 from corps.patterns import registry
 from corps.patterns.result import PatternResult
 
 out = Console()
-MODES = ("choreographed", "baseline", "hf")  # corps.engine.core.MODES (not imported: torch)
-DTYPES = ("float32", "bfloat16", "float16", "mixed")  # corps.engine.engine.DTYPES (likewise)
-DEFAULT_DTYPE = "mixed"  # corps.engine.engine.DEFAULT_DTYPE (likewise)
 err = Console(stderr=True)
 
 
@@ -104,28 +102,29 @@ def run(
             if lines is not None
             else [tgt.check(params)]
         )
-        mode = mode or tgt.mode or "choreographed"
-        if mode not in MODES:
-            raise ScenarioError(f"--mode must be one of {', '.join(MODES)}, got {mode!r}")
-        if dtype not in DTYPES:
-            raise ScenarioError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+        config = EngineConfig.of(  # every engine setting checked before anything loads
+            model or tgt.model or DEFAULT_MODEL,
+            mode=mode or tgt.mode or "choreographed",
+            dtype=dtype,
+            device=device,
+            leak_policy=leak_policy,
+            trace=trace,
+        )
+    except BadConfig as exc:
+        _exit(exc.for_cli(), 2)
     except CorpsError as exc:
         _exit(str(exc), 2)
-    engine_kw = dict(mode=mode, dtype=dtype, device=device, leak_policy=leak_policy, trace=trace)
     live = out.is_terminal if live is None else live
-    model_name = model or tgt.model or "smollm2-135m"
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", LeakWarning)  # counted in the summary instead
             if lines is None:
-                result = anyio.run(_one, tgt, checked[0], model_name, engine_kw, live)
+                result = anyio.run(_one, tgt, checked[0], config, live)
                 _show(result, tgt)
                 if json_out is not None:
                     json_out.write_text(_dump(result) + "\n")
             else:
-                failed = anyio.run(
-                    _many, tgt, checked, model_name, engine_kw, concurrency, json_out, live
-                )
+                failed = anyio.run(_many, tgt, checked, config, concurrency, json_out, live)
                 if failed:
                     _exit(f"{failed} of {len(checked)} runs failed (see --json)", 1)
     except (AgentError, CorpsError) as exc:
@@ -153,11 +152,11 @@ def _read_inputs(path: Path) -> list[dict[str, Any]]:
     return lines
 
 
-async def _one(tgt: Target, params: dict, model: str, engine_kw: dict, live: bool) -> Any:
+async def _one(tgt: Target, params: dict, config: EngineConfig, live: bool) -> Any:
     from corps.agents import Runtime
     from corps.engine import Engine
 
-    async with Engine.open(model, **engine_kw) as engine, Runtime(engine) as rt:
+    async with Engine.open(config) as engine, Runtime(engine) as rt:
         return await _with_live(engine, live, lambda: tgt.fn(rt, **params))
 
 
@@ -187,8 +186,7 @@ async def _with_live(engine, live: bool, body: Callable[[], Awaitable[Any]]) -> 
 async def _many(
     tgt: Target,
     runs: list[dict],
-    model: str,
-    engine_kw: dict,
+    config: EngineConfig,
     concurrency: int,
     json_out: Path | None,
     live: bool = False,
@@ -199,7 +197,7 @@ async def _many(
     results: list[Any] = [None] * len(runs)
     limiter = anyio.CapacityLimiter(concurrency)
     columns = (TextColumn("runs"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    async with Engine.open(model, **engine_kw) as engine, Runtime(engine) as rt:
+    async with Engine.open(config) as engine, Runtime(engine) as rt:
         # the live panels replace the progress bar: one live display at a time
         progress_console = Console(file=io.StringIO()) if live else err
         with Progress(*columns, console=progress_console, transient=True) as progress:

@@ -14,11 +14,12 @@ import tomllib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from corps.cache.errors import InvalidRequest
+from corps.engine.config import Mode
 from corps.patterns import registry
 
 
@@ -43,7 +44,7 @@ class Scenario(BaseModel):
     model_config = ConfigDict(extra="forbid")
     pattern: str
     model: str | None = None
-    mode: Literal["choreographed", "baseline"] | None = None
+    mode: Mode | None = None
     params: dict[str, Any] = {}
     inputs: dict[str, Any] = {}
 

@@ -1,14 +1,14 @@
 """Attention over calls' views: one small interface, a torch reference backend, and the
 CUDA path (Triton kernels for gathers and decode, FlexAttention for prefill).
 
-`select_backend(device)` picks by device (`cuda`: Triton + Flex; `cpu`: torch) and
-obeys `CORPS_ATTENTION=torch|triton|flex|triton+flex`. Every backend computes the
+`select_backend(device, name)` picks by device (`cuda`: Triton + Flex; `cpu`: torch)
+unless named (`EngineConfig.attention`: torch|triton|flex|triton+flex, default from
+`CORPS_ATTENTION`). Every backend computes the
 same thing; the kernels and their torch references live in `corps.engine.kernels`.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Protocol
@@ -435,24 +435,25 @@ class TritonFlexAttention(TritonAttention, FlexAttention):
     name = "triton+flex"
 
 
-def select_backend(device: torch.device | str) -> AttentionBackend:
-    """The backend for `device`, or the one `CORPS_ATTENTION` names.
+def select_backend(device: torch.device | str, name: str | None = None) -> AttentionBackend:
+    """The backend `name` (`EngineConfig.attention`, default from `CORPS_ATTENTION`), or
+    with None the one that suits `device`.
 
     Raises InvalidRequest for an unknown name, and for Triton when it is not
     installed or has neither a CUDA device nor its interpreter (TRITON_INTERPRET=1).
     """
     dev = torch.device(device)
-    name = os.environ.get("CORPS_ATTENTION", "").strip().lower()
+    name = (name or "").strip().lower()
     if not name:
         name = "triton+flex" if dev.type == "cuda" and triton_available() else "torch"
     if name not in BACKENDS:
-        raise InvalidRequest(f"CORPS_ATTENTION must be one of {', '.join(BACKENDS)}, got {name!r}")
+        raise InvalidRequest(f"attention must be one of {', '.join(BACKENDS)}, got {name!r}")
     if "triton" in name:
         if not triton_available():
-            raise InvalidRequest(f"CORPS_ATTENTION={name} needs Triton: pip install 'corps[cuda]'")
+            raise InvalidRequest(f"attention {name!r} needs Triton: pip install 'corps[cuda]'")
         if dev.type != "cuda" and not interpreting():
             raise InvalidRequest(
-                f"CORPS_ATTENTION={name} on {dev.type} needs TRITON_INTERPRET=1 "
+                f"attention {name!r} on {dev.type} needs TRITON_INTERPRET=1 "
                 "(Triton's interpreter: exact but slow, for testing); or use torch"
             )
     classes = {

@@ -32,8 +32,9 @@ from corps.cache.kv import KVStore
 from corps.cache.messages import Message, MessageTable
 from corps.cache.radix import RadixCache
 from corps.cache.view import CallView
-from corps.engine.attention import select_backend
+from corps.engine.attention import AttentionBackend, select_backend
 from corps.engine.chat import ChatFormat
+from corps.engine.config import CONTEXTS, MODES
 from corps.engine.errors import InvalidRequest
 from corps.engine.planner import Call, Planner
 from corps.engine.requests import DecodeRequest, PrefillRequest
@@ -42,11 +43,6 @@ from corps.engine.sampling import SamplingParams, argmax_rows, forced, sample, s
 from corps.engine.stats import EngineStats
 from corps.engine.weights import Weights
 
-MODES = ("choreographed", "baseline", "hf")
-#: How calls hold the contexts they read (`corps.cache.context`): "copy" rotates each
-#: placed context once into the view arena; "store" reads it from the store at every
-#: step (keys rotated one layer at a time), for KV memory close to the store's alone.
-CONTEXTS = ("copy", "store")
 #: Longest piece of one call's prompt encoded in a single forward step.
 PREFILL_CHUNK = 512
 #: Baseline: a call waits for a running call's prompt when they share at least
@@ -81,11 +77,12 @@ class Core:
         view_capacity: int | None = None,
         precision: str | None = None,
         contexts: str = "copy",
+        attention: AttentionBackend | None = None,
     ) -> None:
         if mode not in MODES:
-            raise InvalidRequest(f"mode must be one of {MODES}, got {mode!r}")
+            raise InvalidRequest(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         if contexts not in CONTEXTS:
-            raise InvalidRequest(f"contexts must be one of {CONTEXTS}, got {contexts!r}")
+            raise InvalidRequest(f"contexts must be one of {', '.join(CONTEXTS)}, got {contexts!r}")
         spec = weights.spec
         self.mode = mode
         # the dtype name the engine was opened with ("mixed" is float32 weights)
@@ -109,7 +106,8 @@ class Core:
         self.arena = ViewArena(**{**dims, "capacity": view_capacity or capacity})
         # Rotated contexts, each held once for every concurrent call that reads it.
         self.contexts = ContextPool()
-        self.runner = ModelRunner(weights, self.store, select_backend(weights.device))
+        attention = attention or select_backend(weights.device)
+        self.runner = ModelRunner(weights, self.store, attention)
         # contexts="store": a one-layer scratch holds each live context's rotated keys of
         # the layer being run (1/L of a copy); nothing else is held beside the store.
         self.context_mode = contexts
@@ -118,7 +116,7 @@ class Core:
             if self.runner.attention.name != "torch":
                 raise InvalidRequest(
                     f'contexts="store" needs the torch attention backend, not '
-                    f"{self.runner.attention.name!r} (set CORPS_ATTENTION=torch)"
+                    f"{self.runner.attention.name!r} (set attention='torch')"
                 )
             self.scratch = ViewArena(**{**dims, "num_layers": 1})
         self.scratch_tokens_peak = 0

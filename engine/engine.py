@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-import os
 from collections.abc import AsyncIterator, Awaitable, Generator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from functools import partial
@@ -21,34 +20,21 @@ from corps.cache.handle import Handle, bind
 from corps.cache.kv import KVStore
 from corps.cache.visibility import Leak, LeakWarning
 from corps.engine.access import Guard, TraceEvent, check_access
-from corps.engine.core import CONTEXTS, Core
+from corps.engine.attention import select_backend
+from corps.engine.config import (
+    DEFAULT_MAX_CAPACITY,
+    DEFAULT_MEMORY_BUDGET,
+    EngineConfig,
+)
+from corps.engine.core import Core
 from corps.engine.errors import EngineBusy, InvalidRequest
-from corps.engine.registry import DEFAULT_MODEL, resolve_model
+from corps.engine.registry import resolve_model
 from corps.engine.requests import PrefillRequest, decode_request, prefill_request
 from corps.engine.scheduler import Job, Scheduler
 from corps.engine.stats import EngineStats
 from corps.engine.trace import Freed, Header, Recorder, TraceFile, version
 from corps.engine.tracing import end_events, queued_event
-from corps.engine.weights import load_weights, read_spec
-
-#: dtype name -> the dtype of weights, activations and the KV store. "mixed" is float32
-#: except the projections' weights: float16 for one row, bfloat16 for more
-#: (`corps.engine.linear`).
-DTYPES = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "mixed": torch.float32,
-}
-#: The default dtype: 2-3x float32's decode speed, within 16-bit rounding of it
-#: (README, "Precision"); float32 is the exact one.
-DEFAULT_DTYPE = "mixed"
-#: Default KV memory (the store and the view arena together) when no capacity is given.
-DEFAULT_MEMORY_BUDGET = 2 << 30
-#: The default budget never buys more slots than this: a tiny model would otherwise
-#: get millions of slots (and their bookkeeping) it has no use for.
-DEFAULT_MAX_CAPACITY = 1 << 17
-
+from corps.engine.weights import load_weights, read_spec, torch_dtype
 
 __all__ = ["Engine", "LeakWarning", "Pending", "TextStream", "TraceEvent"]
 
@@ -62,35 +48,28 @@ class Engine:
     a worker thread, so the event loop stays free while the model computes.
     """
 
-    def __init__(
-        self,
-        core: Core,
-        *,
-        queue_size: int = 256,
-        step_tokens: int = 512,
-        leak_policy: str = "warn",
-        trace: str | Path | None = None,
-        model_name: str | None = None,
-        auto_free: bool = False,
-        max_running: int = 256,
-    ) -> None:
+    def __init__(self, core: Core, config: EngineConfig | None = None) -> None:
+        cfg = config or EngineConfig.of(str(core.model_path), mode=core.mode)
+        self._config = cfg
         self._core = core
-        self.auto_free = auto_free
+        self.auto_free = cfg.auto_free
         self._deferred: list[int] = []  # unreferenced ids still pinned by a running call
         self.recorder = Recorder()
         """Trace events go to its sinks (`recorder.add(fn)`); see `corps.engine.trace`."""
         self._sched = Scheduler(
             core,
-            queue_size=queue_size,
-            step_tokens=step_tokens,
+            queue_size=cfg.queue_size,
+            step_tokens=cfg.step_tokens,
             recorder=self.recorder,
-            max_running=max_running,
+            max_running=cfg.max_running,
         )
         self._tg: anyio.abc.TaskGroup | None = None
-        self._guard = Guard(core.table, mode=core.mode, policy=leak_policy, recorder=self.recorder)
+        self._guard = Guard(
+            core.table, mode=core.mode, policy=cfg.leak_policy, recorder=self.recorder
+        )
         self._ids = itertools.count(1)
-        self._model_name = model_name or core.model_path.name
-        self._trace_file = self.trace_to(trace) if trace is not None else None
+        self._model_name = cfg.model
+        self._trace_file = self.trace_to(cfg.trace) if cfg.trace is not None else None
         self._sched.after_step = self._sweep
 
     # ---- construction and lifetime ----
@@ -98,23 +77,18 @@ class Engine:
     @classmethod
     def load(
         cls,
-        model: str = DEFAULT_MODEL,
+        config: EngineConfig | str | None = None,
+        /,
         *,
-        mode: str = "choreographed",
-        device: str = "cpu",
-        dtype: str = DEFAULT_DTYPE,
-        capacity: int | None = None,
-        memory_budget: int | None = None,
-        queue_size: int = 256,
-        step_tokens: int = 512,
-        leak_policy: str = "warn",
-        trace: str | Path | None = None,
-        auto_free: bool = False,
-        max_running: int = 256,
-        contexts: str | None = None,
         console: Console | None = None,
+        **fields: Any,
     ) -> Engine:
         """Load synchronously (blocks); start it with `async with engine:`.
+
+        `config` is an `EngineConfig`, a model name, or None (the default model);
+        `fields` override its settings (`EngineConfig` lists them with what they
+        mean). Everything is validated before any weights load: a bad value raises
+        InvalidRequest at once.
 
         The KV store holds `capacity` tokens, and the view arena (calls' rotated
         contexts, each shared context once) as many. Without `capacity`, the two
@@ -122,103 +96,67 @@ class Engine:
         DEFAULT_MAX_CAPACITY store slots); `stats().kv_bytes` says what was taken.
         The memory is given back when the engine closes.
 
-        `dtype`: "mixed" (default: float32 activations, attention and KV store, with
-        16-bit projection weights, float16 for one row and bfloat16 for more;
-        2-3x float32's decode speed, within 16-bit rounding of it; see
-        `corps.engine.linear`), "float32" (exact against transformers; a batched call
-        equals itself alone up to float32 rounding), "bfloat16" or "float16". The
-        attention backend follows the device, or `CORPS_ATTENTION`
-        (`corps.engine.attention`).
-
-        `contexts`: how calls hold the contexts they read. "copy" (default, fastest):
-        each placed context is rotated once into the view arena and shared by every
-        concurrent call that reads it, so KV memory is the store plus one copy of
-        each live context. "store": nothing is copied; attention reads each context
-        from the store, rotating its keys one layer at a time at every step, so KV
-        memory is the store plus calls' own tokens (and a one-layer scratch), and
-        steps over long contexts are slower (`corps bench memory` measures both).
-        "store" needs the torch attention backend. None: `CORPS_CONTEXTS`, else "copy".
-
-        `trace=PATH` writes every call, message, actor event and leak to PATH as
-        JSON lines (`corps trace view PATH`); off by default. `auto_free=True`
-        frees a message's encoding once the last `Handle` naming it is garbage
-        collected (off by default: then only `free` releases encodings).
-
         Admission: a call runs once its memory can be had (its prompt and every
         token it may generate are reserved up front, so it never runs out
         mid-generation); until then it waits, first come first served, while
         running calls may give memory back. At most `max_running` calls run at
         once. A call that could never fit raises `StoreTooSmall` at once.
         """
-        contexts = contexts or os.environ.get("CORPS_CONTEXTS", "").strip().lower() or "copy"
-        if contexts not in CONTEXTS:
-            raise InvalidRequest(f"contexts must be one of {', '.join(CONTEXTS)}, got {contexts!r}")
-        if dtype not in DTYPES:
-            raise InvalidRequest(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-        if device.startswith("cuda") and not torch.cuda.is_available():
-            raise InvalidRequest(f"device {device!r} asked for, but torch sees no CUDA device")
-        path = resolve_model(model, console=console)
+        cfg = EngineConfig.of(config, **fields)
+        if cfg.device.startswith("cuda") and not torch.cuda.is_available():
+            raise InvalidRequest(f"device {cfg.device!r} asked for, but torch sees no CUDA device")
+        attention = select_backend(cfg.device, cfg.attention)  # checks Triton before loading
+        path = resolve_model(cfg.model, console=console)
         spec = read_spec(path)
-        torch_dtype = DTYPES[dtype]
-        if capacity is None:
-            per_token = KVStore.bytes_per_token(
-                spec.num_layers, spec.num_kv_heads, spec.head_dim, torch_dtype
-            )
-            # the budget buys the store and a view arena of the same size (and with
-            # contexts="store" a one-layer scratch as long): every token slot costs
-            # twice and a bit (`stats().kv_bytes` is what it bought, never more)
-            per_slot = 2 * per_token + (per_token // spec.num_layers if contexts == "store" else 0)
-            if memory_budget is None:  # default: 2 GiB, at most DEFAULT_MAX_CAPACITY slots
-                capacity = max(1024, min(DEFAULT_MAX_CAPACITY, DEFAULT_MEMORY_BUDGET // per_slot))
-            else:
-                capacity = memory_budget // per_slot
-                if capacity < 256:
-                    raise InvalidRequest(
-                        f"memory_budget={memory_budget} bytes buys {capacity} token slots "
-                        f"(store and views, {per_slot} bytes per slot); give at least "
-                        f"{256 * per_slot}"
-                    )
+        capacity = cfg.capacity or _capacity(cfg, spec)
         from transformers import AutoTokenizer
 
-        weights = load_weights(path, dtype=torch_dtype, device=device, mixed=dtype == "mixed")
+        dtype = torch_dtype(cfg.dtype)
+        weights = load_weights(path, dtype=dtype, device=cfg.device, mixed=cfg.dtype == "mixed")
         tokenizer = AutoTokenizer.from_pretrained(str(path))
-        if mode == "hf":  # reference: transformers generate, one call at a time
+        if cfg.mode == "hf":  # reference: transformers generate, one call at a time
             from transformers import AutoModelForCausalLM
 
             from corps.engine.hf import HFCore
 
-            hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype).to(device)
+            hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(cfg.device)
             core = HFCore(
-                hf, weights, tokenizer, model_path=path, capacity=capacity, precision=dtype
+                hf, weights, tokenizer, model_path=path, capacity=capacity, precision=cfg.dtype
             )
         else:
             core = Core(
                 weights,
                 tokenizer,
                 model_path=path,
-                mode=mode,
+                mode=cfg.mode,
                 capacity=capacity,
-                precision=dtype,
-                contexts=contexts,
+                precision=cfg.dtype,
+                contexts=cfg.contexts,
+                attention=attention,
             )
-        return cls(
-            core,
-            queue_size=queue_size,
-            step_tokens=step_tokens,
-            leak_policy=leak_policy,
-            trace=trace,
-            model_name=model,
-            auto_free=auto_free,
-            max_running=max_running,
-        )
+        return cls(core, cfg)
 
     @classmethod
     @asynccontextmanager
-    async def open(cls, model: str = DEFAULT_MODEL, **kwargs: Any) -> AsyncIterator[Engine]:
-        """`async with Engine.open("smollm2-135m", mode="choreographed") as engine:`."""
-        engine = await anyio.to_thread.run_sync(partial(cls.load, model, **kwargs))
+    async def open(
+        cls,
+        config: EngineConfig | str | None = None,
+        /,
+        *,
+        console: Console | None = None,
+        **fields: Any,
+    ) -> AsyncIterator[Engine]:
+        """`async with Engine.open("smollm2-135m", mode="choreographed") as engine:`, or
+        `Engine.open(config)` with an `EngineConfig` (fields override it)."""
+        cfg = EngineConfig.of(config, **fields)  # bad settings fail here, on the caller
+        engine = await anyio.to_thread.run_sync(partial(cls.load, cfg, console=console))
         async with engine:
             yield engine
+
+    @property
+    def config(self) -> EngineConfig:
+        """The settings this engine was built from (frozen; pickles)."""
+        return self._config
 
     async def __aenter__(self) -> Engine:
         if self._tg is not None or self._sched.started:
@@ -501,6 +439,26 @@ class Engine:
             job.end()
             raise
         return Pending(job, self)
+
+
+def _capacity(cfg: EngineConfig, spec) -> int:
+    """Store slots `cfg.memory_budget` buys (the default budget when None)."""
+    per_token = KVStore.bytes_per_token(
+        spec.num_layers, spec.num_kv_heads, spec.head_dim, torch_dtype(cfg.dtype)
+    )
+    # the budget buys the store and a view arena of the same size (and with
+    # contexts="store" a one-layer scratch as long): every token slot costs
+    # twice and a bit (`stats().kv_bytes` is what it bought, never more)
+    per_slot = 2 * per_token + (per_token // spec.num_layers if cfg.contexts == "store" else 0)
+    if cfg.memory_budget is None:  # default: 2 GiB, at most DEFAULT_MAX_CAPACITY slots
+        return max(1024, min(DEFAULT_MAX_CAPACITY, DEFAULT_MEMORY_BUDGET // per_slot))
+    capacity = cfg.memory_budget // per_slot
+    if capacity < 256:
+        raise InvalidRequest(
+            f"memory_budget={cfg.memory_budget} bytes buys {capacity} token slots "
+            f"(store and views, {per_slot} bytes per slot); give at least {256 * per_slot}"
+        )
+    return capacity
 
 
 def _split_policy(requests: Iterable[Mapping[str, Any]]):

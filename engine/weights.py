@@ -76,6 +76,22 @@ def read_spec(path: str | Path) -> ModelSpec:
     return ModelSpec.from_config(config)
 
 
+#: dtype name (`EngineConfig.dtype`) -> the dtype of weights, activations and the KV
+#: store. "mixed" is float32 except the projections' weights: float16 for one row,
+#: bfloat16 for more (`corps.engine.linear`).
+_TORCH_DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "mixed": torch.float32,
+}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of weights, activations and KV store for a dtype name."""
+    return _TORCH_DTYPES[name]
+
+
 def load_weights(
     path: str | Path,
     *,

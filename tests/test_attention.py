@@ -1,4 +1,4 @@
-"""engine/attention.py: backend selection (CORPS_ATTENTION) and the decode plan."""
+"""engine/attention.py: backend selection (by name or device) and the decode plan."""
 
 from __future__ import annotations
 
@@ -19,8 +19,7 @@ from conftest import open_tiny
 from helpers import shared_views
 
 
-def test_cpu_defaults_to_the_torch_reference(monkeypatch):
-    monkeypatch.delenv("CORPS_ATTENTION", raising=False)
+def test_cpu_defaults_to_the_torch_reference():
     assert type(select_backend("cpu")) is SdpaAttention
 
 
@@ -33,10 +32,14 @@ def test_cpu_defaults_to_the_torch_reference(monkeypatch):
         (" Triton+Flex ", TritonFlexAttention),
     ],
 )
-def test_corps_attention_forces_a_backend(monkeypatch, name, cls):
+def test_a_named_backend_is_used(monkeypatch, name, cls):
+    """By name, and by `CORPS_ATTENTION` through the engine's config."""
+    from corps.engine.config import EngineConfig
+
     pytest.importorskip("triton")
+    assert type(select_backend("cpu", name)) is cls
     monkeypatch.setenv("CORPS_ATTENTION", name)
-    assert type(select_backend("cpu")) is cls
+    assert type(select_backend("cpu", EngineConfig.of().attention)) is cls
 
 
 def test_unknown_backend_is_refused_before_loading(tiny_dirs, monkeypatch):
@@ -47,20 +50,17 @@ def test_unknown_backend_is_refused_before_loading(tiny_dirs, monkeypatch):
 
 def test_triton_on_cpu_needs_the_interpreter(monkeypatch):
     pytest.importorskip("triton")
-    monkeypatch.setenv("CORPS_ATTENTION", "triton")
     monkeypatch.delenv("TRITON_INTERPRET")
     with pytest.raises(InvalidRequest, match="TRITON_INTERPRET=1"):
-        select_backend("cpu")
+        select_backend("cpu", "triton")
 
 
 def test_triton_missing_says_what_to_install(monkeypatch):
     from corps.engine import attention
 
     monkeypatch.setattr(attention, "triton_available", lambda: False)
-    monkeypatch.setenv("CORPS_ATTENTION", "triton")
     with pytest.raises(InvalidRequest, match=r"pip install 'corps\[cuda\]'"):
-        select_backend("cpu")
-    monkeypatch.delenv("CORPS_ATTENTION")
+        select_backend("cpu", "triton")
     assert type(select_backend("cuda")) is SdpaAttention  # no Triton: the reference
 
 

@@ -1,0 +1,194 @@
+"""`EngineConfig`: every setting of an engine, validated once, torch-free.
+
+The one home of the valid values (modes, dtypes, context kinds, attention
+backends, leak policies) and their checks. The CLI, scenario files and the
+benchmarks build one before loading anything, so a bad value fails in a line,
+before minutes of model loading. It is frozen and pickles, so a remote worker
+can build the same engine from it.
+
+Environment variables only fill defaults, here and nowhere else:
+`CORPS_CONTEXTS` (contexts) and `CORPS_ATTENTION` (attention backend).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from corps.cache.errors import InvalidRequest
+from corps.cache.visibility import LEAK_POLICIES, check_policy
+
+Mode = Literal["choreographed", "baseline", "hf"]
+Dtype = Literal["mixed", "float32", "bfloat16", "float16"]
+Contexts = Literal["copy", "store"]
+Attention = Literal["torch", "triton", "flex", "triton+flex"]
+
+#: Engine modes: choreography, the prefix-cached baseline, and transformers `generate`.
+MODES: tuple[str, ...] = get_args(Mode)
+#: Weight and activation precisions. "mixed" (the default) is float32 activations,
+#: attention and KV store with 16-bit projection weights (`corps.engine.linear`).
+DTYPES: tuple[str, ...] = get_args(Dtype)
+#: How calls hold the contexts they read (`corps.cache.context`).
+CONTEXTS: tuple[str, ...] = get_args(Contexts)
+#: Attention backends (`corps.engine.attention`); None picks by device.
+ATTENTION_BACKENDS: tuple[str, ...] = get_args(Attention)
+
+DEFAULT_MODEL = "smollm2-135m"
+DEFAULT_DTYPE = "mixed"
+#: Default KV memory (the store and the view arena together) when no capacity is given.
+DEFAULT_MEMORY_BUDGET = 2 << 30
+#: The default budget never buys more slots than this: a tiny model would otherwise
+#: get millions of slots (and their bookkeeping) it has no use for.
+DEFAULT_MAX_CAPACITY = 1 << 17
+
+
+def _env(name: str, allowed: tuple[str, ...]) -> str | None:
+    """An environment variable's value if set, checked against `allowed`."""
+    value = os.environ.get(name, "").strip().lower()
+    if value and value not in allowed:
+        raise InvalidRequest(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
+    return value or None
+
+
+def _env_contexts() -> str:
+    return _env("CORPS_CONTEXTS", CONTEXTS) or "copy"
+
+
+def _env_attention() -> str | None:
+    return _env("CORPS_ATTENTION", ATTENTION_BACKENDS)
+
+
+_Positive = Annotated[int, Field(ge=1)]
+
+
+class BadConfig(InvalidRequest):
+    """Engine settings that are not valid; `fields` names the settings at fault."""
+
+    def __init__(self, message: str, fields: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.fields = fields
+
+    def for_cli(self) -> str:
+        """The message with the command-line option of each field (`--leak-policy`)."""
+        flags = ", ".join("--" + f.replace("_", "-") for f in self.fields)
+        return f"{flags}: {self}" if flags else str(self)
+
+
+class EngineConfig(BaseModel):
+    """Everything `Engine.open` needs to build an engine; frozen.
+
+    - `model`: an alias (`corps models`), a local HF directory or a hub id.
+    - `mode`: "choreographed" (reuse encodings), "baseline" (re-encode the parents'
+      text with a radix prefix cache) or "hf" (transformers `generate`, one call at
+      a time: the reference a typical agent framework gives you).
+    - `dtype`: "mixed" (default; within 16-bit rounding of float32, 2-3x faster),
+      "float32" (exact against transformers), "bfloat16" or "float16".
+    - `device`: "cpu" or "cuda[:N]".
+    - `attention`: the attention backend; None picks by device (torch on CPU,
+      triton+flex on CUDA with Triton). Default from `CORPS_ATTENTION`.
+    - `contexts`: "copy" (each placed context rotated once into the view arena) or
+      "store" (read from the store at every step; less memory, slower long decodes;
+      torch backend only). Default from `CORPS_CONTEXTS`, else "copy".
+    - `capacity`: KV store token slots (the view arena gets as many); None: as many
+      as `memory_budget` bytes buy (default 2 GiB, at most DEFAULT_MAX_CAPACITY).
+    - `queue_size`, `step_tokens`, `max_running`: the batching loop's queue, tokens
+      per fused step, and calls running at once.
+    - `leak_policy`: the default for calls made as an agent (`corps.engine.access`).
+    - `trace`: write every call, message and leak to this JSON-lines file.
+    - `auto_free`: free an encoding once the last `Handle` naming it is collected.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: str = DEFAULT_MODEL
+    mode: Mode = "choreographed"
+    dtype: Dtype = DEFAULT_DTYPE
+    device: str = "cpu"
+    attention: Attention | None = Field(default_factory=_env_attention)
+    contexts: Contexts = Field(default_factory=_env_contexts)
+    capacity: Annotated[int, Field(ge=16)] | None = None
+    memory_budget: Annotated[int, Field(ge=1)] | None = None
+    queue_size: _Positive = 256
+    step_tokens: _Positive = 512
+    max_running: _Positive = 256
+    leak_policy: str = "warn"
+    trace: Path | None = None
+    auto_free: bool = False
+
+    @field_validator("attention", "contexts", "mode", "dtype", "leak_policy", mode="before")
+    @classmethod
+    def _normalise(cls, value: Any) -> Any:
+        return value.strip().lower() if isinstance(value, str) else value
+
+    @field_validator("leak_policy")
+    @classmethod
+    def _policy(cls, value: str) -> str:
+        return check_policy(value)
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, value: str) -> str:
+        kind, _, index = value.strip().lower().partition(":")
+        if kind not in ("cpu", "cuda", "meta") or (index and not index.isdigit()):
+            raise ValueError("must be 'cpu' or 'cuda[:N]'")
+        return value.strip().lower()
+
+    @classmethod
+    def of(cls, config: EngineConfig | str | None = None, /, **fields: Any) -> EngineConfig:
+        """A validated config from a config, a model name, or neither, updated with
+        `fields`. Bad values raise InvalidRequest naming each field and what it takes."""
+        if isinstance(config, EngineConfig):
+            base = config.model_dump()
+        elif isinstance(config, str | os.PathLike):
+            base = {"model": str(config)}
+        elif config is None:
+            base = {}
+        else:
+            raise InvalidRequest(
+                f"expected an EngineConfig or a model name, got {type(config).__name__}"
+            )
+        fields = {k: v for k, v in fields.items() if not (k == "contexts" and v is None)}
+        try:
+            made = cls(**{**base, **fields})
+        except ValidationError as exc:
+            fields = tuple(str(e["loc"][0]) for e in exc.errors() if e["loc"])
+            raise BadConfig(_explain(exc), fields) from None
+        made._check_combination()
+        return made
+
+    def _check_combination(self) -> None:
+        if self.contexts == "store" and self.attention not in (None, "torch"):
+            raise BadConfig(
+                f'contexts="store" needs the torch attention backend, not {self.attention!r} '
+                f"(set attention='torch' or CORPS_ATTENTION=torch)",
+                ("contexts", "attention"),
+            )
+
+
+def _explain(exc: ValidationError) -> str:
+    """One line per bad field: its name, what it takes, what it got."""
+    parts = []
+    for err in exc.errors():
+        field = ".".join(str(p) for p in err["loc"]) or "config"
+        allowed = _ALLOWED.get(field)
+        if err["type"] == "extra_forbidden":
+            parts.append(f"unknown engine setting {field!r} (settings: {', '.join(_FIELDS)})")
+        elif allowed is not None:
+            parts.append(f"{field} must be one of {', '.join(allowed)}, got {err['input']!r}")
+        else:
+            msg = err["msg"].removeprefix("Value error, ")
+            parts.append(f"{field}: {msg}, got {err['input']!r}")
+    return "; ".join(parts)
+
+
+_ALLOWED = {
+    "mode": MODES,
+    "dtype": DTYPES,
+    "contexts": CONTEXTS,
+    "attention": ATTENTION_BACKENDS,
+    "leak_policy": LEAK_POLICIES,
+}
+_FIELDS = tuple(EngineConfig.model_fields)
