@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Unpack
 
 from pydantic import BaseModel
 
@@ -11,8 +12,9 @@ from corps.cache.errors import InvalidRequest
 from corps.cache.handle import Handle
 from corps.cache.visibility import Private, Public, Visibility
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the engine's argument types (corps.agents imports no torch)
     from corps.agents.runtime import Runtime
+    from corps.engine.requests import DecodeArgs, PrefillArgs, Text
 
 
 class Agent:
@@ -56,35 +58,29 @@ class Agent:
     def engine(self):
         return self.runtime.engine
 
-    def _as_me(self, kw: dict[str, Any], visibility: Visibility | None, policy: str | None):
+    def _as_me(self, args: Mapping[str, Any], visibility: Visibility | None = None) -> dict:
+        """The call's arguments made as this agent: owned by it, public unless said
+        otherwise, under its leak policy unless the call names one."""
+        kw = dict(args)
         owner = kw.pop("owner", self.name)
         if owner != self.name:
             raise InvalidRequest(
                 f"{self.name} cannot make a call owned by {owner!r}: an agent's calls are its own"
             )
-        kw.update(owner=self.name, visibility=visibility or Public())
-        kw["leak_policy"] = policy or self.leak_policy  # None: the engine's default
+        kw.update(owner=self.name, visibility=kw.get("visibility") or visibility or Public())
+        kw["leak_policy"] = kw.get("leak_policy") or self.leak_policy  # None: the engine's
         return kw
 
-    async def prefill(
-        self,
-        message: str | list[int],
-        *,
-        visibility: Visibility | None = None,
-        leak_policy: str | None = None,
-        **kw: Any,
-    ) -> Handle:
+    async def prefill(self, message: Text, **args: Unpack[PrefillArgs]) -> Handle:
         """Encode a message owned by this agent (public unless `visibility` says otherwise).
 
         `leak_policy` overrides the class's, which overrides the engine's default.
         """
-        return await self.engine.prefill(message, **self._as_me(kw, visibility, leak_policy))
+        return await self.engine.prefill(message, **self._as_me(args))
 
-    async def decode(
-        self, *, visibility: Visibility | None = None, leak_policy: str | None = None, **kw: Any
-    ) -> Handle:
+    async def decode(self, **args: Unpack[DecodeArgs]) -> Handle:
         """Generate a message owned by this agent. Inside `ask_stream`, its text streams out."""
-        kw = self._as_me(kw, visibility, leak_policy)
+        kw = self._as_me(args)
         envelope = env_mod.current.get()
         if envelope is None or envelope.deltas is None:
             return await self.engine.decode(**kw)
@@ -94,19 +90,15 @@ class Agent:
         return stream.handle
 
     async def decode_many(
-        self, requests: list[dict[str, Any]], *, visibility: Visibility | None = None
+        self, requests: list[Mapping[str, Any]], *, visibility: Visibility | None = None
     ) -> list[Handle]:
-        """Several decodes owned by this agent, fused into shared steps; all or nothing."""
-        reqs = []
-        for r in requests:
-            r = dict(r)
-            vis, policy = r.pop("visibility", visibility), r.pop("leak_policy", None)
-            reqs.append(self._as_me(r, vis, policy))
-        return await self.engine.decode_many(reqs)
+        """Several decodes (`DecodeArgs` each) owned by this agent, fused into shared
+        steps; all or nothing. `visibility` applies to those that give none."""
+        return await self.engine.decode_many([self._as_me(r, visibility) for r in requests])
 
-    async def think(self, **kw: Any) -> Handle:
+    async def think(self, **args: Unpack[DecodeArgs]) -> Handle:
         """decode() with Private visibility: a thought only this agent can read."""
-        return await self.decode(visibility=Private(), **kw)
+        return await self.decode(**{**args, "visibility": Private()})
 
     def read(self, handle: Handle) -> str:
         """The text of a message this agent may see (else AccessDenied)."""

@@ -11,8 +11,11 @@ the engine's memory budget, and views never spill outside it.
 from __future__ import annotations
 
 import bisect
+import itertools
 
 import torch
+
+from corps.cache.errors import require
 
 
 class ViewArena:
@@ -54,6 +57,14 @@ class ViewArena:
                     self._free[i] = (start + n, length - n)
                 return start
         return None
+
+    def check_idle(self) -> None:
+        """BrokenInvariant unless every range is back, merged, in order."""
+        ranges = self._free
+        require(ranges == sorted(ranges), "view arena free ranges out of order")
+        for (a, n), (b, _) in itertools.pairwise(ranges):
+            require(a + n < b, "view arena ranges overlap or were not merged")
+        require(self.free_tokens == self.capacity, "a view arena range was never released")
 
     def release(self, start: int, n: int) -> None:
         i = bisect.bisect(self._free, (start, n))

@@ -34,3 +34,14 @@ class UnknownHandle(InvalidRequest):
 
 class PositionError(InvalidRequest):
     """Offsets that are negative, of the wrong length, or past the model's context length."""
+
+
+class BrokenInvariant(CorpsError):
+    """corps's own bookkeeping is inconsistent (raised by `Engine.check()`): a bug in
+    corps, not in your program; please report it with the message."""
+
+
+def require(ok: bool, what: str) -> None:
+    """Raise BrokenInvariant(what) unless ok (checks that must survive `python -O`)."""
+    if not ok:
+        raise BrokenInvariant(what)

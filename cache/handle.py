@@ -83,8 +83,7 @@ class Handle:
         max_tokens cut it).
         """
         msg = self._readable()
-        start = msg.extra.get("generated_from", len(msg.tokens))
-        return list(msg.tokens[start : start + msg.extra.get("generated", 0)])
+        return list(msg.tokens[msg.generated_from : msg.generated_from + msg.generated])
 
     @property
     def role(self) -> str:
@@ -119,22 +118,22 @@ class Handle:
     @property
     def ttft(self) -> float | None:
         """Seconds from submitting this decode to its first token (None for prefills)."""
-        return self._msg.extra.get("ttft_s")
+        return self._msg.figures.ttft_s
 
     @property
     def tokens_encoded(self) -> int:
         """Tokens the call that made this message ran through the model."""
-        return self._msg.extra.get("tokens_encoded", 0)
+        return self._msg.figures.tokens_encoded
 
     @property
     def tokens_reused(self) -> int:
         """Cached tokens that call attended to without encoding them (the sink included)."""
-        return self._msg.extra.get("tokens_reused", 0)
+        return self._msg.figures.tokens_reused
 
     @property
     def leaks(self) -> int:
         """Leaks recorded for the call that made this message (allow / warn policies)."""
-        return self._msg.extra.get("leaks", 0)
+        return self._msg.figures.leaks
 
     @property
     def freed(self) -> bool:

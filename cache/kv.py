@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from corps.cache.errors import CacheFullError
+from corps.cache.errors import CacheFullError, require
 
 
 class KVStore:
@@ -75,6 +75,16 @@ class KVStore:
 
     def release(self, slots: list[int]) -> None:
         self._free.extend(sorted(slots, reverse=True))
+
+    def check(self, owned: list[int]) -> None:
+        """BrokenInvariant unless every slot is either free once or in `owned` once
+        (the slots messages and the prefix cache hold)."""
+        free = self._free
+        require(len(free) == len(set(free)), "a store slot is on the free list twice")
+        require(len(owned) == len(set(owned)), "a store slot has two owners")
+        require(not set(owned) & set(free), "an owned store slot is also free")
+        leaked = self.capacity - len(owned) - len(free)
+        require(leaked == 0, f"{leaked} store slots leaked")
 
     def write(self, layer: int, slots: Tensor, k: Tensor, v: Tensor) -> None:
         """Store unrotated k, v (T, Hkv, D) at slots (T,)."""

@@ -11,6 +11,17 @@ from typing import Any
 from corps.cache.errors import UnknownHandle
 
 
+@dataclass(frozen=True)
+class CallFigures:
+    """What the call that made a message cost, set once when that call ends
+    (`Handle.tokens_encoded`, `tokens_reused`, `ttft`, `leaks` read it)."""
+
+    tokens_encoded: int = 0  # tokens the call ran through the model
+    tokens_reused: int = 0  # cached tokens it attended to without encoding them
+    ttft_s: float | None = None  # a decode's seconds from submit to its first token
+    leaks: int = 0  # leaks recorded for the call (allow / warn policies)
+
+
 @dataclass
 class Message:
     """One encoded (or, in baseline mode, text-only) message."""
@@ -29,7 +40,11 @@ class Message:
     sources: frozenset[int] = frozenset()  # every message its encoding attended to, transitively
     freed: bool = False
     pins: int = 0  # in-flight calls reading its slots
-    extra: dict[str, Any] = field(default_factory=dict)
+    generated_from: int = 0  # a decode: index in `tokens` of its first sampled token
+    generated: int = 0  # a decode: how many tokens it sampled
+    view_of: int | None = None  # a clean re-encoding (leak_policy="reencode"): of which message
+    view_for: str | None = None  # ... and for which reader
+    figures: CallFigures = field(default_factory=CallFigures)
 
 
 class MessageTable:

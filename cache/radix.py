@@ -15,6 +15,8 @@ import heapq
 import itertools
 from dataclasses import dataclass, field
 
+from corps.cache.errors import require
+
 
 @dataclass(eq=False)
 class Node:
@@ -143,6 +145,16 @@ class RadixCache:
     def holds(self, creator: int) -> bool:
         """Whether any node `creator` inserted is still in the tree."""
         return any(n.creator == creator for n in self._nodes())
+
+    def check_idle(self) -> list[int]:
+        """BrokenInvariant unless no node is locked and `size` counts the nodes' tokens;
+        returns the store slots the tree holds."""
+        slots: list[int] = []
+        for node in self._nodes():
+            require(node.lock == 0, "a radix node is still locked while idle")
+            slots += node.slots
+        require(self.size == len(slots), "the radix tree's size is off")
+        return slots
 
     def _is_free_leaf(self, node: Node) -> bool:
         return node is not self.root and not node.children and node.lock == 0

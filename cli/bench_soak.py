@@ -33,7 +33,13 @@ import anyio
 from pydantic import BaseModel
 
 from corps.agents import Agent, AgentError, Runtime
-from corps.cache.errors import CacheFullError, InvalidRequest, PositionError, UnknownHandle
+from corps.cache.errors import (
+    BrokenInvariant,
+    CacheFullError,
+    InvalidRequest,
+    PositionError,
+    UnknownHandle,
+)
 from corps.engine.config import DEFAULT_DTYPE
 from corps.patterns.samples import DOCUMENT_PARAGRAPHS
 
@@ -262,6 +268,14 @@ async def soak(
             gc.collect()
             stats = engine.stats()
             dead = rt.dead_letter_count
+            try:  # the store's bookkeeping, exact after everything
+                engine.check()
+                broken = None
+            except BrokenInvariant as exc:
+                broken = str(exc)
+    if broken is not None:
+        counts["unexplained"] += 1
+        errors.insert(0, f"bookkeeping after the run: {broken}")
     start_s, end_s = _per_workflow(done_at, concurrency)
     return SoakReport(
         workflows=workflows,

@@ -30,11 +30,13 @@ from corps.cache.visibility import (
 from corps.engine.requests import PrefillRequest
 from corps.engine.trace import LeakEvent, Recorder, Reencode
 
-__all__ = ["Guard", "LeakWarning", "TraceEvent", "check_access", "explain", "hidden_sources"]
+__all__ = ["AuditEvent", "Guard", "LeakWarning", "check_access", "explain", "hidden_sources"]
 
 
 @dataclasses.dataclass(frozen=True)
-class TraceEvent:
+class AuditEvent:
+    """One entry of the leak audit log (`Engine.audit()`)."""
+
     kind: str  # "leak" or "reencode"
     detail: str
     leak: Leak | None = None
@@ -117,12 +119,12 @@ class Guard:
         self.mode = mode
         self.policy = check_policy(policy)
         self.leaks: deque[Leak] = deque(maxlen=RECENT)
-        self.events: deque[TraceEvent] = deque(maxlen=RECENT)
+        self.events: deque[AuditEvent] = deque(maxlen=RECENT)
         self.leak_count = 0
         self.reencode_count = 0
         self._clean: dict[tuple[int, str], Handle] = {}  # re-encoded copies, per reader
 
-    def check(self, request, policy: str | None, call_id: int | None = None) -> Checked:
+    def check(self, request, call_id: int | None = None) -> Checked:
         """Check a call; returns (the request to run, parents to re-encode first).
 
         Raises AccessDenied / LeakageError / UnknownHandle before anything runs.
@@ -139,7 +141,7 @@ class Guard:
         leaks = find_leaks(self.table, reader, parents, f"{kind} by {reader}")
         if not leaks:
             return Checked(request, [], 0)
-        policy = check_policy(policy or self.policy)
+        policy = check_policy(request.leak_policy or self.policy)
         if policy == "deny":
             raise LeakageError(explain(self.table, leaks[0]) + " (leak_policy='deny')")
         if policy == "reencode":
@@ -151,7 +153,7 @@ class Guard:
             text = explain(self.table, leak)
             self.leaks.append(leak)
             self.leak_count += 1
-            self.events.append(TraceEvent("leak", text, leak))
+            self.events.append(AuditEvent("leak", text, leak))
             if self.rec.on:
                 self.rec.emit(
                     LeakEvent(
@@ -207,14 +209,12 @@ class Guard:
         )
         view = await submit(request)
         copy = table.get(view.id)
-        copy.text, copy.extra["view_of"], copy.extra["view_for"] = msg.text, msg.id, reader
-        for key in ("generated_from", "generated"):
-            if key in msg.extra:
-                copy.extra[key] = msg.extra[key]
+        copy.text, copy.view_of, copy.view_for = msg.text, msg.id, reader
+        copy.generated_from, copy.generated = msg.generated_from, msg.generated
         self._clean[(parent.id, reader)] = view
         self.reencode_count += 1
         self.events.append(
-            TraceEvent("reencode", f"re-encoded message {msg.id} for {reader} as {view.id}")
+            AuditEvent("reencode", f"re-encoded message {msg.id} for {reader} as {view.id}")
         )
         if self.rec.on:
             self.rec.emit(Reencode(t=self.rec.now(), message=msg.id, reader=reader, clean=view.id))

@@ -14,8 +14,6 @@ it was.
 
 from __future__ import annotations
 
-import itertools
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -25,29 +23,24 @@ import torch
 from torch import Tensor
 
 from corps.cache.arena import ViewArena
-from corps.cache.context import ContextPool
 from corps.cache.errors import CacheFullError, StoreTooSmall
 from corps.cache.handle import Handle
 from corps.cache.kv import KVStore
 from corps.cache.messages import Message, MessageTable
-from corps.cache.radix import RadixCache
-from corps.cache.view import CallView
 from corps.engine.attention import AttentionBackend, select_backend
 from corps.engine.chat import ChatFormat
 from corps.engine.config import CONTEXTS, MODES
 from corps.engine.errors import InvalidRequest
+from corps.engine.memory import Memory
 from corps.engine.planner import Call, Planner
 from corps.engine.requests import DecodeRequest, PrefillRequest
 from corps.engine.runner import ForwardBatch, ModelRunner, SeqSpan
-from corps.engine.sampling import SamplingParams, argmax_rows, forced, sample, sample_rows
+from corps.engine.sampler import Sampler
 from corps.engine.stats import EngineStats
 from corps.engine.weights import Weights
 
 #: Longest piece of one call's prompt encoded in a single forward step.
 PREFILL_CHUNK = 512
-#: Baseline: a call waits for a running call's prompt when they share at least
-#: this many tokens nobody has encoded yet (SGLang's in-batch threshold is 32 too).
-HOLD_MIN_SHARED = 32
 #: While calls are prefilling, they get at least 1/PREFILL_SHARE of each step's tokens.
 PREFILL_SHARE = 8
 
@@ -104,25 +97,33 @@ class Core:
         # Views never spill outside it: a call that does not fit waits (ViewsFull). Sized
         # like the store by default, so any call that fits the store fits it alone.
         self.arena = ViewArena(**{**dims, "capacity": view_capacity or capacity})
-        # Rotated contexts, each held once for every concurrent call that reads it.
-        self.contexts = ContextPool()
         attention = attention or select_backend(weights.device)
         self.runner = ModelRunner(weights, self.store, attention)
         # contexts="store": a one-layer scratch holds each live context's rotated keys of
         # the layer being run (1/L of a copy); nothing else is held beside the store.
         self.context_mode = contexts
-        self.scratch: ViewArena | None = None
+        scratch: ViewArena | None = None
         if contexts == "store":
             if self.runner.attention.name != "torch":
                 raise InvalidRequest(
                     f'contexts="store" needs the torch attention backend, not '
                     f"{self.runner.attention.name!r} (set attention='torch')"
                 )
-            self.scratch = ViewArena(**{**dims, "num_layers": 1})
-        self.scratch_tokens_peak = 0
+            scratch = ViewArena(**{**dims, "num_layers": 1})
         self.rope = weights.rope
         self.max_positions = min(spec.max_positions, weights.rope.max_positions)
         self.table = MessageTable()
+        self.memory = Memory(
+            self.store,
+            self.arena,
+            scratch,
+            self.table,
+            self.rope,
+            self.runner.attention.gather,
+            shared_prefixes=mode == "baseline",
+        )
+        self.prefixes = self.memory.prefixes  # the baseline's radix tree (None: choreographed)
+        self.sampler = Sampler(self.fmt)
         self.planner = Planner(
             self.fmt,
             self.table,
@@ -130,20 +131,9 @@ class Core:
             max_positions=self.max_positions,
             vocab_size=spec.vocab_size,
         )
-        self.radix = RadixCache() if mode == "baseline" else None
-        self._uids = itertools.count(1)
-        self._filling: list[Call] = []  # baseline: calls whose prompt is not all cached yet
-        self._running_uids: set[int] = set()  # baseline: uids of admitted, unfinished calls
-        self._failed: set[int] = set()  # baseline: failed calls whose inserts are still read
-        self.tokens_shared_in_batch = 0
-        self.own_view_tokens = 0  # tokens of admitted calls' own view parts
-        self.view_tokens_peak = 0
         self.tokens_encoded = 0
         self.tokens_reused = 0
         self.forward_seconds = 0.0  # time spent in the model's forward
-        # Guards slot and pin bookkeeping: `free` runs on the caller's thread while a
-        # call may be running on the worker thread.
-        self._mutex = threading.RLock()
         self.sink = self._make_sink()
         if self.sink is not None:
             self.planner.sink_slots = list(self.table.get(self.sink.id).slots)
@@ -212,9 +202,8 @@ class Core:
 
         With `hold` (baseline), returns None instead when the call's prompt shares
         HOLD_MIN_SHARED or more uncached tokens with a running call's prompt: admit
-        it again after a step, and it reuses that encoding instead of repeating it.
-        Only calls still encoding their prompt (`_filling`, all of them admitted and
-        stepped by the same caller) are waited for, so a hold always ends.
+        it again after a step, and it reuses that encoding instead of repeating it
+        (`PrefixSharing.waits`).
         """
         if isinstance(request, DecodeRequest):
             call = self.planner.decode(request)
@@ -226,57 +215,59 @@ class Core:
             return call
         if self.mode == "hf":
             return call  # run by transformers generate: no slots, no view
-        if hold and self._waits(call):
+        if hold and self.prefixes is not None and self.prefixes.waits(call):
             return None
-        self._check_fits(call)
+        baseline = self.prefixes is not None
+        prompt = len(call.prefix) if baseline else len(call.ctx_slots) + len(call.feed)
+        self.memory.check_fits(call, prompt, _generated_max(call))
         try:
-            self._take_slots([call])
-            extra = len(call.feed) + _generated_max(call)
-            call.view = CallView.gather(
-                self.store,
-                self.rope,
-                call.ctx_slots,
-                call.ctx_pos,
-                extra,
-                self.arena,
-                fill=self.runner.attention.gather,
-                pool=self.contexts,
-                scratch=self.scratch,
-            )
+            self.memory.reserve(call, _generated_max(call))
+            self.memory.gather(call, len(call.feed) + _generated_max(call))
         except BaseException:
             self.abort(call)
             raise
         call.reused = len(call.ctx_slots)
         self.tokens_reused += call.reused
-        with self._mutex:
-            self.own_view_tokens += call.view.capacity
-            self.view_tokens_peak = max(self.view_tokens_peak, self.view_tokens)
-            self.scratch_tokens_peak = max(self.scratch_tokens_peak, self.scratch_tokens)
         return call
+
+    # ---- memory figures (`Memory`) ----
+
+    @property
+    def contexts(self):
+        return self.memory.contexts
+
+    @property
+    def scratch(self) -> ViewArena | None:
+        return self.memory.scratch
+
+    @property
+    def radix(self):
+        """The baseline's radix tree (None when choreographed)."""
+        return self.prefixes.radix if self.prefixes is not None else None
 
     @property
     def view_tokens(self) -> int:
-        """Tokens held in views: every live context once, plus each call's own part."""
-        return self.own_view_tokens + self.contexts.tokens
+        return self.memory.view_tokens
 
-    def reset_peaks(self) -> None:
-        """Peaks start over from what is held now (`Engine.reset_peak_stats`)."""
-        with self._mutex:
-            self.view_tokens_peak = self.view_tokens
-            self.scratch_tokens_peak = self.scratch_tokens
+    @property
+    def view_tokens_peak(self) -> int:
+        return self.memory.view_tokens_peak
 
     @property
     def scratch_tokens(self) -> int:
-        """Tokens of one layer that contexts read from the store hold (contexts="store")."""
-        s = self.scratch
-        return s.capacity - s.free_tokens if s is not None else 0
+        return self.memory.scratch_tokens
+
+    @property
+    def scratch_tokens_peak(self) -> int:
+        return self.memory.scratch_tokens_peak
+
+    def reset_peaks(self) -> None:
+        """Peaks start over from what is held now (`Engine.reset_peak_stats`)."""
+        self.memory.reset_peaks()
 
     def drop_memory(self) -> None:
-        """Give the store's, the arena's and the scratch's tensors back (the engine closed)."""
-        self.store.drop()
-        self.arena.drop()
-        if self.scratch is not None:
-            self.scratch.drop()
+        """Give the KV memory's tensors back (the engine closed)."""
+        self.memory.drop()
 
     def step(self, calls: Sequence[Call], budget: int | None) -> StepOutput:
         """One fused forward: a token for every decoding call, then prefill chunks.
@@ -303,7 +294,7 @@ class Core:
             n = 1 + len(c.closing)
             decodes -= n
             try:
-                self._next_slots(c, n)
+                self.memory.next_slots(c, n)
             except CacheFullError as exc:
                 self.abort(c)
                 out.failed.append((c, exc))
@@ -319,15 +310,15 @@ class Core:
             return out
         out.encoded = any(start >= 0 or c.finishing for c, start, _ in plan)
         logits, rows = self._forward(plan)
-        picks = self._picks(plan, rows, logits)
+        picks = self.sampler.picks(_logit_rows(plan, rows), logits)
         r = 0
         for (c, start, n), k in zip(plan, rows, strict=True):
             pick = picks.get(r + k - 1) if k else None
             self._advance(c, start, n, logits[r : r + k], out, pick)
             r += k
             if c.done:  # its view and unused reservations go now, for waiting calls
-                self._drop_view(c)
-                self._release_spare(c)
+                self.memory.drop_view(c)
+                self.memory.release_spare(c)
         return out
 
     def _forward(self, plan: list[tuple[Call, int, int]]) -> tuple[Tensor, list[int]]:
@@ -405,34 +396,6 @@ class Core:
             return [t + n - 1]
         return []
 
-    @staticmethod
-    def _picks(plan, rows: list[int], logits: Tensor) -> dict[int, int]:
-        """Logit row -> drawn token for the step's decodes that pick one now: one argmax
-        over the greedy ones' rows (a per-call argmax over the vocabulary cost ~60 us)
-        and one batched draw for the sampled ones (each from its own generator, so it
-        draws what it would alone). Forced calls are in: they do the work of the calls
-        they replay. A row missing (its logits not finite, or the batched draw
-        failed) samples alone in `_advance`, where an error fails that call only."""
-        greedy, sampled, r = [], [], 0
-        for (c, _, _), k in zip(plan, rows, strict=True):
-            r += k
-            if not (k and c.is_decode):
-                continue
-            if c.sampling.greedy:
-                greedy.append(r - 1)
-            else:  # a finishing call's closing step has no logit row: it never gets here
-                sampled.append((r - 1, c))
-        picks = dict(zip(greedy, argmax_rows(logits[greedy]), strict=True)) if greedy else {}
-        if sampled:
-            at = [i for i, _ in sampled]
-            params, gens = [c.sampling for _, c in sampled], [c.generator for _, c in sampled]
-            try:
-                drawn = sample_rows(logits[at], params, gens)
-            except Exception:  # each samples alone in _advance: an error fails that call only
-                drawn = [None] * len(at)
-            picks |= {i: t for i, t in zip(at, drawn, strict=True) if t is not None}
-        return picks
-
     def _advance(
         self, c: Call, start: int, n: int, logits: Tensor, out: StepOutput, pick: int | None
     ) -> None:
@@ -446,7 +409,7 @@ class Core:
         else:
             c.fed += n
             if c.uid:
-                self._cache_fed(c)
+                self.prefixes.cache_fed(c)
             if c.want_logits:
                 c.logits.append(logits)
             if c.fed < len(c.feed):
@@ -455,21 +418,17 @@ class Core:
                 c.done = True
                 return
         try:
-            tok = (
-                forced(c.sampling, len(c.generated), pick)
-                if pick is not None
-                else sample(logits[-1], c.sampling, c.generator, len(c.generated))
-            )
+            tok = self.sampler.next_token(c, logits, pick)
         except Exception as exc:  # a sampling error fails this call only
             self.abort(c)
             out.failed.append((c, exc))
             return
         c.generated.append(tok)
         c.pending = tok
-        c.finishing = self._stops(c, tok)
+        c.finishing = self.sampler.stops(c, tok)
         if c.finishing:
-            c.closing = self._closing(c.footer, tok)
-            if self.radix is not None:
+            c.closing = self.sampler.closing(c.footer, tok)
+            if self.prefixes is not None:
                 # The baseline re-encodes a turn's text wherever it is read, so it never
                 # runs the last token and footer through the model (a serving engine's
                 # prefix cache keeps a finished request's prompt and output but its last
@@ -481,77 +440,37 @@ class Core:
         """Register a done call's message and return its handle."""
         assert c.done, "finish() needs a call whose step machine is done"
         handle = self._finish_decode(c) if c.is_decode else self._finish_prefill(c)
-        self._drop_view(c)
-        self._release_spare(c)
+        self.memory.drop_view(c)
+        self.memory.release_spare(c)
         return handle
-
-    def _next_slots(self, c: Call, n: int) -> None:
-        """n more store slots for the call's next tokens: its reservation first."""
-        take = min(n, len(c.spare))
-        if take:
-            c.slots += reversed(c.spare[len(c.spare) - take :])
-            del c.spare[len(c.spare) - take :]
-        if n > take:
-            c.slots += self._alloc(n - take, "a next token")
-
-    def _release_spare(self, c: Call) -> None:
-        if c.spare:
-            with self._mutex:
-                self.store.release(c.spare)
-                c.spare = []
-
-    def _check_fits(self, c: Call) -> None:
-        """StoreTooSmall if the call could not run even in an otherwise empty store."""
-        prompt = len(c.prefix) if self.mode != "choreographed" else len(c.ctx_slots) + len(c.feed)
-        need = prompt + _generated_max(c)  # store slots, and view tokens alike
-        room, where = min((self.store.capacity, "store"), (self.arena.capacity, "view arena"))
-        if need > room:
-            raise StoreTooSmall(
-                f"this {c.kind} call needs {need} token slots (prompt {prompt} + up to "
-                f"{need - prompt} generated) but the whole {where} has {room}; "
-                f"lower max_tokens or open the engine with a larger capacity / memory_budget"
-            )
-
-    def _drop_view(self, c: Call) -> None:
-        if c.view is not None:
-            with self._mutex:
-                c.view.release()
-                self.own_view_tokens -= c.view.capacity
-            c.view = None
 
     def abort(self, c: Call) -> None:
         """Give back everything a call holds; the store is as if it never ran."""
-        self._rollback([c])
-        self._drop_view(c)
+        self.memory.rollback(c)
+        self.memory.drop_view(c)
         c.done = True
 
     def pin(self, handles: Sequence[Handle]) -> list[Message]:
         """Keep these messages' encodings until `unpin`, even if freed meanwhile."""
-        with self._mutex:
-            msgs = [self.table.live(h.id) for h in handles]
-            for m in msgs:
-                m.pins += 1
-            return msgs
+        return self.memory.pin(handles)
 
     def unpin(self, msgs: Sequence[Message]) -> None:
-        with self._mutex:
-            for m in msgs:
-                m.pins -= 1
-                if m.freed and m.pins == 0:
-                    self._release_message(m)
+        self.memory.unpin(msgs)
 
     def free(self, handle: Handle) -> None:
-        with self._mutex:
-            self._live(handle)  # a handle of this engine
+        with self.memory.lock:
+            self.planner.live(handle)  # a handle of this engine
             msg = self.table.live(handle.id)  # not freed yet
             if msg.kind == "sink":
                 raise InvalidRequest("the attention sink cannot be freed")
-            msg.freed = True
-            if msg.pins == 0:
-                self._release_message(msg)
+            self.memory.free(msg)
+
+    def check(self) -> None:
+        """BrokenInvariant unless the bookkeeping of an idle core is exact (`Memory.check`)."""
+        self.memory.check()
 
     def stats(self) -> EngineStats:
-        radix = self.radix
+        radix, memory = self.radix, self.memory
         return EngineStats(
             mode=self.mode,
             capacity=self.store.capacity,
@@ -562,11 +481,11 @@ class Core:
             tokens_reused=self.tokens_reused,
             prefix_hit_tokens=radix.hit_tokens if radix else 0,
             prefix_query_tokens=radix.query_tokens if radix else 0,
-            prefix_shared_in_batch=self.tokens_shared_in_batch,
+            prefix_shared_in_batch=self.prefixes.shared_in_batch if self.prefixes else 0,
             view_tokens=self.view_tokens,
             view_tokens_peak=self.view_tokens_peak,
             view_capacity=self.arena.capacity,
-            kv_bytes=self.kv_bytes,
+            kv_bytes=memory.kv_bytes,
             contexts=self.context_mode,
             scratch_tokens=self.scratch_tokens,
             scratch_tokens_peak=self.scratch_tokens_peak,
@@ -574,14 +493,6 @@ class Core:
             weight_bytes=self.runner.w.nbytes,
             forward_s=self.forward_seconds,
         )
-
-    @property
-    def kv_bytes(self) -> int:
-        """All the KV memory the engine can use: the store, the view arena and the
-        one-layer context scratch (contexts="store")."""
-        per = self.store.bytes_per_slot
-        scratch = self.scratch.capacity * per // self.store.k.shape[0] if self.scratch else 0
-        return (self.store.capacity + self.arena.capacity) * per + scratch
 
     # ---- planning ----
 
@@ -605,125 +516,11 @@ class Core:
             visibility=None,
             prefix=list(sink),
         )
-        self._take_slots([call])
-        call.view = CallView.gather(self.store, self.rope, [], [], len(sink))
-        self.own_view_tokens += call.view.capacity  # given back when it finishes
+        self.memory.reserve(call, 0)
+        self.memory.gather(call, len(sink))
         while not call.done:
             self.step([call], budget=None)
         return self.finish(call)
-
-    def _live(self, handle: Handle) -> Message:
-        return self.planner.live(handle)
-
-    # ---- running ----
-
-    def _take_slots(self, calls: list[Call]) -> None:
-        """Pin parents, reuse cached prefixes (baseline) and reserve slots for every feed."""
-        with self._mutex:
-            self._take_slots_locked(calls)
-
-    def _take_slots_locked(self, calls: list[Call]) -> None:
-        for c in calls:
-            for p in c.pinned:
-                p.pins += 1
-            c.pins_held = True
-            if self.radix is not None:
-                self._match_prefix(c)
-        for c in calls:  # feed slots now, and the generated tokens' reserved up front
-            n, extra = len(c.feed), _generated_max(c)
-            got = self._alloc(n + extra, f"a {n}-token {c.kind} call (+{extra} to generate)")
-            c.slots, c.spare = got[:n], got[n:]
-
-    def _match_prefix(self, c: Call) -> None:
-        match = self.radix.match(c.prefix)
-        hit = min(match.length, len(c.prefix) - 1)  # re-encode >= 1 token to get logits
-        self.radix.lock(match.node)
-        c.lock = match.node
-        c.ctx_slots, c.ctx_pos = match.slots[:hit], list(range(hit))
-        c.feed, c.feed_start = c.prefix[hit:], hit
-        seen = 0
-        for creator, n in match.creators:  # hits a call still running encoded: in-batch
-            if creator in self._running_uids:
-                self.tokens_shared_in_batch += max(0, min(n, hit - seen))
-            seen += n
-        c.uid = next(self._uids)
-        self._running_uids.add(c.uid)
-        self._filling.append(c)
-
-    # ---- in-batch prefix sharing (baseline) ----
-
-    def _waits(self, c: Call) -> bool:
-        """Whether c should wait for a running call that is encoding its prompt's prefix."""
-        if not self._filling:
-            return False
-        cached = self.radix.peek(c.prefix)
-        return any(
-            _common_len(c.prefix, other.prefix) - cached >= HOLD_MIN_SHARED
-            for other in self._filling
-        )
-
-    def _cache_fed(self, c: Call) -> None:
-        """Put the prompt tokens c has encoded so far in the radix tree, for others to reuse.
-
-        The tree owns those slots from now on (c keeps them locked while it runs);
-        slots that another call had already cached are given back.
-        """
-        with self._mutex:
-            end = c.feed_start + c.fed
-            tokens, slots = c.prefix[:end], c.ctx_slots + c.slots[: c.fed]
-            self.store.release(self.radix.insert(tokens, slots, creator=c.uid))
-            match = self.radix.match(tokens, count=False)
-            self.radix.lock(match.node)
-            self.radix.unlock(c.lock)
-            c.lock = match.node
-            c.slots[: c.fed] = match.slots[len(c.ctx_slots) :]
-            c.cached = c.fed
-            if c.fed == len(c.feed):
-                self._filling.remove(c)
-
-    def _end_baseline(self, c: Call, *, failed: bool) -> None:
-        """c is over: it no longer fills or shares. A failed call takes back what it
-        inserted, except what a running call still reads: that goes when it is free."""
-        if c in self._filling:
-            self._filling.remove(c)
-        self._running_uids.discard(c.uid)
-        if failed:
-            self._failed.add(c.uid)
-        for uid in list(self._failed):
-            self.store.release(self.radix.drop(uid))
-            if not self.radix.holds(uid):
-                self._failed.discard(uid)
-        c.uid = 0
-
-    def _alloc(self, n: int, request: str) -> list[int]:
-        with self._mutex:
-            short = n - self.store.free_slots
-            if short > 0 and self.radix is not None:
-                self.store.release(self.radix.evict(short))
-            return self.store.alloc(n, request=request)
-
-    def _stops(self, c: Call, tok: int) -> bool:
-        if c.sampling.force:
-            return len(c.generated) >= len(c.sampling.force)
-        if len(c.generated) >= c.sampling.max_tokens:
-            return True
-        if tok in self.fmt.stop_ids and not c.sampling.ignore_eos:
-            return True
-        if c.sampling.stop:
-            tail = self.fmt.decode(c.generated[-32:])
-            return any(s in tail for s in c.sampling.stop)
-        return False
-
-    def _closing(self, footer: list[int], last: int) -> list[int]:
-        """The footer tokens that close a turn whose last generated token is `last`.
-
-        A turn that ended on the footer's own end-of-turn token gets the rest of the
-        footer (SmolLM2: the newline after <|im_end|>); one cut by max_tokens or a stop
-        string gets the whole footer, so later turns read the framing the model knows.
-        """
-        if last in self.fmt.stop_ids and last in footer:
-            return footer[footer.index(last) + 1 :]
-        return list(footer)
 
     # ---- finishing ----
 
@@ -733,36 +530,19 @@ class Core:
     def _finish_prefill(self, c: Call) -> Handle:
         if c.text_only:  # baseline / hf prefill
             return self._register(c, self._own(c), [])
-        if self.radix is not None:
-            self._cache_prefix(c, c.prefix)
+        if self.prefixes is not None:
+            self.prefixes.cache(c, c.prefix)
             return self._register(c, self._own(c), [])
         return self._register(c, c.feed, c.slots)
 
     def _finish_decode(self, c: Call) -> Handle:
         tokens = self._own(c) + c.generated
-        c.text = self._decoded_text(tokens[c.frame_len :], c.sampling)
+        c.text = self.sampler.text(tokens[c.frame_len :], c.sampling)
         tokens += c.closed
-        if self.radix is not None:  # its last generated token was never encoded
-            self._cache_prefix(c, c.prefix + c.generated[:-1])
+        if self.prefixes is not None:  # its last generated token was never encoded
+            self.prefixes.cache(c, c.prefix + c.generated[:-1])
             return self._register(c, tokens, [])
         return self._register(c, tokens, c.slots)
-
-    def _decoded_text(self, tokens: list[int], sampling: SamplingParams) -> str:
-        text = self.fmt.decode([t for t in tokens if t not in self.fmt.stop_ids])
-        cuts = [text.find(s) for s in sampling.stop if s in text]
-        return text[: min(cuts)] if cuts else text
-
-    def _cache_prefix(self, c: Call, tokens: list[int]) -> None:
-        with self._mutex:
-            self._cache_prefix_locked(c, tokens)
-
-    def _cache_prefix_locked(self, c: Call, tokens: list[int]) -> None:
-        slots = c.ctx_slots + c.slots
-        self.store.release(self.radix.insert(tokens, slots, creator=c.uid or None))
-        self.radix.unlock(c.lock)
-        c.lock, c.slots = None, []
-        self._end_baseline(c, failed=False)
-        self._unpin(c)
 
     def _register(self, c: Call, tokens: list[int], slots: list[int]) -> Handle:
         mid = self.table.next_id()
@@ -780,16 +560,12 @@ class Core:
                 c.owner,
                 c.visibility,
                 sources=self._sources(c.parents),
+                generated_from=c.own if c.is_decode else 0,
+                generated=len(c.generated),
             )
         )
-        msg = self.table.get(mid)
-        msg.extra["tokens_encoded"] = c.encoded
-        msg.extra["tokens_reused"] = c.reused
-        if c.is_decode:
-            msg.extra["generated_from"] = c.own
-            msg.extra["generated"] = len(c.generated)
         c.slots = []  # the message owns them now; an abort must not release them
-        self._unpin(c)
+        self.memory.unpin_call(c)
         return Handle(mid, self.table)
 
     def _sources(self, parents: tuple[int, ...]) -> frozenset[int]:
@@ -805,39 +581,6 @@ class Core:
             out |= self.table.get(p).sources
         return frozenset(out)
 
-    def _unpin(self, c: Call) -> None:
-        with self._mutex:
-            if not c.pins_held:
-                return
-            for p in c.pinned:
-                p.pins -= 1
-                if p.freed and p.pins == 0:
-                    self._release_message(p)
-            c.pins_held = False
-
-    def _rollback(self, calls: list[Call]) -> None:
-        with self._mutex:
-            self._rollback_locked(calls)
-
-    def _rollback_locked(self, calls: list[Call]) -> None:
-        for c in calls:
-            if c.slots:
-                self.store.release(c.slots[c.cached :])  # the tree owns the cached ones
-                c.slots = []
-            if c.spare:
-                self.store.release(c.spare)
-                c.spare = []
-            if c.lock is not None:
-                self.radix.unlock(c.lock)
-                c.lock = None
-            if c.uid:
-                self._end_baseline(c, failed=True)
-            self._unpin(c)
-
-    def _release_message(self, msg: Message) -> None:
-        self.store.release(msg.slots)
-        msg.slots = []
-
 
 def _generated_max(c: Call) -> int:
     """Slots a call may still need beyond its feed: every token it may generate, and
@@ -845,11 +588,14 @@ def _generated_max(c: Call) -> int:
     return c.sampling.max_tokens + len(c.footer) if c.is_decode else 0
 
 
-def _common_len(a: list[int], b: list[int]) -> int:
-    n, limit = 0, min(len(a), len(b))
-    while n < limit and a[n] == b[n]:
-        n += 1
-    return n
+def _logit_rows(plan, rows: list[int]) -> list[tuple[Call, int]]:
+    """(call, its last logit row) for each decode of the plan that has logits now."""
+    out, r = [], 0
+    for (c, _, _), k in zip(plan, rows, strict=True):
+        r += k
+        if k and c.is_decode:
+            out.append((c, r - 1))
+    return out
 
 
 def _long(values, device: torch.device) -> Tensor:

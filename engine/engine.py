@@ -5,11 +5,12 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Generator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import anyio
 import anyio.to_thread
@@ -18,8 +19,8 @@ from rich.console import Console
 
 from corps.cache.handle import Handle, bind
 from corps.cache.kv import KVStore
-from corps.cache.visibility import Leak, LeakWarning
-from corps.engine.access import Guard, TraceEvent, check_access
+from corps.cache.visibility import Leak
+from corps.engine.access import AuditEvent, Guard, check_access
 from corps.engine.attention import select_backend
 from corps.engine.config import (
     DEFAULT_MAX_CAPACITY,
@@ -29,14 +30,25 @@ from corps.engine.config import (
 from corps.engine.core import Core
 from corps.engine.errors import EngineBusy, InvalidRequest
 from corps.engine.registry import resolve_model
-from corps.engine.requests import PrefillRequest, decode_request, prefill_request
+from corps.engine.requests import (
+    DecodeArgs,
+    DecodeRequest,
+    PrefillArgs,
+    PrefillRequest,
+    Text,
+    decode_request,
+    prefill_request,
+    prefill_request_of,
+)
 from corps.engine.scheduler import Job, Scheduler
 from corps.engine.stats import EngineStats
 from corps.engine.trace import Freed, Header, Recorder, TraceFile, version
 from corps.engine.tracing import end_events, queued_event
 from corps.engine.weights import load_weights, read_spec, torch_dtype
 
-__all__ = ["Engine", "LeakWarning", "Pending", "TextStream", "TraceEvent"]
+Request = PrefillRequest | DecodeRequest
+
+__all__ = ["Engine", "Pending", "TextStream"]
 
 
 class Engine:
@@ -237,6 +249,19 @@ class Engine:
             records=table.records,
         )
 
+    def check(self) -> None:
+        """Verify the engine's bookkeeping while no call is queued or running.
+
+        Every used KV slot has exactly one owner (a message, or the baseline's prefix
+        tree) and the free list holds the rest once; no pins, view-arena ranges or
+        prefix locks are left. Raises BrokenInvariant (a bug in corps: report it);
+        InvalidRequest if calls are still in flight. Tests and soak runs call it
+        after every operation; it costs O(store slots).
+        """
+        if not self._sched.idle:
+            raise InvalidRequest("check() needs an idle engine: await your calls first")
+        self._core.check()
+
     def reset_peak_stats(self) -> None:
         """Start `stats()`'s peaks (`view_tokens_peak`, `scratch_tokens_peak`) over from
         what is held now, to measure one phase of a workflow."""
@@ -248,9 +273,19 @@ class Engine:
         carries its own call's count (`Handle.leaks`), and a trace file keeps each one."""
         return list(self._guard.leaks)
 
-    def trace(self) -> list[TraceEvent]:
-        """The latest leak and re-encoding events (bounded as `leaks()`)."""
+    def audit(self) -> list[AuditEvent]:
+        """The leak audit log: the latest leak and re-encoding events (bounded as
+        `leaks()`). Not to be confused with trace files (`Engine.open(trace=PATH)`)."""
         return list(self._guard.events)
+
+    def trace(self) -> list[AuditEvent]:
+        """Deprecated alias of `audit()` (kept for one release)."""
+        warnings.warn(
+            "Engine.trace() is now Engine.audit(); trace() goes in the next release",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.audit()
 
     def read(self, handle: Handle, *, reader: str | None) -> str:
         """The text of a message, if `reader` may see it (else AccessDenied)."""
@@ -295,68 +330,70 @@ class Engine:
 
     # ---- calls ----
 
-    async def prefill(self, message: str | list[int], **kwargs: Any) -> Handle:
+    async def prefill(self, message: Text, **args: Unpack[PrefillArgs]) -> Handle:
         """Encode `message` attending to `parents` placed at `offsets`; returns its handle.
 
-        Keywords: role="user", parents=(), offsets=None, new_offset=None, frame=True,
-        owner=None, visibility=None, leak_policy=None. A call made as an `owner` returns
-        a handle bound to that owner (see `Handle`).
+        Keywords (`PrefillArgs`): role="user", parents=(), offsets=None,
+        new_offset=None, frame=True, owner=None, visibility=None, leak_policy=None.
+        A call made as an `owner` returns a handle bound to that owner (see `Handle`).
         """
-        policy = kwargs.pop("leak_policy", None)
-        return await self._run(await self._job(prefill_request(message, **kwargs), policy))
+        return await self._run(await self._job(prefill_request(message, args)))
 
-    async def decode(self, **kwargs: Any) -> Handle:
+    async def decode(self, **args: Unpack[DecodeArgs]) -> Handle:
         """Generate a message that starts with the role marker + `header`.
 
-        Keywords: parents=(), offsets=None, new_offset=None, role="assistant",
-        header="", frame=True, max_tokens=256, temperature=0.0, top_p=1.0, top_k=0,
-        seed=None, stop=(), ignore_eos=False, force=(), owner=None, visibility=None,
-        leak_policy=None.
+        Keywords (`DecodeArgs`): parents=(), offsets=None, new_offset=None,
+        role="assistant", header="", frame=True, owner=None, visibility=None,
+        leak_policy=None, and sampling: `sampling=SamplingParams(...)` and/or its
+        fields max_tokens=256, temperature=0.0, top_p=1.0, top_k=0, seed=None,
+        stop=(), ignore_eos=False, force=().
         """
-        policy = kwargs.pop("leak_policy", None)
-        return await self._run(await self._job(decode_request(**kwargs), policy))
+        return await self._run(await self._job(decode_request(args)))
 
-    async def prefill_many(self, requests: Iterable[Mapping[str, Any]]) -> list[Handle]:
-        """Prefill messages that do not attend to each other; handles in order.
+    async def prefill_many(
+        self, requests: Iterable[PrefillRequest | Mapping[str, Any]]
+    ) -> list[Handle]:
+        """Prefill messages that do not attend to each other; handles in order. Each
+        item is a `PrefillRequest` or a mapping of `message` and `PrefillArgs`.
 
         All or nothing: if one call fails, the others are cancelled, any that had
         finished are freed, and that call's error is raised.
         """
-        return await self._run_all([(prefill_request(**r), p) for r, p in _split_policy(requests)])
+        return await self._run_all([prefill_request_of(r) for r in requests])
 
-    async def decode_many(self, requests: Iterable[Mapping[str, Any]]) -> list[Handle]:
-        """Decode several messages in parallel (fused into shared steps); handles in order.
+    async def decode_many(
+        self, requests: Iterable[DecodeRequest | Mapping[str, Any]]
+    ) -> list[Handle]:
+        """Decode several messages in parallel (fused into shared steps); handles in
+        order. Each item is a `DecodeRequest` or a mapping of `DecodeArgs`.
 
         All or nothing, as `prefill_many`.
         """
-        return await self._run_all([(decode_request(**r), p) for r, p in _split_policy(requests)])
+        return await self._run_all([decode_request(r) for r in requests])
 
-    def prefill_nowait(self, message: str | list[int], **kwargs: Any) -> Pending:
+    def prefill_nowait(self, message: Text, **args: Unpack[PrefillArgs]) -> Pending:
         """Queue a prefill without waiting for queue space (EngineBusy if full).
 
         Access and the leak policy are checked now, as for `prefill`. Under
         leak_policy="reencode", a call that first needs new clean copies of its
         parents is queued when the returned `Pending` is awaited.
         """
-        policy = kwargs.pop("leak_policy", None)
-        return self._submit_nowait(prefill_request(message, **kwargs), policy)
+        return self._submit_nowait(prefill_request(message, args))
 
-    def decode_nowait(self, **kwargs: Any) -> Pending:
+    def decode_nowait(self, **args: Unpack[DecodeArgs]) -> Pending:
         """Queue a decode without waiting for queue space (EngineBusy if full); as above."""
-        policy = kwargs.pop("leak_policy", None)
-        return self._submit_nowait(decode_request(**kwargs), policy)
+        return self._submit_nowait(decode_request(args))
 
-    def stream(self, **kwargs: Any) -> TextStream:
+    def stream(self, **args: Unpack[DecodeArgs]) -> TextStream:
         """`async for delta in engine.stream(...)`: text deltas; then `.handle`."""
-        policy = kwargs.pop("leak_policy", None)
-        return TextStream(self, decode_request(**kwargs), policy)
+        return TextStream(self, decode_request(args))
 
     # ---- submission: every path goes through the guard and pins its parents ----
 
-    async def _job(self, request, policy: str | None, cid: int | None = None) -> Job:
+    async def _job(self, request: Request, cid: int | None = None) -> Job:
         """Check access and the leak policy, re-encode if needed, pin parents: a Job."""
         cid = cid or next(self._ids)
-        request, missing, leaks = self._guard.check(request, policy, call_id=cid)
+        request, missing, leaks = self._guard.check(request, call_id=cid)
         if missing:
             request = await self._guard.reencode(request, self._prefill_internal)
         job = self._pinned_job(request, cid)
@@ -378,8 +415,8 @@ class Engine:
         if job.handle is not None and (job.error is not None or job.cancelled):
             self._core.free(job.handle)  # finished, but nobody will ever receive it
             job.handle = None
-        if job.handle is not None and job.leaks:
-            self._core.table.get(job.handle.id).extra["leaks"] = job.leaks
+        if job.handle is not None:
+            self._core.table.get(job.handle.id).figures = job.figures()
         if self.recorder.on:
             for event in end_events(self.recorder, self._core.table, job):
                 self.recorder.emit(event)
@@ -395,12 +432,12 @@ class Engine:
             raise
         return bind(await job.wait(), job.request.owner)
 
-    async def _run_all(self, requests: list[tuple[Any, str | None]]) -> list[Handle]:
+    async def _run_all(self, requests: list[Request]) -> list[Handle]:
         jobs: list[Job] = []
         queued = 0
         try:
-            for request, policy in requests:
-                jobs.append(await self._job(request, policy))
+            for request in requests:
+                jobs.append(await self._job(request))
             for job in jobs:  # no yield between them while there is room: one step
                 try:
                     self._sched.submit_nowait(job)
@@ -426,11 +463,11 @@ class Engine:
                 self._core.free(job.handle)
                 job.handle = None
 
-    def _submit_nowait(self, request, policy: str | None) -> Pending:
+    def _submit_nowait(self, request: Request) -> Pending:
         cid = next(self._ids)
-        request, missing, leaks = self._guard.check(request, policy, call_id=cid)
+        request, missing, leaks = self._guard.check(request, call_id=cid)
         if missing:  # re-encodings must run first: queue the call when awaited
-            return Pending(self._job(request, policy, cid), self)
+            return Pending(self._job(request, cid), self)
         job = self._pinned_job(request, cid)
         job.leaks = leaks
         try:
@@ -459,13 +496,6 @@ def _capacity(cfg: EngineConfig, spec) -> int:
             f"(store and views, {per_slot} bytes per slot); give at least {256 * per_slot}"
         )
     return capacity
-
-
-def _split_policy(requests: Iterable[Mapping[str, Any]]):
-    for r in requests:
-        r = dict(r)
-        policy = r.pop("leak_policy", None)
-        yield r, policy
 
 
 class Pending:
@@ -508,10 +538,9 @@ class TextStream:
     that breaks leaves the closing to the garbage collector.
     """
 
-    def __init__(self, engine: Engine, request, policy: str | None = None) -> None:
+    def __init__(self, engine: Engine, request: DecodeRequest) -> None:
         self._engine = engine
         self._request = request
-        self._policy = policy
         self._gen: Any = None
         self.handle: Handle | None = None
 
@@ -544,7 +573,7 @@ class TextStream:
             if delta:
                 send.send_nowait(delta)
 
-        job = await self._engine._job(self._request, self._policy)
+        job = await self._engine._job(self._request)
         job.on_token, job.on_done = on_token, send.close
         queued = False
         try:

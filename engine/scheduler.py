@@ -40,6 +40,7 @@ import anyio.to_thread
 
 from corps.cache.errors import CacheFullError, StoreTooSmall
 from corps.cache.handle import Handle
+from corps.cache.messages import CallFigures
 from corps.engine.core import Core
 from corps.engine.errors import CallCancelled, EngineBusy, EngineClosed
 from corps.engine.planner import Call
@@ -74,6 +75,17 @@ class Job:
     first_token: float | None = None
     id: int = 0  # the engine's call id (traces)
     leaks: int = 0  # leaks the guard recorded for this call
+
+    def figures(self) -> CallFigures:
+        """What this call cost (its message keeps it: `Handle.tokens_encoded`, ...)."""
+        call = self.call
+        ttft = self.first_token - self.submitted if self.first_token is not None else None
+        return CallFigures(
+            tokens_encoded=call.encoded if call is not None else 0,
+            tokens_reused=call.reused if call is not None else 0,
+            ttft_s=ttft,
+            leaks=self.leaks,
+        )
 
     def end(self) -> None:
         """Finish the job once: run its callbacks, then wake its waiter."""
@@ -176,6 +188,11 @@ class Scheduler:
             ) from None
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             raise self._closed_error() from None
+
+    @property
+    def idle(self) -> bool:
+        """No call queued, held or running."""
+        return not self._running and not self._held and self.queue_depth() == 0
 
     def queue_depth(self) -> int:
         return self._send.statistics().current_buffer_used
@@ -283,8 +300,6 @@ class Scheduler:
         if rec.on and self.n.steps > steps:
             rec.emit(self._step_event(t0, now))
         for job in self._finished:
-            if job.handle is not None and job.first_token is not None:
-                self.core.table.get(job.handle.id).extra["ttft_s"] = job.first_token - job.submitted
             job.end()
         self._tokens, self._finished, self._encoded = [], [], False
         if self.after_step is not None:

@@ -87,8 +87,8 @@ def end_events(rec: Recorder, table: MessageTable, job: Job) -> list[BaseModel]:
         out.append(Text(t=end.t, id=msg.id, text=msg.text))
         update = dict(
             message=msg.id,
-            encoded=msg.extra.get("tokens_encoded", end.encoded),
-            reused=msg.extra.get("tokens_reused", end.reused),
+            encoded=msg.figures.tokens_encoded,
+            reused=msg.figures.tokens_reused,
         )
         end = end.model_copy(update=update)
     out.append(end)

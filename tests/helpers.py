@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -185,45 +184,6 @@ def build_mask(
         own = (slot_msgs == query_msgs[q]) & (slot_pos <= query_pos[q])  # (S,)
         rows.append(parent | own)
     return torch.stack(rows)  # (Q, S)
-
-
-def check_invariants(engine) -> None:
-    """The store's bookkeeping of an idle engine (no call queued or running) is exact.
-
-    Slot accounting: every used slot belongs to exactly one owner (a live or pinned
-    message, or the baseline's radix tree), and the free list holds the rest once.
-    Pins, arena ranges and radix locks are all released; no call is in flight.
-    """
-    core = engine._core
-    sched = engine._sched
-    assert not sched._running and not sched._held and sched.queue_depth() == 0
-    store = core.store
-    free = store._free
-    assert len(free) == len(set(free)), "a slot is on the free list twice"
-    owned: list[int] = []
-    for msg in core.table.all():
-        assert msg.pins == 0, f"message {msg.id} still pinned while idle"
-        if msg.freed:
-            assert msg.slots == [], f"freed message {msg.id} still holds slots"
-        owned += msg.slots
-    if core.radix is not None:
-        for node in core.radix._nodes():
-            assert node.lock == 0, "a radix node is still locked while idle"
-            owned += node.slots
-        assert core.radix.size == sum(len(n.slots) for n in core.radix._nodes())
-        assert not core._filling and not core._running_uids
-    assert len(owned) == len(set(owned)), "a slot has two owners"
-    assert not set(owned) & set(free), "an owned slot is also free"
-    assert len(owned) + len(free) == store.capacity, (
-        f"{store.capacity - len(owned) - len(free)} slots leaked"
-    )
-    arena = core.arena
-    ranges = arena._free
-    assert ranges == sorted(ranges)
-    for (a, n), (b, _) in itertools.pairwise(ranges):
-        assert a + n < b, "arena ranges overlap or were not merged"
-    assert arena.free_tokens == arena.capacity, "an arena range was never released"
-    assert core.view_tokens == 0, f"{core.view_tokens} view tokens still counted while idle"
 
 
 def shared_views(extra: int = 1, head_dim: int = 64):

@@ -107,8 +107,6 @@ def test_budget_holds_under_random_admissions_steps_cancels_and_frees(tiny_dirs,
     nothing; and once all is cancelled and freed, nothing has leaked."""
     from corps.cache.errors import CacheFullError
 
-    from helpers import check_invariants
-
     engine = open_tiny(tiny_dirs, "llama", capacity=96)
     core = engine._core
     roots = [core.prefill_many([PrefillRequest(t)])[0][0] for t in ("hello world", "the fox")]
@@ -163,4 +161,4 @@ def test_budget_holds_under_random_admissions_steps_cancels_and_frees(tiny_dirs,
     for h in messages:
         if not core.table.get(h.id).freed:
             core.free(h)
-    check_invariants(engine)
+    engine.check()

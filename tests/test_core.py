@@ -283,8 +283,8 @@ def test_engine_runs_on_a_device_without_touching_cpu_tensors(
     path = tiny_dirs["llama-sink"]
     weights = weights_from_hf(tiny_hf["llama-sink"], read_spec(path), device="meta")
     # Meta tensors hold no values: sampling (which reads one) picks a fixed token.
-    monkeypatch.setattr("corps.engine.core.sample", lambda logits, params, gen, i: 7)
-    monkeypatch.setattr("corps.engine.core.argmax_rows", lambda logits: [7] * logits.shape[0])
+    monkeypatch.setattr("corps.engine.sampler.sample", lambda logits, params, gen, i: 7)
+    monkeypatch.setattr("corps.engine.sampler.argmax_rows", lambda logits: [7] * logits.shape[0])
     with _OneDevice():
         core = Core(weights, AutoTokenizer.from_pretrained(str(path)), model_path=path, mode=mode)
         a, logits = prefill(core, "hello world")

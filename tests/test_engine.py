@@ -394,7 +394,8 @@ async def test_default_capacity_is_capped_and_memory_goes_back_on_close(tiny_dir
     import torch
 
     from corps.cache.kv import KVStore
-    from corps.engine.engine import DEFAULT_MAX_CAPACITY, Engine
+    from corps.engine.config import DEFAULT_MAX_CAPACITY
+    from corps.engine.engine import Engine
     from corps.engine.weights import read_spec
 
     spec = read_spec(tiny_dirs["llama"])

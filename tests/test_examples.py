@@ -60,11 +60,11 @@ async def test_prisoners_dilemma_reencode_leaves_no_leak(tiny_dirs):
         game = await pd.play(engine, policy="reencode", max_tokens=6)
         assert game.leaks == 0 and engine.leaks() == []
         table = engine._core.table
-        players = [m for m in table.all() if _player(m.owner) and "view_of" not in m.extra]
+        players = [m for m in table.all() if _player(m.owner) and m.view_of is None]
         assert len(players) > 10
         for msg in players:
             assert hidden_sources(table, msg.owner, msg.id) == frozenset(), msg
-        assert any(e.kind == "reencode" for e in engine.trace())
+        assert any(e.kind == "reencode" for e in engine.audit())
 
 
 async def test_prisoners_dilemma_deny_fails_the_first_offending_call(tiny_dirs):

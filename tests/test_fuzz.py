@@ -2,7 +2,7 @@
 
 Every call either succeeds or raises a typed corps error with a message (never a
 bare exception), and after every call the store's bookkeeping is exact
-(`helpers.check_invariants`).
+(`Engine.check`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from corps.cache.visibility import LeakWarning
 from corps.cli.app import app
 
 from conftest import open_tiny
-from helpers import check_invariants
 
 KINDS = ["prefill", "prefill", "decode", "decode", "decode_many", "free", "read", "stream"]
 
@@ -124,7 +123,7 @@ def test_random_calls_succeed_or_fail_typed_and_keep_the_store_exact(tiny_dirs, 
                         await apply(engine, handles, op)
                 except CorpsError as exc:
                     assert str(exc), f"{type(exc).__name__} without a message"
-                check_invariants(engine)
+                engine.check()
 
     anyio.run(main)
 
@@ -221,6 +220,6 @@ def test_random_payloads_between_agents_fail_typed(tiny_dirs, payloads):
                 except (CorpsError, AgentError) as exc:
                     assert str(exc)
             await rt.ask("echo", public, timeout=10)  # still serving
-        check_invariants(engine)
+        engine.check()
 
     anyio.run(main)

@@ -125,7 +125,7 @@ async def test_a_failing_callback_fails_its_call_only(tiny_dirs):
         def explode(tok: int) -> None:
             raise RuntimeError("callback broke")
 
-        job = await engine._job(decode_request(parents=[q], max_tokens=8, ignore_eos=True), None)
+        job = await engine._job(decode_request(dict(parents=[q], max_tokens=8, ignore_eos=True)))
         job.on_token = explode
         other = engine.decode(parents=[q], max_tokens=8, ignore_eos=True)
         await engine._sched.submit(job)
@@ -163,7 +163,7 @@ async def test_queue_full_nowait_raises_and_await_waits(tiny_dirs):
 
 
 async def test_one_bad_call_fails_alone(tiny_dirs, monkeypatch):
-    import corps.engine.core as core_mod
+    import corps.engine.sampler as core_mod
 
     real_sample, real_rows = core_mod.sample, core_mod.sample_rows
 

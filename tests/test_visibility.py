@@ -8,8 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from corps.cache import AccessDenied, LeakageError, Private, Public, Shared
+from corps.cache.visibility import LeakWarning
 from corps.engine.access import hidden_sources
-from corps.engine.engine import LeakWarning
 from corps.engine.requests import PrefillRequest
 
 from conftest import open_tiny
@@ -108,7 +108,9 @@ async def test_warn_and_allow_record_leaks(tiny_dirs):
         leaks = engine.leaks()
         assert len(leaks) == 2 and leaks[0].reader == "bob" and leaks[0].parent == public.id
         assert leaks[0].sources == {secret.id} and "bob" in leaks[0].call
-        assert [e.kind for e in engine.trace()] == ["leak", "leak"]
+        assert [e.kind for e in engine.audit()] == ["leak", "leak"]
+        with pytest.warns(DeprecationWarning, match="audit"):
+            assert engine.trace() == engine.audit()  # the old name, for one release
 
 
 async def test_deny_raises_before_any_computation(tiny_dirs):
@@ -127,10 +129,10 @@ async def test_reencode_equals_encoding_with_only_visible_context(tiny_dirs):
         secret = await engine.prefill("always defect", owner="alice", visibility=Private())
         public = await engine.prefill("hello world", parents=[intro, secret], owner="alice")
         ans = await engine.decode(parents=[public], owner="bob", max_tokens=3)
-        assert engine.leaks() == [] and [e.kind for e in engine.trace()] == ["reencode"]
+        assert engine.leaks() == [] and [e.kind for e in engine.audit()] == ["reencode"]
         (view_id,) = ans._msg.parents
         view = core.table.get(view_id)
-        assert view.extra["view_of"] == public.id and view.text == public.text
+        assert view.view_of == public.id and view.text == public.text
         assert hidden_sources(core.table, "bob", ans.id) == frozenset()
         # the view's encoding equals encoding the text with only bob-visible context
         (manual,), _ = core.prefill_many(
