@@ -2,6 +2,7 @@
 visibility and provenance."""
 
 from corps.cache.errors import (
+    BrokenInvariant,
     CacheFullError,
     CorpsError,
     InvalidRequest,
@@ -11,6 +12,7 @@ from corps.cache.errors import (
     ViewsFull,
 )
 from corps.cache.handle import Handle
+from corps.cache.messages import CallFigures
 from corps.cache.visibility import (
     AccessDenied,
     Leak,
@@ -23,7 +25,9 @@ from corps.cache.visibility import (
 
 __all__ = [
     "AccessDenied",
+    "BrokenInvariant",
     "CacheFullError",
+    "CallFigures",
     "CorpsError",
     "Handle",
     "InvalidRequest",

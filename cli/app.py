@@ -68,7 +68,7 @@ def fail(exc: BaseException) -> None:
 @app.command()
 def models() -> None:
     """List model aliases and the models converted in $CORPS_HOME."""
-    from corps.engine.registry import DEFAULT_MODEL, EMBEDDED, cached_models, corps_home
+    from corps.engine.models import DEFAULT_MODEL, EMBEDDED, cached_models, corps_home
 
     table = Table(title=f"models (CORPS_HOME={corps_home()})")
     table.add_column("name")

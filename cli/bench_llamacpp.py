@@ -194,7 +194,7 @@ async def measure(
     from contextlib import closing
 
     from corps.engine.engine import Engine
-    from corps.engine.registry import gguf_file, resolve_model
+    from corps.engine.models import gguf_file, resolve_model
     from corps.patterns.samples import MATH_PROBLEMS
 
     require_llama_cpp()

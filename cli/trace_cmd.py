@@ -11,7 +11,7 @@ import typer
 from rich.console import Console, Group
 from rich.markup import escape
 
-from corps.cli.trace_file import Trace, TraceError
+from corps.engine.trace_file import Trace, TraceError
 
 trace_app = typer.Typer(
     help="View, compare and export traces written by `corps run --trace FILE`.",

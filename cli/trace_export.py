@@ -22,8 +22,8 @@ from typing import Any
 
 from rich.console import Console
 
-from corps.cli.trace_file import CallRec, Trace
 from corps.cli.trace_view import ALL, Filter, Timeline, names_of, overview
+from corps.engine.trace_file import CallRec, Trace
 
 
 class GenAI:

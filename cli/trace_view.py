@@ -19,7 +19,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from corps.cli.trace_file import CallRec, Trace
+from corps.engine.trace_file import CallRec, Trace
 
 #: How the timeline draws each phase of a call.
 QUEUE, PREFILL, FIRST, DECODE, PENDING = (

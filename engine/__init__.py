@@ -1,64 +1,70 @@
 """corps.engine: model loading, our forward over HF weights, sampling, and the public Engine.
 
 Names are imported on first use, so `corps.engine.trace` (and the trace viewer)
-load without torch.
+and `corps.engine.config` load without torch. Handles, visibilities and the
+base errors (`CorpsError`, `InvalidRequest`) are `corps.cache`'s.
 """
 
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 _HOME = {
-    "Handle": "corps.cache.handle",
-    "LeakWarning": "corps.cache.visibility",
+    "AuditEvent": "corps.engine.access",
+    "BadConfig": "corps.engine.config",
+    "EngineConfig": "corps.engine.config",
     "Engine": "corps.engine.engine",
     "Pending": "corps.engine.engine",
     "TextStream": "corps.engine.engine",
     "CallCancelled": "corps.engine.errors",
-    "CorpsError": "corps.engine.errors",
     "EngineBusy": "corps.engine.errors",
     "EngineClosed": "corps.engine.errors",
     "FetchError": "corps.engine.errors",
-    "InvalidRequest": "corps.engine.errors",
     "ModelNotFound": "corps.engine.errors",
     "NonFiniteLogits": "corps.engine.errors",
     "UnsupportedModel": "corps.engine.errors",
+    "DecodeArgs": "corps.engine.requests",
+    "DecodeRequest": "corps.engine.requests",
+    "PrefillArgs": "corps.engine.requests",
+    "PrefillRequest": "corps.engine.requests",
     "SamplingParams": "corps.engine.sampling",
     "EngineStats": "corps.engine.stats",
 }
 __all__ = [
+    "AuditEvent",
+    "BadConfig",
     "CallCancelled",
-    "CorpsError",
+    "DecodeArgs",
+    "DecodeRequest",
     "Engine",
     "EngineBusy",
     "EngineClosed",
+    "EngineConfig",
     "EngineStats",
     "FetchError",
-    "Handle",
-    "InvalidRequest",
-    "LeakWarning",
     "ModelNotFound",
     "NonFiniteLogits",
     "Pending",
+    "PrefillArgs",
+    "PrefillRequest",
     "SamplingParams",
     "TextStream",
     "UnsupportedModel",
 ]
 
 if TYPE_CHECKING:
-    from corps.cache.handle import Handle
-    from corps.cache.visibility import LeakWarning
+    from corps.engine.access import AuditEvent
+    from corps.engine.config import BadConfig, EngineConfig
     from corps.engine.engine import Engine, Pending, TextStream
     from corps.engine.errors import (
         CallCancelled,
-        CorpsError,
         EngineBusy,
         EngineClosed,
         FetchError,
-        InvalidRequest,
         ModelNotFound,
         NonFiniteLogits,
         UnsupportedModel,
     )
+    from corps.engine.requests import DecodeArgs, DecodeRequest, PrefillArgs, PrefillRequest
     from corps.engine.sampling import SamplingParams
     from corps.engine.stats import EngineStats
 

@@ -22,6 +22,7 @@ from corps.cache.kv import KVStore
 from corps.cache.visibility import Leak
 from corps.engine.access import AuditEvent, Guard, check_access
 from corps.engine.attention import select_backend
+from corps.engine.call_events import end_events, queued_event
 from corps.engine.config import (
     DEFAULT_MAX_CAPACITY,
     DEFAULT_MEMORY_BUDGET,
@@ -29,7 +30,7 @@ from corps.engine.config import (
 )
 from corps.engine.core import Core
 from corps.engine.errors import EngineBusy, InvalidRequest
-from corps.engine.registry import resolve_model
+from corps.engine.models import resolve_model
 from corps.engine.requests import (
     DecodeArgs,
     DecodeRequest,
@@ -43,7 +44,6 @@ from corps.engine.requests import (
 from corps.engine.scheduler import Job, Scheduler
 from corps.engine.stats import EngineStats
 from corps.engine.trace import Freed, Header, Recorder, TraceFile, version
-from corps.engine.tracing import end_events, queued_event
 from corps.engine.weights import load_weights, read_spec, torch_dtype
 
 Request = PrefillRequest | DecodeRequest

@@ -82,7 +82,9 @@ class HFCore(Core):
         self.forward_seconds += time.perf_counter() - t0
         c.generated = ids[0, prompt.shape[1] :].tolist()
         c.first_token_at = clock.at
-        c.closed = self.sampler.closing(c.footer, c.generated[-1]) if c.generated else list(c.footer)
+        c.closed = (
+            self.sampler.closing(c.footer, c.generated[-1]) if c.generated else list(c.footer)
+        )
         c.encoded = len(c.prefix) + len(c.generated) - 1
         self.tokens_encoded += c.encoded
         out.tokens += [(c, tok) for tok in c.generated]

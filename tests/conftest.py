@@ -69,7 +69,7 @@ def open_tiny(tiny_dirs, name: str = "llama", **kwargs) -> Engine:
 @pytest.fixture(scope="session")
 def real_dir() -> Path:
     """The embedded default model, fetched and converted once into $CORPS_HOME."""
-    from corps.engine.registry import resolve_model
+    from corps.engine.models import resolve_model
 
     return resolve_model("smollm2-135m")
 

@@ -12,9 +12,8 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from corps.agents import Agent, Runtime
-from corps.cache import Private
+from corps.cache import InvalidRequest, Private
 from corps.cache.visibility import LeakWarning
-from corps.engine import InvalidRequest
 from corps.engine.trace import EVENT, EVENT_TYPES, TRACE_FORMAT, Recorder, visibility_name
 
 from conftest import open_tiny
@@ -151,7 +150,7 @@ async def test_failed_and_cancelled_calls_close_with_their_status(tiny_dirs, tmp
 
 
 async def test_no_trace_writes_nothing_and_builds_no_events(tiny_dirs, tmp_path, monkeypatch):
-    import corps.engine.tracing as tracing
+    import corps.engine.call_events as tracing
 
     def boom(*a, **k):
         raise AssertionError("built an event with tracing off")

@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 
 from corps.cli import trace_export as tx
-from corps.cli.trace_file import Trace
+from corps.engine.trace_file import Trace
 
 from conftest import TRACE_SETTINGS
 

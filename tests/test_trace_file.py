@@ -1,4 +1,4 @@
-"""Reading trace files (corps.cli.trace_file): bad files, truncation, following, lazy texts."""
+"""Reading trace files (corps.engine.trace_file): bad files, truncation, following, lazy texts."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from corps.cli.trace_file import Trace, TraceError
 from corps.engine.trace import Header
+from corps.engine.trace_file import Trace, TraceError
 
 
 def write(path, *lines: str, newline: bool = True) -> None:

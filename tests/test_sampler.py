@@ -1,0 +1,70 @@
+"""engine/sampler.py: picks, forced tokens, stops, the closing footer and the text."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from corps.engine.sampler import Sampler
+from corps.engine.sampling import SamplingParams, sample
+
+EOT, NL = 99, 98
+
+
+class _Fmt:
+    stop_ids = frozenset({EOT})
+
+    def decode(self, ids):
+        return "".join(chr(97 + (t % 26)) for t in ids)
+
+
+def _call(generated=(), **sampling):
+    params = SamplingParams(**sampling)
+    return SimpleNamespace(sampling=params, generated=list(generated), generator=params.generator())
+
+
+def test_stops_on_max_tokens_end_of_turn_stop_strings_and_forced_length():
+    s = Sampler(_Fmt())
+    assert s.stops(_call([5, 6], max_tokens=2), 6)
+    assert not s.stops(_call([5], max_tokens=2), 5)
+    assert s.stops(_call([5, EOT]), EOT)
+    assert not s.stops(_call([5, EOT], ignore_eos=True), EOT)
+    assert s.stops(_call([0, 1], stop=["ab"]), 1)  # text "ab"
+    assert not s.stops(_call([0, 2], stop=["ab"]), 2)
+    forced = _call([9], force=(9, 9), max_tokens=5)
+    assert not s.stops(forced, 9) and s.stops(_call([9, 9], force=(9, 9), max_tokens=5), 9)
+
+
+def test_a_turn_is_closed_by_the_rest_of_its_footer():
+    s = Sampler(_Fmt())
+    assert s.closing([EOT, NL], EOT) == [NL]  # ended on end of turn: its newline
+    assert s.closing([EOT, NL], 7) == [EOT, NL]  # cut by max_tokens: the whole footer
+
+
+def test_text_drops_end_of_turn_and_cuts_before_a_stop_string():
+    s = Sampler(_Fmt())
+    assert s.text([0, 1, 2, EOT], SamplingParams()) == "abc"
+    assert s.text([0, 1, 2, 3], SamplingParams(stop=("c",))) == "ab"
+
+
+def test_picks_greedy_rows_by_argmax_and_sampled_rows_as_they_draw_alone():
+    s = Sampler(_Fmt())
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 50, generator=g)
+    greedy = _call()
+    sampled = _call(temperature=0.9, top_k=10, seed=7)
+    picks = s.picks([(greedy, 1), (sampled, 3)], logits)
+    assert picks[1] == int(logits[1].argmax())
+    alone = sample(
+        logits[3], sampled.sampling, _call(temperature=0.9, top_k=10, seed=7).generator, 0
+    )
+    assert picks[3] == alone and set(picks) == {1, 3}
+
+
+def test_next_token_replays_a_forced_token_and_draws_alone_without_a_pick():
+    s = Sampler(_Fmt())
+    logits = torch.zeros(1, 10)
+    logits[0, 4] = 5.0
+    assert s.next_token(_call(force=(8,), max_tokens=1), logits, pick=4) == 8
+    assert s.next_token(_call(), logits, pick=None) == 4
