@@ -15,7 +15,7 @@ it was.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from corps.cache.arena import ViewArena
-from corps.cache.errors import CacheFullError, StoreTooSmall
+from corps.cache.errors import CacheFullError
 from corps.cache.handle import Handle
 from corps.cache.kv import KVStore
 from corps.cache.messages import Message, MessageTable
@@ -43,8 +43,6 @@ from corps.engine.weights import Weights
 PREFILL_CHUNK = 512
 #: While calls are prefilling, they get at least 1/PREFILL_SHARE of each step's tokens.
 PREFILL_SHARE = 8
-
-TokenCallback = Callable[[int, int], None]  # (call index, token id)
 
 
 @dataclass
@@ -138,58 +136,7 @@ class Core:
         if self.sink is not None:
             self.planner.sink_slots = list(self.table.get(self.sink.id).slots)
 
-    # ---- public operations (called from one worker thread at a time) ----
-
-    def prefill_many(
-        self, requests: Sequence[PrefillRequest], *, want_logits: bool = False
-    ) -> tuple[list[Handle], list[Tensor] | None]:
-        """Encode messages that do not attend to each other, fused; all or nothing.
-
-        With want_logits, also returns each message's logits (own tokens x V).
-        """
-        calls = self._run_all([(r, want_logits) for r in requests], None)
-        logits = [torch.cat(c.logits) for c in calls] if want_logits else None
-        return [self.finish(c) for c in calls], logits
-
-    def decode_many(
-        self, requests: Sequence[DecodeRequest], on_token: TokenCallback | None = None
-    ) -> list[Handle]:
-        """Generate messages in parallel, fused; all or nothing. Tokens interleave in the store."""
-        calls = self._run_all([(r, False) for r in requests], on_token)
-        return [self.finish(c) for c in calls]
-
-    def _run_all(self, requests, on_token: TokenCallback | None) -> list[Call]:
-        calls: list[Call | None] = [None] * len(requests)
-        waiting = list(range(len(requests)))
-        try:
-            while True:
-                for i in list(waiting):  # baseline may hold a call until a shared prefix is in
-                    req, want = requests[i]
-                    try:
-                        calls[i] = self.admit(req, want_logits=want, hold=True)
-                    except CacheFullError as exc:  # wait while running calls may give room
-                        running = any(c is not None and not c.done for c in calls)
-                        if isinstance(exc, StoreTooSmall) or not running:
-                            raise
-                        break  # first come, first served: the rest wait behind it
-                    if calls[i] is not None:
-                        waiting.remove(i)
-                active = [c for c in calls if c is not None and not c.done]
-                if not active and not waiting:
-                    return calls
-                out = self.step(active, budget=None)
-                if out.failed:
-                    raise out.failed[0][1]
-                if on_token is not None:
-                    for c, tok in out.tokens:
-                        on_token(calls.index(c), tok)
-        except BaseException:
-            for c in calls:
-                if c is not None:
-                    self.abort(c)
-            raise
-
-    # ---- the step machine (driven by _run_all or by the scheduler) ----
+    # ---- the step machine (driven by the scheduler) ----
 
     def admit(
         self,

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
+import anyio
 import torch
 
 SMOL_TEMPLATE = (
@@ -184,6 +186,42 @@ def build_mask(
         own = (slot_msgs == query_msgs[q]) & (slot_pos <= query_pos[q])  # (S,)
         rows.append(parent | own)
     return torch.stack(rows)  # (Q, S)
+
+
+def run_calls(core, requests, *, want_logits: bool = False, on_token=None):
+    """Run requests to their end through the real batching loop (a `Scheduler` over
+    `core`, started here and closed after); all or nothing. Returns (handles, each
+    call's logits over its own tokens if `want_logits`, else None). `on_token(i, tok)`
+    runs on the event loop between steps, as a stream's callback does."""
+    return anyio.run(partial(_run_calls, core, list(requests), want_logits, on_token))
+
+
+async def _run_calls(core, requests, want_logits, on_token):
+    from corps.engine.scheduler import Job, Scheduler
+
+    sched = Scheduler(core, step_tokens=1 << 30)  # one step takes every ready token
+    jobs = [Job(r, want_logits=want_logits) for r in requests]
+    async with anyio.create_task_group() as tg:
+        sched.started = True
+        tg.start_soon(sched.run)
+        for i, job in enumerate(jobs):
+            if on_token is not None:
+                job.on_token = partial(on_token, i)
+            sched.submit_nowait(job)
+        try:
+            handles = [await job.wait() for job in jobs]
+        except BaseException:
+            for job in jobs:
+                job.cancelled = True
+            for job in jobs:
+                await job.done.wait()
+                if job.handle is not None:
+                    core.free(job.handle)
+            raise
+        finally:
+            await sched.close()
+    logits = [torch.cat(job.call.logits) for job in jobs] if want_logits else None
+    return handles, logits
 
 
 def shared_views(extra: int = 1, head_dim: int = 64):

@@ -10,6 +10,7 @@ from corps.engine.requests import DecodeRequest, PrefillRequest
 from corps.engine.sampling import SamplingParams
 
 from conftest import open_tiny
+from helpers import run_calls
 
 
 def arena(capacity: int) -> ViewArena:
@@ -49,12 +50,12 @@ def test_calls_that_do_not_fit_the_arena_wait_for_it_and_agree(tiny_dirs):
         core.arena = ViewArena(
             num_layers=2, num_kv_heads=2, head_dim=16, capacity=capacity, dtype=core.store.k.dtype
         )
-        hs, _ = core.prefill_many(
-            [PrefillRequest(p) for p in ("hello world", "the quick fox", "what is seven")]
+        hs, _ = run_calls(
+            core, [PrefillRequest(p) for p in ("hello world", "the quick fox", "what is seven")]
         )
         sp = SamplingParams(max_tokens=9, ignore_eos=True)
         reqs = [DecodeRequest(parents=[h], sampling=sp) for h in hs]
-        outputs.append([h.tokens for h in core.decode_many(reqs)])
+        outputs.append([h.tokens for h in run_calls(core, reqs)[0]])
         assert core.arena.free_tokens == capacity  # every view gave its range back
     assert outputs[0] == outputs[1]
 
@@ -109,7 +110,7 @@ def test_budget_holds_under_random_admissions_steps_cancels_and_frees(tiny_dirs,
 
     engine = open_tiny(tiny_dirs, "llama", capacity=96)
     core = engine._core
-    roots = [core.prefill_many([PrefillRequest(t)])[0][0] for t in ("hello world", "the fox")]
+    roots = [run_calls(core, [PrefillRequest(t)])[0][0] for t in ("hello world", "the fox")]
     messages, running = list(roots), []
 
     def check() -> None:

@@ -19,6 +19,7 @@ from corps.engine.requests import DecodeRequest, PrefillRequest
 from corps.engine.sampling import SamplingParams
 
 from conftest import open_tiny
+from helpers import run_calls
 
 L, HKV, D, S = 3, 2, 8, 64
 
@@ -148,12 +149,12 @@ def test_store_contexts_decode_like_copies_with_less_memory(tiny_dirs):
         engine = open_tiny(tiny_dirs, "qwen3", contexts=contexts)
         core = engine._core
         texts = ("you are a careful solver", "what is seven times six")
-        (a, b), _ = core.prefill_many([PrefillRequest(t) for t in texts])
+        (a, b), _ = run_calls(core, [PrefillRequest(t) for t in texts])
         reqs = [
             DecodeRequest(parents=[a, b], header=h, sampling=greedy(n))
             for h, n in (("so", 6), ("the", 9), ("it", 4))
         ]
-        out = core.decode_many(reqs)
+        out = run_calls(core, reqs)[0]
         stats = engine.stats()
         runs[contexts] = ([h.tokens for h in out], stats, a.length + b.length)
     (copy_tokens, copy, ctx), (store_tokens, store, _) = runs["copy"], runs["store"]

@@ -13,13 +13,13 @@ from corps.engine.requests import DecodeRequest, PrefillRequest
 from corps.engine.sampling import SamplingParams
 
 from conftest import open_tiny
-from helpers import Oracle, build_mask
+from helpers import Oracle, build_mask, run_calls
 
 TOL = 1e-4
 
 
 def prefill(core, message, **kw):
-    (h,), logits = core.prefill_many([PrefillRequest(message, **kw)], want_logits=True)
+    (h,), logits = run_calls(core, [PrefillRequest(message, **kw)], want_logits=True)
     return h, logits[0]
 
 
@@ -47,7 +47,7 @@ def test_chain_equivalence_logits_and_greedy(tiny_dirs, tiny_hf, arch, backend):
     ref = hf(torch.tensor([seq])).logits[0][len(core.fmt.sink) :]
     assert (torch.cat(ours) - ref).abs().max().item() <= TOL
 
-    (ans,) = core.decode_many([DecodeRequest(parents=handles, sampling=greedy(12))])
+    (ans,) = run_calls(core, [DecodeRequest(parents=handles, sampling=greedy(12))])[0]
     footer = core.fmt.encode(core.fmt.frame("assistant")[1])
     header = ans.tokens[: len(ans.tokens) - 12 - len(footer)]
     prompt = torch.tensor([seq + header])
@@ -89,7 +89,7 @@ def test_concurrent_placements_of_one_parent_are_both_correct(tiny_dirs, tiny_hf
     p, _ = prefill(core, "you are a careful solver")
     oracle.encode(p.id, p.tokens, [], 0)
     reqs = [PrefillRequest("hello world", parents=[p], offsets=[off]) for off in (0, 40)]
-    handles, logits = core.prefill_many(reqs, want_logits=True)
+    handles, logits = run_calls(core, reqs, want_logits=True)
     for h, off, got in zip(handles, (0, 40), logits, strict=True):
         want = oracle.encode(h.id, h.tokens, [(p.id, off)], off + p.length)
         assert (got - want).abs().max().item() <= TOL
@@ -107,7 +107,7 @@ def test_calls_over_one_context_share_it_and_stay_exact(tiny_dirs, tiny_hf, back
     oracle.encode(b.id, b.tokens, [(a.id, 0)], a.length)
     texts = ("hello world", "the quick brown fox jumps", "seven")
     reqs = [PrefillRequest(t, parents=[a, b]) for t in texts]
-    handles, logits = core.prefill_many(reqs, want_logits=True)
+    handles, logits = run_calls(core, reqs, want_logits=True)
     context = a.length + b.length
     own = sum(h.length for h in handles)
     if backend == "store":  # the context stays in the store: one layer of it in the scratch
@@ -121,8 +121,8 @@ def test_calls_over_one_context_share_it_and_stay_exact(tiny_dirs, tiny_hf, back
         DecodeRequest(parents=[a, b], header=t, sampling=greedy(n))
         for t, n in (("so", 9), ("the", 5), ("it", 12), ("we", 7))
     ]
-    together = core.decode_many(reqs)
-    alone = [core.decode_many([r])[0] for r in reqs]
+    together = run_calls(core, reqs)[0]
+    alone = [run_calls(core, [r])[0][0] for r in reqs]
     assert [h.tokens for h in together] == [h.tokens for h in alone]
     assert core.view_tokens == core.scratch_tokens == 0 and len(core.contexts) == 0
 
@@ -137,8 +137,8 @@ def test_decode_many_equals_sequential(tiny_dirs, backend):
         DecodeRequest(parents=[sys_h, q2], header="the", sampling=greedy(7)),
         DecodeRequest(parents=[q2, q1], offsets=[20, 3], sampling=greedy(9)),
     ]
-    together = core.decode_many(reqs)
-    alone = [core.decode_many([r])[0] for r in reqs]
+    together = run_calls(core, reqs)[0]
+    alone = [run_calls(core, [r])[0][0] for r in reqs]
     assert [h.tokens for h in together] == [h.tokens for h in alone]
     # each call's generated tokens sit in slots reserved for it at admission, apart
     slots = [set(core.table.get(h.id).slots) for h in together]
@@ -153,8 +153,8 @@ def test_prefill_many_equals_sequential(tiny_dirs, backend):
         PrefillRequest("hello world, how are you", parents=[base], offsets=[9]),
         PrefillRequest("the lazy dog", role="assistant"),
     ]
-    _, together = core.prefill_many(reqs, want_logits=True)
-    alone = [core.prefill_many([r], want_logits=True)[1][0] for r in reqs]
+    _, together = run_calls(core, reqs, want_logits=True)
+    alone = [run_calls(core, [r], want_logits=True)[1][0] for r in reqs]
     for a, b in zip(together, alone, strict=True):
         assert (a - b).abs().max().item() <= 1e-5
 
@@ -164,9 +164,9 @@ def test_modes_agree_on_a_single_chain(tiny_dirs, arch):
     outs = []
     for mode in ("choreographed", "baseline"):
         core = open_tiny(tiny_dirs, arch, mode=mode)._core
-        (s,), _ = core.prefill_many([PrefillRequest("you are a careful solver", role="system")])
-        (q,), _ = core.prefill_many([PrefillRequest("what is seven times six", parents=[s])])
-        (a,) = core.decode_many([DecodeRequest(parents=[s, q], sampling=greedy(16))])
+        (s,), _ = run_calls(core, [PrefillRequest("you are a careful solver", role="system")])
+        (q,), _ = run_calls(core, [PrefillRequest("what is seven times six", parents=[s])])
+        (a,) = run_calls(core, [DecodeRequest(parents=[s, q], sampling=greedy(16))])[0]
         outs.append(a.tokens)
     assert outs[0] == outs[1]
 
@@ -245,7 +245,7 @@ def test_random_choreographies_match_brute_force(tiny_dirs, tiny_hf, arch, group
             )
             for tok, parents, offsets, new in group
         ]
-        made, logits = core.prefill_many(reqs, want_logits=True)
+        made, logits = run_calls(core, reqs, want_logits=True)
         for h, got in zip(made, logits, strict=True):
             msg = core.table.get(h.id)
             placed = sink + list(zip(msg.parents, msg.parent_offsets, strict=True))
@@ -289,7 +289,7 @@ def test_engine_runs_on_a_device_without_touching_cpu_tensors(
         core = Core(weights, AutoTokenizer.from_pretrained(str(path)), model_path=path, mode=mode)
         a, logits = prefill(core, "hello world")
         b, _ = prefill(core, "the quick brown fox", parents=[a], offsets=[9])
-        (c,) = core.decode_many([DecodeRequest(parents=[a, b], sampling=greedy(3))])
+        (c,) = run_calls(core, [DecodeRequest(parents=[a, b], sampling=greedy(3))])[0]
         d, _ = prefill(core, "what is seven", parents=[a, b, c])
         core.free(b)
     assert logits.device.type == "meta" and core.device.type == "meta"
@@ -349,7 +349,7 @@ def test_baseline_shares_prefixes_among_concurrent_calls(tiny_dirs, tiny_hf, wor
     stems, specs, budget = work
     core = open_tiny(tiny_dirs, "llama", mode="baseline")._core
     hf = tiny_hf["llama"]
-    parents = [core.prefill_many([PrefillRequest(s, frame=False)])[0][0] for s in stems]
+    parents = [run_calls(core, [PrefillRequest(s, frame=False)])[0][0] for s in stems]
     waiting, running, finished = [], [], []
     for step in range(40):
         waiting += [s for s in specs if s["arrive"] == step]
@@ -391,7 +391,7 @@ def test_baseline_shares_prefixes_among_concurrent_calls(tiny_dirs, tiny_hf, wor
 
 def test_baseline_call_that_fails_takes_back_the_prefix_it_shared(tiny_dirs):
     core = open_tiny(tiny_dirs, "llama", mode="baseline")._core
-    (stem,), _ = core.prefill_many([PrefillRequest(list(range(20, 80)), frame=False)])
+    (stem,), _ = run_calls(core, [PrefillRequest(list(range(20, 80)), frame=False)])
     used = core.store.used_slots
 
     def decode(tail):
@@ -440,8 +440,8 @@ def test_mixed_steps_batch_decodes_and_prefill_chunks_and_agree_with_alone(tiny_
         DecodeRequest(parents=[q, r], header="hello world " * 6, sampling=greedy(8)),
         PrefillRequest("the lazy dog sleeps", parents=[r]),
     ]
-    alone_dec = [core.decode_many([x])[0].tokens for x in [*reqs, late[0]]]
-    (_,), (alone_pre,) = core.prefill_many([late[1]], want_logits=True)
+    alone_dec = [run_calls(core, [x])[0][0].tokens for x in [*reqs, late[0]]]
+    (_,), (alone_pre,) = run_calls(core, [late[1]], want_logits=True)
     calls = [core.admit(x) for x in reqs]
     while any(c.pending is None for c in calls):
         core.step(calls, budget=None)

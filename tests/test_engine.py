@@ -12,6 +12,7 @@ from corps.engine import CallCancelled
 from corps.engine.access import hidden_sources
 
 from conftest import open_tiny
+from helpers import run_calls
 
 
 async def test_documented_api_shape(tiny_dirs):
@@ -421,7 +422,7 @@ async def test_default_capacity_is_capped_and_memory_goes_back_on_close(tiny_dir
     assert core.arena.k.numel() == core.arena.v.numel() == 0
 
 
-async def test_mixed_precision_engine_agrees_with_float32_within_16_bit_rounding(tiny_dirs):
+def test_mixed_precision_engine_agrees_with_float32_within_16_bit_rounding(tiny_dirs):
     """dtype="mixed": float32 except the projections' weights (float16 for one row,
     bfloat16 for more). Prefill (many rows: bfloat16) and a lone decode step (one
     row: float16) stay within their rounding of the float32 engine; the weights take
@@ -434,10 +435,10 @@ async def test_mixed_precision_engine_agrees_with_float32_within_16_bit_rounding
         core = engine._core
         assert core.precision == dtype and core.store.k.dtype == torch.float32
         req = PrefillRequest("the quick brown fox jumps over the lazy dog", role="user")
-        _, (lg,) = core.prefill_many([req], want_logits=True)
+        _, (lg,) = run_calls(core, [req], want_logits=True)
         logits[dtype] = lg
         one = PrefillRequest([42], frame=False)  # a one-row step: the float16 kernel
-        _, (one_row[dtype],) = core.prefill_many([one], want_logits=True)
+        _, (one_row[dtype],) = run_calls(core, [one], want_logits=True)
         sizes[dtype] = core.stats().weight_bytes
     ref = logits["float32"]
     assert (logits["mixed"] - ref).abs().max() <= 0.05 * ref.abs().max()

@@ -9,6 +9,7 @@ from corps.cache.errors import CacheFullError, PositionError, StoreTooSmall, Unk
 from corps.engine.errors import InvalidRequest
 
 from conftest import open_tiny
+from helpers import run_calls
 
 
 def snapshot(engine):
@@ -128,9 +129,9 @@ def test_parent_freed_mid_decode_stays_until_the_call_ends(tiny_dirs):
     from corps.engine.sampling import SamplingParams
 
     core = open_tiny(tiny_dirs, "llama")._core
-    (p,), _ = core.prefill_many([PrefillRequest("the quick brown fox")])
+    (p,), _ = run_calls(core, [PrefillRequest("the quick brown fox")])
     req = DecodeRequest(parents=[p], sampling=SamplingParams(max_tokens=8, ignore_eos=True))
-    (undisturbed,) = core.decode_many([req])
+    (undisturbed,) = run_calls(core, [req])[0]
     freed_during = []
 
     def free_once(i: int, tok: int) -> None:
@@ -138,7 +139,7 @@ def test_parent_freed_mid_decode_stays_until_the_call_ends(tiny_dirs):
             core.free(p)
             freed_during.append(len(core.table.get(p.id).slots))
 
-    (h,) = core.decode_many([req], on_token=free_once)
+    (h,) = run_calls(core, [req], on_token=free_once)[0]
     assert freed_during == [p.length]  # still held while the call ran
     assert core.table.get(p.id).slots == []  # released when it ended
     assert h.tokens == undisturbed.tokens

@@ -13,6 +13,7 @@ from corps.engine.access import hidden_sources
 from corps.engine.requests import PrefillRequest
 
 from conftest import open_tiny
+from helpers import run_calls
 
 AGENTS = ["alice", "bob", "carol"]
 
@@ -72,7 +73,7 @@ def test_leak_detector_matches_reachability_oracle(tiny_dirs, world):
             owner=owner,
             visibility=_vis(vis, readers),
         )
-        (h,), _ = core.prefill_many([req])
+        (h,), _ = run_calls(core, [req])
         handles.append(h)
     for mid, h in enumerate(handles):
         want = {handles[m].id for m in oracle_hidden(msgs, reader, mid)}
@@ -135,16 +136,8 @@ async def test_reencode_equals_encoding_with_only_visible_context(tiny_dirs):
         assert view.view_of == public.id and view.text == public.text
         assert hidden_sources(core.table, "bob", ans.id) == frozenset()
         # the view's encoding equals encoding the text with only bob-visible context
-        (manual,), _ = core.prefill_many(
-            [
-                PrefillRequest(
-                    public.tokens,
-                    frame=False,
-                    parents=[intro],
-                    offsets=[0],
-                    new_offset=public.offset,
-                )
-            ]
+        manual = await engine.prefill(
+            public.tokens, frame=False, parents=[intro], offsets=[0], new_offset=public.offset
         )
         k_view = core.store.k[:, view.slots]
         k_manual = core.store.k[:, core.table.get(manual.id).slots]
