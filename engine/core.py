@@ -19,7 +19,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
 from torch import Tensor
 
 from corps.cache.arena import ViewArena
@@ -28,13 +27,14 @@ from corps.cache.handle import Handle
 from corps.cache.kv import KVStore
 from corps.cache.messages import Message, MessageTable
 from corps.engine.attention import AttentionBackend, select_backend
+from corps.engine.batch import PlanEntry, build_batch, logit_rows, long_tensor
 from corps.engine.chat import ChatFormat
 from corps.engine.config import CONTEXTS, MODES
 from corps.engine.errors import InvalidRequest
 from corps.engine.memory import Memory
 from corps.engine.planner import Call, Planner
 from corps.engine.requests import DecodeRequest, PrefillRequest
-from corps.engine.runner import ForwardBatch, ModelRunner, SeqSpan
+from corps.engine.runner import ModelRunner
 from corps.engine.sampler import Sampler
 from corps.engine.stats import EngineStats
 from corps.engine.weights import Weights
@@ -177,44 +177,9 @@ class Core:
         self.tokens_reused += call.reused
         return call
 
-    # ---- memory figures (`Memory`) ----
-
-    @property
-    def contexts(self):
-        return self.memory.contexts
-
-    @property
-    def scratch(self) -> ViewArena | None:
-        return self.memory.scratch
-
-    @property
-    def radix(self):
-        """The baseline's radix tree (None when choreographed)."""
-        return self.prefixes.radix if self.prefixes is not None else None
-
-    @property
-    def view_tokens(self) -> int:
-        return self.memory.view_tokens
-
-    @property
-    def view_tokens_peak(self) -> int:
-        return self.memory.view_tokens_peak
-
-    @property
-    def scratch_tokens(self) -> int:
-        return self.memory.scratch_tokens
-
-    @property
-    def scratch_tokens_peak(self) -> int:
-        return self.memory.scratch_tokens_peak
-
     def reset_peaks(self) -> None:
         """Peaks start over from what is held now (`Engine.reset_peak_stats`)."""
         self.memory.reset_peaks()
-
-    def drop_memory(self) -> None:
-        """Give the KV memory's tensors back (the engine closed)."""
-        self.memory.drop()
 
     def step(self, calls: Sequence[Call], budget: int | None) -> StepOutput:
         """One fused forward: a token for every decoding call, then prefill chunks.
@@ -227,7 +192,7 @@ class Core:
         others go on.
         """
         out = StepOutput()
-        plan: list[tuple[Call, int, int]] = []  # (call, first feed index or -1, n tokens)
+        plan: list[PlanEntry] = []  # (call, first feed index or -1, n tokens)
         left = budget if budget is not None else 1 << 62
         prefilling = sum(len(c.feed) - c.fed for c in calls if c.pending is None)
         # Prefill chunks keep a share of every step, so a full batch of decodes never
@@ -257,7 +222,7 @@ class Core:
             return out
         out.encoded = any(start >= 0 or c.finishing for c, start, _ in plan)
         logits, rows = self._forward(plan)
-        picks = self.sampler.picks(_logit_rows(plan, rows), logits)
+        picks = self.sampler.picks(logit_rows(plan, rows), logits)
         r = 0
         for (c, start, n), k in zip(plan, rows, strict=True):
             pick = picks.get(r + k - 1) if k else None
@@ -268,80 +233,20 @@ class Core:
                 self.memory.release_spare(c)
         return out
 
-    def _forward(self, plan: list[tuple[Call, int, int]]) -> tuple[Tensor, list[int]]:
+    def _forward(self, plan: list[PlanEntry]) -> tuple[Tensor, list[int]]:
         """Run the plan's rows; returns the logit rows (N, V) and each entry's count.
-
-        Twin calls (`_twin_key`: the same shared context, the same first chunk at the
-        same positions, as sixteen voters' headers over one set of branches) are
-        encoded once: the first runs, the others copy its K/V and share its logits,
-        and count those tokens as reused. In-batch prefix sharing does the same for
-        the baseline's identical prompts."""
-        ids, pos, slots, spans, rows, counts, t = [], [], [], [], [], [], 0
-        leaders: dict[tuple, tuple[Call, list[int]]] = {}
-        twins: list[tuple[Call, Call, int]] = []  # (twin, the call it copies, tokens)
-        for c, start, n in plan:
-            key = self._twin_key(c, start, n)
-            if key in leaders:
-                lead, lead_rows = leaders[key]
-                twins.append((c, lead, n))
-                c.reused += n
-                self.tokens_reused += n
-                rows += lead_rows
-                counts.append(len(lead_rows))
-                continue
-            if start < 0:  # the pending sampled token, then a finishing call's footer
-                first = c.feed_start + len(c.feed) + len(c.generated) + len(c.closed) - 1
-                ids += [c.pending, *c.closing]  # n tokens
-                pos += range(first, first + n)
-                slots += c.slots[len(c.slots) - n :]
-                mine = [] if c.finishing else [t]
-            else:
-                ids += c.feed[start : start + n]
-                pos += range(c.feed_start + start, c.feed_start + start + n)
-                slots += c.slots[start : start + n]
-                mine = self._feed_rows(c, start, n, t)
-                if key is not None:
-                    leaders[key] = (c, mine)
-            spans.append(SeqSpan(t, t + n, c.view))
-            c.encoded += n
-            rows += mine
-            counts.append(len(mine))
-            t += n
-        dev = self.device
-        batch = ForwardBatch(
-            _long(ids, dev), _long(pos, dev), _long(slots, dev), tuple(spans), _long(rows, dev)
-        )
+        Twin calls (`corps.engine.batch`) copy their leader's K/V after the forward."""
+        batch = build_batch(plan, self.device)
+        self.tokens_reused += batch.twin_tokens
         t0 = time.perf_counter()
-        logits = self.runner.forward(batch)  # (len(rows), V)
-        for c, lead, n in twins:
-            self.store.copy(_long(lead.slots[:n], dev), _long(c.slots[:n], dev))
+        logits = self.runner.forward(batch.forward)  # (len(rows), V)
+        for c, lead, n in batch.twins:
+            dev = self.device
+            self.store.copy(long_tensor(lead.slots[:n], dev), long_tensor(c.slots[:n], dev))
             c.view.copy_own(lead.view, n)
         self.forward_seconds += time.perf_counter() - t0
-        self.tokens_encoded += t
-        return logits, counts
-
-    @staticmethod
-    def _twin_key(c: Call, start: int, n: int) -> tuple | None:
-        """What makes a decode's first chunk encode exactly as another's: the same
-        shared context (one object: the same slots at the same positions), nothing of
-        its own yet, the same tokens at the same positions. None: not a candidate.
-        A twin's copy depends only on what the twin itself reads, so it carries no
-        other agent's context (nothing for the leak policy to see)."""
-        v = c.view
-        if start != 0 or not c.is_decode or c.want_logits or v is None or v.ctx is None:
-            return None
-        if v.own_length or v.ctx.key is None:
-            return None
-        return (id(v.ctx), c.feed_start, n, tuple(c.feed[:n]))
-
-    def _feed_rows(self, c: Call, start: int, n: int, t: int) -> list[int]:
-        """Rows of a feed chunk whose logits the call needs."""
-        if c.want_logits:
-            own_from = len(c.feed) - c.own
-            return list(range(t + max(start, own_from) - start, t + n))
-        if c.is_decode and start + n == len(c.feed):
-            return [t + n - 1]
-        return []
+        self.tokens_encoded += batch.forward.input_ids.numel()
+        return logits, batch.counts
 
     def _advance(
         self, c: Call, start: int, n: int, logits: Tensor, out: StepOutput, pick: int | None
@@ -417,7 +322,8 @@ class Core:
         self.memory.check()
 
     def stats(self) -> EngineStats:
-        radix, memory = self.radix, self.memory
+        memory = self.memory
+        radix = self.prefixes.radix if self.prefixes is not None else None
         return EngineStats(
             mode=self.mode,
             capacity=self.store.capacity,
@@ -429,13 +335,13 @@ class Core:
             prefix_hit_tokens=radix.hit_tokens if radix else 0,
             prefix_query_tokens=radix.query_tokens if radix else 0,
             prefix_shared_in_batch=self.prefixes.shared_in_batch if self.prefixes else 0,
-            view_tokens=self.view_tokens,
-            view_tokens_peak=self.view_tokens_peak,
+            view_tokens=memory.view_tokens,
+            view_tokens_peak=memory.view_tokens_peak,
             view_capacity=self.arena.capacity,
             kv_bytes=memory.kv_bytes,
             contexts=self.context_mode,
-            scratch_tokens=self.scratch_tokens,
-            scratch_tokens_peak=self.scratch_tokens_peak,
+            scratch_tokens=memory.scratch_tokens,
+            scratch_tokens_peak=memory.scratch_tokens_peak,
             layers=self.store.k.shape[0],
             weight_bytes=self.runner.w.nbytes,
             forward_s=self.forward_seconds,
@@ -533,18 +439,3 @@ def _generated_max(c: Call) -> int:
     """Slots a call may still need beyond its feed: every token it may generate, and
     its closing footer (reserved at admission, so it never runs out mid-generation)."""
     return c.sampling.max_tokens + len(c.footer) if c.is_decode else 0
-
-
-def _logit_rows(plan, rows: list[int]) -> list[tuple[Call, int]]:
-    """(call, its last logit row) for each decode of the plan that has logits now."""
-    out, r = [], 0
-    for (c, _, _), k in zip(plan, rows, strict=True):
-        r += k
-        if k and c.is_decode:
-            out.append((c, r - 1))
-    return out
-
-
-def _long(values, device: torch.device) -> Tensor:
-    """Index tensors are made on the store's device (index_copy_ / index_select need it)."""
-    return torch.tensor(values, dtype=torch.long, device=device)

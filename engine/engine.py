@@ -189,7 +189,7 @@ class Engine:
             self.end_trace(self._trace_file)
         # The KV memory goes back now, not when the last Handle naming this engine is
         # collected.
-        self._core.drop_memory()
+        self._core.memory.drop()
         return None
 
     # ---- tracing ----

@@ -123,7 +123,7 @@ def test_budget_holds_under_random_admissions_steps_cancels_and_frees(tiny_dirs,
                     c.footer
                 )
         arena = core.arena
-        assert arena.capacity - arena.free_tokens == core.view_tokens <= arena.capacity
+        assert arena.capacity - arena.free_tokens == core.stats().view_tokens <= arena.capacity
 
     for op in ops:
         if op[0] == "admit":
@@ -135,11 +135,15 @@ def test_budget_holds_under_random_admissions_steps_cancels_and_frees(tiny_dirs,
                 offsets=offsets[:3] if offsets else None,
                 sampling=SamplingParams(max_tokens=op[3], ignore_eos=True),
             )
-            before = (core.store.used_slots, core.arena.free_tokens, core.view_tokens)
+            before = (core.store.used_slots, core.arena.free_tokens, core.stats().view_tokens)
             try:
                 running.append(core.admit(req))
             except CacheFullError:
-                assert (core.store.used_slots, core.arena.free_tokens, core.view_tokens) == before
+                assert (
+                    core.store.used_slots,
+                    core.arena.free_tokens,
+                    core.stats().view_tokens,
+                ) == before
         elif op[0] == "step":
             for _ in range(op[2]):
                 live = [c for c in running if not c.done]

@@ -111,9 +111,9 @@ def test_calls_over_one_context_share_it_and_stay_exact(tiny_dirs, tiny_hf, back
     context = a.length + b.length
     own = sum(h.length for h in handles)
     if backend == "store":  # the context stays in the store: one layer of it in the scratch
-        assert (core.view_tokens_peak, core.scratch_tokens_peak) == (own, context)
+        assert (core.stats().view_tokens_peak, core.stats().scratch_tokens_peak) == (own, context)
     else:  # one context plus each call's own tokens, not three contexts
-        assert core.view_tokens_peak == context + own
+        assert core.stats().view_tokens_peak == context + own
     for h, got in zip(handles, logits, strict=True):
         want = oracle.encode(h.id, h.tokens, [(a.id, 0), (b.id, a.length)], context)
         assert (got - want).abs().max().item() <= TOL
@@ -124,7 +124,10 @@ def test_calls_over_one_context_share_it_and_stay_exact(tiny_dirs, tiny_hf, back
     together = run_calls(core, reqs)[0]
     alone = [run_calls(core, [r])[0][0] for r in reqs]
     assert [h.tokens for h in together] == [h.tokens for h in alone]
-    assert core.view_tokens == core.scratch_tokens == 0 and len(core.contexts) == 0
+    assert (
+        core.stats().view_tokens == core.stats().scratch_tokens == 0
+        and len(core.memory.contexts) == 0
+    )
 
 
 def test_decode_many_equals_sequential(tiny_dirs, backend):
@@ -305,7 +308,7 @@ def _tree_slots(radix) -> list[int]:
 
 def _check_tree(core, running) -> None:
     """Locks count exactly the running calls; every slot has exactly one owner."""
-    radix = core.radix
+    radix = core.prefixes.radix
     for node in radix._nodes():
         if node is radix.root:
             continue
@@ -366,11 +369,11 @@ def test_baseline_shares_prefixes_among_concurrent_calls(tiny_dirs, tiny_hf, wor
                 running.append(call)
                 call.spec = spec
         for c in [c for c in running if c.spec["abort"] == step]:
-            before = set(_tree_slots(core.radix))
+            before = set(_tree_slots(core.prefixes.radix))
             core.abort(c)
             running.remove(c)
             if not running:  # nobody else can use its inserts: the tree holds no new slot
-                assert set(_tree_slots(core.radix)) <= before
+                assert set(_tree_slots(core.prefixes.radix)) <= before
         _check_tree(core, running)
         if not running and not waiting and step > 3:
             break
@@ -381,7 +384,7 @@ def test_baseline_shares_prefixes_among_concurrent_calls(tiny_dirs, tiny_hf, wor
             finished.append((c.spec, c.prefix, core.finish(c)))
         _check_tree(core, running)
     assert not running and not waiting
-    assert all(n.lock == 0 for n in core.radix._nodes())
+    assert all(n.lock == 0 for n in core.prefixes.radix._nodes())
     for spec, prompt, h in finished:
         if spec["decode"]:
             hf.generation_config.eos_token_id = None
@@ -400,13 +403,13 @@ def test_baseline_call_that_fails_takes_back_the_prefix_it_shared(tiny_dirs):
 
     a = decode([5])
     core.step([a], budget=None)  # a's prompt is encoded and cached; a samples its first token
-    assert core.radix.size == 61
+    assert core.prefixes.radix.size == 61
     b = decode([6])  # shares a's 60 stem tokens, which are cached already: not held
     assert b is not None and b.feed == [6] and len(b.ctx_slots) == 60
     core.abort(a)
-    assert core.radix.size == 60  # b still reads a's stem: it stays; a's own token goes
+    assert core.prefixes.radix.size == 60  # b still reads a's stem: it stays; a's own token goes
     core.abort(b)
-    assert core.radix.size == 0 and core.store.used_slots == used  # as if neither ran
+    assert core.prefixes.radix.size == 0 and core.store.used_slots == used  # as if neither ran
 
 
 def test_prefills_keep_a_share_of_every_step_under_a_full_batch_of_decodes(tiny_dirs):
