@@ -13,8 +13,8 @@ _HOME = {
     "BadConfig": "corps.engine.config",
     "EngineConfig": "corps.engine.config",
     "Engine": "corps.engine.engine",
-    "Pending": "corps.engine.engine",
-    "TextStream": "corps.engine.engine",
+    "Pending": "corps.engine.pending",
+    "TextStream": "corps.engine.stream",
     "CallCancelled": "corps.engine.errors",
     "EngineBusy": "corps.engine.errors",
     "EngineClosed": "corps.engine.errors",
@@ -54,7 +54,7 @@ __all__ = [
 if TYPE_CHECKING:
     from corps.engine.access import AuditEvent
     from corps.engine.config import BadConfig, EngineConfig
-    from corps.engine.engine import Engine, Pending, TextStream
+    from corps.engine.engine import Engine
     from corps.engine.errors import (
         CallCancelled,
         EngineBusy,
@@ -64,9 +64,11 @@ if TYPE_CHECKING:
         NonFiniteLogits,
         UnsupportedModel,
     )
+    from corps.engine.pending import Pending
     from corps.engine.requests import DecodeArgs, DecodeRequest, PrefillArgs, PrefillRequest
     from corps.engine.sampling import SamplingParams
     from corps.engine.stats import EngineStats
+    from corps.engine.stream import TextStream
 
 
 def __getattr__(name: str) -> Any:

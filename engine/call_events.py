@@ -8,7 +8,7 @@ from pydantic import BaseModel
 
 from corps.cache.messages import MessageTable
 from corps.engine.errors import EngineClosed
-from corps.engine.scheduler import Job
+from corps.engine.job import Job
 from corps.engine.trace import CallEnd, CallQueued, MessageMade, Recorder, Text, visibility_name
 
 

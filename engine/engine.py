@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import math
 import warnings
-from collections.abc import AsyncIterator, Awaitable, Generator, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
@@ -30,7 +29,9 @@ from corps.engine.config import (
 )
 from corps.engine.core import Core
 from corps.engine.errors import EngineBusy, InvalidRequest
+from corps.engine.job import Job
 from corps.engine.models import resolve_model
+from corps.engine.pending import Pending
 from corps.engine.requests import (
     DecodeArgs,
     DecodeRequest,
@@ -41,14 +42,15 @@ from corps.engine.requests import (
     prefill_request,
     prefill_request_of,
 )
-from corps.engine.scheduler import Job, Scheduler
+from corps.engine.scheduler import Scheduler
 from corps.engine.stats import EngineStats
+from corps.engine.stream import StreamCalls, TextStream
 from corps.engine.trace import Freed, Header, Recorder, TraceFile, version
 from corps.engine.weights import load_weights, read_spec, torch_dtype
 
 Request = PrefillRequest | DecodeRequest
 
-__all__ = ["Engine", "Pending", "TextStream"]
+__all__ = ["Engine"]
 
 
 class Engine:
@@ -386,7 +388,8 @@ class Engine:
 
     def stream(self, **args: Unpack[DecodeArgs]) -> TextStream:
         """`async for delta in engine.stream(...)`: text deltas; then `.handle`."""
-        return TextStream(self, decode_request(args))
+        calls = StreamCalls(self._core.fmt, self._job, self._sched.submit, self._core.free)
+        return TextStream(decode_request(args), calls)
 
     # ---- submission: every path goes through the guard and pins its parents ----
 
@@ -467,7 +470,7 @@ class Engine:
         cid = next(self._ids)
         request, missing, leaks = self._guard.check(request, call_id=cid)
         if missing:  # re-encodings must run first: queue the call when awaited
-            return Pending(self._job(request, cid), self)
+            return Pending(self._job(request, cid), self._run)
         job = self._pinned_job(request, cid)
         job.leaks = leaks
         try:
@@ -475,7 +478,7 @@ class Engine:
         except BaseException:
             job.end()
             raise
-        return Pending(job, self)
+        return Pending(job, self._run)
 
 
 def _capacity(cfg: EngineConfig, spec) -> int:
@@ -496,142 +499,3 @@ def _capacity(cfg: EngineConfig, spec) -> int:
             f"(store and views, {per_slot} bytes per slot); give at least {256 * per_slot}"
         )
     return capacity
-
-
-class Pending:
-    """A queued call: `await pending` for its handle; cancelling the await cancels it."""
-
-    def __init__(self, job: Job | Awaitable[Job], engine: Engine) -> None:
-        self._job = job
-        self._engine = engine
-        self._cancelled = False
-
-    def __await__(self) -> Generator[Any, None, Handle]:
-        return self._wait().__await__()
-
-    async def _wait(self) -> Handle:
-        job = self._job
-        if not isinstance(job, Job):  # deferred: re-encode, then queue
-            job = self._job = await job
-            job.cancelled = self._cancelled
-            return await self._engine._run(job)
-        return bind(await job.wait(), job.request.owner)
-
-    def cancel(self) -> None:
-        self._cancelled = True
-        if isinstance(self._job, Job):
-            self._job.cancelled = True
-
-
-class TextStream:
-    """Text deltas of one decode call as they are generated; `.handle` once done.
-
-    The deltas (the header first, then generated text) concatenate to the final
-    `handle.text`; while streaming they are always a prefix of it: text that
-    could still turn out to be (the start of) a stop string is held back until it
-    cannot, and a partial character until it is complete. Detokenising is
-    incremental (a short window of recent ids per token).
-
-    Leaving early cancels the call (its partial tokens are rolled back, or its
-    finished message freed). Use `async with engine.stream(...) as s: async for d
-    in s:` (or `await s.aclose()`) for that to happen at once; a bare `async for`
-    that breaks leaves the closing to the garbage collector.
-    """
-
-    def __init__(self, engine: Engine, request: DecodeRequest) -> None:
-        self._engine = engine
-        self._request = request
-        self._gen: Any = None
-        self.handle: Handle | None = None
-
-    def __aiter__(self) -> AsyncIterator[str]:
-        if self._gen is not None:
-            raise InvalidRequest("a stream can be iterated once; call engine.stream again")
-        self._gen = self._deltas()
-        return self._gen
-
-    async def aclose(self) -> None:
-        """Cancel the call if it is still running (free its message if it finished)."""
-        if self._gen is not None:
-            await self._gen.aclose()
-
-    async def __aenter__(self) -> TextStream:
-        return self
-
-    async def __aexit__(self, *exc_info: Any) -> None:
-        await self.aclose()
-
-    async def _deltas(self) -> AsyncIterator[str]:
-        req = self._request
-        fmt = self._engine._core.fmt
-        header = fmt.encode(req.header) if isinstance(req.header, str) else list(req.header)
-        detok = _Detokenizer(fmt, req.sampling.stop, header)
-        send, recv = anyio.create_memory_object_stream[str](max_buffer_size=math.inf)
-
-        def on_token(tok: int) -> None:  # runs on the event loop, between steps
-            delta = detok.push(tok)
-            if delta:
-                send.send_nowait(delta)
-
-        job = await self._engine._job(self._request)
-        job.on_token, job.on_done = on_token, send.close
-        queued = False
-        try:
-            async with recv:
-                await self._engine._sched.submit(job)
-                queued = True
-                async for delta in recv:
-                    yield delta
-            self.handle = bind(await job.wait(), self._request.owner)
-        except BaseException:
-            job.cancelled = True
-            if not queued:
-                job.end()  # never queued: give its pins back
-            elif job.done.is_set() and job.handle is not None:
-                self._engine._core.free(job.handle)  # finished, but the consumer left
-                job.handle = None
-            raise
-        final = self._engine._core.table.get(self.handle.id).text
-        if final.startswith(detok.shown) and len(final) > len(detok.shown):
-            yield final[len(detok.shown) :]  # what was held back
-
-
-class _Detokenizer:
-    """Turns sampled ids into safe text deltas, incrementally.
-
-    Each token decodes only a few ids: the new ones plus `CONTEXT` earlier ids
-    (so tokenizers that render a token differently at the start of a text, like
-    SentencePiece's leading space, still join correctly), and keeps the difference.
-    """
-
-    CONTEXT = 4
-
-    def __init__(self, fmt, stop: tuple[str, ...], header: list[int]) -> None:
-        self.fmt = fmt
-        self.stop = stop
-        self.hold = max((len(x) for x in stop), default=1) - 1
-        self.ids = [t for t in header if t not in fmt.stop_ids]  # the handle's text starts here
-        self.read = len(self.ids)  # ids[:read] are reflected in `text`
-        self.text = fmt.decode(self.ids)
-        self.shown = ""  # what was yielded: always a prefix of `text`
-        self.stopped = False
-
-    def push(self, tok: int) -> str:
-        if tok in self.fmt.stop_ids or self.stopped:
-            return ""
-        self.ids.append(tok)
-        ctx = max(0, self.read - self.CONTEXT)
-        before = self.fmt.decode(self.ids[ctx : self.read])
-        full = self.fmt.decode(self.ids[ctx:])
-        if full.endswith("\ufffd") or not full.startswith(before):
-            return ""  # a partial character: wait for the rest of its bytes
-        self.text += full[len(before) :]
-        self.read = len(self.ids)
-        if any(x in self.text for x in self.stop):
-            self.stopped = True  # the handle cuts here; the final flush yields the rest
-            return ""
-        safe = len(self.text) - self.hold
-        if safe <= len(self.shown):
-            return ""
-        delta, self.shown = self.text[len(self.shown) : safe], self.text[:safe]
-        return delta

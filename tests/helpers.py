@@ -197,7 +197,8 @@ def run_calls(core, requests, *, want_logits: bool = False, on_token=None):
 
 
 async def _run_calls(core, requests, want_logits, on_token):
-    from corps.engine.scheduler import Job, Scheduler
+    from corps.engine.job import Job
+    from corps.engine.scheduler import Scheduler
 
     sched = Scheduler(core, step_tokens=1 << 30)  # one step takes every ready token
     jobs = [Job(r, want_logits=want_logits) for r in requests]
