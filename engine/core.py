@@ -33,6 +33,7 @@ from corps.engine.config import CONTEXTS, MODES
 from corps.engine.errors import InvalidRequest
 from corps.engine.memory import Memory
 from corps.engine.planner import Call, Planner
+from corps.engine.register import own_tokens, register
 from corps.engine.requests import DecodeRequest, PrefillRequest
 from corps.engine.runner import ModelRunner
 from corps.engine.sampler import Sampler
@@ -70,8 +71,10 @@ class Core:
         contexts: str = "copy",
         attention: AttentionBackend | None = None,
     ) -> None:
-        if mode not in MODES:
-            raise InvalidRequest(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        if mode not in MODES or mode == "hf":
+            raise InvalidRequest(
+                f"Core runs choreographed or baseline, got {mode!r} (hf: corps.engine.hf)"
+            )
         if contexts not in CONTEXTS:
             raise InvalidRequest(f"contexts must be one of {', '.join(CONTEXTS)}, got {contexts!r}")
         spec = weights.spec
@@ -157,11 +160,9 @@ class Core:
         else:
             call = self.planner.prefill(request)
         call.want_logits = want_logits
-        if self.mode != "choreographed" and not call.is_decode and not want_logits:
-            call.done = call.text_only = True  # baseline / hf prefill stores text only
+        if self.prefixes is not None and not call.is_decode and not want_logits:
+            call.done = call.text_only = True  # a baseline prefill stores its text only
             return call
-        if self.mode == "hf":
-            return call  # run by transformers generate: no slots, no view
         if hold and self.prefixes is not None and self.prefixes.waits(call):
             return None
         baseline = self.prefixes is not None
@@ -321,6 +322,14 @@ class Core:
         """BrokenInvariant unless the bookkeeping of an idle core is exact (`Memory.check`)."""
         self.memory.check()
 
+    def occupancy(self) -> tuple[int, int]:
+        """(store slots used, store capacity), for the loop's step events."""
+        return self.store.used_slots, self.store.capacity
+
+    def close(self) -> None:
+        """Give the KV memory's tensors back (the engine closed)."""
+        self.memory.drop()
+
     def stats(self) -> EngineStats:
         memory = self.memory
         radix = self.prefixes.radix if self.prefixes is not None else None
@@ -377,19 +386,16 @@ class Core:
 
     # ---- finishing ----
 
-    def _own(self, c: Call) -> list[int]:
-        return c.prefix[len(c.prefix) - c.own :]
-
     def _finish_prefill(self, c: Call) -> Handle:
-        if c.text_only:  # baseline / hf prefill
-            return self._register(c, self._own(c), [])
+        if c.text_only:  # baseline prefill: text only
+            return self._register(c, own_tokens(c), [])
         if self.prefixes is not None:
             self.prefixes.cache(c, c.prefix)
-            return self._register(c, self._own(c), [])
+            return self._register(c, own_tokens(c), [])
         return self._register(c, c.feed, c.slots)
 
     def _finish_decode(self, c: Call) -> Handle:
-        tokens = self._own(c) + c.generated
+        tokens = own_tokens(c) + c.generated
         c.text = self.sampler.text(tokens[c.frame_len :], c.sampling)
         tokens += c.closed
         if self.prefixes is not None:  # its last generated token was never encoded
@@ -398,41 +404,11 @@ class Core:
         return self._register(c, tokens, c.slots)
 
     def _register(self, c: Call, tokens: list[int], slots: list[int]) -> Handle:
-        mid = self.table.next_id()
-        self.table.add(
-            Message(
-                mid,
-                list(tokens),
-                c.text,
-                c.role,
-                c.kind,
-                list(slots),
-                c.offset,
-                c.parents,
-                c.parent_offsets,
-                c.owner,
-                c.visibility,
-                sources=self._sources(c.parents),
-                generated_from=c.own if c.is_decode else 0,
-                generated=len(c.generated),
-            )
+        handle = register(
+            self.table, c, tokens, slots, reused_encodings=self.mode == "choreographed"
         )
-        c.slots = []  # the message owns them now; an abort must not release them
         self.memory.unpin_call(c)
-        return Handle(mid, self.table)
-
-    def _sources(self, parents: tuple[int, ...]) -> frozenset[int]:
-        """What a new encoding attends to: its parents and (choreographed) their sources.
-
-        In baseline mode parents are re-encoded from their text inside the call,
-        so only the parents themselves are attended to.
-        """
-        if self.mode != "choreographed":
-            return frozenset(parents)
-        out: set[int] = set(parents)
-        for p in parents:
-            out |= self.table.get(p).sources
-        return frozenset(out)
+        return handle
 
 
 def _generated_max(c: Call) -> int:

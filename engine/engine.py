@@ -29,6 +29,7 @@ from corps.engine.config import (
 )
 from corps.engine.core import Core
 from corps.engine.errors import EngineBusy, InvalidRequest
+from corps.engine.executor import Executor
 from corps.engine.job import Job
 from corps.engine.models import resolve_model
 from corps.engine.pending import Pending
@@ -62,7 +63,7 @@ class Engine:
     a worker thread, so the event loop stays free while the model computes.
     """
 
-    def __init__(self, core: Core, config: EngineConfig | None = None) -> None:
+    def __init__(self, core: Executor, config: EngineConfig | None = None) -> None:
         cfg = config or EngineConfig.of(str(core.model_path), mode=core.mode)
         self._config = cfg
         self._core = core
@@ -126,18 +127,16 @@ class Engine:
         from transformers import AutoTokenizer
 
         dtype = torch_dtype(cfg.dtype)
-        weights = load_weights(path, dtype=dtype, device=cfg.device, mixed=cfg.dtype == "mixed")
         tokenizer = AutoTokenizer.from_pretrained(str(path))
         if cfg.mode == "hf":  # reference: transformers generate, one call at a time
             from transformers import AutoModelForCausalLM
 
-            from corps.engine.hf import HFCore
+            from corps.engine.hf import HFExecutor
 
             hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(cfg.device)
-            core = HFCore(
-                hf, weights, tokenizer, model_path=path, capacity=capacity, precision=cfg.dtype
-            )
+            core = HFExecutor(hf, tokenizer, spec, model_path=path, precision=cfg.dtype)
         else:
+            weights = load_weights(path, dtype=dtype, device=cfg.device, mixed=cfg.dtype == "mixed")
             core = Core(
                 weights,
                 tokenizer,
@@ -191,7 +190,7 @@ class Engine:
             self.end_trace(self._trace_file)
         # The KV memory goes back now, not when the last Handle naming this engine is
         # collected.
-        self._core.memory.drop()
+        self._core.close()
         return None
 
     # ---- tracing ----

@@ -15,21 +15,75 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from corps.engine.core import Core, StepOutput
-from corps.engine.planner import Call
+from corps.cache.errors import require
+from corps.cache.handle import Handle
+from corps.cache.messages import Message, MessageTable
+from corps.engine.chat import ChatFormat
+from corps.engine.core import StepOutput
+from corps.engine.planner import Call, Planner
+from corps.engine.register import own_tokens, register
+from corps.engine.requests import DecodeRequest, PrefillRequest
+from corps.engine.sampler import Sampler
+from corps.engine.spec import ModelSpec
+from corps.engine.stats import EngineStats
 
 
-class HFCore(Core):
-    """A Core whose calls are run by transformers (`hf_model.generate`), one per step."""
+class HFExecutor:
+    """Runs an engine's calls with transformers (`hf_model.generate`), one per step.
 
-    def __init__(self, hf_model, *args, **kwargs) -> None:
-        kwargs["mode"] = "hf"
-        super().__init__(*args, **kwargs)
+    It holds no KV store, view arena or weights of ours: each call re-encodes its
+    prompt inside `generate`. It offers the step machine the loop drives (admit,
+    step, finish, abort) and the message bookkeeping the engine uses (pin, unpin,
+    free, check, stats), as `Core` does.
+    """
+
+    mode = "hf"
+
+    def __init__(
+        self, hf_model, tokenizer, spec: ModelSpec, *, model_path: Path, precision: str
+    ) -> None:
         self.hf = hf_model.eval()
+        self.tokenizer = tokenizer
+        self.fmt = ChatFormat(tokenizer)
+        self.model_path = model_path
+        self.precision = precision
+        self.device = next(hf_model.parameters()).device
+        self.table = MessageTable()
+        self.planner = Planner(
+            self.fmt,
+            self.table,
+            mode="hf",
+            max_positions=spec.max_positions,
+            vocab_size=spec.vocab_size,
+        )
+        self.sampler = Sampler(self.fmt)
+        self.tokens_encoded = 0
+        self.forward_seconds = 0.0
+
+    # ---- the step machine ----
+
+    def admit(
+        self,
+        request: PrefillRequest | DecodeRequest,
+        *,
+        want_logits: bool = False,
+        hold: bool = False,
+    ) -> Call:
+        """Plan a call; a prefill that wants no logits stores its text and runs nothing."""
+        plan = self.planner.decode if isinstance(request, DecodeRequest) else self.planner.prefill
+        call = plan(request)
+        call.want_logits = want_logits
+        for p in call.pinned:
+            p.pins += 1
+        call.pins_held = True
+        if not call.is_decode and not want_logits:
+            call.done = call.text_only = True
+        return call
 
     def step(self, calls: Sequence[Call], budget: int | None) -> StepOutput:
         """Run the first unfinished call to its end (generate is not batched here)."""
@@ -44,6 +98,73 @@ class HFCore(Core):
             self.abort(c)
             out.failed.append((c, exc))
         return out
+
+    def finish(self, c: Call) -> Handle:
+        """Register a done call's message (text and tokens; no K/V) and return its handle."""
+        tokens = own_tokens(c)
+        if c.is_decode:
+            tokens = tokens + c.generated
+            c.text = self.sampler.text(tokens[c.frame_len :], c.sampling)
+            tokens += c.closed
+        handle = register(self.table, c, tokens, [], reused_encodings=False)
+        self._unpin_call(c)
+        return handle
+
+    def abort(self, c: Call) -> None:
+        self._unpin_call(c)
+        c.done = True
+
+    # ---- messages ----
+
+    def pin(self, handles: Sequence[Handle]) -> list[Message]:
+        msgs = [self.table.live(h.id) for h in handles]
+        for m in msgs:
+            m.pins += 1
+        return msgs
+
+    def unpin(self, msgs: Sequence[Message]) -> None:
+        for m in msgs:
+            m.pins -= 1
+
+    def _unpin_call(self, c: Call) -> None:
+        if c.pins_held:
+            self.unpin(c.pinned)
+            c.pins_held = False
+
+    def free(self, handle: Handle) -> None:
+        self.planner.live(handle)  # a handle of this engine
+        self.table.live(handle.id).freed = True  # not freed yet; holds no slots
+
+    def check(self) -> None:
+        """BrokenInvariant unless no message is pinned or holds slots while idle."""
+        for msg in self.table.all():
+            require(msg.pins == 0, f"message {msg.id} still pinned while idle")
+            require(not msg.slots, f"message {msg.id} holds slots in hf mode")
+
+    def reset_peaks(self) -> None:
+        """Nothing to reset: no views."""
+
+    def occupancy(self) -> tuple[int, int]:
+        return 0, 0
+
+    def close(self) -> None:
+        """Nothing held beyond the model (it goes with the engine)."""
+
+    def stats(self) -> EngineStats:
+        weights = sum(p.numel() * p.element_size() for p in self.hf.parameters())
+        return EngineStats(
+            mode="hf",
+            capacity=0,
+            tokens_used=0,
+            tokens_free=0,
+            messages=len(self.table),
+            tokens_encoded=self.tokens_encoded,
+            tokens_reused=0,
+            prefix_hit_tokens=0,
+            prefix_query_tokens=0,
+            weight_bytes=weights,
+            forward_s=self.forward_seconds,
+        )
 
     @torch.inference_mode()
     def _prefill(self, c: Call) -> None:

@@ -38,8 +38,8 @@ import anyio.lowlevel
 import anyio.to_thread
 
 from corps.cache.errors import CacheFullError, StoreTooSmall
-from corps.engine.core import Core
 from corps.engine.errors import EngineBusy, EngineClosed
+from corps.engine.executor import Executor
 from corps.engine.job import Job
 from corps.engine.trace import ErrorEvent, FirstToken, Recorder, Step
 
@@ -62,7 +62,7 @@ class _Counters:
 class Scheduler:
     def __init__(
         self,
-        core: Core,
+        core: Executor,
         *,
         queue_size: int = 256,
         step_tokens: int = 512,
@@ -227,14 +227,14 @@ class Scheduler:
             self.after_step()
 
     def _step_event(self, t0: float, now: float) -> Step:
-        store = self.core.store
+        used, capacity = self.core.occupancy()
         return Step(
             t=self.rec.rel(t0),
             dur=now - t0,
             calls=len(self._running) + len(self._finished),
             sampled=len(self._tokens),
-            store_used=store.used_slots,
-            capacity=store.capacity,
+            store_used=used,
+            capacity=capacity,
             queue=self.queue_depth() + len(self._held),
         )
 

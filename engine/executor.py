@@ -1,0 +1,64 @@
+"""`Executor`: the step machine the batching loop drives, and the message
+bookkeeping the engine uses. Two implementations: `Core` (choreographed and
+baseline modes, over our KV store) and `HFExecutor` (transformers `generate`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol
+
+from corps.cache.handle import Handle
+from corps.cache.messages import Message, MessageTable
+from corps.engine.chat import ChatFormat
+from corps.engine.planner import Call
+from corps.engine.requests import DecodeRequest, PrefillRequest
+from corps.engine.stats import EngineStats
+
+
+class Executor(Protocol):
+    mode: str
+    precision: str  # the dtype name the engine was opened with
+    model_path: Path
+    tokenizer: object
+    fmt: ChatFormat
+    table: MessageTable
+    forward_seconds: float  # time spent in the model's forward so far
+
+    def admit(
+        self,
+        request: PrefillRequest | DecodeRequest,
+        *,
+        want_logits: bool = False,
+        hold: bool = False,
+    ) -> Call | None:
+        """Check and plan a call and take what it needs; atomic. None: admit it again
+        after a step (it waits for a running call's prefix)."""
+
+    def step(self, calls: Sequence[Call], budget: int | None):
+        """One step over the running calls; returns a `StepOutput`."""
+
+    def finish(self, c: Call) -> Handle:
+        """Register a done call's message; its handle."""
+
+    def abort(self, c: Call) -> None:
+        """Give back everything the call holds; as if it never ran."""
+
+    def pin(self, handles: Sequence[Handle]) -> list[Message]: ...
+
+    def unpin(self, msgs: Sequence[Message]) -> None: ...
+
+    def free(self, handle: Handle) -> None: ...
+
+    def check(self) -> None:
+        """BrokenInvariant unless the bookkeeping of an idle executor is exact."""
+
+    def stats(self) -> EngineStats: ...
+
+    def reset_peaks(self) -> None: ...
+
+    def occupancy(self) -> tuple[int, int]:
+        """(store slots used, store capacity)."""
+
+    def close(self) -> None:
+        """Give memory back (the engine closed)."""
