@@ -17,7 +17,8 @@ A context comes in one of two kinds, chosen per engine (`contexts=`):
 - `SharedContext` ("copy", the default): the rotated K and V held in the view
   arena. Attention reads them in place; the store and the copy make ~2x the
   context's KV memory.
-- `StoreContext` ("store"): nothing is copied. When a step reaches layer l, the
+- `StoreContext` ("store", in `corps.engine.attention.views`): nothing is copied.
+  When a step reaches layer l, the
   context's keys of that layer are read from the store and rotated to their
   positions into a one-layer scratch range (1/L of a copy), and its values are
   read from the store in place (gathered into the scratch when its slots are
@@ -30,14 +31,32 @@ Both answer `layer(l) -> (k, v)`, each (Hkv, C, D), which is all attention reads
 
 from __future__ import annotations
 
-import torch
+from typing import Protocol
+
 from torch import Tensor
 
 from corps.cache.arena import ViewArena
-from corps.cache.errors import ViewsFull
-from corps.cache.rope import RopeTables, rope_into
 
 ContextKey = tuple[tuple[int, ...], tuple[int, ...]]  # (store slots, positions)
+
+
+class Context(Protocol):
+    """What a view and attention read of a placed context, whatever its kind."""
+
+    key: ContextKey | None  # None: not shareable (built without a pool)
+    in_store: bool  # read from the store (keys rotated per step), not the arena
+    arena: ViewArena | None  # the arena holding it, if any
+    base: int  # its first arena index
+    refs: int  # live views reading it
+
+    @property
+    def length(self) -> int: ...
+
+    def layer(self, layer: int) -> tuple[Tensor, Tensor]:
+        """Rotated keys and values of one layer, (Hkv, C, D) each."""
+
+    def free(self) -> None:
+        """Give its memory back (its last reader calls this)."""
 
 
 class SharedContext:
@@ -75,88 +94,6 @@ class SharedContext:
         if self.arena is not None:
             self.arena.release(self.base, self.length)
             self.arena = None
-
-
-class StoreContext:
-    """A placed context that attention reads from the store: keys rotated one layer
-    at a time into a scratch range, values in place. Nothing is copied per reader,
-    nor per context beyond one layer."""
-
-    in_store = True
-    view_tokens = 0  # holds nothing in the view arena
-    arena = None  # so a view over it is never one arena range
-    base = 0
-
-    def __init__(
-        self,
-        key: ContextKey | None,
-        store,
-        rope: RopeTables,
-        slots: Tensor,
-        positions: Tensor,
-        scratch: ViewArena,
-    ) -> None:
-        c = int(slots.numel())
-        base = scratch.alloc(c)
-        if base is None:
-            raise ViewsFull(
-                f"the context scratch has no free range of {c} tokens ({scratch.free_tokens} "
-                f"free of {scratch.capacity}); the call waits for running calls to finish"
-            )
-        self.key = key
-        self.store = store  # corps.cache.kv.KVStore, K unrotated
-        self.scratch: ViewArena | None = scratch
-        self.scratch_base = base
-        self._k = scratch.k[0, :, base : base + c]  # (Hkv, C, D) this layer's rotated keys
-        self._v_buf = scratch.v[0, :, base : base + c]  # (Hkv, C, D) gathered values, if needed
-        self.cos = rope.cos[positions][None]  # (1, C, D): picked once, for every layer
-        self.sin = rope.sin[positions][None]
-        first = int(slots[0]) if c else 0
-        run = c and bool((slots == torch.arange(first, first + c, device=slots.device)).all())
-        self.first = first if run else None  # the slots are first .. first + C - 1
-        self.slots = slots  # (C,)
-        self._c = c
-        self._layer = -1  # the layer whose keys _k holds now
-        self._v: Tensor = self._v_buf
-        self.refs = 0
-
-    @property
-    def length(self) -> int:
-        return self._c
-
-    def layer(self, layer: int) -> tuple[Tensor, Tensor]:
-        """Rotated keys and values of one layer, (Hkv, C, D) each: built when a step
-        first asks for this layer (the slots cannot change while readers live, so
-        every reader of the layer in a step shares it)."""
-        if self._layer != layer:
-            self._k, self._v = self._build(layer)
-            self._layer = layer
-        return self._k, self._v
-
-    def _build(self, layer: int) -> tuple[Tensor, Tensor]:
-        sk, sv, c = self.store.k[layer], self.store.v[layer], self._c  # (S, Hkv, D)
-        if self.first is not None:  # one run of slots: read in place, head-major
-            k = sk[self.first : self.first + c].transpose(0, 1)  # (Hkv, C, D), strided
-            v = sv[self.first : self.first + c].transpose(0, 1)
-        else:  # scattered slots: keys through the value buffer, then the values
-            k = v = self._gather(sk)
-        rope_into(k, self.cos, self.sin, self._k)
-        if self.first is None:
-            self._gather(sv)
-        return self._k, v
-
-    def _gather(self, layer: Tensor) -> Tensor:
-        """The context's rows of one store layer (S, Hkv, D), head-major, into the
-        value buffer (Hkv, C, D): one row lookup per head, each head's range dense."""
-        for h, out in enumerate(self._v_buf.unbind(0)):
-            torch.index_select(layer[:, h], 0, self.slots, out=out)  # (C, D)
-        return self._v_buf
-
-    def free(self) -> None:
-        """Give the scratch range back (idempotent); its last reader calls this."""
-        if self.scratch is not None:
-            self.scratch.release(self.scratch_base, self._c)
-            self.scratch = None
 
 
 class ContextPool:

@@ -19,21 +19,19 @@ to build a context gets both parts as one range (`contiguous`), so a lone call
 reads its whole view as one slice, exactly as before sharing existed; a call
 joining a live context reads the two parts side by side. With an engine's
 contexts="store", the context is a `StoreContext` read from the store itself
-(nothing copied; `corps.cache.context`), and only the own part is in the arena.
+(nothing copied; `corps.engine.attention.views`), and only the own part is in
+the arena. Views are built by `corps.engine.attention.views.open_view`.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
 
 from corps.cache.arena import ViewArena
-from corps.cache.context import ContextPool, SharedContext, StoreContext
+from corps.cache.context import Context, ContextPool
 from corps.cache.errors import ViewsFull
 from corps.cache.kv import KVStore
-from corps.cache.rope import RopeTables
 
 
 class CallView:
@@ -41,7 +39,7 @@ class CallView:
 
     def __init__(
         self,
-        ctx: SharedContext | StoreContext | None,
+        ctx: Context | None,
         own_k: Tensor,
         own_v: Tensor,
         arena: ViewArena | None,
@@ -102,69 +100,6 @@ class CallView:
     def own_length(self) -> int:
         return self.length - self.ctx_len
 
-    @classmethod
-    def gather(
-        cls,
-        store: KVStore,
-        rope: RopeTables,
-        slots: Sequence[int] | Tensor,
-        positions: Sequence[int] | Tensor,
-        extra: int,
-        arena: ViewArena | None = None,
-        fill: Callable[..., None] | None = None,
-        pool: ContextPool | None = None,
-        scratch: ViewArena | None = None,
-    ) -> CallView:
-        """View of `slots` (C,) placed at `positions` (C,), with room for `extra` new tokens.
-
-        With a `pool`, a live context with the same slots and positions is shared
-        instead of rebuilt. Parts are carved from `arena` (ViewsFull when it has no
-        room: views never spill outside it); without an arena they are standalone.
-        `fill(store_k, store_v, slots, positions, cos, sin, out_k, out_v)` does the
-        gather when given (an attention backend's kernel); else plain torch.
-
-        With a `scratch` (a one-layer arena), the context is not copied at all:
-        attention reads it from the store (`StoreContext`), and only the own part
-        is carved from `arena`.
-        """
-        key = None
-        if pool is not None and len(slots):  # lists name the context without a device read
-            key = (tuple(_ints(slots)), tuple(_ints(positions)))
-        dev = store.k.device
-        slots = torch.as_tensor(slots, dtype=torch.long, device=dev)  # (C,)
-        positions = torch.as_tensor(positions, dtype=torch.long, device=dev)  # (C,)
-        n_ctx = int(slots.numel())
-        shared = pool.get(key) if key is not None else None
-        if shared is None and scratch is not None and n_ctx:
-            shared = StoreContext(key, store, rope, slots, positions, scratch)
-            if key is not None:  # (without a pool it has this one reader, counted nowhere)
-                pool.add(shared)
-        if shared is not None:
-            try:
-                k, v, base = _carve(store, arena, extra)
-            except BaseException:
-                _let_go(shared, pool)
-                raise
-            return cls(shared, k, v, arena if base is not None else None, base or 0, pool=pool)
-        k, v, base = _carve(store, arena, n_ctx + extra)
-        try:
-            if n_ctx and fill is not None:
-                fill(store.k, store.v, slots, positions, rope.cos, rope.sin, k, v)
-            elif n_ctx:
-                gather_rotated(store.k, store.v, slots, positions, rope, k, v)
-        except BaseException:
-            if base is not None:  # a failed gather gives its arena range back
-                arena.release(base, n_ctx + extra)
-            raise
-        into = arena if base is not None else None
-        ctx = None
-        if n_ctx:
-            ctx = SharedContext(key, k[:, :, :n_ctx], v[:, :, :n_ctx], into, base or 0)
-            if key is not None:
-                pool.add(ctx)
-        own_k, own_v = k[:, :, n_ctx:], v[:, :, n_ctx:]
-        return cls(ctx, own_k, own_v, into, (base or 0) + n_ctx, whole=(k, v), pool=pool)
-
     def release(self) -> None:
         """Give the own range back and let go of the context (idempotent)."""
         if self.own_arena is not None:
@@ -172,7 +107,7 @@ class CallView:
             self.own_arena = None
         ctx, self.ctx = self.ctx, None
         if ctx is not None:
-            _let_go(ctx, self.pool)
+            let_go(ctx, self.pool)
 
     def append(self, layer: int, k_rot: Tensor, v: Tensor) -> None:
         """Write t new rotated keys and values (t, Hkv, D) after the current length.
@@ -192,14 +127,14 @@ class CallView:
 
     def copy_own(self, other: CallView, t: int) -> None:
         """Take `other`'s first t own tokens as this view's (every layer) and advance:
-        for a twin call whose own tokens would be the same (`Core._forward`)."""
+        for a twin call whose own tokens would be the same (`corps.engine.batch`)."""
         n = self.own_length
         self.own_k[:, :, n : n + t] = other.own_k[:, :, :t]
         self.own_v[:, :, n : n + t] = other.own_v[:, :, :t]
         self.advance(t)
 
 
-def _let_go(ctx: SharedContext | StoreContext, pool: ContextPool | None) -> None:
+def let_go(ctx: Context, pool: ContextPool | None) -> None:
     """One reader is done with ctx: the pool's last reader frees it; a context built
     without a pool has that one reader."""
     if ctx.key is not None:
@@ -208,7 +143,7 @@ def _let_go(ctx: SharedContext | StoreContext, pool: ContextPool | None) -> None
         ctx.free()
 
 
-def _carve(store: KVStore, arena: ViewArena | None, n: int) -> tuple[Tensor, Tensor, int | None]:
+def carve(store: KVStore, arena: ViewArena | None, n: int) -> tuple[Tensor, Tensor, int | None]:
     """(L, Hkv, n, D) K and V: an arena range and its start, or ViewsFull; new tensors
     when there is no arena."""
     if arena is not None:
@@ -225,40 +160,3 @@ def _carve(store: KVStore, arena: ViewArena | None, n: int) -> tuple[Tensor, Ten
     k = torch.empty(shape, dtype=store.k.dtype, device=store.k.device)
     v = torch.empty(shape, dtype=store.v.dtype, device=store.v.device)
     return k, v, None
-
-
-def _ints(values: Sequence[int] | Tensor) -> list[int]:
-    return values.tolist() if isinstance(values, Tensor) else list(values)
-
-
-def gather_rotated(store_k, store_v, slots, positions, rope, out_k, out_v) -> None:
-    """The plain-torch gather: out_k[l, h, c] = rope(store_k[l, slots[c], h], positions[c])
-    and out_v[l, h, c] = store_v[l, slots[c], h]; store (L, S, Hkv, D), out (L, Hkv, >= C, D).
-
-    Both gathers pick (L x Hkv x C) rows of D values out of the store seen as one 2-D
-    table, in the view's head-major order: one `index_select` on dim 0, the fast path
-    for row lookups (10x an `index_select` on the store's slot dim here, which made
-    a 370-token view of 30 layers cost 10 ms of a call's admission).
-    """
-    layers, size, heads, dim = store_k.shape
-    c = slots.numel()
-    rows = _head_major_rows(layers, size, heads, slots)  # (L Hkv C,)
-    x = _rows(store_k).index_select(0, rows).view(layers, heads, c, dim)  # (L, Hkv, C, D)
-    rope.rotate_into(x, positions, out_k[:, :, :c], token_dim=-2)
-    out_v[:, :, :c] = _rows(store_v).index_select(0, rows).view(layers, heads, c, dim)
-
-
-def _head_major_rows(layers: int, size: int, heads: int, slots: Tensor) -> Tensor:
-    """Row (l, s, h) of a (L, S, Hkv, D) store seen as (L S Hkv, D), for every layer l,
-    head h and slot s in `slots` (C,), ordered (l, h, c). Returns (L Hkv C,) long."""
-    dev = slots.device
-    layer = torch.arange(layers, device=dev) * (size * heads)  # (L,)
-    head = torch.arange(heads, device=dev)  # (Hkv,)
-    return (layer[:, None, None] + head[None, :, None] + slots[None, None, :] * heads).flatten()
-
-
-def _rows(store: Tensor) -> Tensor:
-    """A (L, S, Hkv, D) store as (L S Hkv, D) rows, without a copy (the store is one block)."""
-    if not store.is_contiguous():
-        raise ValueError("the KV store must be contiguous to be gathered from")
-    return store.view(-1, store.shape[-1])

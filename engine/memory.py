@@ -20,7 +20,7 @@ from corps.cache.handle import Handle
 from corps.cache.kv import KVStore
 from corps.cache.messages import Message, MessageTable
 from corps.cache.rope import RopeTables
-from corps.cache.view import CallView
+from corps.engine.attention.views import open_view
 from corps.engine.planner import Call
 from corps.engine.prefixes import PrefixSharing
 
@@ -78,7 +78,7 @@ class Memory:
 
     def gather(self, c: Call, extra: int) -> None:
         """c's view: its context rotated (or read from the store) plus room for `extra`."""
-        c.view = CallView.gather(
+        c.view = open_view(
             self.store,
             self.rope,
             c.ctx_slots,

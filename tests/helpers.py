@@ -234,7 +234,7 @@ def shared_views(extra: int = 1, head_dim: int = 64):
     from corps.cache.context import ContextPool
     from corps.cache.kv import KVStore
     from corps.cache.rope import RopeTables
-    from corps.cache.view import CallView
+    from corps.engine.attention.views import open_view
 
     g = torch.Generator().manual_seed(0)
     dims = dict(num_layers=1, num_kv_heads=2, head_dim=head_dim, dtype=torch.float32)
@@ -250,5 +250,5 @@ def shared_views(extra: int = 1, head_dim: int = 64):
     views = []
     for slots, pos in (short, long, ([], []), short, long):
         s, p = torch.tensor(slots, dtype=torch.long), torch.tensor(pos, dtype=torch.long)
-        views.append(CallView.gather(store, rope, s, p, extra, arena, pool=pool))
+        views.append(open_view(store, rope, s, p, extra, arena, pool=pool))
     return arena, pool, views, g

@@ -66,20 +66,21 @@ def test_a_failed_gather_gives_its_arena_range_back():
 
     from corps.cache.arena import ViewArena
     from corps.cache.kv import KVStore
-    from corps.cache.view import CallView
+    from corps.cache.rope import RopeTables
+    from corps.engine.attention.views import open_view
 
     dims = dict(
         num_layers=1, num_kv_heads=1, head_dim=4, capacity=16, dtype=torch.float32, device="cpu"
     )
     store, arena = KVStore(**dims), ViewArena(**dims)
 
-    class Broken:
-        def rotate_into(self, x, positions, out, token_dim=-3):
-            raise RuntimeError("rotation failed")
+    def broken(*args):
+        raise RuntimeError("rotation failed")
 
+    rope = RopeTables(torch.ones(16, 4), torch.zeros(16, 4))
     slots = torch.tensor([0, 1])
     with pytest.raises(RuntimeError):
-        CallView.gather(store, Broken(), slots, slots, 4, arena)
+        open_view(store, rope, slots, slots, 4, arena, fill=broken)
     assert arena.alloc(16) == 0  # the whole arena is free again
 
 

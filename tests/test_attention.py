@@ -56,9 +56,9 @@ def test_triton_on_cpu_needs_the_interpreter(monkeypatch):
 
 
 def test_triton_missing_says_what_to_install(monkeypatch):
-    from corps.engine import attention
+    from corps.engine.attention import backend
 
-    monkeypatch.setattr(attention, "triton_available", lambda: False)
+    monkeypatch.setattr(backend, "triton_available", lambda: False)
     with pytest.raises(InvalidRequest, match=r"pip install 'corps\[cuda\]'"):
         select_backend("cpu", "triton")
     assert type(select_backend("cuda")) is SdpaAttention  # no Triton: the reference

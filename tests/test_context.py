@@ -9,12 +9,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from corps.cache.arena import ViewArena
-from corps.cache.context import ContextPool, StoreContext
+from corps.cache.context import ContextPool
 from corps.cache.errors import ViewsFull
 from corps.cache.kv import KVStore
 from corps.cache.rope import RopeTables
-from corps.cache.view import CallView, gather_rotated
+from corps.cache.view import CallView
+from corps.engine.attention.views import StoreContext, open_view
 from corps.engine.errors import InvalidRequest
+from corps.engine.kernels.gather_rotate import gather_rotated
 from corps.engine.requests import DecodeRequest, PrefillRequest
 from corps.engine.sampling import SamplingParams
 
@@ -84,13 +86,13 @@ def test_contexts_read_from_the_store_are_shared_and_hold_only_their_scratch():
     arena = ViewArena(num_layers=L, num_kv_heads=HKV, head_dim=D, capacity=32, dtype=torch.float32)
     sc, pool = _scratch(16), ContextPool()
     slots, pos = [5, 6, 7, 9], [0, 1, 2, 3]
-    a = CallView.gather(store, rope, slots, pos, 4, arena, pool=pool, scratch=sc)
-    b = CallView.gather(store, rope, slots, pos, 6, arena, pool=pool, scratch=sc)
+    a = open_view(store, rope, slots, pos, 4, arena, pool=pool, scratch=sc)
+    b = open_view(store, rope, slots, pos, 6, arena, pool=pool, scratch=sc)
     assert a.ctx is b.ctx and a.ctx.in_store and a.ctx.refs == 2
     assert not a.contiguous and a.arena is None and a.batch_arena is arena
     assert (pool.tokens, sc.free_tokens, arena.free_tokens) == (0, 12, 32 - 10)
     with pytest.raises(ViewsFull):
-        CallView.gather(store, rope, list(range(20, 33)), list(range(13)), 2, arena, pool=pool,
+        open_view(store, rope, list(range(20, 33)), list(range(13)), 2, arena, pool=pool,
                         scratch=sc)  # fmt: skip
     assert (len(pool), sc.free_tokens, arena.free_tokens) == (1, 12, 22)
     a.release()
@@ -116,7 +118,7 @@ def test_scratch_and_arena_are_never_leaked(ops):
             live.pop(extra % len(live)).release()
         else:
             try:
-                live.append(CallView.gather(store, rope, *keys[which], extra, arena, pool=pool,
+                live.append(open_view(store, rope, *keys[which], extra, arena, pool=pool,
                                             scratch=sc))  # fmt: skip
             except ViewsFull:
                 pass

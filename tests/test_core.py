@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch.nn.attention.bias import CausalBias
 
-from corps.cache.view import CallView
+from corps.engine.attention.views import open_view
 from corps.engine.requests import DecodeRequest, PrefillRequest
 from corps.engine.sampling import SamplingParams
 
@@ -73,8 +73,8 @@ def test_repositioning_keys_and_attention(tiny_dirs, backend):
     slots_a = torch.tensor(core.table.get(x_a.id).slots)
     slots_b = torch.tensor(core.table.get(x_b.id).slots)
     fill = core.runner.attention.gather  # the backend's gather (a Triton kernel or torch)
-    view_a = CallView.gather(core.store, core.rope, slots_a, pos, 0, fill=fill)
-    view_b = CallView.gather(core.store, core.rope, slots_b, pos, 0, fill=fill)
+    view_a = open_view(core.store, core.rope, slots_a, pos, 0, fill=fill)
+    view_b = open_view(core.store, core.rope, slots_b, pos, 0, fill=fill)
     assert (view_a.k - view_b.k).abs().max().item() <= 1e-5
     assert (view_a.v - view_b.v).abs().max().item() <= 1e-5
     _, la = prefill(core, "what is seven", parents=[x_a], offsets=[57])

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from corps.cache.kv import KVStore
-from corps.cache.view import CallView
+from corps.engine.attention.views import open_view
 from corps.engine.runner import ForwardBatch, ModelRunner, SeqSpan
 from corps.engine.spec import ModelSpec
 from corps.engine.weights import weights_from_hf
@@ -25,7 +25,7 @@ def run_ours(hf, ids: list[int], chunks: list[int]) -> torch.Tensor:
     )
     runner = ModelRunner(w, store)
     empty = torch.empty(0, dtype=torch.long)
-    view = CallView.gather(store, w.rope, empty, empty, len(ids))
+    view = open_view(store, w.rope, empty, empty, len(ids))
     out, start = [], 0
     for n in chunks:
         idx = torch.arange(start, start + n)
@@ -132,7 +132,7 @@ async def test_short_headers_over_a_shared_context_batch_and_match_each_call_alo
 
     monkeypatch.setattr(SdpaAttention, "attend_decode", spy)
     if capped:
-        monkeypatch.setattr("corps.engine.runner.SHORT_SPAN_PAIRS", 0)
+        monkeypatch.setattr("corps.engine.attention.routing.SHORT_SPAN_PAIRS", 0)
     async with open_tiny(tiny_dirs, "qwen3") as engine:
         ctx = await engine.prefill_many([dict(message=f"branch {i} " * 9) for i in range(4)])
         votes = [

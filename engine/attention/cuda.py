@@ -1,0 +1,91 @@
+"""The CUDA backends: Triton kernels for gathers and decode, FlexAttention for prefill
+(run on CPU only under Triton's interpreter, in tests)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from corps.cache.arena import ViewArena
+from corps.engine.attention.plan import DecodePlan
+from corps.engine.attention.sdpa import SdpaAttention
+
+
+class TritonAttention(SdpaAttention):
+    """Gathers with `gather_rotate` and decodes with `decode_attention` (Triton); prefill
+    stays on the torch reference."""
+
+    name = "triton"
+    decode_min_calls = 1
+    short_span_rows = 1  # the decode kernel takes one row per call
+
+    def gather(self, store_k, store_v, slots, positions, cos, sin, out_k, out_v) -> None:
+        from corps.engine.kernels.gather_rotate import gather_rotate
+
+        gather_rotate(store_k, store_v, slots, positions, cos, sin, out_k, out_v)
+
+    def attend_decode(self, layer, q, k, v, plan: DecodePlan, scale: float) -> Tensor:
+        from corps.engine.kernels.decode_attention import decode_attention
+
+        ak, av = plan.append(layer, k, v)  # (Hkv, A, D)
+        return decode_attention(
+            q, ak, av, plan.ctx_base, plan.lengths, scale,
+            max_n=plan.longest, ctx_len=plan.ctx_len, own_base=plan.own_base,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class FlexPlan:
+    """A step's FlexAttention prefill: the arena every span's view lives in, and the
+    block mask of all the step's rows over it."""
+
+    arena: ViewArena
+    mask: Any  # corps.engine.kernels.flex_prefill.PrefillMask
+
+
+class FlexAttention(SdpaAttention):
+    """Prefill with FlexAttention: all of a step's rows in one launch over the view
+    arena, under a block mask built once per step. Steps whose views are not all in
+    the arena (views built without one, as the attention sink's) use the torch
+    reference."""
+
+    name = "flex"
+    short_span_rows = 1  # FlexAttention batches every prefill span in one launch
+
+    def plan_prefill(self, spans) -> Any:
+        from corps.engine.kernels.flex_prefill import PrefillMask
+
+        arena = spans[0].view.arena
+        if arena is None or any(sp.view.arena is not arena for sp in spans):
+            return super().plan_prefill(spans)  # the torch reference's per-span masks
+        dev = arena.k.device
+        views = [sp.view for sp in spans]
+        t = torch.tensor([sp.end - sp.start for sp in spans], device=dev)  # (S,) rows
+        cb = torch.tensor([v.ctx_base for v in views], device=dev)  # (S,)
+        cl = torch.tensor([v.ctx_len for v in views], device=dev)  # (S,)
+        ob = torch.tensor([v.own_base for v in views], device=dev)  # (S,)
+        first = torch.tensor([v.own_length + 1 for v in views], device=dev)  # (S,)
+        row = torch.arange(int(t.sum()), device=dev) - (torch.cumsum(t, 0) - t).repeat_interleave(t)
+        lo = cb.repeat_interleave(t)  # (T,) each row's context
+        own_lo = ob.repeat_interleave(t)  # (T,) each row's own tokens
+        own_hi = own_lo + first.repeat_interleave(t) + row  # row i sees own_length + i + 1
+        return FlexPlan(arena, PrefillMask.build(lo, lo + cl.repeat_interleave(t), own_lo, own_hi))
+
+    def attend_spans(self, layer, q, k, v, spans, plan, scale) -> Tensor:
+        if not isinstance(plan, FlexPlan):  # views outside the arena: the torch reference
+            return super().attend_spans(layer, q, k, v, spans, plan, scale)
+        from corps.engine.kernels.flex_prefill import flex_prefill
+
+        arena, mask = plan.arena, plan.mask
+        for sp in spans:
+            sp.view.append(layer, k[sp.start : sp.end], v[sp.start : sp.end])
+        return flex_prefill(q, arena.k_layers[layer], arena.v_layers[layer], mask, scale)
+
+
+class TritonFlexAttention(TritonAttention, FlexAttention):
+    """The CUDA default: Triton gathers and decode, FlexAttention prefill."""
+
+    name = "triton+flex"
