@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import warnings
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
@@ -13,25 +12,17 @@ from typing import Any, Unpack
 
 import anyio
 import anyio.to_thread
-import torch
 from rich.console import Console
 
-from corps.cache.handle import Handle, bind
-from corps.cache.kv import KVStore
+from corps.cache.handle import Handle
 from corps.cache.visibility import Leak
 from corps.engine.access import AuditEvent, Guard, check_access
-from corps.engine.attention import select_backend
-from corps.engine.call_events import end_events, queued_event
+from corps.engine.build import build_executor
 from corps.engine.config import (
-    DEFAULT_MAX_CAPACITY,
-    DEFAULT_MEMORY_BUDGET,
     EngineConfig,
 )
-from corps.engine.core import Core
-from corps.engine.errors import EngineBusy, InvalidRequest
+from corps.engine.errors import InvalidRequest
 from corps.engine.executor import Executor
-from corps.engine.job import Job
-from corps.engine.models import resolve_model
 from corps.engine.pending import Pending
 from corps.engine.requests import (
     DecodeArgs,
@@ -46,8 +37,8 @@ from corps.engine.requests import (
 from corps.engine.scheduler import Scheduler
 from corps.engine.stats import EngineStats
 from corps.engine.stream import StreamCalls, TextStream
+from corps.engine.submit import Submitter
 from corps.engine.trace import Freed, Header, Recorder, TraceFile, version
-from corps.engine.weights import load_weights, read_spec, torch_dtype
 
 Request = PrefillRequest | DecodeRequest
 
@@ -82,7 +73,7 @@ class Engine:
         self._guard = Guard(
             core.table, mode=core.mode, policy=cfg.leak_policy, recorder=self.recorder
         )
-        self._ids = itertools.count(1)
+        self._submit = Submitter(core, self._sched, self._guard, self.recorder)
         self._model_name = cfg.model
         self._trace_file = self.trace_to(cfg.trace) if cfg.trace is not None else None
         self._sched.after_step = self._sweep
@@ -118,36 +109,7 @@ class Engine:
         once. A call that could never fit raises `StoreTooSmall` at once.
         """
         cfg = EngineConfig.of(config, **fields)
-        if cfg.device.startswith("cuda") and not torch.cuda.is_available():
-            raise InvalidRequest(f"device {cfg.device!r} asked for, but torch sees no CUDA device")
-        attention = select_backend(cfg.device, cfg.attention)  # checks Triton before loading
-        path = resolve_model(cfg.model, console=console)
-        spec = read_spec(path)
-        capacity = cfg.capacity or _capacity(cfg, spec)
-        from transformers import AutoTokenizer
-
-        dtype = torch_dtype(cfg.dtype)
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
-        if cfg.mode == "hf":  # reference: transformers generate, one call at a time
-            from transformers import AutoModelForCausalLM
-
-            from corps.engine.hf import HFExecutor
-
-            hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(cfg.device)
-            core = HFExecutor(hf, tokenizer, spec, model_path=path, precision=cfg.dtype)
-        else:
-            weights = load_weights(path, dtype=dtype, device=cfg.device, mixed=cfg.dtype == "mixed")
-            core = Core(
-                weights,
-                tokenizer,
-                model_path=path,
-                mode=cfg.mode,
-                capacity=capacity,
-                precision=cfg.dtype,
-                contexts=cfg.contexts,
-                attention=attention,
-            )
-        return cls(core, cfg)
+        return cls(build_executor(cfg, console), cfg)
 
     @classmethod
     @asynccontextmanager
@@ -338,7 +300,7 @@ class Engine:
         new_offset=None, frame=True, owner=None, visibility=None, leak_policy=None.
         A call made as an `owner` returns a handle bound to that owner (see `Handle`).
         """
-        return await self._run(await self._job(prefill_request(message, args)))
+        return await self._submit.run(await self._submit.job(prefill_request(message, args)))
 
     async def decode(self, **args: Unpack[DecodeArgs]) -> Handle:
         """Generate a message that starts with the role marker + `header`.
@@ -349,7 +311,7 @@ class Engine:
         fields max_tokens=256, temperature=0.0, top_p=1.0, top_k=0, seed=None,
         stop=(), ignore_eos=False, force=().
         """
-        return await self._run(await self._job(decode_request(args)))
+        return await self._submit.run(await self._submit.job(decode_request(args)))
 
     async def prefill_many(
         self, requests: Iterable[PrefillRequest | Mapping[str, Any]]
@@ -360,7 +322,7 @@ class Engine:
         All or nothing: if one call fails, the others are cancelled, any that had
         finished are freed, and that call's error is raised.
         """
-        return await self._run_all([prefill_request_of(r) for r in requests])
+        return await self._submit.run_all([prefill_request_of(r) for r in requests])
 
     async def decode_many(
         self, requests: Iterable[DecodeRequest | Mapping[str, Any]]
@@ -370,7 +332,7 @@ class Engine:
 
         All or nothing, as `prefill_many`.
         """
-        return await self._run_all([decode_request(r) for r in requests])
+        return await self._submit.run_all([decode_request(r) for r in requests])
 
     def prefill_nowait(self, message: Text, **args: Unpack[PrefillArgs]) -> Pending:
         """Queue a prefill without waiting for queue space (EngineBusy if full).
@@ -379,122 +341,13 @@ class Engine:
         leak_policy="reencode", a call that first needs new clean copies of its
         parents is queued when the returned `Pending` is awaited.
         """
-        return self._submit_nowait(prefill_request(message, args))
+        return self._submit.submit_nowait(prefill_request(message, args))
 
     def decode_nowait(self, **args: Unpack[DecodeArgs]) -> Pending:
         """Queue a decode without waiting for queue space (EngineBusy if full); as above."""
-        return self._submit_nowait(decode_request(args))
+        return self._submit.submit_nowait(decode_request(args))
 
     def stream(self, **args: Unpack[DecodeArgs]) -> TextStream:
         """`async for delta in engine.stream(...)`: text deltas; then `.handle`."""
-        calls = StreamCalls(self._core.fmt, self._job, self._sched.submit, self._core.free)
+        calls = StreamCalls(self._core.fmt, self._submit.job, self._sched.submit, self._core.free)
         return TextStream(decode_request(args), calls)
-
-    # ---- submission: every path goes through the guard and pins its parents ----
-
-    async def _job(self, request: Request, cid: int | None = None) -> Job:
-        """Check access and the leak policy, re-encode if needed, pin parents: a Job."""
-        cid = cid or next(self._ids)
-        request, missing, leaks = self._guard.check(request, call_id=cid)
-        if missing:
-            request = await self._guard.reencode(request, self._prefill_internal)
-        job = self._pinned_job(request, cid)
-        job.leaks = leaks
-        return job
-
-    def _pinned_job(self, request, cid: int) -> Job:
-        """A job whose parents are pinned from now until it ends: a `free` in between
-        waits for it instead of failing it. `cid` is its call id in traces."""
-        pins = self._core.pin(request.parents)
-        job = Job(request, id=cid)
-        job.on_end, job.orphan = partial(self._job_ended, pins), self._core.free
-        if self.recorder.on:
-            self.recorder.emit(queued_event(self.recorder, job))
-        return job
-
-    def _job_ended(self, pins: list, job: Job) -> None:
-        self._core.unpin(pins)
-        if job.handle is not None and (job.error is not None or job.cancelled):
-            self._core.free(job.handle)  # finished, but nobody will ever receive it
-            job.handle = None
-        if job.handle is not None:
-            self._core.table.get(job.handle.id).figures = job.figures()
-        if self.recorder.on:
-            for event in end_events(self.recorder, self._core.table, job):
-                self.recorder.emit(event)
-
-    async def _prefill_internal(self, request: PrefillRequest) -> Handle:
-        return await self._run(self._pinned_job(request, next(self._ids)))
-
-    async def _run(self, job: Job) -> Handle:
-        try:
-            await self._sched.submit(job)
-        except BaseException:
-            job.end()  # never queued: give its pins back
-            raise
-        return bind(await job.wait(), job.request.owner)
-
-    async def _run_all(self, requests: list[Request]) -> list[Handle]:
-        jobs: list[Job] = []
-        queued = 0
-        try:
-            for request in requests:
-                jobs.append(await self._job(request))
-            for job in jobs:  # no yield between them while there is room: one step
-                try:
-                    self._sched.submit_nowait(job)
-                except EngineBusy:
-                    await self._sched.submit(job)
-                queued += 1
-            return [bind(await job.wait(), job.request.owner) for job in jobs]
-        except BaseException:
-            with anyio.CancelScope(shield=True):
-                await self._undo(jobs, queued)
-            raise
-
-    async def _undo(self, jobs: list[Job], queued: int) -> None:
-        """Cancel every job of a failed *_many call and free what they made."""
-        for job in jobs:
-            job.cancelled = True
-        for job in jobs[queued:]:
-            job.end()
-        for job in jobs[:queued]:
-            await job.done.wait()  # the loop aborts cancelled jobs at its next step
-        for job in jobs:
-            if job.handle is not None:
-                self._core.free(job.handle)
-                job.handle = None
-
-    def _submit_nowait(self, request: Request) -> Pending:
-        cid = next(self._ids)
-        request, missing, leaks = self._guard.check(request, call_id=cid)
-        if missing:  # re-encodings must run first: queue the call when awaited
-            return Pending(self._job(request, cid), self._run)
-        job = self._pinned_job(request, cid)
-        job.leaks = leaks
-        try:
-            self._sched.submit_nowait(job)
-        except BaseException:
-            job.end()
-            raise
-        return Pending(job, self._run)
-
-
-def _capacity(cfg: EngineConfig, spec) -> int:
-    """Store slots `cfg.memory_budget` buys (the default budget when None)."""
-    per_token = KVStore.bytes_per_token(
-        spec.num_layers, spec.num_kv_heads, spec.head_dim, torch_dtype(cfg.dtype)
-    )
-    # the budget buys the store and a view arena of the same size (and with
-    # contexts="store" a one-layer scratch as long): every token slot costs
-    # twice and a bit (`stats().kv_bytes` is what it bought, never more)
-    per_slot = 2 * per_token + (per_token // spec.num_layers if cfg.contexts == "store" else 0)
-    if cfg.memory_budget is None:  # default: 2 GiB, at most DEFAULT_MAX_CAPACITY slots
-        return max(1024, min(DEFAULT_MAX_CAPACITY, DEFAULT_MEMORY_BUDGET // per_slot))
-    capacity = cfg.memory_budget // per_slot
-    if capacity < 256:
-        raise InvalidRequest(
-            f"memory_budget={cfg.memory_budget} bytes buys {capacity} token slots "
-            f"(store and views, {per_slot} bytes per slot); give at least {256 * per_slot}"
-        )
-    return capacity

@@ -125,7 +125,9 @@ async def test_a_failing_callback_fails_its_call_only(tiny_dirs):
         def explode(tok: int) -> None:
             raise RuntimeError("callback broke")
 
-        job = await engine._job(decode_request(dict(parents=[q], max_tokens=8, ignore_eos=True)))
+        job = await engine._submit.job(
+            decode_request(dict(parents=[q], max_tokens=8, ignore_eos=True))
+        )
         job.on_token = explode
         other = engine.decode(parents=[q], max_tokens=8, ignore_eos=True)
         await engine._sched.submit(job)

@@ -1,0 +1,70 @@
+"""Building an engine's executor from its config: the one place weights are loaded."""
+
+from __future__ import annotations
+
+import torch
+from rich.console import Console
+
+from corps.cache.errors import InvalidRequest
+from corps.cache.kv import KVStore
+from corps.engine.attention import select_backend
+from corps.engine.config import DEFAULT_MAX_CAPACITY, DEFAULT_MEMORY_BUDGET, EngineConfig
+from corps.engine.core import Core
+from corps.engine.executor import Executor
+from corps.engine.models import resolve_model
+from corps.engine.weights import load_weights, read_spec, torch_dtype
+
+
+def build_executor(cfg: EngineConfig, console: Console | None = None) -> Executor:
+    """Resolve (and if needed fetch) the model, load it, and build the executor of
+    `cfg.mode`: `Core` over our KV store, or `HFExecutor` for "hf". Blocks."""
+    if cfg.device.startswith("cuda") and not torch.cuda.is_available():
+        raise InvalidRequest(f"device {cfg.device!r} asked for, but torch sees no CUDA device")
+    attention = select_backend(cfg.device, cfg.attention)  # checks Triton before loading
+    path = resolve_model(cfg.model, console=console)
+    spec = read_spec(path)
+    capacity = cfg.capacity or capacity_for(cfg, spec)
+    from transformers import AutoTokenizer
+
+    dtype = torch_dtype(cfg.dtype)
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    if cfg.mode == "hf":  # reference: transformers generate, one call at a time
+        from transformers import AutoModelForCausalLM
+
+        from corps.engine.hf import HFExecutor
+
+        hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(cfg.device)
+        core = HFExecutor(hf, tokenizer, spec, model_path=path, precision=cfg.dtype)
+    else:
+        weights = load_weights(path, dtype=dtype, device=cfg.device, mixed=cfg.dtype == "mixed")
+        core = Core(
+            weights,
+            tokenizer,
+            model_path=path,
+            mode=cfg.mode,
+            capacity=capacity,
+            precision=cfg.dtype,
+            contexts=cfg.contexts,
+            attention=attention,
+        )
+    return core
+
+
+def capacity_for(cfg: EngineConfig, spec) -> int:
+    """Store slots `cfg.memory_budget` buys (the default budget when None)."""
+    per_token = KVStore.bytes_per_token(
+        spec.num_layers, spec.num_kv_heads, spec.head_dim, torch_dtype(cfg.dtype)
+    )
+    # the budget buys the store and a view arena of the same size (and with
+    # contexts="store" a one-layer scratch as long): every token slot costs
+    # twice and a bit (`stats().kv_bytes` is what it bought, never more)
+    per_slot = 2 * per_token + (per_token // spec.num_layers if cfg.contexts == "store" else 0)
+    if cfg.memory_budget is None:  # default: 2 GiB, at most DEFAULT_MAX_CAPACITY slots
+        return max(1024, min(DEFAULT_MAX_CAPACITY, DEFAULT_MEMORY_BUDGET // per_slot))
+    capacity = cfg.memory_budget // per_slot
+    if capacity < 256:
+        raise InvalidRequest(
+            f"memory_budget={cfg.memory_budget} bytes buys {capacity} token slots "
+            f"(store and views, {per_slot} bytes per slot); give at least {256 * per_slot}"
+        )
+    return capacity

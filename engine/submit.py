@@ -1,0 +1,122 @@
+"""Submitting calls: every path goes through the guard and pins its parents.
+
+A call's request is checked (access, leak policy; re-encodings made first under
+"reencode"), its parents pinned so a `free` in between waits for it, and it is
+queued to the batching loop as a `Job`. When the job ends its pins go back, a
+result nobody will receive is freed, and its message gets its figures.
+"""
+
+from __future__ import annotations
+
+import itertools
+from functools import partial
+
+import anyio
+
+from corps.cache.handle import Handle, bind
+from corps.engine.access import Guard
+from corps.engine.call_events import end_events, queued_event
+from corps.engine.errors import EngineBusy
+from corps.engine.executor import Executor
+from corps.engine.job import Job
+from corps.engine.pending import Pending
+from corps.engine.requests import DecodeRequest, PrefillRequest
+from corps.engine.scheduler import Scheduler
+from corps.engine.trace import Recorder
+
+Request = PrefillRequest | DecodeRequest
+
+
+class Submitter:
+    """Turns an engine's requests into queued, pinned, checked jobs."""
+
+    def __init__(self, core: Executor, sched: Scheduler, guard: Guard, recorder: Recorder) -> None:
+        self.core, self.sched, self.guard, self.recorder = core, sched, guard, recorder
+        self.ids = itertools.count(1)  # call ids in traces
+
+    async def job(self, request: Request, cid: int | None = None) -> Job:
+        """Check access and the leak policy, re-encode if needed, pin parents: a Job."""
+        cid = cid or next(self.ids)
+        request, missing, leaks = self.guard.check(request, call_id=cid)
+        if missing:
+            request = await self.guard.reencode(request, self._prefill_internal)
+        job = self.pinned_job(request, cid)
+        job.leaks = leaks
+        return job
+
+    def pinned_job(self, request, cid: int) -> Job:
+        """A job whose parents are pinned from now until it ends: a `free` in between
+        waits for it instead of failing it. `cid` is its call id in traces."""
+        pins = self.core.pin(request.parents)
+        job = Job(request, id=cid)
+        job.on_end, job.orphan = partial(self._job_ended, pins), self.core.free
+        if self.recorder.on:
+            self.recorder.emit(queued_event(self.recorder, job))
+        return job
+
+    def _job_ended(self, pins: list, job: Job) -> None:
+        self.core.unpin(pins)
+        if job.handle is not None and (job.error is not None or job.cancelled):
+            self.core.free(job.handle)  # finished, but nobody will ever receive it
+            job.handle = None
+        if job.handle is not None:
+            self.core.table.get(job.handle.id).figures = job.figures()
+        if self.recorder.on:
+            for event in end_events(self.recorder, self.core.table, job):
+                self.recorder.emit(event)
+
+    async def _prefill_internal(self, request: PrefillRequest) -> Handle:
+        return await self.run(self.pinned_job(request, next(self.ids)))
+
+    async def run(self, job: Job) -> Handle:
+        try:
+            await self.sched.submit(job)
+        except BaseException:
+            job.end()  # never queued: give its pins back
+            raise
+        return bind(await job.wait(), job.request.owner)
+
+    async def run_all(self, requests: list[Request]) -> list[Handle]:
+        jobs: list[Job] = []
+        queued = 0
+        try:
+            for request in requests:
+                jobs.append(await self.job(request))
+            for job in jobs:  # no yield between them while there is room: one step
+                try:
+                    self.sched.submit_nowait(job)
+                except EngineBusy:
+                    await self.sched.submit(job)
+                queued += 1
+            return [bind(await job.wait(), job.request.owner) for job in jobs]
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self._undo(jobs, queued)
+            raise
+
+    async def _undo(self, jobs: list[Job], queued: int) -> None:
+        """Cancel every job of a failed *_many call and free what they made."""
+        for job in jobs:
+            job.cancelled = True
+        for job in jobs[queued:]:
+            job.end()
+        for job in jobs[:queued]:
+            await job.done.wait()  # the loop aborts cancelled jobs at its next step
+        for job in jobs:
+            if job.handle is not None:
+                self.core.free(job.handle)
+                job.handle = None
+
+    def submit_nowait(self, request: Request) -> Pending:
+        cid = next(self.ids)
+        request, missing, leaks = self.guard.check(request, call_id=cid)
+        if missing:  # re-encodings must run first: queue the call when awaited
+            return Pending(self.job(request, cid), self.run)
+        job = self.pinned_job(request, cid)
+        job.leaks = leaks
+        try:
+            self.sched.submit_nowait(job)
+        except BaseException:
+            job.end()
+            raise
+        return Pending(job, self.run)
