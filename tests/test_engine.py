@@ -6,10 +6,7 @@ import anyio
 import pytest
 import torch
 
-from corps.cache import AccessDenied, InvalidRequest, LeakageError, Private, UnknownHandle
 from corps.cache.handle import Handle
-from corps.engine import CallCancelled
-from corps.engine.access import hidden_sources
 
 from conftest import open_tiny
 from helpers import run_calls
@@ -99,34 +96,6 @@ async def test_a_step_mixing_greedy_sampled_and_forced_calls_gives_each_its_own(
         assert together[2].generated == [7, 8, 9, 10] and together[6].generated == [5, 6, 7]
 
 
-async def test_twin_calls_encode_their_shared_header_once(tiny_dirs):
-    """Voters with the same parents and header encode the header once: the others copy
-    its K/V (into their views and their own store slots) and share its logits. Each
-    still decodes what it decodes alone, and a reader of its message sees the same
-    as a reader of the same message decoded alone."""
-    header = [5 + i for i in range(9)]
-    kinds = [dict(), dict(temperature=1.3, seed=1), dict(temperature=1.3, seed=2), dict()]
-    async with open_tiny(tiny_dirs, "llama") as engine:
-        q = await engine.prefill("hello world, the quick brown fox")
-        reqs = [dict(parents=[q], header=header, max_tokens=6, ignore_eos=True, **k) for k in kinds]
-        alone = [await engine.decode(**r) for r in reqs]
-        before = engine.stats()
-        together = await engine.decode_many(reqs)
-        after = engine.stats()
-        assert [h.generated for h in together] == [h.generated for h in alone]
-        feed = together[1].tokens_reused - together[0].tokens_reused  # role header + header
-        assert feed > len(header) and together[0].tokens_reused == alone[0].tokens_reused
-        for twin, solo in zip(together[1:], alone[1:], strict=True):
-            assert twin.tokens_reused - solo.tokens_reused == feed
-            assert solo.tokens_encoded - twin.tokens_encoded == feed
-        encoded = after.tokens_encoded - before.tokens_encoded
-        assert encoded == sum(h.tokens_encoded for h in together)  # the header once
-        for twin, solo in zip(together[1:], alone[1:], strict=True):
-            a = await engine.decode(parents=[q, twin], max_tokens=6, ignore_eos=True)
-            b = await engine.decode(parents=[q, solo], max_tokens=6, ignore_eos=True)
-            assert a.generated == b.generated
-
-
 async def test_stop_strings_and_raw_header(tiny_dirs):
     async with open_tiny(tiny_dirs, "llama") as engine:
         q = await engine.prefill("the quick brown fox")
@@ -154,34 +123,6 @@ async def test_decoded_turns_are_closed_with_the_footer(tiny_dirs):
             assert h.tokens[: -len(footer)][-len(h.generated) :] == h.generated
             assert h.length == len(h.tokens) and h.tokens_encoded == h.length
         assert len(cut.generated) < 20  # the stop string really cut it
-
-
-async def test_forced_decode_replays_another_runs_tokens(tiny_dirs):
-    async with open_tiny(tiny_dirs, "llama", mode="baseline") as engine:
-        q = await engine.prefill("hello world")
-        ref = await engine.decode(parents=[q], max_tokens=8, temperature=1.0, seed=3)
-    async with open_tiny(tiny_dirs, "llama") as engine:
-        q = await engine.prefill("hello world")
-        got = await engine.decode(parents=[q], force=ref.generated)
-        assert got.generated == ref.generated and got.text == ref.text
-        assert got.tokens_encoded == got.length  # it really decoded, token by token
-        with pytest.raises(InvalidRequest, match="vocabulary"):
-            await engine.decode(parents=[q], force=[10**6])
-    async with open_tiny(tiny_dirs, "llama", mode="hf") as engine:  # transformers generate
-        q = await engine.prefill("hello world")
-        got = await engine.decode(parents=[q], force=ref.generated)
-        assert got.generated == ref.generated and got.tokens == ref.tokens
-        assert got.ttft is not None and got.ttft > 0
-        free = await engine.decode(parents=[q], max_tokens=8, ignore_eos=True)
-        assert len(free.generated) == 8 and engine.stats().tokens_reused == 0
-
-
-async def test_stream_yields_the_text(tiny_dirs):
-    async with open_tiny(tiny_dirs, "llama") as engine:
-        q = await engine.prefill("hello world")
-        stream = engine.stream(parents=[q], max_tokens=10, ignore_eos=True)
-        deltas = [d async for d in stream]
-        assert "".join(deltas) == stream.handle.text
 
 
 @pytest.mark.parametrize("mode, closing_steps", [("choreographed", 1), ("baseline", 0)])
@@ -228,102 +169,6 @@ async def test_baseline_evicts_under_pressure_and_keeps_working(tiny_dirs):
 
 
 # ---- guarantees on every path (issue 14) ----
-
-
-async def test_a_cancelled_pending_call_raises_when_awaited(tiny_dirs):
-    async with open_tiny(tiny_dirs, "llama") as engine:
-        q = await engine.prefill("hello world")
-        before = engine.stats()
-        pending = engine.decode_nowait(parents=[q], max_tokens=8, ignore_eos=True)
-        pending.cancel()
-        with pytest.raises(CallCancelled):
-            await pending
-        after = engine.stats()
-        assert (after.messages, after.tokens_used) == (before.messages, before.tokens_used)
-
-
-async def test_nowait_calls_check_access_and_leak_policy(tiny_dirs):
-    async with open_tiny(tiny_dirs, "llama") as engine:
-        secret = await engine.prefill("always defect", owner="alice", visibility=Private())
-        public = await engine.prefill("hello world", parents=[secret], owner="alice")
-        with pytest.raises(AccessDenied):
-            engine.decode_nowait(parents=[secret], owner="bob", max_tokens=2)
-        with pytest.raises(AccessDenied):
-            engine.prefill_nowait("x", parents=[secret], owner="bob")
-        with pytest.raises(LeakageError):
-            engine.decode_nowait(parents=[public], owner="bob", max_tokens=2, leak_policy="deny")
-        pending = engine.decode_nowait(
-            parents=[public], owner="bob", max_tokens=2, leak_policy="reencode"
-        )
-        answer = await pending
-        assert answer.parents[0] != public  # a clean copy was used
-        assert hidden_sources(engine._core.table, "bob", answer.id) == frozenset()
-
-
-async def test_many_calls_are_all_or_nothing(tiny_dirs):
-    async with open_tiny(tiny_dirs, "llama") as engine:
-        q = await engine.prefill("hello world")
-        before = engine.stats()
-        bad_header = [10**6]  # outside the vocabulary: fails when the loop admits it
-        with pytest.raises(InvalidRequest, match="vocabulary"):
-            await engine.decode_many(
-                [dict(parents=[q], max_tokens=2), dict(parents=[q], header=bad_header)]
-            )
-        await engine.prefill("x")  # one more trip through the loop
-        after = engine.stats()
-        assert after.messages == before.messages + 1  # only "x": the sibling was freed
-        live = sum(len(m.slots) for m in engine._core.table.all() if not m.freed)
-        assert after.tokens_used == live
-
-
-async def test_free_after_submission_waits_for_the_queued_call(tiny_dirs):
-    async with open_tiny(tiny_dirs, "llama") as engine:
-        q = await engine.prefill("hello world")
-        pending = engine.decode_nowait(parents=[q], max_tokens=3, ignore_eos=True)
-        engine.free(q)  # the call is queued, not yet admitted: it keeps q alive
-        answer = await pending
-        assert len(answer.tokens) > 0 and q.freed
-        with pytest.raises(UnknownHandle):
-            await engine.decode(parents=[q], max_tokens=2)
-        live = sum(len(m.slots) for m in engine._core.table.all())
-        assert engine.stats().tokens_used == live  # q's slots went once its reader ended
-
-
-async def test_leaving_a_finished_stream_frees_its_message(tiny_dirs):
-    async with open_tiny(tiny_dirs, "llama") as engine:
-        q = await engine.prefill("hello world")
-        messages = engine.stats().messages
-        async with engine.stream(parents=[q], max_tokens=3, ignore_eos=True) as stream:
-            async for _ in stream:
-                while engine.stats().messages == messages:  # wait until the call finished
-                    await anyio.sleep(0.005)
-                break
-        assert engine.stats().messages == messages  # nobody holds it: it was freed
-        live = sum(len(m.slots) for m in engine._core.table.all())
-        assert engine.stats().tokens_used == live
-
-
-async def test_stream_never_yields_past_a_stop_string(tiny_dirs):
-    async with open_tiny(tiny_dirs, "llama") as engine:
-        q = await engine.prefill("hello world")
-        free_run = await engine.decode(parents=[q], max_tokens=24, ignore_eos=True)
-        text = free_run.text
-        stop = text[len(text) // 2 : len(text) // 2 + 3]
-        assert stop and stop in text
-        stream = engine.stream(parents=[q], max_tokens=24, ignore_eos=True, stop=stop)
-        shown = ""
-        async for delta in stream:
-            shown += delta
-            assert stop not in shown
-        assert shown == stream.handle.text == text[: text.index(stop)]
-
-
-async def test_stream_includes_the_header(tiny_dirs):
-    async with open_tiny(tiny_dirs, "llama") as engine:
-        q = await engine.prefill("hello world")
-        stream = engine.stream(parents=[q], header="the", max_tokens=6, ignore_eos=True)
-        assert "".join([d async for d in stream]) == stream.handle.text
-        assert stream.handle.text.startswith("the")
 
 
 async def test_stats_free_and_leaks_are_safe_while_steps_run(tiny_dirs):
@@ -389,37 +234,6 @@ async def test_auto_free_releases_encodings_whose_handles_are_gone(tiny_dirs):
         stats = engine.stats()
         assert stats.tokens_used == used and stats.messages == 0 and stats.records == base
         assert ids not in [m.id for m in engine._core.table.all()]
-
-
-async def test_default_capacity_is_capped_and_memory_goes_back_on_close(tiny_dirs):
-    import torch
-
-    from corps.cache.kv import KVStore
-    from corps.engine.config import DEFAULT_MAX_CAPACITY
-    from corps.engine.engine import Engine
-    from corps.engine.weights import read_spec
-
-    spec = read_spec(tiny_dirs["llama"])
-    per_token = KVStore.bytes_per_token(
-        spec.num_layers, spec.num_kv_heads, spec.head_dim, torch.float32
-    )
-    assert (1 << 30) // per_token > DEFAULT_MAX_CAPACITY  # the cap matters for this model
-    engine = Engine.load(str(tiny_dirs["llama"]))
-    assert engine.stats().capacity == DEFAULT_MAX_CAPACITY
-    budget = 4096 * per_token  # an explicit budget is honoured, cap or not: store + views
-    stats = Engine.load(str(tiny_dirs["llama"]), memory_budget=budget).stats()
-    assert stats.capacity == stats.view_capacity == 2048 and stats.kv_bytes == budget
-    with pytest.raises(InvalidRequest, match="memory_budget"):
-        Engine.load(str(tiny_dirs["llama"]), memory_budget=100 * per_token)
-    async with engine:
-        h = await engine.prefill("kept in the store", role="user")
-        assert engine.stats().tokens_used == h.length
-    # Closed: the store and the arena hold no token memory, even though `engine` and
-    # `h` are still referenced.
-    assert h.text == "kept in the store"
-    core = engine._core
-    assert core.store.k.numel() == core.store.v.numel() == 0
-    assert core.arena.k.numel() == core.arena.v.numel() == 0
 
 
 def test_mixed_precision_engine_agrees_with_float32_within_16_bit_rounding(tiny_dirs):

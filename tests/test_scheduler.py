@@ -6,7 +6,6 @@ import anyio
 import pytest
 
 from corps.engine.errors import InvalidRequest
-from corps.engine.requests import decode_request
 from corps.engine.scheduler import EngineBusy, EngineClosed, Scheduler
 
 from conftest import open_tiny
@@ -115,29 +114,6 @@ async def test_cancel_mid_decode_rolls_back_and_spares_others(tiny_dirs):
         assert stats.messages == messages + 1  # the cancelled decode left no message
         live = sum(len(m.slots) for m in engine._core.table.all())
         assert stats.tokens_used == live  # every used slot belongs to a live message
-
-
-async def test_a_failing_callback_fails_its_call_only(tiny_dirs):
-    async with open_tiny(tiny_dirs, "llama") as engine:
-        q = await engine.prefill("hello world")
-        messages = engine.stats().messages
-
-        def explode(tok: int) -> None:
-            raise RuntimeError("callback broke")
-
-        job = await engine._submit.job(
-            decode_request(dict(parents=[q], max_tokens=8, ignore_eos=True))
-        )
-        job.on_token = explode
-        other = engine.decode(parents=[q], max_tokens=8, ignore_eos=True)
-        await engine._sched.submit(job)
-        with pytest.raises(RuntimeError, match="callback broke"):
-            await job.wait()
-        assert len((await other).tokens) > 0  # the engine is alive and serving
-        await engine.prefill("x")
-        assert engine.stats().messages == messages + 2  # other and "x"; nothing of the job
-        live = sum(len(m.slots) for m in engine._core.table.all())
-        assert engine.stats().tokens_used == live
 
 
 async def test_timeout_cancels_the_call_and_frees_its_slots(tiny_dirs):

@@ -1,0 +1,52 @@
+"""engine/stream.py: TextStream, a decode's text deltas as they are generated."""
+
+from __future__ import annotations
+
+import anyio
+
+from conftest import open_tiny
+
+
+async def test_stream_yields_the_text(tiny_dirs):
+    async with open_tiny(tiny_dirs, "llama") as engine:
+        q = await engine.prefill("hello world")
+        stream = engine.stream(parents=[q], max_tokens=10, ignore_eos=True)
+        deltas = [d async for d in stream]
+        assert "".join(deltas) == stream.handle.text
+
+
+async def test_leaving_a_finished_stream_frees_its_message(tiny_dirs):
+    async with open_tiny(tiny_dirs, "llama") as engine:
+        q = await engine.prefill("hello world")
+        messages = engine.stats().messages
+        async with engine.stream(parents=[q], max_tokens=3, ignore_eos=True) as stream:
+            async for _ in stream:
+                while engine.stats().messages == messages:  # wait until the call finished
+                    await anyio.sleep(0.005)
+                break
+        assert engine.stats().messages == messages  # nobody holds it: it was freed
+        live = sum(len(m.slots) for m in engine._core.table.all())
+        assert engine.stats().tokens_used == live
+
+
+async def test_stream_never_yields_past_a_stop_string(tiny_dirs):
+    async with open_tiny(tiny_dirs, "llama") as engine:
+        q = await engine.prefill("hello world")
+        free_run = await engine.decode(parents=[q], max_tokens=24, ignore_eos=True)
+        text = free_run.text
+        stop = text[len(text) // 2 : len(text) // 2 + 3]
+        assert stop and stop in text
+        stream = engine.stream(parents=[q], max_tokens=24, ignore_eos=True, stop=stop)
+        shown = ""
+        async for delta in stream:
+            shown += delta
+            assert stop not in shown
+        assert shown == stream.handle.text == text[: text.index(stop)]
+
+
+async def test_stream_includes_the_header(tiny_dirs):
+    async with open_tiny(tiny_dirs, "llama") as engine:
+        q = await engine.prefill("hello world")
+        stream = engine.stream(parents=[q], header="the", max_tokens=6, ignore_eos=True)
+        assert "".join([d async for d in stream]) == stream.handle.text
+        assert stream.handle.text.startswith("the")
