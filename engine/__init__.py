@@ -16,6 +16,7 @@ _HOME = {
     "Pending": "corps.engine.pending",
     "TextStream": "corps.engine.stream",
     "CallCancelled": "corps.engine.errors",
+    "ChatFormat": "corps.engine.chat",
     "EngineBusy": "corps.engine.errors",
     "EngineClosed": "corps.engine.errors",
     "FetchError": "corps.engine.errors",
@@ -33,6 +34,7 @@ __all__ = [
     "AuditEvent",
     "BadConfig",
     "CallCancelled",
+    "ChatFormat",
     "DecodeArgs",
     "DecodeRequest",
     "Engine",
@@ -53,6 +55,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from corps.engine.access import AuditEvent
+    from corps.engine.chat import ChatFormat
     from corps.engine.config import BadConfig, EngineConfig
     from corps.engine.engine import Engine
     from corps.engine.errors import (

@@ -81,7 +81,7 @@ def twin_key(c: Call, start: int, n: int) -> tuple | None:
     """What makes a decode's first chunk encode exactly as another's (see the module
     docstring); None: not a candidate."""
     v = c.view
-    if start != 0 or not c.is_decode or c.want_logits or v is None or v.ctx is None:
+    if start != 0 or not c.plan.is_decode or c.want_logits or v is None or v.ctx is None:
         return None
     if v.own_length or v.ctx.key is None:
         return None
@@ -91,9 +91,9 @@ def twin_key(c: Call, start: int, n: int) -> tuple | None:
 def feed_rows(c: Call, start: int, n: int, t: int) -> list[int]:
     """Rows of a feed chunk (starting at row t) whose logits the call needs."""
     if c.want_logits:
-        own_from = len(c.feed) - c.own
+        own_from = len(c.feed) - c.plan.own
         return list(range(t + max(start, own_from) - start, t + n))
-    if c.is_decode and start + n == len(c.feed):
+    if c.plan.is_decode and start + n == len(c.feed):
         return [t + n - 1]
     return []
 
@@ -103,7 +103,7 @@ def logit_rows(plan: list[PlanEntry], counts: list[int]) -> list[tuple[Call, int
     out, r = [], 0
     for (c, _, _), k in zip(plan, counts, strict=True):
         r += k
-        if k and c.is_decode:
+        if k and c.plan.is_decode:
             out.append((c, r - 1))
     return out
 

@@ -58,9 +58,9 @@ def end_events(rec: Recorder, table: MessageTable, job: Job) -> list[BaseModel]:
     if call is not None:
         end = end.model_copy(
             update=dict(
-                parents=list(call.parents),
-                offsets=list(call.parent_offsets),
-                new_offset=call.offset,
+                parents=list(call.plan.parents),
+                offsets=list(call.plan.parent_offsets),
+                new_offset=call.plan.offset,
                 encoded=call.encoded,
                 reused=call.reused,
                 generated=len(call.generated),

@@ -32,7 +32,7 @@ from corps.engine.chat import ChatFormat
 from corps.engine.config import CONTEXTS, MODES
 from corps.engine.errors import InvalidRequest
 from corps.engine.memory import Memory
-from corps.engine.planner import Call, Planner
+from corps.engine.planner import Call, CallPlan, Planner
 from corps.engine.register import own_tokens, register
 from corps.engine.requests import DecodeRequest, PrefillRequest
 from corps.engine.runner import ModelRunner
@@ -160,13 +160,13 @@ class Core:
         else:
             call = self.planner.prefill(request)
         call.want_logits = want_logits
-        if self.prefixes is not None and not call.is_decode and not want_logits:
+        if self.prefixes is not None and not call.plan.is_decode and not want_logits:
             call.done = call.text_only = True  # a baseline prefill stores its text only
             return call
         if hold and self.prefixes is not None and self.prefixes.waits(call):
             return None
         baseline = self.prefixes is not None
-        prompt = len(call.prefix) if baseline else len(call.ctx_slots) + len(call.feed)
+        prompt = len(call.plan.prefix) if baseline else len(call.ctx_slots) + len(call.feed)
         self.memory.check_fits(call, prompt, _generated_max(call))
         try:
             self.memory.reserve(call, _generated_max(call))
@@ -267,7 +267,7 @@ class Core:
                 c.logits.append(logits)
             if c.fed < len(c.feed):
                 return
-            if not c.is_decode:
+            if not c.plan.is_decode:
                 c.done = True
                 return
         try:
@@ -280,7 +280,7 @@ class Core:
         c.pending = tok
         c.finishing = self.sampler.stops(c, tok)
         if c.finishing:
-            c.closing = self.sampler.closing(c.footer, tok)
+            c.closing = self.sampler.closing(c.plan.footer, tok)
             if self.prefixes is not None:
                 # The baseline re-encodes a turn's text wherever it is read, so it never
                 # runs the last token and footer through the model (a serving engine's
@@ -292,7 +292,7 @@ class Core:
     def finish(self, c: Call) -> Handle:
         """Register a done call's message and return its handle."""
         assert c.done, "finish() needs a call whose step machine is done"
-        handle = self._finish_decode(c) if c.is_decode else self._finish_prefill(c)
+        handle = self._finish_decode(c) if c.plan.is_decode else self._finish_prefill(c)
         self.memory.drop_view(c)
         self.memory.release_spare(c)
         return handle
@@ -362,22 +362,18 @@ class Core:
         if self.mode != "choreographed" or not self.fmt.sink:
             return None
         sink = list(self.fmt.sink)
-        call = Call(
-            ctx_slots=[],
-            ctx_pos=[],
-            feed=sink,
-            feed_start=0,
-            own=len(sink),
-            role="sink",
-            text="",
+        plan = CallPlan(
             kind="sink",
+            role="sink",
             offset=0,
             parents=(),
             parent_offsets=(),
             owner=None,
             visibility=None,
+            own=len(sink),
             prefix=list(sink),
         )
+        call = Call(plan, ctx_slots=[], ctx_pos=[], feed=sink, feed_start=0)
         self.memory.reserve(call, 0)
         self.memory.gather(call, len(sink))
         while not call.done:
@@ -390,16 +386,16 @@ class Core:
         if c.text_only:  # baseline prefill: text only
             return self._register(c, own_tokens(c), [])
         if self.prefixes is not None:
-            self.prefixes.cache(c, c.prefix)
+            self.prefixes.cache(c, c.plan.prefix)
             return self._register(c, own_tokens(c), [])
         return self._register(c, c.feed, c.slots)
 
     def _finish_decode(self, c: Call) -> Handle:
         tokens = own_tokens(c) + c.generated
-        c.text = self.sampler.text(tokens[c.frame_len :], c.sampling)
+        c.text = self.sampler.text(tokens[c.plan.frame_len :], c.plan.sampling)
         tokens += c.closed
         if self.prefixes is not None:  # its last generated token was never encoded
-            self.prefixes.cache(c, c.prefix + c.generated[:-1])
+            self.prefixes.cache(c, c.plan.prefix + c.generated[:-1])
             return self._register(c, tokens, [])
         return self._register(c, tokens, c.slots)
 
@@ -414,4 +410,4 @@ class Core:
 def _generated_max(c: Call) -> int:
     """Slots a call may still need beyond its feed: every token it may generate, and
     its closing footer (reserved at admission, so it never runs out mid-generation)."""
-    return c.sampling.max_tokens + len(c.footer) if c.is_decode else 0
+    return c.plan.sampling.max_tokens + len(c.plan.footer) if c.plan.is_decode else 0

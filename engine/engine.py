@@ -18,6 +18,7 @@ from corps.cache.handle import Handle
 from corps.cache.visibility import Leak
 from corps.engine.access import AuditEvent, Guard, check_access
 from corps.engine.build import build_executor
+from corps.engine.chat import ChatFormat
 from corps.engine.config import (
     EngineConfig,
 )
@@ -185,6 +186,13 @@ class Engine:
     def tokenizer(self):
         """The model's Hugging Face tokenizer."""
         return self._core.tokenizer
+
+    @property
+    def chat(self) -> ChatFormat:
+        """The model's chat framing: `encode` / `decode` token ids, `frame(role)` (a
+        role's header and footer text), `stop_ids` (end of turn) and `sink` (the
+        attention sink's ids). For building raw prompts with `frame=False`."""
+        return self._core.fmt
 
     @property
     def model_path(self) -> Path:

@@ -78,10 +78,10 @@ class HFExecutor:
         plan = self.planner.decode if isinstance(request, DecodeRequest) else self.planner.prefill
         call = plan(request)
         call.want_logits = want_logits
-        for p in call.pinned:
+        for p in call.plan.pinned:
             p.pins += 1
         call.pins_held = True
-        if not call.is_decode and not want_logits:
+        if not call.plan.is_decode and not want_logits:
             call.done = call.text_only = True
         return call
 
@@ -93,7 +93,7 @@ class HFExecutor:
             return out
         out.encoded = True  # every call here encodes its whole prompt
         try:
-            self._generate(c, out) if c.is_decode else self._prefill(c)
+            self._generate(c, out) if c.plan.is_decode else self._prefill(c)
         except Exception as exc:  # this call fails alone, as in the fused loop
             self.abort(c)
             out.failed.append((c, exc))
@@ -102,9 +102,9 @@ class HFExecutor:
     def finish(self, c: Call) -> Handle:
         """Register a done call's message (text and tokens; no K/V) and return its handle."""
         tokens = own_tokens(c)
-        if c.is_decode:
+        if c.plan.is_decode:
             tokens = tokens + c.generated
-            c.text = self.sampler.text(tokens[c.frame_len :], c.sampling)
+            c.text = self.sampler.text(tokens[c.plan.frame_len :], c.plan.sampling)
             tokens += c.closed
         handle = register(self.table, c, tokens, [], reused_encodings=False)
         self._unpin_call(c)
@@ -128,7 +128,7 @@ class HFExecutor:
 
     def _unpin_call(self, c: Call) -> None:
         if c.pins_held:
-            self.unpin(c.pinned)
+            self.unpin(c.plan.pinned)
             c.pins_held = False
 
     def free(self, handle: Handle) -> None:
@@ -170,18 +170,18 @@ class HFExecutor:
     def _prefill(self, c: Call) -> None:
         """A prefill that wants logits (no other prefill computes anything here)."""
         t0 = time.perf_counter()
-        logits = self.hf(torch.tensor([c.prefix], device=self.device)).logits[0]  # (T, V)
+        logits = self.hf(torch.tensor([c.plan.prefix], device=self.device)).logits[0]  # (T, V)
         self.forward_seconds += time.perf_counter() - t0
-        c.logits.append(logits[len(c.prefix) - c.own :])
-        self.tokens_encoded += len(c.prefix)
-        c.encoded, c.done = len(c.prefix), True
+        c.logits.append(logits[len(c.plan.prefix) - c.plan.own :])
+        self.tokens_encoded += len(c.plan.prefix)
+        c.encoded, c.done = len(c.plan.prefix), True
 
     @torch.inference_mode()
     def _generate(self, c: Call, out: StepOutput) -> None:
         from transformers import GenerationConfig, LogitsProcessorList
 
-        sp = c.sampling
-        prompt = torch.tensor([c.prefix], device=self.device)  # (1, P)
+        sp = c.plan.sampling
+        prompt = torch.tensor([c.plan.prefix], device=self.device)  # (1, P)
         n = len(sp.force) or sp.max_tokens
         sampled = not sp.greedy  # a forced call samples too (its processor leaves one token)
         config = GenerationConfig(
@@ -204,9 +204,11 @@ class HFExecutor:
         c.generated = ids[0, prompt.shape[1] :].tolist()
         c.first_token_at = clock.at
         c.closed = (
-            self.sampler.closing(c.footer, c.generated[-1]) if c.generated else list(c.footer)
+            self.sampler.closing(c.plan.footer, c.generated[-1])
+            if c.generated
+            else list(c.plan.footer)
         )
-        c.encoded = len(c.prefix) + len(c.generated) - 1
+        c.encoded = len(c.plan.prefix) + len(c.generated) - 1
         self.tokens_encoded += c.encoded
         out.tokens += [(c, tok) for tok in c.generated]
         c.done = True

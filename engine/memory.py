@@ -58,7 +58,7 @@ class Memory:
         room, where = min((self.store.capacity, "store"), (self.arena.capacity, "view arena"))
         if need > room:
             raise StoreTooSmall(
-                f"this {c.kind} call needs {need} token slots (prompt {prompt} + up to "
+                f"this {c.plan.kind} call needs {need} token slots (prompt {prompt} + up to "
                 f"{need - prompt} generated) but the whole {where} has {room}; "
                 f"lower max_tokens or open the engine with a larger capacity / memory_budget"
             )
@@ -67,13 +67,15 @@ class Memory:
         """Pin c's parents, reuse a cached prefix (baseline) and reserve slots for its
         feed and the `generated` tokens it may add."""
         with self.lock:
-            for p in c.pinned:
+            for p in c.plan.pinned:
                 p.pins += 1
             c.pins_held = True
             if self.prefixes is not None:
                 self.prefixes.match(c)
             n = len(c.feed)
-            got = self.alloc(n + generated, f"a {n}-token {c.kind} call (+{generated} to generate)")
+            got = self.alloc(
+                n + generated, f"a {n}-token {c.plan.kind} call (+{generated} to generate)"
+            )
             c.slots, c.spare = got[:n], got[n:]
 
     def gather(self, c: Call, extra: int) -> None:
@@ -157,7 +159,7 @@ class Memory:
         """The parents c pinned at `reserve`, once."""
         with self.lock:
             if c.pins_held:
-                self.unpin(c.pinned)
+                self.unpin(c.plan.pinned)
                 c.pins_held = False
 
     def free(self, msg: Message) -> None:

@@ -25,40 +25,52 @@ from corps.engine.requests import DecodeRequest, PrefillRequest
 from corps.engine.sampling import SamplingParams
 
 
-@dataclass
-class Call:
-    """One planned call: what to attend to, what to encode, and what it becomes."""
+@dataclass(frozen=True)
+class CallPlan:
+    """What a call is, fixed when it is planned: what it makes and from what."""
 
-    ctx_slots: list[int]
-    ctx_pos: list[int]
-    feed: list[int]  # tokens to encode before sampling (choreo: the message; baseline: uncached)
-    feed_start: int  # logical position of feed[0]
-    own: int  # how many trailing feed tokens belong to the new message
+    kind: str  # "prefill", "decode" or "sink"
     role: str
-    text: str
-    kind: str
-    offset: int
-    parents: tuple[int, ...]
-    parent_offsets: tuple[int, ...]
+    offset: int  # logical position of the new message's first token
+    parents: tuple[int, ...]  # message ids it attends to, in order
+    parent_offsets: tuple[int, ...]  # where each parent sits
     owner: str | None
     visibility: object
-    sampling: SamplingParams | None = None
+    own: int  # how many trailing prompt tokens belong to the new message
+    prefix: list[int]  # the whole prompt (choreographed: = its own tokens); not mutated
+    pinned: tuple[Message, ...] = ()  # parents, pinned while the call runs
+    sampling: SamplingParams | None = None  # a decode's; None for a prefill
     frame_len: int = 0  # leading own tokens that are role framing, not text
-    footer: list[int] = field(default_factory=list)  # the role's closing tokens (framed decode)
+    footer: tuple[int, ...] = ()  # the role's closing tokens (a framed decode)
+
+    @property
+    def is_decode(self) -> bool:
+        return self.sampling is not None
+
+
+@dataclass(eq=False)
+class Call:
+    """One call in flight: its frozen `plan`, and the state the step machine advances
+    (what it attends to and still has to encode, the slots it holds, its tokens)."""
+
+    plan: CallPlan
+    ctx_slots: list[int]  # store slots it attends to (baseline: its cached prefix)
+    ctx_pos: list[int]  # the positions it gives them
+    feed: list[int]  # tokens to encode before sampling (choreo: the message; baseline: uncached)
+    feed_start: int  # logical position of feed[0]
+    text: str = ""  # the message's text (a decode's is set when it finishes)
     closing: list[int] = field(default_factory=list)  # footer tokens still to encode, in order
     closed: list[int] = field(default_factory=list)  # footer tokens taken after the generated
-    prefix: list[int] = field(default_factory=list)  # the whole prompt (choreo: = own tokens)
     lock: Node | None = None
     first_token_at: float | None = None  # hf mode: when generate emitted the first token
     uid: int = 0  # baseline: tags the radix nodes this call inserts
     cached: int = 0  # baseline: leading feed tokens whose slots the radix tree owns now
-    pinned: list[Message] = field(default_factory=list)  # parents, pinned while running
     pins_held: bool = False
     slots: list[int] = field(default_factory=list)  # slots taken for feed + generated
     spare: list[int] = field(default_factory=list)  # reserved for tokens not generated yet
     generated: list[int] = field(default_factory=list)
     view: CallView | None = None
-    generator: torch.Generator | None = None
+    generator: torch.Generator | None = None  # a sampled decode's own random stream
     want_logits: bool = False
     text_only: bool = False  # baseline / hf prefill: stores its text, runs nothing
     reused: int = 0  # context tokens read from the store, not encoded (0 without a view)
@@ -68,10 +80,6 @@ class Call:
     finishing: bool = False  # the pending token is the last one
     done: bool = False  # everything encoded; ready for finish()
     logits: list[Tensor] = field(default_factory=list)  # want_logits: own rows, per chunk
-
-    @property
-    def is_decode(self) -> bool:
-        return self.sampling is not None
 
 
 class Planner:
@@ -120,15 +128,14 @@ class Planner:
         self._check_vocab(header)
         self._check_vocab(list(req.sampling.force))
         footer = self.fmt.encode(self.fmt.frame(req.role)[1]) if req.frame else []
+        frame_len = len(self.fmt.encode(self.fmt.frame(req.role)[0])) if req.frame else 0
         generate = req.sampling.max_tokens + len(footer)
-        call = self._plan(req, header, "", "decode", generate=generate)
-        call.sampling = req.sampling
-        call.frame_len = len(self.fmt.encode(self.fmt.frame(req.role)[0])) if req.frame else 0
-        call.footer = footer
+        decode = dict(sampling=req.sampling, frame_len=frame_len, footer=tuple(footer))
+        call = self._plan(req, header, "", "decode", generate=generate, **decode)
         call.generator = req.sampling.generator()
         return call
 
-    def _plan(self, req, tokens: list[int], text: str, kind: str, generate: int) -> Call:
+    def _plan(self, req, tokens: list[int], text: str, kind: str, generate: int, **decode) -> Call:
         parents = [self.live(p) for p in req.parents]
         sink = len(self.fmt.sink)
         placed = place([len(p.tokens) for p in parents], req.offsets, req.new_offset, sink=sink)
@@ -138,40 +145,29 @@ class Planner:
             check_limit(start + len(p.tokens) - 1, self.max_positions, f"parent {p.id}")
             ctx_slots += p.slots
             ctx_pos += range(start, start + len(p.tokens))
-        call = Call(
-            ctx_slots=ctx_slots,
-            ctx_pos=ctx_pos,
-            feed=tokens,
-            feed_start=placed.new_offset,
-            own=len(tokens),
-            role=req.role,
-            text=text,
+        prompt, starts, offset = list(tokens), placed.starts, placed.new_offset
+        feed, feed_start = tokens, offset
+        if self.mode != "choreographed":  # baseline and hf render one causal prompt
+            prompt = list(self.fmt.sink) + [t for p in parents for t in p.tokens] + tokens
+            starts = tuple(_starts(sink, [len(p.tokens) for p in parents]))
+            offset = len(prompt) - len(tokens)
+            ctx_slots, ctx_pos, feed, feed_start = [], [], prompt, 0
+        end = feed_start + len(feed) + generate - 1
+        check_limit(end, self.max_positions, f"the new {kind} message")
+        plan = CallPlan(
             kind=kind,
-            offset=placed.new_offset,
+            role=req.role,
+            offset=offset,
             parents=tuple(p.id for p in parents),
-            parent_offsets=placed.starts,
+            parent_offsets=starts,
             owner=req.owner,
             visibility=req.visibility,
-            prefix=list(tokens),
+            own=len(tokens),
+            prefix=prompt,
+            pinned=tuple(parents),
+            **decode,
         )
-        if self.mode != "choreographed":  # baseline and hf render one causal prompt
-            self._plan_baseline(call, parents)
-        check_limit(
-            call.feed_start + len(call.feed) + generate - 1,
-            self.max_positions,
-            f"the new {kind} message",
-        )
-        call.pinned = parents
-        return call
-
-    def _plan_baseline(self, call: Call, parents: list[Message]) -> None:
-        """Re-render the parents' tokens as one causal prompt ending in the new tokens."""
-        prompt = list(self.fmt.sink) + [t for p in parents for t in p.tokens] + call.feed
-        call.prefix = prompt
-        call.offset = len(prompt) - len(call.feed)
-        call.parent_offsets = tuple(_starts(len(self.fmt.sink), [len(p.tokens) for p in parents]))
-        call.ctx_slots, call.ctx_pos = [], []
-        call.feed, call.feed_start = prompt, 0
+        return Call(plan, ctx_slots, ctx_pos, feed, feed_start, text=text)
 
     def _check_vocab(self, tokens: list[int]) -> None:
         vocab = self.vocab_size

@@ -39,12 +39,12 @@ class PrefixSharing:
 
     def match(self, c: Call) -> None:
         """Point c's context at the longest cached prefix of its prompt; lock it."""
-        match = self.radix.match(c.prefix)
-        hit = min(match.length, len(c.prefix) - 1)  # re-encode >= 1 token to get logits
+        match = self.radix.match(c.plan.prefix)
+        hit = min(match.length, len(c.plan.prefix) - 1)  # re-encode >= 1 token to get logits
         self.radix.lock(match.node)
         c.lock = match.node
         c.ctx_slots, c.ctx_pos = match.slots[:hit], list(range(hit))
-        c.feed, c.feed_start = c.prefix[hit:], hit
+        c.feed, c.feed_start = c.plan.prefix[hit:], hit
         seen = 0
         for creator, n in match.creators:  # hits a call still running encoded: in-batch
             if creator in self._running:
@@ -59,9 +59,9 @@ class PrefixSharing:
         Only calls still encoding their prompt are waited for, so a hold always ends."""
         if not self._filling:
             return False
-        cached = self.radix.peek(c.prefix)
+        cached = self.radix.peek(c.plan.prefix)
         return any(
-            _common_len(c.prefix, other.prefix) - cached >= HOLD_MIN_SHARED
+            _common_len(c.plan.prefix, other.plan.prefix) - cached >= HOLD_MIN_SHARED
             for other in self._filling
         )
 
@@ -73,7 +73,7 @@ class PrefixSharing:
         """
         with self._lock:
             end = c.feed_start + c.fed
-            tokens, slots = c.prefix[:end], c.ctx_slots + c.slots[: c.fed]
+            tokens, slots = c.plan.prefix[:end], c.ctx_slots + c.slots[: c.fed]
             self.store.release(self.radix.insert(tokens, slots, creator=c.uid))
             match = self.radix.match(tokens, count=False)
             self.radix.lock(match.node)

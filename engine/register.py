@@ -9,7 +9,7 @@ from corps.engine.planner import Call
 
 def own_tokens(c: Call) -> list[int]:
     """The call's own tokens of its prompt (framing included): the new message's start."""
-    return c.prefix[len(c.prefix) - c.own :]
+    return c.plan.prefix[len(c.plan.prefix) - c.plan.own :]
 
 
 def register(
@@ -24,16 +24,16 @@ def register(
             mid,
             list(tokens),
             c.text,
-            c.role,
-            c.kind,
+            c.plan.role,
+            c.plan.kind,
             list(slots),
-            c.offset,
-            c.parents,
-            c.parent_offsets,
-            c.owner,
-            c.visibility,
-            sources=_sources(table, c.parents, reused_encodings),
-            generated_from=c.own if c.is_decode else 0,
+            c.plan.offset,
+            c.plan.parents,
+            c.plan.parent_offsets,
+            c.plan.owner,
+            c.plan.visibility,
+            sources=_sources(table, c.plan.parents, reused_encodings),
+            generated_from=c.plan.own if c.plan.is_decode else 0,
             generated=len(c.generated),
         )
     )

@@ -36,12 +36,12 @@ class Sampler:
         work of the calls they replay. A row missing (its logits not finite, or the
         batched draw failed) samples alone in `next_token`, where an error fails
         that call only."""
-        greedy = [r for c, r in rows if c.sampling.greedy]
-        sampled = [(r, c) for c, r in rows if not c.sampling.greedy]
+        greedy = [r for c, r in rows if c.plan.sampling.greedy]
+        sampled = [(r, c) for c, r in rows if not c.plan.sampling.greedy]
         picks = dict(zip(greedy, argmax_rows(logits[greedy]), strict=True)) if greedy else {}
         if sampled:
             at = [i for i, _ in sampled]
-            params, gens = [c.sampling for _, c in sampled], [c.generator for _, c in sampled]
+            params, gens = [c.plan.sampling for _, c in sampled], [c.generator for _, c in sampled]
             try:
                 drawn = sample_rows(logits[at], params, gens)
             except Exception:  # each samples alone in next_token: an error fails it only
@@ -53,12 +53,12 @@ class Sampler:
         """The call's next token: the batched pick (or its forced token), else a draw
         from its last logit row alone. Raises on a sampling error (that call fails)."""
         if pick is not None:
-            return forced(c.sampling, len(c.generated), pick)
-        return sample(logits[-1], c.sampling, c.generator, len(c.generated))
+            return forced(c.plan.sampling, len(c.generated), pick)
+        return sample(logits[-1], c.plan.sampling, c.generator, len(c.generated))
 
     def stops(self, c: Call, tok: int) -> bool:
         """Whether `tok` (just appended to `c.generated`) is the call's last token."""
-        s = c.sampling
+        s = c.plan.sampling
         if s.force:
             return len(c.generated) >= len(s.force)
         if len(c.generated) >= s.max_tokens:

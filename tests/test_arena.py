@@ -120,9 +120,8 @@ def test_budget_holds_under_random_admissions_steps_cancels_and_frees(tiny_dirs,
         assert core.store.used_slots == live + held
         for c in running:
             if not c.done:  # reserved up front: never runs out mid-generation
-                assert len(c.slots) + len(c.spare) == len(c.feed) + c.sampling.max_tokens + len(
-                    c.footer
-                )
+                reserved = len(c.feed) + c.plan.sampling.max_tokens + len(c.plan.footer)
+                assert len(c.slots) + len(c.spare) == reserved
         arena = core.arena
         assert arena.capacity - arena.free_tokens == core.stats().view_tokens <= arena.capacity
 

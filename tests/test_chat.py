@@ -85,6 +85,6 @@ async def test_unframed_messages_pass_through(tiny_dirs):
         raw = await engine.prefill([7, 8, 9], frame=False)
         assert raw.tokens == [7, 8, 9]
         text = await engine.prefill("hello world", frame=False)
-        assert text.tokens == engine._core.fmt.encode("hello world") and text.text == "hello world"
+        assert text.tokens == engine.chat.encode("hello world") and text.text == "hello world"
         framed = await engine.prefill("hello world", role="user")
-        assert framed.tokens == engine._core.fmt.encode("<|im_start|>user\nhello world<|im_end|>\n")
+        assert framed.tokens == engine.chat.encode("<|im_start|>user\nhello world<|im_end|>\n")

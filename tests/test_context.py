@@ -1,33 +1,32 @@
-"""Shared contexts (corps.cache.context): copies in the view arena, and contexts read
-from the store."""
+"""cache/context.py: a placed context held once for all its readers (ContextPool)."""
 
 from __future__ import annotations
 
 import torch
 
 from corps.cache.arena import ViewArena
-from corps.cache.kv import KVStore
-from corps.cache.rope import RopeTables
-from corps.engine.sampling import SamplingParams
-
-L, HKV, D, S = 3, 2, 8, 64
+from corps.cache.context import ContextPool, SharedContext
 
 
-def _store(seed: int = 0) -> tuple[KVStore, RopeTables]:
-    g = torch.Generator().manual_seed(seed)
-    store = KVStore(num_layers=L, num_kv_heads=HKV, head_dim=D, capacity=S, dtype=torch.float32)
-    store.k.copy_(torch.randn(store.k.shape, generator=g))
-    store.v.copy_(torch.randn(store.v.shape, generator=g))
-    angles = torch.arange(128.0)[:, None] * torch.rand(D // 2, generator=g)[None]  # (P, D/2)
-    rope = RopeTables(angles.cos().repeat(1, 2), angles.sin().repeat(1, 2))
-    return store, rope
+def _arena() -> ViewArena:
+    return ViewArena(num_layers=2, num_kv_heads=1, head_dim=4, capacity=32, dtype=torch.float32)
 
 
-def _scratch(capacity: int = S) -> ViewArena:
-    return ViewArena(
-        num_layers=1, num_kv_heads=HKV, head_dim=D, capacity=capacity, dtype=torch.float32
+def test_a_context_is_shared_by_its_readers_and_freed_by_the_last():
+    arena, pool = _arena(), ContextPool()
+    key = ((3, 4, 5), (0, 1, 2))
+    base = arena.alloc(3)
+    ctx = SharedContext(
+        key, arena.k[:, :, base : base + 3], arena.v[:, :, base : base + 3], arena, base
     )
-
-
-def greedy(n: int) -> SamplingParams:
-    return SamplingParams(max_tokens=n, ignore_eos=True)
+    pool.add(ctx)
+    assert pool.get(key) is ctx and pool.get(((3, 4, 5), (1, 2, 3))) is None
+    assert (len(pool), pool.tokens, ctx.refs) == (1, 3, 2)
+    k, v = ctx.layer(1)
+    assert k.shape == v.shape == (1, 3, 4)
+    pool.release(ctx)
+    assert len(pool) == 1 and arena.free_tokens == 29  # one reader left
+    pool.release(ctx)
+    assert (len(pool), pool.tokens, arena.free_tokens) == (0, 0, 32)
+    ctx.free()  # idempotent
+    assert arena.free_tokens == 32

@@ -27,7 +27,7 @@ async def test_documented_api_shape(tiny_dirs):
         )
         assert len(many) == 4 and len({h.id for h in many}) == 4
         assert (
-            engine.tokenizer is engine._core.tokenizer
+            engine.tokenizer is engine.chat.tokenizer
             and (engine.model_path / "config.json").exists()
         )
         stats = engine.stats()
@@ -111,7 +111,7 @@ async def test_stop_strings_and_raw_header(tiny_dirs):
 
 async def test_decoded_turns_are_closed_with_the_footer(tiny_dirs):
     async with open_tiny(tiny_dirs, "llama") as engine:
-        footer = engine._core.fmt.encode(engine._core.fmt.frame("assistant")[1])
+        footer = engine.chat.encode(engine.chat.frame("assistant")[1])
         assert footer  # the tiny template closes a turn with end-of-turn + newline
         q = await engine.prefill("the quick brown fox")
         free = await engine.decode(parents=[q], max_tokens=20, ignore_eos=True)
@@ -135,7 +135,7 @@ async def test_a_turn_is_closed_in_one_step_or_not_at_all(tiny_dirs, mode, closi
         a = await engine.decode(parents=[q], max_tokens=5, ignore_eos=True)
         # one step for the prompt (or header) and the first token, one per next token
         assert engine.stats().steps - steps == 1 + 4 + closing_steps
-        fmt = engine._core.fmt
+        fmt = engine.chat
         footer = fmt.encode(fmt.frame("assistant")[1])  # whole: max_tokens cut the turn
         assert footer and a.tokens == a.tokens[: len(a.tokens) - len(footer)] + footer
 
@@ -152,7 +152,7 @@ async def test_baseline_multi_turn_reencodes_only_the_new_turn(tiny_dirs):
         # A turn's last token and footer are never encoded in the baseline (its text is
         # re-encoded where it is read), so a2 re-encodes a1's, then the new user turn and
         # its own header and tokens but its last one and footer: the tails cancel.
-        fmt = engine._core.fmt
+        fmt = engine.chat
         tail = 1 + len(fmt.encode(fmt.frame("assistant")[1]))
         assert after.tokens_encoded - before.tokens_encoded == u2.length + a2.length
         hit = after.prefix_hit_tokens - before.prefix_hit_tokens

@@ -12,7 +12,7 @@ from corps.cache.kv import KVStore
 from corps.cache.messages import Message, MessageTable
 from corps.cache.rope import RopeTables
 from corps.engine.memory import Memory
-from corps.engine.planner import Call
+from corps.engine.planner import Call, CallPlan
 
 DIMS = dict(num_layers=1, num_kv_heads=1, head_dim=4, dtype=torch.float32)
 
@@ -32,21 +32,24 @@ def _message(mem: Memory, n: int) -> Message:
 
 
 def _call(parents: list[Message], feed: int) -> Call:
-    return Call(
-        ctx_slots=[s for p in parents for s in p.slots],
-        ctx_pos=list(range(sum(len(p.slots) for p in parents))),
-        feed=list(range(feed)),
-        feed_start=0,
-        own=feed,
-        role="user",
-        text="",
+    plan = CallPlan(
         kind="prefill",
+        role="user",
         offset=0,
         parents=tuple(p.id for p in parents),
         parent_offsets=(),
         owner=None,
         visibility=None,
-        pinned=list(parents),
+        own=feed,
+        prefix=list(range(feed)),
+        pinned=tuple(parents),
+    )
+    return Call(
+        plan,
+        ctx_slots=[s for p in parents for s in p.slots],
+        ctx_pos=list(range(sum(len(p.slots) for p in parents))),
+        feed=list(range(feed)),
+        feed_start=0,
     )
 
 

@@ -30,6 +30,7 @@ EXPORTS = {
         "AuditEvent",
         "BadConfig",
         "CallCancelled",
+        "ChatFormat",
         "DecodeArgs",
         "DecodeRequest",
         "Engine",

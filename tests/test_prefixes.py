@@ -98,7 +98,7 @@ def test_baseline_shares_prefixes_among_concurrent_calls(tiny_dirs, tiny_hf, wor
         assert not out.failed
         for c in [c for c in running if c.done]:
             running.remove(c)
-            finished.append((c.spec, c.prefix, core.finish(c)))
+            finished.append((c.spec, c.plan.prefix, core.finish(c)))
         _check_tree(core, running)
     assert not running and not waiting
     assert all(n.lock == 0 for n in core.prefixes.radix._nodes())

@@ -3,32 +3,25 @@
 from __future__ import annotations
 
 from corps.cache.messages import Message, MessageTable
-from corps.engine.planner import Call
+from corps.engine.planner import Call, CallPlan
 from corps.engine.register import own_tokens, register
+from corps.engine.sampling import SamplingParams
 
 
 def _call(parents: tuple[int, ...], generated: list[int] | None = None) -> Call:
-    c = Call(
-        ctx_slots=[],
-        ctx_pos=[],
-        feed=[7, 8, 9],
-        feed_start=0,
-        own=2,
-        role="user",
-        text="hi",
+    plan = CallPlan(
         kind="decode" if generated is not None else "prefill",
+        role="user",
         offset=3,
         parents=parents,
         parent_offsets=tuple(range(len(parents))),
         owner="alice",
         visibility=None,
+        own=2,
         prefix=[1, 2, 7, 8],
+        sampling=SamplingParams() if generated is not None else None,
     )
-    if generated is not None:
-        from corps.engine.sampling import SamplingParams
-
-        c.sampling, c.generated = SamplingParams(), generated
-    return c
+    return Call(plan, [], [], [7, 8, 9], 0, text="hi", generated=list(generated or []))
 
 
 def test_sources_are_transitive_only_when_encodings_were_reused():

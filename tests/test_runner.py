@@ -57,7 +57,7 @@ def test_unsupported_architecture_from_config():
 
 @pytest.mark.real_model
 def test_real_model_logits_match_hf(real_engine, real_hf):
-    fmt = real_engine._core.fmt
+    fmt = real_engine.chat
     ids = fmt.encode(
         fmt.render("system", "You are a careful solver.")
         + fmt.render("user", "What is 7*6? Explain step by step.")
@@ -79,8 +79,8 @@ async def test_real_model_greedy_matches_hf_generate(real_dir, real_hf):
             "Write a long story about a dragon and a lighthouse.", parents=[sys]
         )
         ans = await engine.decode(parents=[sys, q], max_tokens=64)
-        header = engine._core.fmt.encode(engine._core.fmt.frame("assistant")[0])
-        fmt_footer = engine._core.fmt.encode(engine._core.fmt.frame("assistant")[1])
+        header = engine.chat.encode(engine.chat.frame("assistant")[0])
+        fmt_footer = engine.chat.encode(engine.chat.frame("assistant")[1])
     prompt = sys.tokens + q.tokens + header
     out = real_hf.generate(torch.tensor([prompt]), max_new_tokens=64, do_sample=False)
     assert ans.generated == out[0, len(prompt) :].tolist()

@@ -21,7 +21,8 @@ class _Fmt:
 
 def _call(generated=(), **sampling):
     params = SamplingParams(**sampling)
-    return SimpleNamespace(sampling=params, generated=list(generated), generator=params.generator())
+    plan = SimpleNamespace(sampling=params)
+    return SimpleNamespace(plan=plan, generated=list(generated), generator=params.generator())
 
 
 def test_stops_on_max_tokens_end_of_turn_stop_strings_and_forced_length():
@@ -57,7 +58,7 @@ def test_picks_greedy_rows_by_argmax_and_sampled_rows_as_they_draw_alone():
     picks = s.picks([(greedy, 1), (sampled, 3)], logits)
     assert picks[1] == int(logits[1].argmax())
     alone = sample(
-        logits[3], sampled.sampling, _call(temperature=0.9, top_k=10, seed=7).generator, 0
+        logits[3], sampled.plan.sampling, _call(temperature=0.9, top_k=10, seed=7).generator, 0
     )
     assert picks[3] == alone and set(picks) == {1, 3}
 

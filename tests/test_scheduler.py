@@ -268,7 +268,7 @@ async def test_real_model_batch_changes_greedy_tokens_only_on_near_ties(
         before = engine.stats()
         together = await engine.decode_many([dict(parents=[q], **kw) for q in qs])
         after = engine.stats()
-        fmt = engine._core.fmt
+        fmt = engine.chat
         sink, header = fmt.sink, fmt.encode(fmt.frame("assistant")[0])
     calls = after.mean_batch_size * after.steps - before.mean_batch_size * before.steps
     assert calls / (after.steps - before.steps) > 4  # the batch really formed

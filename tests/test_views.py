@@ -26,6 +26,7 @@ L, HKV, D, S = 3, 2, 8, 64
 
 
 def _store(seed: int = 0) -> tuple[KVStore, RopeTables]:
+    """A random store of L layers and S slots, and RoPE tables for 128 positions."""
     g = torch.Generator().manual_seed(seed)
     store = KVStore(num_layers=L, num_kv_heads=HKV, head_dim=D, capacity=S, dtype=torch.float32)
     store.k.copy_(torch.randn(store.k.shape, generator=g))
