@@ -49,7 +49,8 @@ def _dtype(value: str) -> str:
 DtypeOpt = Annotated[
     str,
     typer.Option(
-        help="mixed (default: float32 with 16-bit projection weights, 2-3x faster decode), "
+        help="auto (default: each projection's kernel measured fastest on this CPU, once; "
+        "within 16-bit rounding of float32), mixed (16-bit weights by a fixed rule), "
         "float32 (exact against transformers), bfloat16 or float16.",
         callback=_dtype,
     ),
@@ -395,8 +396,25 @@ def bench_kernels(
     device: Annotated[str, typer.Option(help="cuda (or cpu under TRITON_INTERPRET=1).")] = "cuda",
     repeats: Annotated[int, typer.Option(min=1, help="Timed runs per kernel (median).")] = 20,
     small: Annotated[bool, typer.Option(help="Small shapes (for the interpreter).")] = False,
+    cpu: Annotated[
+        bool,
+        typer.Option(
+            "--cpu",
+            help="Instead: the CPU product kernels dtype=auto chooses from, timed on this "
+            "machine for the model's shapes (read from the cache; --remeasure to time again).",
+        ),
+    ] = False,
+    model: ModelOpt = "smollm2-135m",
+    remeasure: Annotated[bool, typer.Option(help="With --cpu: time again, not cached.")] = False,
 ) -> None:
-    """The CUDA kernels timed against their torch references and SDPA (needs a GPU)."""
+    """The CUDA kernels timed against their torch references and SDPA (needs a GPU), or
+    with --cpu the product kernels dtype="auto" chooses from on this CPU."""
+    if cpu:
+        try:
+            _cpu_kernels(model, remeasure)
+        except CorpsError as exc:
+            fail(exc)
+        return
     import torch
 
     from corps.engine.kernels import interpreting, triton_available
@@ -414,6 +432,28 @@ def bench_kernels(
     from corps.cli import bench_kernels as bk
 
     Console().print(bk.table(bk.measure(device, small=small, repeats=repeats), device))
+
+
+def _cpu_kernels(model: str, remeasure: bool) -> None:
+    from corps.cli import bench_kernels as bk
+    from corps.engine import tuning
+    from corps.engine.models import corps_home, resolve_model
+    from corps.engine.weights import read_spec
+
+    spec = read_spec(resolve_model(model, console=err))
+    cache = corps_home() / "kernels"
+    if remeasure:
+        shapes = tuning.step_shapes(spec)
+        path = cache / f"{tuning.machine_key(shapes, tuning.available())}.json"
+        path.unlink(missing_ok=True)
+    timings, path, fresh = tuning.cached_timings(spec, cache)
+    timed = [k for k, by in timings.items() if any(t != float("inf") for t in by.values())]
+    choice = tuning.choose(timings, timed)
+    exact = tuning.choose(timings, tuning.EXACT)
+    table = bk.cpu_table(timings, choice, cpu=tuning.cpu_name(), cache=str(path), exact=exact)
+    Console(width=max(120, Console().width)).print(table)
+    if fresh:
+        Console().print("[dim](timed now; later loads read the cache)[/]")
 
 
 @bench_app.command("workflows")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -209,4 +210,28 @@ def table(timings: list[Timing], device: str):
             r.kernel, r.shape, f"{r.ours_ms:.3f}", r.reference, f"{r.reference_ms:.3f}",
             f"{r.speedup:.2f}x", f"{r.sdpa_ms:.3f}",
         )  # fmt: skip
+    return t
+
+
+def cpu_table(timings, choice, *, cpu: str, cache: str, exact) -> Any:
+    """`corps bench kernels --cpu`: ms of one forward step's products per kernel and
+    row count, the chosen kernel of each row count in bold (dtype="auto"), and the
+    exact (float32) choice."""
+    from rich.table import Table
+
+    buckets = choice.buckets
+    t = Table(title=f"product kernels on {cpu} (ms per step's products; bold: dtype=auto)")
+    t.add_column("kernel")
+    for b in buckets:
+        t.add_column(f"{b} rows", justify="right")
+    for kernel, by_rows in timings.items():
+        cells = []
+        for b in buckets:
+            s = by_rows.get(b, float("inf"))
+            text = "-" if s == float("inf") else f"{s * 1e3:.1f}"
+            cells.append(f"[bold]{text}[/]" if choice.kernel_for(b) == kernel else text)
+        t.add_row(kernel, *cells)
+    t.add_row("auto picks", *[choice.kernel_for(b) for b in buckets], style="green")
+    t.add_row("float32 picks", *[exact.kernel_for(b) for b in buckets], style="dim")
+    t.caption = f"cached in {cache}"
     return t

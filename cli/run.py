@@ -75,7 +75,7 @@ def run(
     concurrency: Annotated[int, typer.Option(min=1, help="Runs at a time with --inputs.")] = 4,
     leak_policy: Annotated[str, typer.Option(help="allow, warn, deny or reencode.")] = "warn",
     dtype: Annotated[
-        str, typer.Option(help="mixed (default), float32, bfloat16 or float16.")
+        str, typer.Option(help="auto (default), mixed, float32, bfloat16 or float16.")
     ] = DEFAULT_DTYPE,
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
     trace: Annotated[

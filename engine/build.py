@@ -11,7 +11,8 @@ from corps.engine.attention import select_backend
 from corps.engine.config import DEFAULT_MAX_CAPACITY, DEFAULT_MEMORY_BUDGET, EngineConfig
 from corps.engine.core import Core
 from corps.engine.executor import Executor
-from corps.engine.models import resolve_model
+from corps.engine.models import corps_home, resolve_model
+from corps.engine.tuning import KernelChoice, choice_for, measure
 from corps.engine.weights import load_weights, read_spec, torch_dtype
 
 
@@ -36,7 +37,9 @@ def build_executor(cfg: EngineConfig, console: Console | None = None) -> Executo
         hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(cfg.device)
         core = HFExecutor(hf, tokenizer, spec, model_path=path, precision=cfg.dtype)
     else:
-        weights = load_weights(path, dtype=dtype, device=cfg.device, mixed=cfg.dtype == "mixed")
+        choice = _kernel_choice(cfg, spec, console)
+        mixed = cfg.dtype == "mixed" or (cfg.dtype == "auto" and choice is None)
+        weights = load_weights(path, dtype=dtype, device=cfg.device, mixed=mixed, choice=choice)
         core = Core(
             weights,
             tokenizer,
@@ -48,6 +51,19 @@ def build_executor(cfg: EngineConfig, console: Console | None = None) -> Executo
             attention=attention,
         )
     return core
+
+
+def _kernel_choice(cfg: EngineConfig, spec, console: Console | None) -> KernelChoice | None:
+    """dtype="auto" on a CPU: the kernels measured fastest here (timed once per machine,
+    cached under $CORPS_HOME/kernels). On a GPU "auto" is "mixed" (None)."""
+    cache = corps_home() / "kernels"
+
+    def timed(*args, **kw):
+        if console is not None:
+            console.print(f"[dim]timing product kernels on this CPU, once ({cache})[/]")
+        return measure(*args, **kw)
+
+    return choice_for(cfg.dtype, spec, cfg.device, cache, measure_fn=timed)
 
 
 def capacity_for(cfg: EngineConfig, spec) -> int:

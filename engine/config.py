@@ -22,14 +22,17 @@ from corps.cache.errors import InvalidRequest
 from corps.cache.visibility import LEAK_POLICIES, check_policy
 
 Mode = Literal["choreographed", "baseline", "hf"]
-Dtype = Literal["mixed", "float32", "bfloat16", "float16"]
+Dtype = Literal["auto", "mixed", "float32", "bfloat16", "float16"]
 Contexts = Literal["copy", "store"]
 Attention = Literal["torch", "triton", "flex", "triton+flex"]
 
 #: Engine modes: choreography, the prefix-cached baseline, and transformers `generate`.
 MODES: tuple[str, ...] = get_args(Mode)
-#: Weight and activation precisions. "mixed" (the default) is float32 activations,
-#: attention and KV store with 16-bit projection weights (`corps.engine.linear`).
+#: Weight and activation precisions. "auto" (the default) is float32 activations,
+#: attention and KV store, with each projection's kernel (float32, float16 or
+#: bfloat16 weights) chosen by measurement on this CPU per row count
+#: (`corps.engine.tuning`); "mixed" is the same with a fixed rule
+#: (`corps.engine.linear`); "float32" is exact against transformers.
 DTYPES: tuple[str, ...] = get_args(Dtype)
 #: How calls hold the contexts they read (`corps.cache.context`).
 CONTEXTS: tuple[str, ...] = get_args(Contexts)
@@ -37,7 +40,7 @@ CONTEXTS: tuple[str, ...] = get_args(Contexts)
 ATTENTION_BACKENDS: tuple[str, ...] = get_args(Attention)
 
 DEFAULT_MODEL = "smollm2-135m"
-DEFAULT_DTYPE = "mixed"
+DEFAULT_DTYPE = "auto"
 #: Default KV memory (the store and the view arena together) when no capacity is given.
 DEFAULT_MEMORY_BUDGET = 2 << 30
 #: The default budget never buys more slots than this: a tiny model would otherwise
@@ -84,8 +87,11 @@ class EngineConfig(BaseModel):
     - `mode`: "choreographed" (reuse encodings), "baseline" (re-encode the parents'
       text with a radix prefix cache) or "hf" (transformers `generate`, one call at
       a time: the reference a typical agent framework gives you).
-    - `dtype`: "mixed" (default; within 16-bit rounding of float32, 2-3x faster),
-      "float32" (exact against transformers), "bfloat16" or "float16".
+    - `dtype`: "auto" (default: float32 activations, each projection's kernel and
+      weight format measured fastest on this CPU, once, cached under
+      `$CORPS_HOME/kernels`; within 16-bit rounding of float32), "mixed" (16-bit
+      weights by a fixed rule), "float32" (exact against transformers),
+      "bfloat16" or "float16".
     - `device`: "cpu" or "cuda[:N]".
     - `attention`: the attention backend; None picks by device (torch on CPU,
       triton+flex on CUDA with Triton). Default from `CORPS_ATTENTION`.

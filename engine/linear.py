@@ -51,6 +51,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from corps.engine.tuning import KernelChoice, layouts, product
+
 #: In mixed precision, products of at most this many rows use the float16 weights
 #: (one row only where the bfloat16 weights are prepacked: see `Linear.few_rows`).
 FEW_ROWS = 2
@@ -86,6 +88,14 @@ class Linear:
         return 1 if self.packed else FEW_ROWS
 
     @property
+    def in_features(self) -> int:
+        return self.w.shape[1]
+
+    def holds(self, t: Tensor) -> bool:
+        """Whether `t` is one of the weight layouts kept here (a tied embedding)."""
+        return t is self.w or t is self.few
+
+    @property
     def weight_bytes(self) -> int:
         """Bytes held by this projection's weight layouts (not its bias)."""
         return sum(
@@ -106,6 +116,43 @@ class Linear:
             y = F.linear(x.to(self.w.dtype), self.w).to(x.dtype)  # (M, N)
         else:
             return F.linear(x, self.w, self.b)  # (M, N)
+        return y if self.b is None else y + self.b
+
+
+@dataclass(frozen=True)
+class TunedLinear:
+    """A projection whose kernel follows a measured `KernelChoice` for the step's row
+    count (`dtype="auto"`, `corps.engine.tuning`): it holds the weight layouts of the
+    kernels chosen, and nothing else."""
+
+    layouts: dict[str, Tensor]  # kernel -> its layout of W
+    by_rows: tuple[str, ...]  # the kernel for 1 .. len rows (index rows - 1)
+    last: str  # the kernel for more rows
+    in_features: int  # K
+    b: Tensor | None = None  # (N,) float32
+
+    @classmethod
+    def of(cls, w: Tensor, b: Tensor | None, choice: KernelChoice) -> TunedLinear:
+        """W (N, K) float32 in the layouts of the kernels `choice` uses."""
+        top = choice.buckets[-1]
+        by_rows = tuple(choice.kernel_for(r) for r in range(1, top + 1))
+        return cls(layouts(w, choice.used), by_rows, choice.kernels[-1], w.shape[1], b)
+
+    def holds(self, t: Tensor) -> bool:
+        """Whether `t` is one of the weight layouts kept here (a tied embedding)."""
+        return any(t is x for x in self.layouts.values())
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.layouts.values())
+
+    def kernel_for(self, rows: int) -> str:
+        return self.by_rows[rows - 1] if rows <= len(self.by_rows) else self.last
+
+    def __call__(self, x: Tensor) -> Tensor:
+        """x (M, K) float32 -> (M, N) float32."""
+        k = self.kernel_for(x.shape[0])
+        y = product(k, x, self.layouts[k])
         return y if self.b is None else y + self.b
 
 

@@ -26,6 +26,8 @@ class ModelSpec:
     rms_norm_eps: float
     max_positions: int
     qk_norm: bool
+    hidden_size: int = 0  # the residual stream's width (0: unknown)
+    intermediate_size: int = 0  # the MLP's inner width (0: unknown)
 
     @classmethod
     def from_config(cls, config) -> ModelSpec:  # config: transformers.PretrainedConfig
@@ -50,6 +52,8 @@ class ModelSpec:
             rms_norm_eps=float(config.rms_norm_eps),
             max_positions=int(getattr(config, "max_position_embeddings", 4096)),
             qk_norm=arch == "Qwen3ForCausalLM",
+            hidden_size=int(config.hidden_size),
+            intermediate_size=int(getattr(config, "intermediate_size", 0) or 0),
         )
 
 

@@ -10,8 +10,9 @@ from torch import Tensor
 
 from corps.cache.rope import RopeTables
 from corps.engine.errors import ModelNotFound, UnsupportedModel
-from corps.engine.linear import Linear
+from corps.engine.linear import Linear, TunedLinear
 from corps.engine.spec import ModelSpec
+from corps.engine.tuning import KernelChoice
 
 #: Longest RoPE table we precompute, whatever the config claims.
 MAX_TABLE_POSITIONS = 131072
@@ -57,7 +58,7 @@ class Weights:
         projs = [p for lw in self.layers for p in (lw.qkv, lw.o, lw.gate_up, lw.down)]
         small = norms + [p.b for p in projs]
         total = sum(p.weight_bytes for p in [*projs, self.lm_head])
-        if all(self.embed is not h for h in (self.lm_head.w, self.lm_head.few)):  # untied
+        if not self.lm_head.holds(self.embed):  # untied
             small.append(self.embed)
         return total + sum(t.numel() * t.element_size() for t in small if t is not None)
 
@@ -84,6 +85,7 @@ _TORCH_DTYPES = {
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
     "mixed": torch.float32,
+    "auto": torch.float32,
 }
 
 
@@ -98,18 +100,20 @@ def load_weights(
     dtype: torch.dtype,
     device: str | torch.device,
     mixed: bool = False,
+    choice: KernelChoice | None = None,
 ) -> Weights:
     """Load an HF checkpoint with transformers and keep its tensors in our fused layout.
 
     `mixed`: projections keep 16-bit weights and pick float16 or bfloat16 by row
-    count (see `corps.engine.linear`); everything else stays in `dtype`."""
+    count (see `corps.engine.linear`); everything else stays in `dtype`.
+    `choice`: projections use the kernels measured fastest here (`dtype="auto"`)."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     spec = read_spec(path)
     hf_logging.disable_progress_bar()
     hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
-    return weights_from_hf(hf, spec, device=device, mixed=mixed)
+    return weights_from_hf(hf, spec, device=device, mixed=mixed, choice=choice)
 
 
 def weights_from_hf(
@@ -118,6 +122,7 @@ def weights_from_hf(
     *,
     device: str | torch.device = "cpu",
     mixed: bool = False,
+    choice: KernelChoice | None = None,
 ) -> Weights:
     """Take the tensors of a loaded HF Llama-family model (hf: PreTrainedModel)."""
     inner = getattr(hf, "model", None)
@@ -127,7 +132,9 @@ def weights_from_hf(
     def t(x: Tensor) -> Tensor:
         return x.detach().to(device).contiguous()
 
-    def lin(w: Tensor, b: Tensor | None = None) -> Linear:
+    def lin(w: Tensor, b: Tensor | None = None) -> Linear | TunedLinear:
+        if choice is not None:
+            return TunedLinear.of(w, b, choice)
         return Linear.of(w, b, mixed=mixed)
 
     layers = []

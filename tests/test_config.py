@@ -26,11 +26,11 @@ def test_defaults_and_the_valid_values():
     assert (cfg.model, cfg.mode, cfg.dtype, cfg.device) == (
         "smollm2-135m",
         "choreographed",
-        "mixed",
+        "auto",
         "cpu",
     )
     assert MODES == ("choreographed", "baseline", "hf")
-    assert set(DTYPES) == {"mixed", "float32", "bfloat16", "float16"}
+    assert set(DTYPES) == {"auto", "mixed", "float32", "bfloat16", "float16"}
     assert CONTEXTS == ("copy", "store")
     assert "torch" in ATTENTION_BACKENDS
 

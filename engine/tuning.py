@@ -1,0 +1,279 @@
+"""Choosing each projection's product kernel by measurement on this machine.
+
+Which kernel computes `x @ W^T` fastest depends on the CPU (AVX2 only, AVX-512,
+bfloat16 units, AMX), the torch build and the number of rows a step brings: on
+one AVX-512 machine float16 was fastest for one row and bfloat16 twice slower;
+on an AVX2 one bfloat16 was fastest. So instead of a table written on one
+machine, `dtype="auto"` times every candidate on the model's own projection
+shapes for the row counts a step uses (`ROW_BUCKETS`), once per machine, and
+keeps the fastest per bucket. The timings are cached under
+`$CORPS_HOME/kernels/`, keyed by the CPU (model name and flags), the torch
+version, the thread count and the model's shapes; `corps bench kernels --cpu`
+prints them.
+
+Candidates (activations stay float32; only the weights' format changes):
+
+- `float32-t`: float32 W stored transposed, `x @ W^T` (exact);
+- `float32`: float32 `F.linear` (exact);
+- `float16`, `bfloat16`: 16-bit W, x cast in and the result cast out;
+- `bfloat16-packed`: bfloat16 W in oneDNN's blocked layout (where oneDNN works).
+
+The precision bound of "auto" is that of 16-bit weights (the `mixed` dtype):
+float32 everywhere else, and logits within 16-bit rounding of float32 (tested:
+every kernel, every bucket, within 5% of the largest logit for a prompt and 0.5%
+for one row on the test models). `float32` stays exact and one flag away.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import platform
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from corps.engine.spec import ModelSpec
+
+#: Row counts a step brings that get their own choice; a step of r rows uses the
+#: smallest bucket >= r (the largest beyond it).
+ROW_BUCKETS = (1, 2, 4, 8, 16, 64, 512)
+#: Every candidate kernel, in the order the table prints them.
+KERNELS = ("float32-t", "float32", "float16", "bfloat16", "bfloat16-packed")
+#: Kernels whose results are float32's own.
+EXACT = ("float32-t", "float32")
+#: A kernel slower than this many times the best at a bucket is not timed at larger
+#: buckets (a float16 gemm of 512 rows on a CPU without float16 units takes seconds).
+GIVE_UP = 4.0
+
+Timings = dict[str, dict[int, float]]  # kernel -> rows -> seconds for a step's products
+
+
+@dataclass(frozen=True)
+class KernelChoice:
+    """The kernel each row bucket uses, and the timings it was chosen from."""
+
+    buckets: tuple[int, ...]
+    kernels: tuple[str, ...]  # one per bucket
+    timings: Timings = field(default_factory=dict, compare=False)
+
+    def kernel_for(self, rows: int) -> str:
+        for bucket, kernel in zip(self.buckets, self.kernels, strict=True):
+            if rows <= bucket:
+                return kernel
+        return self.kernels[-1]
+
+    @property
+    def used(self) -> frozenset[str]:
+        return frozenset(self.kernels)
+
+
+def choose(timings: Timings, allowed: Sequence[str], buckets=ROW_BUCKETS) -> KernelChoice:
+    """The fastest allowed kernel per bucket (ties: the earlier in KERNELS)."""
+    picks = []
+    for b in buckets:
+        times = [(timings.get(k, {}).get(b, math.inf), KERNELS.index(k), k) for k in allowed]
+        best = min(times)
+        if math.isinf(best[0]):
+            raise ValueError(f"no allowed kernel was timed at {b} rows")
+        picks.append(best[2])
+    return KernelChoice(tuple(buckets), tuple(picks), timings)
+
+
+def available(device: torch.device | str = "cpu") -> tuple[str, ...]:
+    """The candidates this torch can run here."""
+    from corps.engine.linear import onednn_pack  # (linear imports this module)
+
+    probe = torch.zeros(16, 16, dtype=torch.bfloat16, device=device)
+    packed = onednn_pack(probe) is not None
+    return tuple(k for k in KERNELS if k != "bfloat16-packed" or packed)
+
+
+def layouts(w: Tensor, kernels: frozenset[str] | set[str]) -> dict[str, Tensor]:
+    """The weight layouts those kernels read, from W (N, K) float32."""
+    from corps.engine.linear import onednn_pack
+
+    out: dict[str, Tensor] = {}
+    if "float32-t" in kernels:
+        out["float32-t"] = w.t().contiguous()  # (K, N)
+    if "float32" in kernels:
+        out["float32"] = w
+    if "float16" in kernels:
+        out["float16"] = w.to(torch.float16)
+    if "bfloat16" in kernels:
+        out["bfloat16"] = w.to(torch.bfloat16)
+    if "bfloat16-packed" in kernels:
+        out["bfloat16-packed"] = onednn_pack(w.to(torch.bfloat16))
+    return out
+
+
+def product(kernel: str, x: Tensor, w: Tensor) -> Tensor:
+    """x (M, K) float32 times the layout `w` of `kernel`: (M, N) float32, no bias."""
+    if kernel == "float32-t":
+        return x @ w
+    if kernel == "float32":
+        return F.linear(x, w)
+    if kernel == "bfloat16-packed":
+        y = torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), w, None, "none", [], "")
+        return y.to(x.dtype)
+    return F.linear(x.to(w.dtype), w).to(x.dtype)  # float16 / bfloat16
+
+
+def step_shapes(spec: ModelSpec) -> list[tuple[int, int, int]]:
+    """(N, K, how many) of the products of one forward step: each layer's fused QKV,
+    output, fused gate-up and down projections, and the LM head."""
+    e, d, i = spec.hidden_size, spec.head_dim, spec.intermediate_size
+    qkv = (spec.num_heads + 2 * spec.num_kv_heads) * d
+    n = spec.num_layers
+    return [
+        (qkv, e, n),
+        (e, spec.num_heads * d, n),
+        (2 * i, e, n),
+        (e, i, n),
+        (spec.vocab_size, e, 1),
+    ]
+
+
+def measure(
+    shapes: Sequence[tuple[int, int, int]],
+    kernels: Sequence[str],
+    buckets: Sequence[int] = ROW_BUCKETS,
+    *,
+    repeats: int = 3,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Timings:
+    """Seconds of one step's products (every shape x its count) per kernel and
+    bucket, best of `repeats`. A 16-bit kernel more than GIVE_UP times slower than
+    the best at a bucket is not timed at larger ones (its time there is inf); the
+    exact ones always are (the float32 choice needs them)."""
+    g = torch.Generator().manual_seed(0)
+    weights = {s: torch.randn(s[0], s[1], generator=g) * 0.02 for s in shapes}
+    held = {s: layouts(w, set(kernels)) for s, w in weights.items()}
+    out: Timings = {k: {} for k in kernels}
+    dropped: set[str] = set()
+    for rows in buckets:
+        xs = {s: torch.randn(rows, s[1], generator=g) for s in shapes}
+        for k in kernels:
+            if k in dropped:
+                out[k][rows] = math.inf
+                continue
+            out[k][rows] = _best(k, shapes, held, xs, repeats, clock)
+        best = min(out[k][rows] for k in kernels)
+        dropped |= {k for k in kernels if out[k][rows] > GIVE_UP * best and k not in EXACT}
+    return out
+
+
+def _best(kernel, shapes, held, xs, repeats: int, clock) -> float:
+    product(kernel, xs[shapes[0]], held[shapes[0]][kernel])  # warm up (oneDNN primitives)
+    best = math.inf
+    for _ in range(repeats):
+        total = 0.0
+        for s in shapes:
+            x, w = xs[s], held[s][kernel]
+            t0 = clock()
+            product(kernel, x, w)
+            total += (clock() - t0) * s[2]
+        best = min(best, total)
+    return best
+
+
+def machine_key(shapes: Sequence[tuple[int, int, int]], kernels: Sequence[str]) -> str:
+    """What the timings depend on: this CPU (model and flags), torch, the threads,
+    the shapes and the candidates."""
+    cpu = _cpu_info()
+    blob = json.dumps(
+        dict(
+            cpu=cpu,
+            torch=torch.__version__,
+            threads=torch.get_num_threads(),
+            shapes=[list(s) for s in shapes],
+            kernels=list(kernels),
+            buckets=list(ROW_BUCKETS),
+        ),
+        sort_keys=True,
+    )
+    return hashlib.sha1(blob.encode()).hexdigest()[:16]
+
+
+def _cpu_info() -> dict[str, str]:
+    """The CPU's model name and feature flags (Linux /proc/cpuinfo; else platform)."""
+    info = {"machine": platform.machine(), "model": platform.processor(), "flags": ""}
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return info
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name" and not info.get("model_name"):
+            info["model_name"] = value.strip()
+        elif key in ("flags", "Features") and not info["flags"]:
+            info["flags"] = " ".join(sorted(value.split()))
+    return info
+
+
+def cpu_name() -> str:
+    """A short name of this CPU for tables."""
+    info = _cpu_info()
+    return info.get("model_name") or info.get("model") or info["machine"]
+
+
+def cached_timings(
+    spec: ModelSpec,
+    cache_dir: Path,
+    *,
+    kernels: Sequence[str] | None = None,
+    measure_fn: Callable[..., Timings] = measure,
+) -> tuple[Timings, Path, bool]:
+    """This machine's timings for the model's shapes: read from `cache_dir`, or
+    measured now and written there. Returns (timings, the cache file, measured now)."""
+    kernels = tuple(kernels or available())
+    shapes = step_shapes(spec)
+    path = cache_dir / f"{machine_key(shapes, kernels)}.json"
+    try:
+        data = json.loads(path.read_text())
+        return _timings_from_json(data["timings"]), path, False
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    timings = measure_fn(shapes, kernels)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    record = dict(cpu=cpu_name(), torch=torch.__version__, timings=_timings_to_json(timings))
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=1))
+    tmp.replace(path)  # atomic: a concurrent reader never sees half a file
+    return timings, path, True
+
+
+def auto_choice(spec: ModelSpec, cache_dir: Path, **kw) -> KernelChoice:
+    """The fastest kernel per bucket among every candidate available here."""
+    timings, _, _ = cached_timings(spec, cache_dir, **kw)
+    return choose(
+        timings, [k for k in timings if any(math.isfinite(t) for t in timings[k].values())]
+    )
+
+
+def choice_for(
+    dtype: str, spec: ModelSpec, device: str, cache_dir: Path, **kw
+) -> KernelChoice | None:
+    """The measured kernel choice `dtype` asks for: "auto" on a CPU; None otherwise
+    (then the projections follow their dtype's fixed rule; "auto" elsewhere is "mixed")."""
+    if dtype != "auto" or not str(device).startswith("cpu"):
+        return None
+    return auto_choice(spec, cache_dir, **kw)
+
+
+def _timings_to_json(t: Timings) -> dict[str, dict[str, float | None]]:
+    return {k: {str(b): (None if math.isinf(s) else s) for b, s in v.items()} for k, v in t.items()}
+
+
+def _timings_from_json(d: Mapping) -> Timings:
+    return {
+        k: {int(b): (math.inf if s is None else float(s)) for b, s in v.items()}
+        for k, v in d.items()
+    }
