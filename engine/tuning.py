@@ -48,9 +48,12 @@ ROW_BUCKETS = (1, 2, 4, 8, 16, 64, 512)
 KERNELS = ("float32-t", "float32", "float16", "bfloat16", "bfloat16-packed")
 #: Kernels whose results are float32's own.
 EXACT = ("float32-t", "float32")
-#: A kernel slower than this many times the best at a bucket is not timed at larger
-#: buckets (a float16 gemm of 512 rows on a CPU without float16 units takes seconds).
-GIVE_UP = 4.0
+#: A 16-bit kernel slower than this many times the best timed before it at a bucket
+#: of at least GIVE_UP_ROWS rows is not timed at larger buckets (a float16 gemm of
+#: 512 rows on a CPU without float16 units takes seconds). Below that, a kernel slow
+#: for one row may still win at more (plain bfloat16 gemms, 3x float16's one row).
+GIVE_UP = 2.0
+GIVE_UP_ROWS = 16
 
 Timings = dict[str, dict[int, float]]  # kernel -> rows -> seconds for a step's products
 
@@ -148,38 +151,49 @@ def measure(
     repeats: int = 3,
     clock: Callable[[], float] = time.perf_counter,
 ) -> Timings:
-    """Seconds of one step's products (every shape x its count) per kernel and
-    bucket, best of `repeats`. A 16-bit kernel more than GIVE_UP times slower than
-    the best at a bucket is not timed at larger ones (its time there is inf); the
-    exact ones always are (the float32 choice needs them)."""
+    """Seconds of one step's products per kernel and bucket, best of `repeats`.
+
+    Each shape gets as many distinct weights as the step has (its count), so the
+    weights stream from memory as in a real step instead of sitting in cache (a
+    one-row product is bound by those reads). One kernel's layouts are held at a
+    time, in KERNELS order (the exact ones first). A 16-bit kernel more than GIVE_UP
+    times slower than the best timed before it at a bucket of GIVE_UP_ROWS rows or
+    more is not timed at larger ones (inf there); the exact ones always are (the
+    float32 choice needs them)."""
     g = torch.Generator().manual_seed(0)
-    weights = {s: torch.randn(s[0], s[1], generator=g) * 0.02 for s in shapes}
-    held = {s: layouts(w, set(kernels)) for s, w in weights.items()}
+    xs = {(r, s): torch.randn(r, s[1], generator=g) for r in buckets for s in shapes}
     out: Timings = {k: {} for k in kernels}
-    dropped: set[str] = set()
-    for rows in buckets:
-        xs = {s: torch.randn(rows, s[1], generator=g) for s in shapes}
-        for k in kernels:
-            if k in dropped:
+    for k in sorted(kernels, key=KERNELS.index):
+        held = {s: [layouts(_weight(s, g), {k})[k] for _ in range(s[2])] for s in shapes}
+        given_up = False
+        for rows in buckets:
+            if given_up:
                 out[k][rows] = math.inf
                 continue
-            out[k][rows] = _best(k, shapes, held, xs, repeats, clock)
-        best = min(out[k][rows] for k in kernels)
-        dropped |= {k for k in kernels if out[k][rows] > GIVE_UP * best and k not in EXACT}
+            by_shape = {s: xs[(rows, s)] for s in shapes}
+            out[k][rows] = _best(k, shapes, held, by_shape, repeats, clock)
+            best = min(out[j].get(rows, math.inf) for j in kernels)
+            slow = out[k][rows] > GIVE_UP * best and rows >= GIVE_UP_ROWS
+            given_up = k not in EXACT and slow
+        del held
     return out
 
 
+def _weight(shape: tuple[int, int, int], g: torch.Generator) -> Tensor:
+    return torch.randn(shape[0], shape[1], generator=g) * 0.02  # (N, K)
+
+
 def _best(kernel, shapes, held, xs, repeats: int, clock) -> float:
-    product(kernel, xs[shapes[0]], held[shapes[0]][kernel])  # warm up (oneDNN primitives)
+    """Best of `repeats` runs of every weight of every shape (one step's products)."""
+    product(kernel, xs[shapes[0]], held[shapes[0]][0])  # warm up (oneDNN primitives)
     best = math.inf
     for _ in range(repeats):
-        total = 0.0
+        t0 = clock()
         for s in shapes:
-            x, w = xs[s], held[s][kernel]
-            t0 = clock()
-            product(kernel, x, w)
-            total += (clock() - t0) * s[2]
-        best = min(best, total)
+            x = xs[s]
+            for w in held[s]:
+                product(kernel, x, w)
+        best = min(best, clock() - t0)
     return best
 
 

@@ -69,13 +69,14 @@ def test_a_far_slower_kernel_is_not_timed_at_larger_buckets(monkeypatch):
     def best(kernel, shapes, held, xs, repeats, clock):
         rows = next(iter(xs.values())).shape[0]
         calls.append((kernel, rows))
-        return {"float16": 10.0, "float32": 20.0}.get(kernel, 1.0)
+        return {"float16": 10.0, "float32": 1.0, "float32-t": 30.0}.get(kernel, 0.5)
 
     monkeypatch.setattr(tuning, "_best", best)
-    out = measure([(8, 4, 2)], ["float32", "float16", "bfloat16"], (1, 2, 4))
-    assert out["float16"] == {1: 10.0, 2: math.inf, 4: math.inf}
-    assert ("float16", 2) not in calls and ("bfloat16", 4) in calls
-    assert out["float32"] == {1: 20.0, 2: 20.0, 4: 20.0}  # exact kernels are always timed
+    buckets = (1, 16, 32, 64)  # given up from GIVE_UP_ROWS (16) on, never below
+    out = measure([(8, 4, 2)], ["float16", "bfloat16", "float32", "float32-t"], buckets)
+    assert out["float16"] == {1: 10.0, 16: 10.0, 32: math.inf, 64: math.inf}  # 10x float32
+    assert ("float16", 32) not in calls and ("bfloat16", 64) in calls
+    assert set(out["float32-t"].values()) == {30.0}  # exact kernels are always timed
 
 
 def test_measuring_times_every_kernel_on_the_real_products():
