@@ -35,3 +35,16 @@ def test_timing_code_runs_under_the_interpreter():
     assert [t.kernel for t in timings] == ["gather_rotate", "decode_attention", "flex_prefill"]
     assert all(t.ours_ms > 0 and t.reference_ms > 0 and t.sdpa_ms > 0 for t in timings)
     assert table(timings, "cpu").row_count == 3
+
+
+def test_cpu_prints_the_measured_product_kernels_and_caches_them(tiny_dirs, tmp_path, monkeypatch):
+    monkeypatch.setenv("CORPS_HOME", str(tmp_path))
+    args = ["bench", "kernels", "--cpu", "--model", str(tiny_dirs["llama"])]
+    first = runner.invoke(app, args, terminal_width=160)
+    assert first.exit_code == 0, first.output
+    assert "auto picks" in first.output and "float32 picks" in first.output
+    assert "timed now" in first.output and list((tmp_path / "kernels").glob("*.json"))
+    again = runner.invoke(app, args, terminal_width=160)
+    assert again.exit_code == 0 and "timed now" not in again.output  # read from the cache
+    fresh = runner.invoke(app, [*args, "--remeasure"], terminal_width=160)
+    assert fresh.exit_code == 0 and "timed now" in fresh.output
