@@ -2,11 +2,14 @@
 
     corps run examples/custom_workflow.py --set question='"What is 12*12?"'
 
-Two solvers answer in parallel from one shared, once-encoded system prompt; a
-checker reads both answers and picks one. Uses only the public API.
+Two solvers answer the same once-encoded question at the same time (their decodes
+share the engine's steps), each sampling with its own seed; a checker reads both
+answers and picks one. Uses only the public API.
 """
 
 from __future__ import annotations
+
+import anyio
 
 from corps.agents import Agent, Runtime
 from corps.cache import Handle
@@ -14,7 +17,8 @@ from corps.cache import Handle
 
 class Solver(Agent):
     async def handle(self, q: Handle) -> Handle:
-        return await self.decode(parents=[q], max_tokens=48, temperature=0.7, seed=len(self.name))
+        seed = sum(map(ord, self.name))  # its own, reproducible: solver-a and solver-b differ
+        return await self.decode(parents=[q], max_tokens=48, temperature=0.7, seed=seed)
 
 
 async def run(rt: Runtime, question: str = "What is 12 times 12?") -> dict:
@@ -22,8 +26,15 @@ async def run(rt: Runtime, question: str = "What is 12 times 12?") -> dict:
     q = await engine.prefill(f"Solve briefly: {question}")
     for name in ("solver-a", "solver-b"):
         await rt.spawn(Solver, name)
-    first = await rt.ask("solver-a", q)
-    second = await rt.ask("solver-b", q)
+    answers: dict[str, Handle] = {}
+
+    async def ask(name: str) -> None:
+        answers[name] = await rt.ask(name, q)
+
+    async with anyio.create_task_group() as tg:  # both at once
+        tg.start_soon(ask, "solver-a")
+        tg.start_soon(ask, "solver-b")
+    first, second = answers["solver-a"], answers["solver-b"]
     check = await engine.prefill("Which answer above is right? Reply with the number only.")
     verdict = await engine.decode(parents=[q, first, second, check], max_tokens=16)
     return dict(answers=[first.text, second.text], verdict=verdict.text)

@@ -12,9 +12,12 @@ contains.
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Annotated, Literal
+
+from pydantic import Field
 
 from corps.agents import Runtime
+from corps.patterns.params import Temperature, Text, Tokens, TopP
 from corps.patterns.parsing import parse_groups
 from corps.patterns.result import PatternResult
 from corps.patterns.run import Run
@@ -37,12 +40,12 @@ def present(story: str, concepts: list[str]) -> list[str]:
 
 async def branch_solve_merge(
     rt: Runtime,
-    concepts: tuple[str, ...] = CONCEPTS,
+    concepts: Annotated[tuple[Text, ...], Field(min_length=2)] = CONCEPTS,
     *,
     layout: Literal["serial", "parallel"] = "serial",
-    max_tokens: int = 128,
-    temperature: float = 0.7,
-    top_p: float = 0.95,
+    max_tokens: Tokens = 128,
+    temperature: Temperature = 0.7,
+    top_p: TopP = 0.95,
     seed: int | None = None,
 ) -> PatternResult:
     """Split `concepts` in two, write a story per group in parallel, merge them."""

@@ -11,6 +11,7 @@ never does, a final judge call attends to the whole debate and answers.
 from __future__ import annotations
 
 from corps.agents import Runtime
+from corps.patterns.params import Count, Temperature, Text, Tokens, TopP
 from corps.patterns.parsing import parse_answer, parse_fields
 from corps.patterns.result import PatternResult
 from corps.patterns.run import Run
@@ -35,12 +36,12 @@ VERDICT_HEADER = '{"Reasoning": "'
 
 async def debate(
     rt: Runtime,
-    question: str = QUESTION,
+    question: Text = QUESTION,
     *,
-    rounds: int = 3,
-    max_tokens: int = 96,
-    temperature: float = 0.7,
-    top_p: float = 0.95,
+    rounds: Count = 3,
+    max_tokens: Tokens = 96,
+    temperature: Temperature = 0.7,
+    top_p: TopP = 0.95,
     seed: int | None = None,
 ) -> PatternResult:
     """Affirmative vs negative for up to `rounds` rounds; a moderator may stop early."""

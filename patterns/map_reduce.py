@@ -8,8 +8,13 @@ each call attending to the shared map instruction and its chunk; then groups of
 
 from __future__ import annotations
 
+from typing import Annotated
+
+from pydantic import Field
+
 from corps.agents import Runtime
 from corps.engine.errors import InvalidRequest
+from corps.patterns.params import Temperature, Text, Tokens, TopP
 from corps.patterns.result import PatternResult
 from corps.patterns.run import Run
 from corps.patterns.samples import DOCUMENT
@@ -35,13 +40,13 @@ def split(tokenizer, document: str, chunk_tokens: int) -> list[str]:
 
 async def map_reduce(
     rt: Runtime,
-    document: str = DOCUMENT,
+    document: Text = DOCUMENT,
     *,
-    chunk_tokens: int = 512,
-    fan_in: int = 4,
-    max_tokens: int = 48,
-    temperature: float = 0.7,
-    top_p: float = 0.95,
+    chunk_tokens: Annotated[int, Field(ge=16)] = 512,
+    fan_in: Annotated[int, Field(ge=2)] = 4,
+    max_tokens: Tokens = 48,
+    temperature: Temperature = 0.7,
+    top_p: TopP = 0.95,
     seed: int | None = None,
 ) -> PatternResult:
     """Summarise chunks of `document` in parallel, then reduce `fan_in` at a time."""

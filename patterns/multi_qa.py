@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Literal
 
 from corps.agents import Runtime
+from corps.patterns.params import Temperature, Texts, Tokens, TopP
 from corps.patterns.result import PatternResult
 from corps.patterns.run import Run
 from corps.patterns.samples import ANSWERS, QUESTIONS
@@ -22,13 +23,13 @@ SYSTEM = "Answer every question you are given, as a numbered list, one short lin
 
 async def multi_qa(
     rt: Runtime,
-    questions: tuple[str, ...] = QUESTIONS,
+    questions: Texts = QUESTIONS,
     answers: tuple[str, ...] | None = ANSWERS,
     *,
     layout: Literal["serial", "parallel"] = "serial",
-    max_tokens: int = 48,
-    temperature: float = 0.7,
-    top_p: float = 0.95,
+    max_tokens: Tokens = 48,
+    temperature: Temperature = 0.7,
+    top_p: TopP = 0.95,
     seed: int | None = None,
 ) -> PatternResult:
     """Prefill the questions independently, answer them all in one decode."""

@@ -11,6 +11,7 @@ round's \\boxed{} answers (ties to the lowest agent).
 from __future__ import annotations
 
 from corps.agents import Runtime
+from corps.patterns.params import Count, Temperature, Text, Tokens, TopP
 from corps.patterns.parsing import majority, normalize, parse_answer
 from corps.patterns.result import PatternResult
 from corps.patterns.run import Run
@@ -28,13 +29,13 @@ UPDATE = (
 
 async def parallel_debate(
     rt: Runtime,
-    question: str = QUESTION,
+    question: Text = QUESTION,
     *,
-    agents: int = 3,
-    rounds: int = 3,
-    max_tokens: int = 96,
-    temperature: float = 0.7,
-    top_p: float = 0.95,
+    agents: Count = 3,
+    rounds: Count = 3,
+    max_tokens: Tokens = 96,
+    temperature: Temperature = 0.7,
+    top_p: TopP = 0.95,
     seed: int | None = None,
 ) -> PatternResult:
     """`agents` agents answer in parallel for `rounds` rounds, reading each other."""

@@ -15,10 +15,17 @@ _INT = re.compile(r"-?\d+")
 
 
 def parse_choice(text: str, n: int) -> int | None:
-    """A 1-based candidate index in 1..n: after "BEST CHOICE:" if present, else the
-    first integer in the text. None if there is none or it is out of range."""
-    m = re.search(r"BEST CHOICE:\s*#?\s*(\d+)", text, flags=re.IGNORECASE)
-    found = m.group(1) if m else (_INT.search(text).group(0) if _INT.search(text) else None)
+    """A 1-based candidate index in 1..n. With "BEST CHOICE:" in the text, the vote is
+    the number right after it on the same line (`BEST CHOICE: 3`, `#3`); anything
+    else there is no vote, even if a number follows later (`BEST CHOICE: \n Step 2`
+    names a step, not a candidate). Without the marker, the first integer. None if
+    there is none or it is out of range: a malformed vote, counted as a parse error."""
+    marker = re.search(r"BEST CHOICE:", text, flags=re.IGNORECASE)
+    if marker:
+        m = re.match(r"[ \t]*#?[ \t]*(\d+)(?![\d.]\d)", text[marker.end() :])
+        found = m.group(1) if m else None
+    else:
+        found = _INT.search(text).group(0) if _INT.search(text) else None
     if found is None:
         return None
     k = int(found)

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict
 from corps.agents import Agent, Runtime
 from corps.cache.handle import Handle
 from corps.cache.visibility import Private
+from corps.patterns.params import Count, Temperature, Tokens, TopP
 from corps.patterns.parsing import parse_decision
 from corps.patterns.result import PatternResult
 from corps.patterns.run import Run
@@ -57,9 +58,9 @@ class Turn(BaseModel):
     model_config = ConfigDict(arbitrary_types_allowed=True, frozen=True)
     kind: Literal["plan", "speak", "decide"]
     history: tuple[Handle, ...] = ()
-    max_tokens: int = 48
-    temperature: float = 0.7
-    top_p: float = 0.95
+    max_tokens: Tokens = 48
+    temperature: Temperature = 0.7
+    top_p: TopP = 0.95
     seed: int | None = None
     index: int = 0  # the run's turn index (keys a Replay)
     force: tuple[int, ...] = ()  # replayed tokens (equal-work benchmarks)
@@ -114,7 +115,7 @@ async def prisoners_dilemma(
     *,
     alice: Literal["defect", "free"] = "defect",
     bob: Literal["defect", "free"] = "free",
-    rounds: int = 2,
+    rounds: Count = 2,
     alice_first: bool = True,
     leak_policy: Literal["allow", "warn", "deny", "reencode"] | None = None,
     max_tokens: int = 48,

@@ -11,6 +11,7 @@ closing prompt.
 from __future__ import annotations
 
 from corps.agents import Runtime
+from corps.patterns.params import Count, Temperature, Text, Tokens, TopP
 from corps.patterns.parsing import majority, parse_answer, parse_choice
 from corps.patterns.result import PatternResult
 from corps.patterns.run import Run
@@ -34,14 +35,14 @@ FINISH_NOW = "Check the solution above and give the final answer in \\boxed{}."
 
 async def tree_of_thoughts(
     rt: Runtime,
-    question: str = QUESTION,
+    question: Text = QUESTION,
     *,
-    branches: int = 8,
-    voters: int = 4,
-    vote_tokens: int = 12,
-    max_tokens: int = 96,
-    temperature: float = 0.7,
-    top_p: float = 0.95,
+    branches: Count = 8,
+    voters: Count = 4,
+    vote_tokens: Tokens = 12,
+    max_tokens: Tokens = 96,
+    temperature: Temperature = 0.7,
+    top_p: TopP = 0.95,
     seed: int | None = None,
 ) -> PatternResult:
     """Propose `branches` solutions, let `voters` pick one, then solve from the winner."""

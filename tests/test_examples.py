@@ -81,3 +81,16 @@ async def test_ask_example_runs(tiny_dirs, monkeypatch, capsys):
     monkeypatch.setattr(ask.Engine, "open", lambda *a, **k: open_tiny(tiny_dirs, "llama"))
     await ask.main()
     assert "Q: What is 7*6?" in capsys.readouterr().out
+
+
+async def test_custom_workflow_example_asks_its_solvers_at_once(tiny_dirs):
+    from corps.agents import Runtime
+
+    example = load("custom_workflow")
+    seeds = {sum(map(ord, n)) for n in ("solver-a", "solver-b")}
+    assert len(seeds) == 2  # each solver samples with its own seed
+    async with open_tiny(tiny_dirs, "llama") as engine, Runtime(engine) as rt:
+        result = await example.run(rt, question="What is 3 times 7?")
+        stats = engine.stats()
+    assert len(result["answers"]) == 2 and isinstance(result["verdict"], str)
+    assert stats.mean_batch_size > 1.2  # the two decodes shared steps (alone: 1.0)

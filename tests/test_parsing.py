@@ -27,6 +27,18 @@ def test_choices_are_range_checked():
     assert parse_choice("Solution 4 is right", 4) == 4
 
 
+def test_a_number_that_is_not_the_replys_answer_is_not_a_vote():
+    """Malformed votes count as parse errors instead of votes for whatever number
+    the reply mentions later."""
+    assert parse_choice("BEST CHOICE: \n Step 2: add the boxes", 4) is None
+    assert parse_choice("BEST CHOICE: Step 2 is best", 4) is None
+    assert parse_choice("BEST CHOICE:\n2", 4) is None  # the format puts it on the line
+    assert parse_choice("BEST CHOICE: 2.5", 4) is None  # not a candidate number
+    assert parse_choice("BEST CHOICE: \nBEST CHOICE:", 4) is None
+    assert parse_choice("BEST CHOICE: 3, since 2 adds wrong", 4) == 3
+    assert parse_choice("BEST CHOICE:\t#1.", 4) == 1
+
+
 def test_answers():
     assert parse_boxed(r"so \boxed{\frac{1}{2}} done") == r"\frac{1}{2}"
     assert parse_boxed(r"\boxed{1} then \boxed{2}") == "2"
