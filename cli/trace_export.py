@@ -2,10 +2,13 @@
 
 - `perfetto(trace)`: the Chrome trace event format (`{"traceEvents": [...]}`),
   which ui.perfetto.dev and chrome://tracing open: one process, one thread per
-  agent, a complete event (`ph: "X"`) per call with its phases nested inside,
-  async events (`b`/`e`) for calls that overlap another call of the same agent,
-  flow arrows from the call that made a message to the calls that read it, and
-  counter tracks for store occupancy and batch size.
+  agent and lane (an agent's overlapping calls get lanes of their own, as the
+  terminal viewer's sub-rows), a complete event (`ph: "X"`) per call with its
+  phases nested inside, flow arrows from the call that made a message to the
+  calls that read it, and counter tracks for store occupancy and batch size.
+  Perfetto binds a flow event to the slice open at its timestamp on its
+  thread, so each arrow starts inside its maker's call and ends inside its
+  reader's, each alone on its lane.
 - `otlp(trace)`: OpenTelemetry spans as OTLP/JSON (`resourceSpans`), following
   the GenAI semantic conventions; `post_otlp` sends them to an OTLP/HTTP
   collector (Phoenix, Jaeger, Logfire, otel-tui) with no extra dependency.
@@ -62,22 +65,23 @@ def _us(t: float) -> float:
 
 
 def perfetto(trace: Trace) -> dict[str, Any]:
-    names = names_of(trace)
     h = trace.header
     events: list[dict[str, Any]] = [
         _meta("process_name", 0, f"corps {h.model} ({h.mode})"),
     ]
     lanes = Timeline(trace)._lanes()  # same packing as the viewer: row 0 is the agent's track
-    tids = {name: i + 1 for i, name in enumerate(lanes)}
-    for name, tid in tids.items():
-        events.append(_meta("thread_name", tid, name))
-        events.append(_meta("thread_sort_index", tid, None, sort_index=tid))
     now = trace.end_t
+    lane_of: dict[int, int] = {}  # call id -> its lane's thread id
+    tid = 0
     for name, rows in lanes.items():
         for r, row in enumerate(rows):
+            tid += 1
+            events.append(_meta("thread_name", tid, name if r == 0 else f"{name} ({r + 1})"))
+            events.append(_meta("thread_sort_index", tid, None, sort_index=tid))
             for c in row:
-                events += _call_events(c, tids[name], overlapped=r > 0, now=now)
-    events += _flows(trace, tids, names, now)
+                lane_of[c.id] = tid
+                events += _call_events(c, tid, now=now)
+    events += _flows(trace, lane_of, now)
     for s in trace.steps:
         ts = _us(s.t)
         events.append(_counter("store tokens", ts, used=s.store_used, capacity=s.capacity))
@@ -123,61 +127,43 @@ def _call_args(c: CallRec) -> dict[str, Any]:
     return args
 
 
-def _call_events(c: CallRec, tid: int, *, overlapped: bool, now: float) -> list[dict[str, Any]]:
+def _call_events(c: CallRec, tid: int, *, now: float) -> list[dict[str, Any]]:
+    """The call's complete event on its lane, with its phases nested inside."""
     name = f"{c.kind} {c.id}"
     start, end = _us(c.start), _us(c.stop(now))
-    if not overlapped:
-        out = [dict(ph="X", pid=1, tid=tid, ts=start, dur=end - start, name=name, cat="call")]
-        out[0]["args"] = _call_args(c)
-        for phase, a, b in _phases(c, now):
-            out.append(
-                dict(
-                    ph="X", pid=1, tid=tid, ts=_us(a), dur=_us(b) - _us(a), name=phase, cat="phase"
-                )
-            )
-        return out
-    # overlaps another call of this agent: an async slice, drawn on its own row
-    common = dict(pid=1, tid=tid, cat="call", id=c.id)
-    return [
-        dict(ph="b", ts=start, name=name, args=_call_args(c), **common),
-        dict(ph="e", ts=end, name=name, **common),
-    ]
+    out = [dict(ph="X", pid=1, tid=tid, ts=start, dur=end - start, name=name, cat="call")]
+    out[0]["args"] = _call_args(c)
+    for phase, a, b in _phases(c, now):
+        out.append(
+            dict(ph="X", pid=1, tid=tid, ts=_us(a), dur=_us(b) - _us(a), name=phase, cat="phase")
+        )
+    return out
 
 
-def _flows(trace: Trace, tids: dict[str, int], names, now: float) -> list[dict[str, Any]]:
-    """Arrows from the call that made a message to each call that read it."""
+def _inside(c: CallRec, now: float, at_end: bool) -> float:
+    """A timestamp inside the call's slice: 1 us from its end (a maker) or its start (a
+    reader), its middle when it is shorter than 2 us."""
+    a, b = _us(c.start), _us(c.stop(now))
+    if b - a < 2:
+        return (a + b) / 2
+    return b - 1 if at_end else a + 1
+
+
+def _flows(trace: Trace, lane_of: dict[int, int], now: float) -> list[dict[str, Any]]:
+    """Arrows from the call that made a message to each call that read it: a flow start
+    inside the maker's slice, a flow end (bound to the enclosing slice) inside the
+    reader's, each on the call's own lane."""
     out = []
     n = 0
     for c in trace.calls.values():
         for p in c.queued.parents:
             maker = trace.producer(p)
-            if maker is None or maker.end is None:
+            if maker is None or maker.end is None or maker.id not in lane_of:
                 continue
             n += 1
-            src_ts = _us(maker.stop(now)) - 1  # inside the maker's slice
-            out.append(
-                dict(
-                    ph="s",
-                    id=n,
-                    pid=1,
-                    tid=tids[names(maker.agent)],
-                    ts=src_ts,
-                    name=f"m{p}",
-                    cat="message",
-                )
-            )
-            out.append(
-                dict(
-                    ph="f",
-                    bp="e",
-                    id=n,
-                    pid=1,
-                    tid=tids[names(c.agent)],
-                    ts=_us(c.start) + 1,
-                    name=f"m{p}",
-                    cat="message",
-                )
-            )
+            common = dict(id=n, pid=1, name=f"m{p}", cat="message")
+            out.append(dict(ph="s", tid=lane_of[maker.id], ts=_inside(maker, now, True), **common))
+            out.append(dict(ph="f", bp="e", tid=lane_of[c.id], ts=_inside(c, now, False), **common))
     return out
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -44,18 +45,54 @@ def test_perfetto_export_is_valid_for_every_pattern(traces, key):
     events = doc["traceEvents"]
     threads = {e["args"]["name"]: e["tid"] for e in events if e["name"] == "thread_name"}
     agents = {tx.names_of(trace)(c.agent) for c in trace.calls.values()}
-    assert set(threads) == agents  # one lane per agent
+    assert {name.split(" (")[0] for name in threads} == agents  # lanes of each agent
     calls = [e for e in events if e.get("cat") == "call" and e["ph"] in "Xb"]
     assert sorted(e["args"]["call"] for e in calls) == sorted(trace.calls)
     assert any(e["ph"] == "C" and e["name"] == "store tokens" for e in events)
 
 
-def test_overlapping_calls_become_async_slices(traces):
-    doc = tx.perfetto(Trace.load(traces["tree_of_thoughts"]))
-    asyncs = [e for e in doc["traceEvents"] if e["ph"] == "b"]
-    assert asyncs  # 4 proposals of one agent overlap
-    flows = [e for e in doc["traceEvents"] if e["ph"] == "s"]
-    assert flows  # the voters read the proposals
+def _enclosing_call(events: list[dict], tid: int, ts: float) -> int:
+    """The call whose complete event on thread `tid` encloses `ts` (exactly one)."""
+    found = [
+        e["args"]["call"]
+        for e in events
+        if e["ph"] == "X" and e.get("cat") == "call" and e["tid"] == tid
+        if e["ts"] <= ts <= e["ts"] + e["dur"]
+    ]
+    assert len(found) == 1, (tid, ts, found)
+    return found[0]
+
+
+@pytest.mark.parametrize("key", list(TRACE_SETTINGS))
+def test_every_flow_starts_on_its_maker_and_ends_on_its_reader(traces, key):
+    """Perfetto binds a flow event to the slice open at its timestamp on its thread:
+    each arrow must start inside the call that made the message and end inside the
+    call that read it (overlapping calls of an agent get lanes of their own)."""
+    trace = Trace.load(traces[key])
+    events = tx.perfetto(trace)["traceEvents"]
+    for tid in {e["tid"] for e in events if e["ph"] == "X"}:  # a lane's calls never overlap
+        spans = sorted(
+            (e["ts"], e["ts"] + e["dur"])
+            for e in events
+            if e["ph"] == "X" and e.get("cat") == "call" and e["tid"] == tid
+        )
+        assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
+    starts = {e["id"]: e for e in events if e["ph"] == "s"}
+    ends = {e["id"]: e for e in events if e["ph"] == "f"}
+    assert starts and set(starts) == set(ends)
+    for n, s in starts.items():
+        message = int(s["name"].removeprefix("m"))
+        maker = _enclosing_call(events, s["tid"], s["ts"])
+        reader = _enclosing_call(events, ends[n]["tid"], ends[n]["ts"])
+        assert maker == trace.producer(message).id
+        assert message in trace.calls[reader].queued.parents
+    expected = sum(
+        1
+        for c in trace.calls.values()
+        for p in c.queued.parents
+        if (m := trace.producer(p)) is not None and m.end is not None
+    )
+    assert len(starts) == expected  # every read of a made message has its arrow
 
 
 def test_otlp_spans_follow_the_genai_conventions(traces):
