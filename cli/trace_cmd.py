@@ -174,7 +174,7 @@ def export(
     if svg is not None or html is not None:
         console = tx.record(trace, width=width)
         if svg is not None:
-            svg.write_text(console.export_svg(title=f"corps trace {file.name}", clear=False))
+            svg.write_text(tx.svg(console, f"corps trace {file.name}"))
             out.print(f"wrote {svg}")
         if html is not None:
             html.write_text(console.export_html(clear=False))

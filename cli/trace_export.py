@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import re
 import urllib.request
 from typing import Any
 
@@ -301,6 +302,16 @@ def post_otlp(payload: dict[str, Any], endpoint: str, timeout: float = 10.0) -> 
 
 
 # ---- SVG / HTML ----
+
+
+_FONT_FACE = re.compile(r"\s*@font-face\s*\{[^}]*\}")
+
+
+def svg(console: Console, title: str) -> str:
+    """The recorded console as a self-contained SVG: rich's export without its
+    `@font-face` rules, which fetch Fira Code from a CDN when the picture is opened
+    (the text falls back to a local Fira Code, else the viewer's monospace)."""
+    return _FONT_FACE.sub("", console.export_svg(title=title, clear=False))
 
 
 def record(trace: Trace, width: int = 120, flt: Filter = ALL, limit: int = 40) -> Console:

@@ -153,7 +153,9 @@ def test_post_otlp_sends_json_to_a_collector(traces):
 
 def test_svg_and_html(traces):
     console = tx.record(Trace.load(traces["prisoners_dilemma"]), width=100)
-    svg = console.export_svg(title="t", clear=False)
+    svg = tx.svg(console, "t")
+    assert "@font-face" not in svg and "url(http" not in svg  # nothing fetched when opened
+    assert "Fira Code" in svg  # a local font, else monospace
     html = console.export_html(clear=False)
     assert svg.startswith("<svg") and "timeline" in svg.replace("&#160;", " ")
     assert "<html>" in html.lower() and "leak" in html
