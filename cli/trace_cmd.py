@@ -11,6 +11,7 @@ import typer
 from rich.console import Console, Group
 from rich.markup import escape
 
+from corps.cache.errors import CorpsError
 from corps.engine.trace_file import Trace, TraceError
 
 trace_app = typer.Typer(
@@ -139,9 +140,13 @@ def export(
     otel_endpoint: Annotated[
         str | None,
         typer.Option(
-            help="POST the spans to an OTLP/HTTP collector, e.g. http://localhost:4318/v1/traces."
+            help="Send the spans to an OTLP collector with the OpenTelemetry SDK, e.g. "
+            "http://localhost:4318/v1/traces (needs pip install 'corps[otel]')."
         ),
     ] = None,
+    otel_protocol: Annotated[
+        str, typer.Option(help="http/protobuf (default) or grpc (e.g. localhost:4317).")
+    ] = "http/protobuf",
     svg: Annotated[Path | None, typer.Option(help="The viewer's overview as SVG.")] = None,
     html: Annotated[Path | None, typer.Option(help="The viewer's overview as HTML.")] = None,
     width: Annotated[int, typer.Option(min=60, help="Columns for --svg / --html.")] = 120,
@@ -165,12 +170,14 @@ def export(
             otel.write_text(json.dumps(spans))
             out.print(f"wrote {otel} (OTLP/JSON)")
         if otel_endpoint is not None:
+            from corps.cli import trace_otel
+
             try:
-                status = tx.post_otlp(spans, otel_endpoint)
-            except OSError as exc:
-                err.print(f"[bold red]error:[/] could not send to {otel_endpoint}: {exc}")
+                n = trace_otel.send(spans, otel_endpoint, protocol=otel_protocol)
+            except CorpsError as exc:
+                err.print(f"[bold red]error:[/] {exc}")
                 raise typer.Exit(1) from None
-            out.print(f"sent {file.name} to {otel_endpoint} (HTTP {status})")
+            out.print(f"sent {n} spans of {file.name} to {otel_endpoint} ({otel_protocol})")
     if svg is not None or html is not None:
         console = tx.record(trace, width=width)
         if svg is not None:

@@ -10,8 +10,9 @@
   thread, so each arrow starts inside its maker's call and ends inside its
   reader's, each alone on its lane.
 - `otlp(trace)`: OpenTelemetry spans as OTLP/JSON (`resourceSpans`), following
-  the GenAI semantic conventions; `post_otlp` sends them to an OTLP/HTTP
-  collector (Phoenix, Jaeger, Logfire, otel-tui) with no extra dependency.
+  the GenAI semantic conventions; `corps.cli.trace_otel.send` hands them to the
+  OpenTelemetry SDK's OTLP exporter (HTTP/protobuf or gRPC) for Phoenix, Jaeger,
+  Logfire or otel-tui.
 - `record(trace, width)`: the viewer recorded by rich, for `export_svg` / `export_html`.
 """
 
@@ -19,9 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import re
-import urllib.request
 from typing import Any
 
 from rich.console import Console
@@ -287,18 +286,6 @@ def _call_span(trace_id, parent, c: CallRec, agent, model, nanos, now) -> dict[s
     return _span(
         trace_id, sid, parent, f"{op} {model}", c.start, c.stop(now), nanos, 3, attrs, status
     )
-
-
-def post_otlp(payload: dict[str, Any], endpoint: str, timeout: float = 10.0) -> int:
-    """POST OTLP/JSON to a collector's `/v1/traces` endpoint; the HTTP status."""
-    req = urllib.request.Request(
-        endpoint,
-        data=json.dumps(payload).encode(),
-        headers={"Content-Type": "application/json"},
-        method="POST",
-    )
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        return resp.status
 
 
 # ---- SVG / HTML ----
