@@ -16,13 +16,13 @@ _INT = re.compile(r"-?\d+")
 
 def parse_choice(text: str, n: int) -> int | None:
     """A 1-based candidate index in 1..n. With "BEST CHOICE:" in the text, the vote is
-    the number right after it on the same line (`BEST CHOICE: 3`, `#3`); anything
+    the number right after its last occurrence, on the same line (`BEST CHOICE: 3`, `#3`); anything
     else there is no vote, even if a number follows later (`BEST CHOICE: \n Step 2`
     names a step, not a candidate). Without the marker, the first integer. None if
     there is none or it is out of range: a malformed vote, counted as a parse error."""
-    marker = re.search(r"BEST CHOICE:", text, flags=re.IGNORECASE)
-    if marker:
-        m = re.match(r"[ \t]*#?[ \t]*(\d+)(?![\d.]\d)", text[marker.end() :])
+    markers = list(re.finditer(r"BEST CHOICE:", text, flags=re.IGNORECASE))
+    if markers:  # the last one: a reply may repeat the header it was given
+        m = re.match(r"[ \t]*#?[ \t]*(\d+)(?![\d.]\d)", text[markers[-1].end() :])
         found = m.group(1) if m else None
     else:
         found = _INT.search(text).group(0) if _INT.search(text) else None

@@ -37,6 +37,7 @@ def test_a_number_that_is_not_the_replys_answer_is_not_a_vote():
     assert parse_choice("BEST CHOICE: \nBEST CHOICE:", 4) is None
     assert parse_choice("BEST CHOICE: 3, since 2 adds wrong", 4) == 3
     assert parse_choice("BEST CHOICE:\t#1.", 4) == 1
+    assert parse_choice("BEST CHOICE: BEST CHOICE: 1.\nThis is the 1st option.", 4) == 1
 
 
 def test_answers():
