@@ -218,3 +218,24 @@ def test_svg_and_html(traces):
     html = console.export_html(clear=False)
     assert svg.startswith("<svg") and "timeline" in svg.replace("&#160;", " ")
     assert "<html>" in html.lower() and "leak" in html
+
+
+def test_no_message_text_and_no_private_text_leaves_in_network_exports(traces):
+    """OTLP spans (what goes over the network) and Perfetto events carry ids, counts
+    and timings, never a message's text: a private system prompt stays home."""
+    trace = Trace.load(traces["prisoners_dilemma"])
+    private = [
+        trace.text(m.id)
+        for m in trace.messages.values()
+        if m.visibility != "public" and trace.text(m.id)
+    ]
+    assert private  # the pattern's players have private system prompts
+    for blob in (json.dumps(tx.otlp(trace)), json.dumps(tx.perfetto(trace))):
+        assert not any(text[:40] in blob for text in private)
+
+
+def test_exporting_a_trace_twice_gives_the_same_trace_and_span_ids(traces):
+    """Ids are derived from the run, so sending it again does not make a second trace."""
+    path = traces["debate"]
+    first, again = tx.otlp(Trace.load(path)), tx.otlp(Trace.load(path))
+    assert first == again
