@@ -6,7 +6,8 @@ import io
 import json
 import os
 import warnings
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -82,6 +83,13 @@ def run(
         Path | None,
         typer.Option(help="Write a trace (JSON lines) here; view it with `corps trace view`."),
     ] = None,
+    otel_endpoint: Annotated[
+        str | None,
+        typer.Option(
+            help="Send each call's span to this OTLP/HTTP collector as the call ends, e.g. "
+            "http://localhost:4318/v1/traces (needs pip install 'corps[otel]').",
+        ),
+    ] = None,
     live: Annotated[
         bool | None,
         typer.Option(
@@ -110,6 +118,10 @@ def run(
             leak_policy=leak_policy,
             trace=trace,
         )
+        if otel_endpoint is not None:
+            from corps.cli.trace_otel import check_available
+
+            check_available()
     except BadConfig as exc:
         _exit(exc.for_cli(), 2)
     except CorpsError as exc:
@@ -119,12 +131,14 @@ def run(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", LeakWarning)  # counted in the summary instead
             if lines is None:
-                result = anyio.run(_one, tgt, checked[0], config, live)
+                result = anyio.run(_one, tgt, checked[0], config, live, otel_endpoint)
                 _show(result, tgt)
                 if json_out is not None:
                     json_out.write_text(_dump(result) + "\n")
             else:
-                failed = anyio.run(_many, tgt, checked, config, concurrency, json_out, live)
+                failed = anyio.run(
+                    _many, tgt, checked, config, concurrency, json_out, live, otel_endpoint
+                )
                 if failed:
                     _exit(f"{failed} of {len(checked)} runs failed (see --json)", 1)
     except (AgentError, CorpsError) as exc:
@@ -152,12 +166,35 @@ def _read_inputs(path: Path) -> list[dict[str, Any]]:
     return lines
 
 
-async def _one(tgt: Target, params: dict, config: EngineConfig, live: bool) -> Any:
+async def _one(
+    tgt: Target, params: dict, config: EngineConfig, live: bool, otel: str | None = None
+) -> Any:
     from corps.agents import Runtime
     from corps.engine import Engine
 
     async with Engine.open(config) as engine, Runtime(engine) as rt:
-        return await _with_live(engine, live, lambda: tgt.fn(rt, **params))
+        with _otel(engine, config, otel):
+            return await _with_live(engine, live, lambda: tgt.fn(rt, **params))
+
+
+@contextmanager
+def _otel(engine, config: EngineConfig, endpoint: str | None) -> Iterator[None]:
+    """With an endpoint: each call's span goes to that collector as the call ends."""
+    if endpoint is None:
+        yield
+        return
+    from corps.cli.trace_otel import LiveSpans
+
+    rec = engine.recorder
+    sink = LiveSpans(endpoint, model=config.model, mode=config.mode, started_unix=rec.started_unix)
+    rec.add(sink)
+    try:
+        yield
+    finally:
+        rec.remove(sink)
+        sink.close(rec.now())
+        lost = f", {sink.dropped} not taken" if sink.dropped else ""
+        err.print(f"otel: sent {sink.sent} spans to {endpoint}{lost}", highlight=False)
 
 
 async def _with_live(engine, live: bool, body: Callable[[], Awaitable[Any]]) -> Any:
@@ -190,6 +227,7 @@ async def _many(
     concurrency: int,
     json_out: Path | None,
     live: bool = False,
+    otel: str | None = None,
 ) -> int:
     from corps.agents import Runtime
     from corps.engine import Engine
@@ -216,7 +254,8 @@ async def _many(
                     for i in range(len(runs)):
                         tg.start_soon(one, i)
 
-            await _with_live(engine, live, all_runs)
+            with _otel(engine, config, otel):
+                await _with_live(engine, live, all_runs)
     failed = sum(isinstance(r, Exception) for r in results)
     _show_many(results, tgt)
     if json_out is not None:

@@ -26,6 +26,7 @@ from typing import Any
 from rich.console import Console
 
 from corps.cli.trace_view import ALL, Filter, Timeline, names_of, overview
+from corps.engine.trace import CallEnd
 from corps.engine.trace_file import CallRec, Trace
 
 
@@ -249,18 +250,21 @@ def _span(trace_id, sid, parent, name, a, b, nanos, kind, attrs, status=None) ->
     return span
 
 
-def _call_span(trace_id, parent, c: CallRec, agent, model, nanos, now) -> dict[str, Any]:
-    op = "chat" if c.kind == "decode" else "corps.prefill"
+def call_attributes(
+    call: int, kind: str, agent: str, model: str, end: CallEnd | None
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """A call's span attributes (OTLP/JSON, GenAI conventions) and status."""
+    op = "chat" if kind == "decode" else "corps.prefill"
     attrs = [
         _attr(GenAI.OPERATION, op),
         _attr(GenAI.MODEL, model),
         _attr(GenAI.AGENT, agent),
         _attr(GenAI.SYSTEM, "corps"),
-        _attr(Corps.CALL, c.id),
-        _attr(Corps.KIND, c.kind),
+        _attr(Corps.CALL, call),
+        _attr(Corps.KIND, kind),
     ]
-    status = {"code": 1}
-    e = c.end
+    status: dict[str, Any] = {"code": 1}
+    e = end
     if e is not None:
         prompt = e.reused + e.encoded - e.generated
         attrs += [
@@ -282,10 +286,18 @@ def _call_span(trace_id, parent, c: CallRec, agent, model, nanos, now) -> dict[s
             status = {"code": 2, "message": e.error or e.status}
     else:
         status = {"code": 0, "message": "pending when the trace ended"}
+    return attrs, status
+
+
+def span_name(kind: str, model: str) -> str:
+    return f"{'chat' if kind == 'decode' else 'corps.prefill'} {model}"
+
+
+def _call_span(trace_id, parent, c: CallRec, agent, model, nanos, now) -> dict[str, Any]:
+    attrs, status = call_attributes(c.id, c.kind, agent, model, c.end)
     sid = _hex(f"{trace_id}:call:{c.id}", 16)
-    return _span(
-        trace_id, sid, parent, f"{op} {model}", c.start, c.stop(now), nanos, 3, attrs, status
-    )
+    name = span_name(c.kind, model)
+    return _span(trace_id, sid, parent, name, c.start, c.stop(now), nanos, 3, attrs, status)
 
 
 # ---- SVG / HTML ----

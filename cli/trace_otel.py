@@ -88,19 +88,20 @@ def send(payload: dict[str, Any], endpoint: str, *, protocol: str = "http/protob
     return len(batch)
 
 
-def _exporter(endpoint: str, protocol: str):
+def _exporter(endpoint: str, protocol: str, timeout: float = 10.0):
     try:
         if protocol == "grpc":
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-            return OTLPSpanExporter(endpoint=endpoint, insecure=endpoint.startswith("http://"))
+            insecure = endpoint.startswith("http://")
+            return OTLPSpanExporter(endpoint=endpoint, insecure=insecure, timeout=timeout)
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     except ImportError as exc:
         extra = "opentelemetry-exporter-otlp-proto-grpc" if protocol == "grpc" else "corps[otel]"
         raise OtelUnavailable(
             f"OTLP over {protocol} needs: pip install '{extra}' ({exc})"
         ) from None
-    return OTLPSpanExporter(endpoint=endpoint, timeout=10)
+    return OTLPSpanExporter(endpoint=endpoint, timeout=timeout)
 
 
 def _values(attrs: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -116,3 +117,132 @@ def _value(v: dict[str, Any]) -> Any:
         if key in v:
             return v[key]
     raise ValueError(f"unknown OTLP value {v!r}")
+
+
+class LiveSpans:
+    """A recorder sink (`engine.recorder.add(sink)`) that sends each call's span as the
+    call ends, under one root span for the run, through the SDK's batch processor.
+
+    Spans leave from a background thread, so a slow or failing collector never slows
+    or fails the run; spans it did not take are counted in `dropped` (`sent` counts
+    the rest). `close()` ends the root span and flushes, waiting at most `flush_s`.
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        model: str,
+        mode: str,
+        started_unix: float,
+        protocol: str = "http/protobuf",
+        flush_s: float = 5.0,
+    ) -> None:
+        try:
+            from opentelemetry.sdk.resources import Resource
+            from opentelemetry.sdk.trace import TracerProvider
+            from opentelemetry.sdk.trace.export import BatchSpanProcessor
+            from opentelemetry.trace import set_span_in_context
+        except ImportError as exc:
+            raise OtelUnavailable(
+                f"live export needs the OpenTelemetry SDK: pip install 'corps[otel]' ({exc})"
+            ) from None
+        self.model, self._t0 = model, started_unix
+        # a short timeout: a collector that is down delays only the final flush, briefly
+        self._counter = _Counting(_exporter(endpoint, protocol, timeout=2.0))
+        self._provider = TracerProvider(resource=Resource({"service.name": "corps"}))
+        self._flush_ms = int(flush_s * 1000)
+        self._provider.add_span_processor(
+            BatchSpanProcessor(self._counter, schedule_delay_millis=500)
+        )
+        self._tracer = self._provider.get_tracer("corps")
+        self._root = self._tracer.start_span(
+            f"corps run ({mode})",
+            start_time=self._ns(0.0),
+            attributes={"corps.mode": mode, "gen_ai.request.model": model},
+        )
+        self._parent = set_span_in_context(self._root)
+        self._queued: dict[int, float] = {}
+        self._closed = False
+
+    def _ns(self, t: float) -> int:
+        return int((self._t0 + t) * 1e9)
+
+    def __call__(self, event: Any) -> None:
+        from corps.cli import trace_export as tx
+        from corps.engine.trace import CallEnd, CallQueued
+
+        if self._closed:
+            return
+        if isinstance(event, CallQueued):
+            self._queued[event.call] = event.t
+        elif isinstance(event, CallEnd):
+            from opentelemetry.trace import SpanKind, Status, StatusCode
+
+            start = self._queued.pop(event.call, event.t)
+            agent = event.agent or "(engine)"
+            attrs, status = tx.call_attributes(event.call, event.kind, agent, self.model, event)
+            span = self._tracer.start_span(
+                tx.span_name(event.kind, self.model),
+                context=self._parent,
+                kind=SpanKind.CLIENT,
+                start_time=self._ns(start),
+                attributes=_values(attrs),
+            )
+            span.set_status(Status(StatusCode(status["code"]), status.get("message")))
+            span.end(end_time=self._ns(event.t))
+
+    @property
+    def sent(self) -> int:
+        return self._counter.sent
+
+    @property
+    def dropped(self) -> int:
+        return self._counter.dropped
+
+    def close(self, t: float) -> None:
+        """End the run's root span at trace time `t` and flush what is left."""
+        if self._closed:
+            return
+        self._closed = True
+        self._root.end(end_time=self._ns(t))
+        self._provider.force_flush(self._flush_ms)
+        self._provider.shutdown()
+
+
+class _Counting:
+    """A span exporter that counts what its inner exporter took and did not."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.sent, self.dropped = inner, 0, 0
+
+    def export(self, spans):
+        try:
+            result = self.inner.export(spans)
+        except Exception:  # a broken collector must never reach the run
+            self.dropped += len(spans)
+            from opentelemetry.sdk.trace.export import SpanExportResult
+
+            return SpanExportResult.FAILURE
+        if result.name == "SUCCESS":
+            self.sent += len(spans)
+        else:
+            self.dropped += len(spans)
+        return result
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+def check_available() -> None:
+    """OtelUnavailable now (before a model loads) if the SDK is not installed."""
+    try:
+        import opentelemetry.exporter.otlp.proto.http
+        import opentelemetry.sdk  # noqa: F401
+    except ImportError as exc:
+        raise OtelUnavailable(
+            f"--otel-endpoint needs the OpenTelemetry SDK: pip install 'corps[otel]' ({exc})"
+        ) from None

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
-from typing import ClassVar
 
 import pytest
 
@@ -126,88 +123,6 @@ def test_otlp_spans_follow_the_genai_conventions(traces):
         assert key in attrs
     assert attrs[tx.GenAI.OPERATION] == {"stringValue": "chat"}
     assert "arrayValue" in attrs[tx.Corps.PARENTS]
-
-
-class ProtobufOnly(BaseHTTPRequestHandler):
-    """An OTLP/HTTP receiver that, like Phoenix, takes protobuf only (415 otherwise)
-    and decodes each request with opentelemetry-proto."""
-
-    got: ClassVar[list] = []
-
-    def do_POST(self):
-        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-            ExportTraceServiceRequest,
-        )
-
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        if self.headers["Content-Type"] != "application/x-protobuf":
-            self.send_response(415)
-            self.end_headers()
-            return
-        request = ExportTraceServiceRequest()
-        request.ParseFromString(body)
-        self.got.append((self.path, request))
-        self.send_response(200)
-        self.end_headers()
-
-    def log_message(self, *args):
-        pass
-
-
-@pytest.mark.parametrize("key", list(TRACE_SETTINGS))
-def test_spans_reach_a_protobuf_only_collector_whole(traces, key):
-    """Every call of every pattern arrives as a span, its parent resolves, and the
-    GenAI attributes are there, through the OpenTelemetry SDK's exporter."""
-    pytest.importorskip("opentelemetry.sdk")
-    from corps.cli import trace_otel
-
-    ProtobufOnly.got = []
-    server = HTTPServer(("127.0.0.1", 0), ProtobufOnly)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        trace = Trace.load(traces[key])
-        payload = tx.otlp(trace)
-        url = f"http://127.0.0.1:{server.server_port}/v1/traces"
-        n = trace_otel.send(payload, url)
-    finally:
-        server.shutdown()
-        server.server_close()
-    spans = [
-        span
-        for _, req in ProtobufOnly.got
-        for rs in req.resource_spans
-        for ss in rs.scope_spans
-        for span in ss.spans
-    ]
-    assert ProtobufOnly.got[0][0] == "/v1/traces" and n == len(spans)
-    ids = {span.span_id for span in spans}
-    assert all(not span.parent_span_id or span.parent_span_id in ids for span in spans)
-    calls = [s for s in spans if any(a.key == tx.Corps.CALL for a in s.attributes)]
-    assert sorted(
-        next(a.value.int_value for a in s.attributes if a.key == tx.Corps.CALL) for s in calls
-    ) == sorted(trace.calls)
-    for s in calls:
-        keys = {a.key for a in s.attributes}
-        assert {"gen_ai.operation.name", "gen_ai.request.model", "gen_ai.agent.name"} <= keys
-    assert len({span.trace_id for span in spans}) == 1
-
-
-def test_a_collector_that_is_down_fails_the_export_in_one_line(traces, tmp_path):
-    pytest.importorskip("opentelemetry.sdk")
-    from typer.testing import CliRunner
-
-    from corps.cli.app import app
-
-    server = HTTPServer(("127.0.0.1", 0), ProtobufOnly)
-    port = server.server_port
-    server.server_close()  # nothing listens there now
-    result = CliRunner().invoke(
-        app,
-        ["trace", "export", str(traces["debate"]), "--otel-endpoint", f"http://127.0.0.1:{port}"],
-    )
-    assert result.exit_code == 1 and "did not take" in result.output
-    assert "Traceback" not in result.output
 
 
 def test_svg_and_html(traces):

@@ -1,0 +1,162 @@
+"""cli/trace_otel.py: spans sent with the OpenTelemetry SDK, after a run and while it runs."""
+
+from __future__ import annotations
+
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from typing import ClassVar
+
+import pytest
+
+from corps.cli import trace_export as tx
+from corps.engine.trace_file import Trace
+
+from conftest import TRACE_SETTINGS
+
+
+class ProtobufOnly(BaseHTTPRequestHandler):
+    """An OTLP/HTTP receiver that, like Phoenix, takes protobuf only (415 otherwise)
+    and decodes each request with opentelemetry-proto."""
+
+    got: ClassVar[list] = []
+
+    def do_POST(self):
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest,
+        )
+
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        if self.headers["Content-Type"] != "application/x-protobuf":
+            self.send_response(415)
+            self.end_headers()
+            return
+        request = ExportTraceServiceRequest()
+        request.ParseFromString(body)
+        self.got.append((self.path, request))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.parametrize("key", list(TRACE_SETTINGS))
+def test_spans_reach_a_protobuf_only_collector_whole(traces, key):
+    """Every call of every pattern arrives as a span, its parent resolves, and the
+    GenAI attributes are there, through the OpenTelemetry SDK's exporter."""
+    pytest.importorskip("opentelemetry.sdk")
+    from corps.cli import trace_otel
+
+    ProtobufOnly.got = []
+    server = HTTPServer(("127.0.0.1", 0), ProtobufOnly)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        trace = Trace.load(traces[key])
+        payload = tx.otlp(trace)
+        url = f"http://127.0.0.1:{server.server_port}/v1/traces"
+        n = trace_otel.send(payload, url)
+    finally:
+        server.shutdown()
+        server.server_close()
+    spans = [
+        span
+        for _, req in ProtobufOnly.got
+        for rs in req.resource_spans
+        for ss in rs.scope_spans
+        for span in ss.spans
+    ]
+    assert ProtobufOnly.got[0][0] == "/v1/traces" and n == len(spans)
+    ids = {span.span_id for span in spans}
+    assert all(not span.parent_span_id or span.parent_span_id in ids for span in spans)
+    calls = [s for s in spans if any(a.key == tx.Corps.CALL for a in s.attributes)]
+    assert sorted(
+        next(a.value.int_value for a in s.attributes if a.key == tx.Corps.CALL) for s in calls
+    ) == sorted(trace.calls)
+    for s in calls:
+        keys = {a.key for a in s.attributes}
+        assert {"gen_ai.operation.name", "gen_ai.request.model", "gen_ai.agent.name"} <= keys
+    assert len({span.trace_id for span in spans}) == 1
+
+
+def test_a_collector_that_is_down_fails_the_export_in_one_line(traces, tmp_path):
+    pytest.importorskip("opentelemetry.sdk")
+    from typer.testing import CliRunner
+
+    from corps.cli.app import app
+
+    server = HTTPServer(("127.0.0.1", 0), ProtobufOnly)
+    port = server.server_port
+    server.server_close()  # nothing listens there now
+    result = CliRunner().invoke(
+        app,
+        ["trace", "export", str(traces["debate"]), "--otel-endpoint", f"http://127.0.0.1:{port}"],
+    )
+    assert result.exit_code == 1 and "did not take" in result.output
+    assert "Traceback" not in result.output
+
+
+def _receiver():
+    ProtobufOnly.got = []
+    server = HTTPServer(("127.0.0.1", 0), ProtobufOnly)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def _spans():
+    return [
+        span
+        for _, req in ProtobufOnly.got
+        for rs in req.resource_spans
+        for ss in rs.scope_spans
+        for span in ss.spans
+    ]
+
+
+def test_a_run_sends_each_calls_span_as_it_ends(tiny_dirs):
+    pytest.importorskip("opentelemetry.sdk")
+    from typer.testing import CliRunner
+
+    from corps.cli.app import app
+
+    server = _receiver()
+    url = f"http://127.0.0.1:{server.server_port}/v1/traces"
+    try:
+        result = CliRunner().invoke(
+            app,
+            [
+                "run", "multi-qa", "--set", "max_tokens=4", "--model", str(tiny_dirs["llama"]),
+                "--no-live", "--otel-endpoint", url,
+            ],
+        )  # fmt: skip
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert result.exit_code == 0, result.output
+    spans = _spans()
+    roots = [s for s in spans if not s.parent_span_id]
+    calls = [s for s in spans if s.parent_span_id]
+    assert len(roots) == 1 and calls
+    assert all(s.parent_span_id == roots[0].span_id for s in calls)
+    assert all(s.trace_id == roots[0].trace_id for s in calls)
+    assert f"otel: sent {len(spans)} spans" in result.output
+
+
+def test_a_collector_that_is_down_never_fails_the_run(tiny_dirs):
+    pytest.importorskip("opentelemetry.sdk")
+    from typer.testing import CliRunner
+
+    from corps.cli.app import app
+
+    server = HTTPServer(("127.0.0.1", 0), ProtobufOnly)
+    port = server.server_port
+    server.server_close()  # nothing listens there now
+    result = CliRunner().invoke(
+        app,
+        [
+            "run", "multi-qa", "--set", "max_tokens=4", "--model", str(tiny_dirs["llama"]),
+            "--no-live", "--otel-endpoint", f"http://127.0.0.1:{port}/v1/traces",
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "answer" in result.output.lower() and "not taken" in result.output
