@@ -40,6 +40,31 @@ class ProtobufOnly(BaseHTTPRequestHandler):
         pass
 
 
+def _receiver():
+    ProtobufOnly.got = []
+    server = HTTPServer(("127.0.0.1", 0), ProtobufOnly)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def _spans():
+    return [
+        span
+        for _, req in ProtobufOnly.got
+        for rs in req.resource_spans
+        for ss in rs.scope_spans
+        for span in ss.spans
+    ]
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on."""
+    server = HTTPServer(("127.0.0.1", 0), ProtobufOnly)
+    port = server.server_port
+    server.server_close()
+    return port
+
+
 @pytest.mark.parametrize("key", list(TRACE_SETTINGS))
 def test_spans_reach_a_protobuf_only_collector_whole(traces, key):
     """Every call of every pattern arrives as a span, its parent resolves, and the
@@ -47,10 +72,7 @@ def test_spans_reach_a_protobuf_only_collector_whole(traces, key):
     pytest.importorskip("opentelemetry.sdk")
     from corps.cli import trace_otel
 
-    ProtobufOnly.got = []
-    server = HTTPServer(("127.0.0.1", 0), ProtobufOnly)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    server = _receiver()
     try:
         trace = Trace.load(traces[key])
         payload = tx.otlp(trace)
@@ -59,13 +81,7 @@ def test_spans_reach_a_protobuf_only_collector_whole(traces, key):
     finally:
         server.shutdown()
         server.server_close()
-    spans = [
-        span
-        for _, req in ProtobufOnly.got
-        for rs in req.resource_spans
-        for ss in rs.scope_spans
-        for span in ss.spans
-    ]
+    spans = _spans()
     assert ProtobufOnly.got[0][0] == "/v1/traces" and n == len(spans)
     ids = {span.span_id for span in spans}
     assert all(not span.parent_span_id or span.parent_span_id in ids for span in spans)
@@ -85,32 +101,13 @@ def test_a_collector_that_is_down_fails_the_export_in_one_line(traces, tmp_path)
 
     from corps.cli.app import app
 
-    server = HTTPServer(("127.0.0.1", 0), ProtobufOnly)
-    port = server.server_port
-    server.server_close()  # nothing listens there now
+    port = _closed_port()
     result = CliRunner().invoke(
         app,
         ["trace", "export", str(traces["debate"]), "--otel-endpoint", f"http://127.0.0.1:{port}"],
     )
     assert result.exit_code == 1 and "did not take" in result.output
     assert "Traceback" not in result.output
-
-
-def _receiver():
-    ProtobufOnly.got = []
-    server = HTTPServer(("127.0.0.1", 0), ProtobufOnly)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
-
-
-def _spans():
-    return [
-        span
-        for _, req in ProtobufOnly.got
-        for rs in req.resource_spans
-        for ss in rs.scope_spans
-        for span in ss.spans
-    ]
 
 
 def test_a_run_sends_each_calls_span_as_it_ends(tiny_dirs):
@@ -148,9 +145,7 @@ def test_a_collector_that_is_down_never_fails_the_run(tiny_dirs):
 
     from corps.cli.app import app
 
-    server = HTTPServer(("127.0.0.1", 0), ProtobufOnly)
-    port = server.server_port
-    server.server_close()  # nothing listens there now
+    port = _closed_port()
     result = CliRunner().invoke(
         app,
         [
