@@ -447,8 +447,7 @@ def _cpu_kernels(model: str, remeasure: bool) -> None:
         path = cache / f"{tuning.machine_key(shapes, tuning.available())}.json"
         path.unlink(missing_ok=True)
     timings, path, fresh = tuning.cached_timings(spec, cache)
-    timed = [k for k, by in timings.items() if any(t != float("inf") for t in by.values())]
-    choice = tuning.choose(timings, timed)
+    choice = tuning.choose_fastest(timings)
     exact = tuning.choose(timings, tuning.EXACT)
     table = bk.cpu_table(timings, choice, cpu=tuning.cpu_name(), cache=str(path), exact=exact)
     Console(width=max(120, Console().width)).print(table)

@@ -68,11 +68,10 @@ async def ours_probes(engine, decode_tokens: int, prefill_tokens: int) -> dict[s
 def measure_bound(path, dtype: str, repeats: int) -> float:
     """tok/s if a decode step did nothing but stream the weights through our projections."""
     from corps.engine.models import corps_home
-    from corps.engine.tuning import choice_for
+    from corps.engine.tuning import weight_format
     from corps.engine.weights import load_weights, read_spec, torch_dtype
 
-    choice = choice_for(dtype, read_spec(path), "cpu", corps_home() / "kernels")
-    mixed = dtype == "mixed"
+    mixed, choice = weight_format(dtype, read_spec(path), "cpu", corps_home() / "kernels")
     w = load_weights(path, dtype=torch_dtype(dtype), device="cpu", mixed=mixed, choice=choice)
     projs = [p for lw in w.layers for p in (lw.qkv, lw.o, lw.gate_up, lw.down)] + [w.lm_head]
     xs = [torch.randn(1, p.in_features, dtype=w.dtype) for p in projs]

@@ -254,9 +254,8 @@ def call_attributes(
     call: int, kind: str, agent: str, model: str, end: CallEnd | None
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """A call's span attributes (OTLP/JSON, GenAI conventions) and status."""
-    op = "chat" if kind == "decode" else "corps.prefill"
     attrs = [
-        _attr(GenAI.OPERATION, op),
+        _attr(GenAI.OPERATION, _operation(kind)),
         _attr(GenAI.MODEL, model),
         _attr(GenAI.AGENT, agent),
         _attr(GenAI.SYSTEM, "corps"),
@@ -289,8 +288,13 @@ def call_attributes(
     return attrs, status
 
 
+def _operation(kind: str) -> str:
+    """The GenAI operation of a call: a decode is a chat turn; a prefill is ours."""
+    return "chat" if kind == "decode" else "corps.prefill"
+
+
 def span_name(kind: str, model: str) -> str:
-    return f"{'chat' if kind == 'decode' else 'corps.prefill'} {model}"
+    return f"{_operation(kind)} {model}"
 
 
 def _call_span(trace_id, parent, c: CallRec, agent, model, nanos, now) -> dict[str, Any]:

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from corps.cache.errors import CorpsError
+from corps.cli import trace_export as tx
+from corps.engine.trace import CallEnd, CallQueued
 
 PROTOCOLS = ("http/protobuf", "grpc")
 
@@ -169,15 +171,13 @@ class LiveSpans:
         return int((self._t0 + t) * 1e9)
 
     def __call__(self, event: Any) -> None:
-        from corps.cli import trace_export as tx
-        from corps.engine.trace import CallEnd, CallQueued
-
+        """Runs on the event loop for every trace event: only a call's end does work."""
         if self._closed:
             return
         if isinstance(event, CallQueued):
             self._queued[event.call] = event.t
         elif isinstance(event, CallEnd):
-            from opentelemetry.trace import SpanKind, Status, StatusCode
+            from opentelemetry.trace import SpanKind, Status, StatusCode  # loaded by __init__
 
             start = self._queued.pop(event.call, event.t)
             agent = event.agent or "(engine)"

@@ -12,7 +12,7 @@ from corps.engine.config import DEFAULT_MAX_CAPACITY, DEFAULT_MEMORY_BUDGET, Eng
 from corps.engine.core import Core
 from corps.engine.executor import Executor
 from corps.engine.models import corps_home, resolve_model
-from corps.engine.tuning import KernelChoice, choice_for, measure
+from corps.engine.tuning import KernelChoice, measure, weight_format
 from corps.engine.weights import load_weights, read_spec, torch_dtype
 
 
@@ -37,8 +37,7 @@ def build_executor(cfg: EngineConfig, console: Console | None = None) -> Executo
         hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(cfg.device)
         core = HFExecutor(hf, tokenizer, spec, model_path=path, precision=cfg.dtype)
     else:
-        choice = _kernel_choice(cfg, spec, console)
-        mixed = cfg.dtype == "mixed" or (cfg.dtype == "auto" and choice is None)
+        mixed, choice = _weight_format(cfg, spec, console)
         weights = load_weights(path, dtype=dtype, device=cfg.device, mixed=mixed, choice=choice)
         core = Core(
             weights,
@@ -53,9 +52,11 @@ def build_executor(cfg: EngineConfig, console: Console | None = None) -> Executo
     return core
 
 
-def _kernel_choice(cfg: EngineConfig, spec, console: Console | None) -> KernelChoice | None:
-    """dtype="auto" on a CPU: the kernels measured fastest here (timed once per machine,
-    cached under $CORPS_HOME/kernels). On a GPU "auto" is "mixed" (None)."""
+def _weight_format(
+    cfg: EngineConfig, spec, console: Console | None
+) -> tuple[bool, KernelChoice | None]:
+    """`tuning.weight_format` of the config: dtype="auto" on a CPU times the kernels
+    once per machine (cached under $CORPS_HOME/kernels), saying so on the console."""
     cache = corps_home() / "kernels"
 
     def timed(*args, **kw):
@@ -63,7 +64,7 @@ def _kernel_choice(cfg: EngineConfig, spec, console: Console | None) -> KernelCh
             console.print(f"[dim]timing product kernels on this CPU, once ({cache})[/]")
         return measure(*args, **kw)
 
-    return choice_for(cfg.dtype, spec, cfg.device, cache, measure_fn=timed)
+    return weight_format(cfg.dtype, spec, cfg.device, cache, measure_fn=timed)
 
 
 def capacity_for(cfg: EngineConfig, spec) -> int:

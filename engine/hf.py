@@ -62,6 +62,7 @@ class HFExecutor:
             vocab_size=spec.vocab_size,
         )
         self.sampler = Sampler(self.fmt)
+        self.weight_bytes = sum(p.numel() * p.element_size() for p in self.hf.parameters())
         self.tokens_encoded = 0
         self.forward_seconds = 0.0
 
@@ -151,7 +152,6 @@ class HFExecutor:
         """Nothing held beyond the model (it goes with the engine)."""
 
     def stats(self) -> EngineStats:
-        weights = sum(p.numel() * p.element_size() for p in self.hf.parameters())
         return EngineStats(
             mode="hf",
             capacity=0,
@@ -162,7 +162,7 @@ class HFExecutor:
             tokens_reused=0,
             prefix_hit_tokens=0,
             prefix_query_tokens=0,
-            weight_bytes=weights,
+            weight_bytes=self.weight_bytes,
             forward_s=self.forward_seconds,
         )
 

@@ -264,22 +264,28 @@ def cached_timings(
     return timings, path, True
 
 
+def choose_fastest(timings: Timings) -> KernelChoice:
+    """The fastest kernel per bucket among every candidate that was timed."""
+    timed = [k for k, by_rows in timings.items() if any(map(math.isfinite, by_rows.values()))]
+    return choose(timings, timed)
+
+
 def auto_choice(spec: ModelSpec, cache_dir: Path, **kw) -> KernelChoice:
     """The fastest kernel per bucket among every candidate available here."""
     timings, _, _ = cached_timings(spec, cache_dir, **kw)
-    return choose(
-        timings, [k for k in timings if any(math.isfinite(t) for t in timings[k].values())]
-    )
+    return choose_fastest(timings)
 
 
-def choice_for(
+def weight_format(
     dtype: str, spec: ModelSpec, device: str, cache_dir: Path, **kw
-) -> KernelChoice | None:
-    """The measured kernel choice `dtype` asks for: "auto" on a CPU; None otherwise
-    (then the projections follow their dtype's fixed rule; "auto" elsewhere is "mixed")."""
-    if dtype != "auto" or not str(device).startswith("cpu"):
-        return None
-    return auto_choice(spec, cache_dir, **kw)
+) -> tuple[bool, KernelChoice | None]:
+    """How `dtype` holds the projections' weights: (mixed, measured choice). "auto" on a
+    CPU is the choice measured here; elsewhere "auto" is "mixed"; other dtypes neither."""
+    if dtype != "auto":
+        return dtype == "mixed", None
+    if not str(device).startswith("cpu"):
+        return True, None
+    return False, auto_choice(spec, cache_dir, **kw)
 
 
 def _timings_to_json(t: Timings) -> dict[str, dict[str, float | None]]:
