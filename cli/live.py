@@ -20,8 +20,8 @@ from rich.live import Live
 from rich.panel import Panel
 from rich.text import Text
 
-from corps.cli.trace_view import Names
 from corps.engine.trace import CallEnd, CallQueued, Step, Token
+from corps.engine.trace_file import Names
 
 HZ = 2  # redraws per second, at most
 SHOWN = 8  # agent panels at most

@@ -6,8 +6,8 @@ import io
 import json
 import os
 import warnings
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -117,11 +117,12 @@ def run(
             device=device,
             leak_policy=leak_policy,
             trace=trace,
+            otel=otel_endpoint,
         )
         if otel_endpoint is not None:
-            from corps.cli.trace_otel import check_available
+            from corps.engine.otel import check_available
 
-            check_available()
+            check_available(config.otel_protocol)
     except BadConfig as exc:
         _exit(exc.for_cli(), 2)
     except CorpsError as exc:
@@ -131,14 +132,12 @@ def run(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", LeakWarning)  # counted in the summary instead
             if lines is None:
-                result = anyio.run(_one, tgt, checked[0], config, live, otel_endpoint)
+                result = anyio.run(_one, tgt, checked[0], config, live)
                 _show(result, tgt)
                 if json_out is not None:
                     json_out.write_text(_dump(result) + "\n")
             else:
-                failed = anyio.run(
-                    _many, tgt, checked, config, concurrency, json_out, live, otel_endpoint
-                )
+                failed = anyio.run(_many, tgt, checked, config, concurrency, json_out, live)
                 if failed:
                     _exit(f"{failed} of {len(checked)} runs failed (see --json)", 1)
     except (AgentError, CorpsError) as exc:
@@ -166,35 +165,28 @@ def _read_inputs(path: Path) -> list[dict[str, Any]]:
     return lines
 
 
-async def _one(
-    tgt: Target, params: dict, config: EngineConfig, live: bool, otel: str | None = None
-) -> Any:
+async def _one(tgt: Target, params: dict, config: EngineConfig, live: bool) -> Any:
     from corps.agents import Runtime
+
+    async with _engine(config) as engine, Runtime(engine) as rt:
+        return await _with_live(engine, live, lambda: tgt.fn(rt, **params))
+
+
+@asynccontextmanager
+async def _engine(config: EngineConfig) -> AsyncIterator[Any]:
+    """The run's engine; with --otel-endpoint, once it has closed (its spans flushed),
+    one line says how many spans the collector took."""
     from corps.engine import Engine
 
-    async with Engine.open(config) as engine, Runtime(engine) as rt:
-        with _otel(engine, config, otel):
-            return await _with_live(engine, live, lambda: tgt.fn(rt, **params))
-
-
-@contextmanager
-def _otel(engine, config: EngineConfig, endpoint: str | None) -> Iterator[None]:
-    """With an endpoint: each call's span goes to that collector as the call ends."""
-    if endpoint is None:
-        yield
-        return
-    from corps.cli.trace_otel import LiveSpans
-
-    rec = engine.recorder
-    sink = LiveSpans(endpoint, model=config.model, mode=config.mode, started_unix=rec.started_unix)
-    rec.add(sink)
+    engine = None
     try:
-        yield
+        async with Engine.open(config) as engine:
+            yield engine
     finally:
-        rec.remove(sink)
-        sink.close(rec.now())
-        lost = f", {sink.dropped} not taken" if sink.dropped else ""
-        err.print(f"otel: sent {sink.sent} spans to {endpoint}{lost}", highlight=False)
+        sink = engine.otel if engine is not None else None
+        if sink is not None:
+            lost = f", {sink.dropped} not taken" if sink.dropped else ""
+            err.print(f"otel: sent {sink.sent} spans to {config.otel}{lost}", highlight=False)
 
 
 async def _with_live(engine, live: bool, body: Callable[[], Awaitable[Any]]) -> Any:
@@ -227,15 +219,13 @@ async def _many(
     concurrency: int,
     json_out: Path | None,
     live: bool = False,
-    otel: str | None = None,
 ) -> int:
     from corps.agents import Runtime
-    from corps.engine import Engine
 
     results: list[Any] = [None] * len(runs)
     limiter = anyio.CapacityLimiter(concurrency)
     columns = (TextColumn("runs"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    async with Engine.open(config) as engine, Runtime(engine) as rt:
+    async with _engine(config) as engine, Runtime(engine) as rt:
         # the live panels replace the progress bar: one live display at a time
         progress_console = Console(file=io.StringIO()) if live else err
         with Progress(*columns, console=progress_console, transient=True) as progress:
@@ -254,8 +244,7 @@ async def _many(
                     for i in range(len(runs)):
                         tg.start_soon(one, i)
 
-            with _otel(engine, config, otel):
-                await _with_live(engine, live, all_runs)
+            await _with_live(engine, live, all_runs)
     failed = sum(isinstance(r, Exception) for r in results)
     _show_many(results, tgt)
     if json_out is not None:

@@ -12,6 +12,7 @@ from rich.console import Console, Group
 from rich.markup import escape
 
 from corps.cache.errors import CorpsError
+from corps.engine.otlp import otlp
 from corps.engine.trace_file import Trace, TraceError
 
 trace_app = typer.Typer(
@@ -165,12 +166,12 @@ def export(
         perfetto.write_text(json.dumps(tx.perfetto(trace)))
         out.print(f"wrote {perfetto} (open it in https://ui.perfetto.dev)")
     if otel is not None or otel_endpoint is not None:
-        spans = tx.otlp(trace)
+        spans = otlp(trace)
         if otel is not None:
             otel.write_text(json.dumps(spans))
             out.print(f"wrote {otel} (OTLP/JSON)")
         if otel_endpoint is not None:
-            from corps.cli import trace_otel
+            from corps.engine import otel as trace_otel
 
             try:
                 n = trace_otel.send(spans, otel_endpoint, protocol=otel_protocol)

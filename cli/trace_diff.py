@@ -15,8 +15,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from corps.cli.trace_view import Names, _clip, _ms
-from corps.engine.trace_file import CallRec, Trace
+from corps.cli.trace_view import _clip, _ms
+from corps.engine.trace_file import CallRec, Names, Trace
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,8 @@ an 80-column terminal, a 200-column one and an SVG export.
 from __future__ import annotations
 
 import itertools
-import re
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from rich import box
@@ -19,7 +18,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from corps.engine.trace_file import CallRec, Trace
+from corps.engine.trace_file import CallRec, Trace, names_of
 
 #: How the timeline draws each phase of a call.
 QUEUE, PREFILL, FIRST, DECODE, PENDING = (
@@ -33,7 +32,6 @@ QUEUE, PREFILL, FIRST, DECODE, PENDING = (
     ("░", "cyan"),
 )
 MAX_LANES = 6  # sub-rows per agent for overlapping calls; more are drawn over the last
-_RUN = re.compile(r"^(?P<pattern>.+)-(?P<run>[0-9a-f]{8})-(?P<role>.+)$")
 
 
 @dataclass(frozen=True)
@@ -58,29 +56,6 @@ ALL = Filter()
 def calls(trace: Trace, flt: Filter = ALL) -> list[CallRec]:
     now = trace.end_t
     return sorted((c for c in trace.calls.values() if flt.keep(c, now)), key=lambda c: c.start)
-
-
-class Names:
-    """Short agent names: a pattern's `debate-1a2b3c4d-alice` shows as `alice`
-    (as `1a2b3c4d/alice` when the trace holds several runs)."""
-
-    def __init__(self, agents: Iterable[str | None]) -> None:
-        runs = {m["run"] for a in agents if a and (m := _RUN.match(a))}
-        self.several = len(runs) > 1
-
-    def __call__(self, agent: str | None) -> str:
-        if agent is None:
-            return "(engine)"
-        m = _RUN.match(agent)
-        if m is None:
-            return agent
-        return f"{m['run']}/{m['role']}" if self.several else m["role"]
-
-
-def names_of(trace: Trace) -> Names:
-    return Names(
-        [c.agent for c in trace.calls.values()] + [m.owner for m in trace.messages.values()]
-    )
 
 
 def _ms(seconds: float | None) -> str:

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from corps.cache.errors import InvalidRequest
 from corps.cache.visibility import LEAK_POLICIES, check_policy
@@ -25,6 +25,7 @@ Mode = Literal["choreographed", "baseline", "hf"]
 Dtype = Literal["auto", "mixed", "float32", "bfloat16", "float16"]
 Contexts = Literal["copy", "store"]
 Attention = Literal["torch", "triton", "flex", "triton+flex"]
+OtelProtocol = Literal["http/protobuf", "grpc"]
 
 #: Engine modes: choreography, the prefix-cached baseline, and transformers `generate`.
 MODES: tuple[str, ...] = get_args(Mode)
@@ -67,6 +68,9 @@ def _env_attention() -> str | None:
 _Positive = Annotated[int, Field(ge=1)]
 
 
+_FLAGS = {"otel": "--otel-endpoint"}  # where a field's option is not its name
+
+
 class BadConfig(InvalidRequest):
     """Engine settings that are not valid; `fields` names the settings at fault."""
 
@@ -76,7 +80,7 @@ class BadConfig(InvalidRequest):
 
     def for_cli(self) -> str:
         """The message with the command-line option of each field (`--leak-policy`)."""
-        flags = ", ".join("--" + f.replace("_", "-") for f in self.fields)
+        flags = ", ".join(_FLAGS.get(f, "--" + f.replace("_", "-")) for f in self.fields)
         return f"{flags}: {self}" if flags else str(self)
 
 
@@ -104,6 +108,11 @@ class EngineConfig(BaseModel):
       per fused step, and calls running at once.
     - `leak_policy`: the default for calls made as an agent (`corps.engine.access`).
     - `trace`: write every call, message and leak to this JSON-lines file.
+    - `otel`: send each call's span to this OpenTelemetry collector as the call ends
+      (e.g. http://localhost:4318/v1/traces; needs `pip install 'corps[otel]'`);
+      `otel_protocol` is "http/protobuf" (default) or "grpc". A collector that is
+      down never slows or fails the engine: `stats().spans_dropped` counts what it
+      did not take.
     - `auto_free`: free an encoding once the last `Handle` naming it is collected.
     """
 
@@ -122,9 +131,13 @@ class EngineConfig(BaseModel):
     max_running: _Positive = 256
     leak_policy: str = "warn"
     trace: Path | None = None
+    otel_protocol: OtelProtocol = "http/protobuf"  # before otel: otel's check reads it
+    otel: str | None = None
     auto_free: bool = False
 
-    @field_validator("attention", "contexts", "mode", "dtype", "leak_policy", mode="before")
+    @field_validator(
+        "attention", "contexts", "mode", "dtype", "leak_policy", "otel_protocol", mode="before"
+    )
     @classmethod
     def _normalise(cls, value: Any) -> Any:
         return value.strip().lower() if isinstance(value, str) else value
@@ -133,6 +146,20 @@ class EngineConfig(BaseModel):
     @classmethod
     def _policy(cls, value: str) -> str:
         return check_policy(value)
+
+    @field_validator("otel")
+    @classmethod
+    def _otel(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return None
+        value = value.strip()
+        http = info.data.get("otel_protocol", "http/protobuf") == "http/protobuf"
+        if not value or (http and not value.startswith(("http://", "https://"))):
+            raise ValueError(
+                "give the collector's http(s) URL, e.g. http://localhost:4318/v1/traces "
+                "(host:port with otel_protocol='grpc')"
+            )
+        return value
 
     @field_validator("device")
     @classmethod

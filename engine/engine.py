@@ -24,6 +24,7 @@ from corps.engine.config import (
 )
 from corps.engine.errors import InvalidRequest
 from corps.engine.executor import Executor
+from corps.engine.otel import LiveSpans, check_available
 from corps.engine.pending import Pending
 from corps.engine.requests import (
     DecodeArgs,
@@ -77,6 +78,8 @@ class Engine:
         self._submit = Submitter(core, self._sched, self._guard, self.recorder)
         self._model_name = cfg.model
         self._trace_file = self.trace_to(cfg.trace) if cfg.trace is not None else None
+        self.otel: LiveSpans | None = self._send_spans(cfg) if cfg.otel is not None else None
+        """With `otel=URL`: the live span sender (`sent`, `dropped`); else None."""
         self._sched.after_step = self._sweep
 
     # ---- construction and lifetime ----
@@ -110,6 +113,8 @@ class Engine:
         once. A call that could never fit raises `StoreTooSmall` at once.
         """
         cfg = EngineConfig.of(config, **fields)
+        if cfg.otel is not None:
+            check_available(cfg.otel_protocol)  # before any weights load
         return cls(build_executor(cfg, console), cfg)
 
     @classmethod
@@ -151,6 +156,9 @@ class Engine:
         await self._tg.__aexit__(None, None, None)
         if self._trace_file is not None:
             self.end_trace(self._trace_file)
+        if self.otel is not None:
+            self.recorder.remove(self.otel)
+            self.otel.close(self.recorder.now())
         # The KV memory goes back now, not when the last Handle naming this engine is
         # collected.
         self._core.close()
@@ -172,6 +180,17 @@ class Engine:
             started_unix=self.recorder.started_unix,
         )
         sink = TraceFile(path, header)
+        self.recorder.add(sink)
+        return sink
+
+    def _send_spans(self, cfg: EngineConfig) -> LiveSpans:
+        sink = LiveSpans(
+            cfg.otel,
+            model=cfg.model,
+            mode=self._core.mode,
+            started_unix=self.recorder.started_unix,
+            protocol=cfg.otel_protocol,
+        )
         self.recorder.add(sink)
         return sink
 
@@ -218,6 +237,8 @@ class Engine:
             leaks=guard.leak_count,
             reencodes=guard.reencode_count,
             records=table.records,
+            spans_sent=self.otel.sent if self.otel is not None else 0,
+            spans_dropped=self.otel.dropped if self.otel is not None else 0,
         )
 
     def check(self) -> None:

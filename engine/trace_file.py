@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -243,3 +244,29 @@ def _unknown_type(line: bytes) -> bool:
         return False
     kind = obj.get("type") if isinstance(obj, dict) else None
     return isinstance(kind, str) and kind not in EVENT_TYPES
+
+
+_RUN = re.compile(r"^(?P<pattern>.+)-(?P<run>[0-9a-f]{8})-(?P<role>.+)$")
+
+
+class Names:
+    """Short agent names: a pattern's `debate-1a2b3c4d-alice` shows as `alice`
+    (as `1a2b3c4d/alice` when the trace holds several runs)."""
+
+    def __init__(self, agents: Iterable[str | None]) -> None:
+        runs = {m["run"] for a in agents if a and (m := _RUN.match(a))}
+        self.several = len(runs) > 1
+
+    def __call__(self, agent: str | None) -> str:
+        if agent is None:
+            return "(engine)"
+        m = _RUN.match(agent)
+        if m is None:
+            return agent
+        return f"{m['run']}/{m['role']}" if self.several else m["role"]
+
+
+def names_of(trace: Trace) -> Names:
+    return Names(
+        [c.agent for c in trace.calls.values()] + [m.owner for m in trace.messages.values()]
+    )

@@ -8,7 +8,8 @@ import json
 import pytest
 
 from corps.cli import trace_export as tx
-from corps.engine.trace_file import Trace
+from corps.engine.otlp import otlp
+from corps.engine.trace_file import Trace, names_of
 
 from conftest import TRACE_SETTINGS
 
@@ -42,7 +43,7 @@ def test_perfetto_export_is_valid_for_every_pattern(traces, key):
     check_perfetto(doc)
     events = doc["traceEvents"]
     threads = {e["args"]["name"]: e["tid"] for e in events if e["name"] == "thread_name"}
-    agents = {tx.names_of(trace)(c.agent) for c in trace.calls.values()}
+    agents = {names_of(trace)(c.agent) for c in trace.calls.values()}
     assert {name.split(" (")[0] for name in threads} == agents  # lanes of each agent
     calls = [e for e in events if e.get("cat") == "call" and e["ph"] in "Xb"]
     assert sorted(e["args"]["call"] for e in calls) == sorted(trace.calls)
@@ -93,38 +94,6 @@ def test_every_flow_starts_on_its_maker_and_ends_on_its_reader(traces, key):
     assert len(starts) == expected  # every read of a made message has its arrow
 
 
-def test_otlp_spans_follow_the_genai_conventions(traces):
-    trace = Trace.load(traces["debate"])
-    doc = tx.otlp(trace)
-    spans = doc["resourceSpans"][0]["scopeSpans"][0]["spans"]
-    ids = {s["spanId"] for s in spans}
-    assert len(ids) == len(spans) and all(len(s) == 16 for s in ids)
-    assert len({s["traceId"] for s in spans}) == 1 and len(spans[0]["traceId"]) == 32
-    roots = [s for s in spans if "parentSpanId" not in s]
-    assert len(roots) == 1
-    assert all(s["parentSpanId"] in ids for s in spans if s is not roots[0])
-    calls = [s for s in spans if s["kind"] == 3]
-    assert len(calls) == len(trace.calls)
-    for s in spans:
-        assert int(s["startTimeUnixNano"]) <= int(s["endTimeUnixNano"])
-    decode = next(s for s in calls if s["name"].startswith("chat "))
-    attrs = {a["key"]: a["value"] for a in decode["attributes"]}
-    for key in (
-        tx.GenAI.OPERATION,
-        tx.GenAI.MODEL,
-        tx.GenAI.AGENT,
-        tx.GenAI.INPUT_TOKENS,
-        tx.GenAI.OUTPUT_TOKENS,
-        tx.GenAI.CACHE_READ,
-        tx.GenAI.TTFT,
-        tx.Corps.PARENTS,
-        tx.Corps.OFFSETS,
-    ):
-        assert key in attrs
-    assert attrs[tx.GenAI.OPERATION] == {"stringValue": "chat"}
-    assert "arrayValue" in attrs[tx.Corps.PARENTS]
-
-
 def test_svg_and_html(traces):
     console = tx.record(Trace.load(traces["prisoners_dilemma"]), width=100)
     svg = tx.svg(console, "t")
@@ -145,12 +114,5 @@ def test_no_message_text_and_no_private_text_leaves_in_network_exports(traces):
         if m.visibility != "public" and trace.text(m.id)
     ]
     assert private  # the pattern's players have private system prompts
-    for blob in (json.dumps(tx.otlp(trace)), json.dumps(tx.perfetto(trace))):
+    for blob in (json.dumps(otlp(trace)), json.dumps(tx.perfetto(trace))):
         assert not any(text[:40] in blob for text in private)
-
-
-def test_exporting_a_trace_twice_gives_the_same_trace_and_span_ids(traces):
-    """Ids are derived from the run, so sending it again does not make a second trace."""
-    path = traces["debate"]
-    first, again = tx.otlp(Trace.load(path)), tx.otlp(Trace.load(path))
-    assert first == again

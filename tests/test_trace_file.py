@@ -7,7 +7,7 @@ import json
 import pytest
 
 from corps.engine.trace import Header
-from corps.engine.trace_file import Trace, TraceError
+from corps.engine.trace_file import Names, Trace, TraceError
 
 
 def write(path, *lines: str, newline: bool = True) -> None:
@@ -94,3 +94,11 @@ def test_a_real_trace_loads(traces):
     for mid, msg in trace.messages.items():
         assert trace.producer(mid).end.message == mid
         assert trace.text(mid) is not None and msg.tokens > 0
+
+
+def test_names_shorten_pattern_agents():
+    one = Names(["debate-1a2b3c4d-alice", "debate-1a2b3c4d-bob", None])
+    assert one("debate-1a2b3c4d-alice") == "alice" and one(None) == "(engine)"
+    two = Names(["debate-1a2b3c4d-alice", "debate-99999999-alice"])
+    assert two("debate-99999999-alice") == "99999999/alice"
+    assert one("plain") == "plain"

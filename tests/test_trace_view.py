@@ -130,11 +130,3 @@ def test_call_detail_unknown_call(traces):
     trace = Trace.load(traces["debate"])
     with pytest.raises(KeyError):
         tv.call_detail(trace, 10**6)
-
-
-def test_names_shorten_pattern_agents():
-    one = tv.Names(["debate-1a2b3c4d-alice", "debate-1a2b3c4d-bob", None])
-    assert one("debate-1a2b3c4d-alice") == "alice" and one(None) == "(engine)"
-    two = tv.Names(["debate-1a2b3c4d-alice", "debate-99999999-alice"])
-    assert two("debate-99999999-alice") == "99999999/alice"
-    assert one("plain") == "plain"

@@ -1,4 +1,4 @@
-"""cli/trace_otel.py: spans sent with the OpenTelemetry SDK, after a run and while it runs."""
+"""engine/otel.py: spans sent with the OpenTelemetry SDK, after a run and while it runs."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from typing import ClassVar
 
 import pytest
 
-from corps.cli import trace_export as tx
+from corps.engine import otlp as tx
 from corps.engine.trace_file import Trace
 
-from conftest import TRACE_SETTINGS
+from conftest import TRACE_SETTINGS, open_tiny
 
 
 class ProtobufOnly(BaseHTTPRequestHandler):
@@ -70,14 +70,14 @@ def test_spans_reach_a_protobuf_only_collector_whole(traces, key):
     """Every call of every pattern arrives as a span, its parent resolves, and the
     GenAI attributes are there, through the OpenTelemetry SDK's exporter."""
     pytest.importorskip("opentelemetry.sdk")
-    from corps.cli import trace_otel
+    from corps.engine import otel
 
     server = _receiver()
     try:
         trace = Trace.load(traces[key])
         payload = tx.otlp(trace)
         url = f"http://127.0.0.1:{server.server_port}/v1/traces"
-        n = trace_otel.send(payload, url)
+        n = otel.send(payload, url)
     finally:
         server.shutdown()
         server.server_close()
@@ -155,3 +155,40 @@ def test_a_collector_that_is_down_never_fails_the_run(tiny_dirs):
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     assert "answer" in result.output.lower() and "not taken" in result.output
+
+
+async def test_engine_open_with_otel_sends_every_call_and_counts_it(tiny_dirs):
+    """`Engine.open(otel=URL)`: each call's span under one root, counted in stats."""
+    pytest.importorskip("opentelemetry.sdk")
+    server = _receiver()
+    url = f"http://127.0.0.1:{server.server_port}/v1/traces"
+    try:
+        async with open_tiny(tiny_dirs, "llama", otel=url) as engine:
+            q = await engine.prefill("What is 7*6?", role="user")
+            await engine.decode(parents=[q], max_tokens=3, temperature=0.0)
+            assert engine.stats().spans_dropped == 0
+    finally:
+        server.shutdown()
+        server.server_close()
+    spans = _spans()
+    assert engine.otel is not None and engine.otel.sent == len(spans)  # calls + the root
+    assert engine.otel.dropped == 0
+    assert sorted(s.name.split()[0] for s in spans if s.parent_span_id) == ["chat", "corps.prefill"]
+
+
+async def test_engine_with_a_collector_that_is_down_runs_and_counts_the_drops(tiny_dirs):
+    pytest.importorskip("opentelemetry.sdk")
+    url = f"http://127.0.0.1:{_closed_port()}/v1/traces"
+    async with open_tiny(tiny_dirs, "llama", otel=url) as engine:
+        q = await engine.prefill("What is 7*6?", role="user")
+        h = await engine.decode(parents=[q], max_tokens=3, temperature=0.0)
+    assert h.length > 0 and engine.otel.sent == 0 and engine.otel.dropped >= 2
+
+
+def test_a_bad_otel_endpoint_is_refused_before_anything_loads():
+    from corps.engine.config import BadConfig, EngineConfig
+
+    with pytest.raises(BadConfig) as info:
+        EngineConfig.of(otel="localhost:4318")
+    assert info.value.fields == ("otel",) and "--otel-endpoint" in info.value.for_cli()
+    assert EngineConfig.of(otel="localhost:4317", otel_protocol="grpc").otel == "localhost:4317"

@@ -1,6 +1,6 @@
 """Sending a trace's spans to an OpenTelemetry collector with the OTel SDK's exporters.
 
-`trace_export.otlp(trace)` builds the spans once (OTLP/JSON, GenAI attribute
+`corps.engine.otlp.otlp(trace)` builds the spans once (OTLP/JSON, GenAI attribute
 names); `spans(payload)` turns them into the SDK's `ReadableSpan`s with the same
 ids, parents, times, attributes and status, and `send` hands them to the SDK's
 OTLP exporter: HTTP with protobuf bodies (what Phoenix, Jaeger, Logfire and
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from corps.cache.errors import CorpsError
-from corps.cli import trace_export as tx
+from corps.engine import otlp as tx
 from corps.engine.trace import CallEnd, CallQueued
 
 PROTOCOLS = ("http/protobuf", "grpc")
@@ -237,12 +237,19 @@ class _Counting:
         return True
 
 
-def check_available() -> None:
-    """OtelUnavailable now (before a model loads) if the SDK is not installed."""
+def check_available(protocol: str = "http/protobuf") -> None:
+    """OtelUnavailable now (before a model loads) if the SDK or the protocol's
+    exporter is not installed."""
     try:
-        import opentelemetry.exporter.otlp.proto.http
-        import opentelemetry.sdk  # noqa: F401
+        import opentelemetry.sdk
+
+        if protocol == "grpc":
+            import opentelemetry.exporter.otlp.proto.grpc
+        else:
+            import opentelemetry.exporter.otlp.proto.http  # noqa: F401
     except ImportError as exc:
+        extra = "opentelemetry-exporter-otlp-proto-grpc" if protocol == "grpc" else "corps[otel]"
         raise OtelUnavailable(
-            f"--otel-endpoint needs the OpenTelemetry SDK: pip install 'corps[otel]' ({exc})"
+            f"sending spans to a collector needs the OpenTelemetry SDK: pip install '{extra}' "
+            f"({exc})"
         ) from None
