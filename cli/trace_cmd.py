@@ -72,7 +72,8 @@ def view(
         bool, typer.Option("--follow", "-f", help="Keep redrawing while the run writes it.")
     ] = False,
     call: Annotated[
-        int | None, typer.Option("--call", help="Show one call's context in detail.")
+        str | None,
+        typer.Option("--call", help="Show one call's context in detail: c14 (or 14)."),
     ] = None,
     full: Annotated[bool, typer.Option(help="Whole texts in --call, not the first line.")] = False,
     agent: AgentOpt = None,
@@ -88,12 +89,14 @@ def view(
         _wait_for(file)
     trace = _load(file, follow=follow)
     if call is not None:
+        number = call.strip().lower().removeprefix("c")
         try:
-            out.print(tv.call_detail(trace, call, full=full))
-        except KeyError:
+            out.print(tv.call_detail(trace, int(number), full=full))
+        except (KeyError, ValueError):
             ids = sorted(trace.calls)
-            span = f"{ids[0]}..{ids[-1]}" if ids else "none"
-            err.print(f"[bold red]error:[/] no call {call} in {file} (calls: {span})")
+            span = f"c{ids[0]}..c{ids[-1]}" if ids else "none"
+            hint = " (m14 is a message; calls are c14)" if number.startswith("m") else ""
+            err.print(f"[bold red]error:[/] no call {call} in {file} (calls: {span}){hint}")
             raise typer.Exit(2) from None
         return
     if not follow:

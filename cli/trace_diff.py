@@ -2,7 +2,7 @@
 
 A call's key is (agent role, its place among that agent's calls in queue
 order), so the same pattern traced in two modes or with two seeds lines up even
-though run ids differ. The report gives per-call and total ratios A/B and the
+though run ids differ. The report gives per-call and total ratios A÷B and the
 first aligned call whose output text differs.
 """
 
@@ -67,7 +67,8 @@ def diff(a: Trace, b: Trace, limit: int = 60) -> Group:
         title=f"A = {a.path.name} ({a.header.mode})   B = {b.path.name} ({b.header.mode})",
     )
     table.add_column("agent", min_width=8, no_wrap=True, overflow="ellipsis")
-    for col in ("step", "kind", "TTFT A", "TTFT B", "A/B", "encoded A/B", "reused A/B", "same"):
+    cols = ("step", "kind", "TTFT A", "TTFT B", "A÷B", "enc A", "enc B", "reused A", "reused B")
+    for col in (*cols, "same"):
         table.add_column(col, justify="left" if col == "kind" else "right", no_wrap=True)
     first_diff: Pair | None = None
     for p in pairs:
@@ -85,8 +86,10 @@ def diff(a: Trace, b: Trace, limit: int = 60) -> Group:
             _ms(ea.ttft_s if ea else None),
             _ms(eb.ttft_s if eb else None),
             _ratio(ea.ttft_s if ea else None, eb.ttft_s if eb else None),
-            f"{ea.encoded if ea else '-'}/{eb.encoded if eb else '-'}",
-            f"{ea.reused if ea else '-'}/{eb.reused if eb else '-'}",
+            str(ea.encoded) if ea else "-",
+            str(eb.encoded) if eb else "-",
+            str(ea.reused) if ea else "-",
+            str(eb.reused) if eb else "-",
             Text("yes", "green") if same else Text("no", "yellow"),
         )
     if len(pairs) > limit:
@@ -107,7 +110,7 @@ def diff(a: Trace, b: Trace, limit: int = 60) -> Group:
 
 def _totals(a: Trace, b: Trace) -> Table:
     table = Table(box=box.SIMPLE_HEAD, title="totals")
-    for col in ("", "A", "B", "A/B"):
+    for col in ("", "A", "B", "A÷B"):
         table.add_column(col, justify="left" if not col else "right")
     fa, fb = _figures(a), _figures(b)
     for key, fmt in (

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from rich import box
@@ -31,7 +31,7 @@ QUEUE, PREFILL, FIRST, DECODE, PENDING = (
     ),
     ("░", "cyan"),
 )
-MAX_LANES = 6  # sub-rows per agent for overlapping calls; more are drawn over the last
+MAX_LANES = 8  # sub-rows per agent for overlapping calls; more are drawn over the last
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,11 @@ ALL = Filter()
 def calls(trace: Trace, flt: Filter = ALL) -> list[CallRec]:
     now = trace.end_t
     return sorted((c for c in trace.calls.values() if flt.keep(c, now)), key=lambda c: c.start)
+
+
+def cid(call_id: int) -> str:
+    """How the viewer names a call: `c14` (a message is `m14`)."""
+    return f"c{call_id}"
 
 
 def _ms(seconds: float | None) -> str:
@@ -110,16 +115,24 @@ class Timeline:
             return min(width - 1, max(0, int((t - t0) * scale)))
 
         yield Text.assemble(("timeline ", "bold"), _legend())
+        stacked = 0
         for name, rows in lanes.items():
             for i, row in enumerate(rows):
                 label = name if i == 0 else ""
-                if i == MAX_LANES - 1 and len(row) > 1 and _overlapping(row, now):
-                    label = f"  +{_overlapping(row, now)} over"
+                if i == MAX_LANES - 1 and _overlapping(row, now):
+                    stacked += _overlapping(row, now)
+                    label = f"  +{_overlapping(row, now)} stacked"
                 label = label.ljust(label_w)[:label_w]
                 line = Text(label, style="bold" if i == 0 else "")
                 line.append_text(self._row(row, cell, width, now))
                 yield line
         yield Text(" " * label_w) + _axis(t0, t1, width)
+        if stacked:
+            yield Text(
+                f"+N stacked: an agent ran more than {MAX_LANES} calls at once; the extra "
+                "ones are drawn over its last row (the KV lineage lists every call)",
+                style="dim",
+            )
 
     def _lanes(self) -> dict[str, list[list[CallRec]]]:
         """Per agent, rows of calls that do not overlap (greedy, by start time)."""
@@ -239,7 +252,8 @@ def lineage(trace: Trace, flt: Filter = ALL, limit: int = 40) -> Table:
         ("reuse", "right"),
         ("saved", "right"),
     ):
-        table.add_column(col, justify=just, overflow="fold")
+        short = col.split(" ")[0]  # a header wraps between words, never inside one
+        table.add_column(col, justify=just, overflow="fold", min_width=len(short))
     for c in rows[:limit]:
         e = c.end
         segs = Text()
@@ -250,7 +264,7 @@ def lineage(trace: Trace, flt: Filter = ALL, limit: int = 40) -> Table:
         total = e.reused + e.encoded
         ratio = f"{e.reused / total:.0%}" if total else "-"
         status = "" if e.status == "ok" else f" [{e.status}]"
-        table.add_row(str(c.id), names(c.agent), c.kind + status, segs, ratio, f"{e.reused} tok")
+        table.add_row(cid(c.id), names(c.agent), c.kind + status, segs, ratio, f"{e.reused} tok")
     if len(rows) > limit:
         table.caption = f"{len(rows) - limit} more calls: narrow with --agent/--kind/--since"
     return table
@@ -284,7 +298,7 @@ def graph(trace: Trace, flt: Filter = ALL, limit: int = 60) -> Table:
         box=box.SIMPLE_HEAD, title="message graph (by round): parents in order, with their offsets"
     )
     for col in ("round", "msg", "role", "owner", "visibility", "parents@offset", "read by", ""):
-        table.add_column(col, overflow="fold")
+        table.add_column(col, overflow="fold", min_width=len(col))
     shown = [
         m
         for m in trace.messages.values()
@@ -348,7 +362,7 @@ def problems(trace: Trace) -> Group:
         seen[(lk.reader, lk.parent, tuple(lk.sources), lk.policy, lk.call)].append(lk.call_id)
     for (reader, parent, sources, policy, call), ids in seen.items():
         kind = call.split(" by ")[0]
-        which = ", ".join(str(i) for i in ids if i is not None)
+        which = ", ".join(cid(i) for i in ids if i is not None)
         calls = f" (call{'s' if len(ids) > 1 else ''} {which})" if which else ""
         line = Text(f"leak ({policy}): {names(reader)}'s {kind}{calls} ", "red")
         line.append(f"attended to m{parent}, whose encoding carries ")
@@ -362,7 +376,9 @@ def problems(trace: Trace) -> Group:
         parts.append(line)
     for c in trace.calls.values():
         if c.status == "error":
-            parts.append(Text(f"error: call {c.id} ({names(c.agent)}): {c.end.error}", "bold red"))
+            parts.append(
+                Text(f"error: call {cid(c.id)} ({names(c.agent)}): {c.end.error}", "bold red")
+            )
     for a in trace.actors:
         if not a.ok:
             parts.append(Text(f"{a.event}: {names(a.agent)}: {a.detail}", "red"))
@@ -385,7 +401,7 @@ def call_detail(trace: Trace, call_id: int, full: bool = False) -> Group:
         raise KeyError(call_id)
     names = names_of(trace)
     e = c.end
-    head = Text(f"call {c.id}: {c.kind} by {names(c.agent)} ({c.status})", style="bold")
+    head = Text(f"call {cid(c.id)}: {c.kind} by {names(c.agent)} ({c.status})", style="bold")
     if e is None:
         return Group(head, Text("still pending: no context recorded yet", style="cyan"))
     facts = (
@@ -478,7 +494,7 @@ def totals(trace: Trace, flt: Filter = ALL) -> Table:
         leaks[names(lk.reader)] += 1
     table = Table(box=box.SIMPLE_HEAD, title="totals", padding=(0, 0, 0, 1), pad_edge=False)
     table.add_column("agent", min_width=8, no_wrap=True, overflow="ellipsis")
-    for col in ("calls", "encoded", "reused", "gen", "reuse", "TTFT p50/95", "wall"):
+    for col in ("calls", "encoded", "reused", "gen", "reuse", "TTFT p50/95", "busy"):
         table.add_column(col, justify="right", no_wrap=True)
     for col in ("leaks", "err"):
         table.add_column(col, justify="right", no_wrap=True)
@@ -486,7 +502,6 @@ def totals(trace: Trace, flt: Filter = ALL) -> Table:
         ends = [c.end for c in cs if c.end is not None]
         enc, reu = sum(e.encoded for e in ends), sum(e.reused for e in ends)
         ttfts = [e.ttft_s for e in ends if e.ttft_s is not None]
-        wall = max(c.stop(now) for c in cs) - min(c.start for c in cs) if cs else 0.0
         n_leaks = sum(leaks.values()) if name == "all" else leaks.get(name, 0)
         n_errors = sum(1 for c in cs if c.status == "error")
         p50, p95 = _pct(ttfts, 0.5), _pct(ttfts, 0.95)
@@ -498,33 +513,73 @@ def totals(trace: Trace, flt: Filter = ALL) -> Table:
             str(sum(e.generated for e in ends)),
             f"{reu / (enc + reu):.0%}" if enc + reu else "-",
             "-" if p50 is None else f"{p50 * 1000:.0f}/{_ms(p95)}",
-            f"{wall:.2f}s",
+            f"{busy(cs, now):.2f}s",
             Text(str(n_leaks), style="red" if n_leaks else ""),
             Text(str(n_errors), style="red" if n_errors else ""),
         )
     path = critical_path(trace, shown)
+    table.caption_justify = "left"
+    table.caption = (
+        "busy: time with one of its calls queued or running.  critical path: "
+        "-> reads the previous call's message, ~> submitted after it ended"
+    )
     if path:
         span = path[-1].stop(now) - path[0].start
-        chain = " -> ".join(f"{c.id}:{names(c.agent)}" for c in path)
-        table.caption = f"critical path ({span:.2f} s, {len(path)} calls): {chain}"
+        chain = cid(path[0].id) + " " + names(path[0].agent)
+        for earlier, later in itertools.pairwise(path):
+            arrow = "->" if reads(trace, later, earlier) else "~>"
+            chain += f" {arrow} {cid(later.id)} {names(later.agent)}"
+        table.caption += f"\ncritical path ({span:.2f} s, {len(path)} calls): {chain}"
     return table
 
 
+def busy(cs: Iterable[CallRec], now: float) -> float:
+    """Seconds during which at least one of `cs` was queued or running."""
+    total, reached = 0.0, float("-inf")
+    for a, b in sorted((c.start, c.stop(now)) for c in cs):
+        if b > reached:
+            total += b - max(a, reached)
+            reached = b
+    return total
+
+
+def reads(trace: Trace, c: CallRec, maker: CallRec) -> bool:
+    """Whether `c` attended to the message `maker` made."""
+    made = maker.end.message if maker.end is not None else None
+    parents = c.end.parents if c.end is not None else c.queued.parents
+    return made is not None and made in parents
+
+
 def critical_path(trace: Trace, shown: list[CallRec]) -> list[CallRec]:
-    """The chain of calls that bounds the wall time: from the last call to end, back
-    through the parent whose producing call ended last."""
+    """The chain of calls that bounds the wall time, from the last call to end back.
+
+    A call waited for whichever ended last of: the calls that made its parents, and
+    the calls of its run that ended before it was submitted (the workflow's code
+    waited on them, e.g. the votes a pattern tallies before the next stage, even
+    when the next call does not read them)."""
     now = trace.end_t
     if not shown:
         return []
+    names = names_of(trace)
+    ended = sorted((x for x in trace.calls.values() if x.end is not None), key=lambda x: x.end.t)
     c = max(shown, key=lambda x: x.stop(now))
     path = [c]
     seen = {c.id}
     while True:
         parents = c.end.parents if c.end is not None else c.queued.parents
         makers = [m for p in parents if (m := trace.producer(p)) is not None and m.id not in seen]
-        if not makers:
+        run = names.run(c.agent)
+        before = [
+            x
+            for x in ended
+            if x.end.t <= c.start
+            and x.id not in seen
+            and (run is None or names.run(x.agent) in (run, None))
+        ]
+        if not makers and not before:
             return path[::-1]
-        c = max(makers, key=lambda x: x.stop(now))
+        # ties go to a call whose message it read: that is the dependency to show
+        c = max(makers + before[-1:], key=lambda x: (x.stop(now), reads(trace, c, x)))
         seen.add(c.id)
         path.append(c)
 

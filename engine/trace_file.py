@@ -265,6 +265,12 @@ class Names:
             return agent
         return f"{m['run']}/{m['role']}" if self.several else m["role"]
 
+    @staticmethod
+    def run(agent: str | None) -> str | None:
+        """The run id in a pattern agent's name (`debate-1a2b3c4d-alice`), else None."""
+        m = _RUN.match(agent) if agent else None
+        return m["run"] if m else None
+
 
 def names_of(trace: Trace) -> Names:
     return Names(

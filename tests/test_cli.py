@@ -182,8 +182,9 @@ def test_run_with_a_trace_then_view_and_export_it(tiny_dirs, tmp_path, mode):
     view = runner.invoke(app, ["trace", "view", str(trace)], terminal_width=100)
     assert view.exit_code == 0, view.output
     assert "timeline" in view.output and "KV lineage" in view.output and mode in view.output
-    detail = runner.invoke(app, ["trace", "view", str(trace), "--call", "2", "--full"])
-    assert detail.exit_code == 0 and "call 2" in detail.output
+    for name in ("2", "c2"):
+        detail = runner.invoke(app, ["trace", "view", str(trace), "--call", name, "--full"])
+        assert detail.exit_code == 0 and "call c2" in detail.output
     outs = {k: tmp_path / f"o.{k}" for k in ("perfetto", "otel", "svg", "html")}
     args = [x for k, p in outs.items() for x in (f"--{k}", str(p))]
     export = runner.invoke(app, ["trace", "export", str(trace), *args])
@@ -201,6 +202,7 @@ def test_trace_commands_fail_clearly(tmp_path, traces):
         ["trace", "view", str(bad)],
         ["trace", "view", str(tmp_path / "missing.jsonl")],
         ["trace", "view", str(traces["debate"]), "--call", "999999"],
+        ["trace", "view", str(traces["debate"]), "--call", "m3"],
         ["trace", "view", str(traces["debate"]), "--kind", "bogus"],
         ["trace", "export", str(traces["debate"])],
         ["trace", "diff", str(traces["debate"]), str(bad)],

@@ -81,15 +81,27 @@ def test_totals_add_up(traces):
     assert cells[3] == str(sum(e.reused for e in ends))
 
 
-def test_critical_path_follows_parents(traces):
+def test_critical_path_follows_what_each_call_waited_for(traces):
+    """Each step back is a call whose message the later one read, or a call that
+    ended before the later one was submitted; the voters a tree-of-thoughts run
+    tallies before its solver are on it even though the solver does not read them."""
     trace = Trace.load(traces["tree_of_thoughts"])
     path = tv.critical_path(trace, tv.calls(trace))
-    assert len(path) >= 2
     last = max(trace.calls.values(), key=lambda c: c.end.t)
-    assert path[-1] is last
+    assert path[-1] is last and not path[0].queued.parents  # back to a root
     for earlier, later in itertools.pairwise(path):
-        made = earlier.end.message
-        assert made in later.end.parents  # later read what earlier made
+        assert tv.reads(trace, later, earlier) or earlier.end.t <= later.start
+    assert {"proposer", "voter", "solver"} <= {tv.names_of(trace)(c.agent) for c in path}
+
+
+def test_busy_is_the_union_of_call_intervals():
+    from types import SimpleNamespace
+
+    def call(a, b):
+        return SimpleNamespace(start=a, stop=lambda now, b=b: b)
+
+    assert tv.busy([call(0, 1), call(0.5, 2), call(10, 11)], now=20) == pytest.approx(3.0)
+    assert tv.busy([], now=1) == 0.0
 
 
 def test_filters(traces):
