@@ -6,8 +6,7 @@ import io
 import json
 import os
 import warnings
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -166,47 +165,48 @@ def _read_inputs(path: Path) -> list[dict[str, Any]]:
 
 
 async def _one(tgt: Target, params: dict, config: EngineConfig, live: bool) -> Any:
+    given = ", ".join(f"{k}={_short(v)}" for k, v in params.items())
+    headline = f"{tgt.label}  ·  {given}" if given else tgt.label
+    return await _session(config, live, headline, lambda rt: tgt.fn(rt, **params))
+
+
+async def _session(
+    config: EngineConfig, live: bool, headline: str, body: Callable[[Any], Awaitable[Any]]
+) -> Any:
+    """Open the engine and a runtime, `await body(rt)` and return what it returns (its
+    exception, if any, as itself). With `live`, the panels show from before the model
+    loads until the run ends, and the last frame stays. With --otel-endpoint, one line
+    says, once the engine has closed (its spans flushed), how many spans were taken."""
     from corps.agents import Runtime
-
-    async with _engine(config) as engine, Runtime(engine) as rt:
-        return await _with_live(engine, live, lambda: tgt.fn(rt, **params))
-
-
-@asynccontextmanager
-async def _engine(config: EngineConfig) -> AsyncIterator[Any]:
-    """The run's engine; with --otel-endpoint, once it has closed (its spans flushed),
-    one line says how many spans the collector took."""
     from corps.engine import Engine
 
-    engine = None
-    try:
-        async with Engine.open(config) as engine:
-            yield engine
-    finally:
-        sink = engine.otel if engine is not None else None
-        if sink is not None:
-            lost = f", {sink.dropped} not taken" if sink.dropped else ""
-            err.print(f"otel: sent {sink.sent} spans to {config.otel}{lost}", highlight=False)
+    view = None
+    if live:
+        from corps.cli.live import LiveView
 
-
-async def _with_live(engine, live: bool, body: Callable[[], Awaitable[Any]]) -> Any:
-    """`await body()` while the live panels redraw (see corps.cli.live); its exception,
-    if any, is raised as itself (not wrapped in an ExceptionGroup)."""
-    if not live:
-        return await body()
-    from corps.cli.live import LiveView
-
-    view = LiveView(out)
-    view.attach(engine)
+        loading = f"loading {config.model} ({config.mode}, dtype {config.dtype})…"
+        view = LiveView(out, headline, status=loading)
     outcome: list[Any] = []
+    engine = None
     async with anyio.create_task_group() as tg:
-        tg.start_soon(view.run)
+        if view is not None:
+            tg.start_soon(view.run)
         try:
-            outcome.append(await body())
+            async with Engine.open(config) as engine, Runtime(engine) as rt:
+                if view is not None:
+                    view.attach(engine)
+                    view.status = "running"
+                outcome.append(await body(rt))
         except Exception as exc:  # re-raised below, outside the task group
             outcome.append(exc)
         finally:
+            if view is not None:
+                view.done()
             tg.cancel_scope.cancel()
+    sink = engine.otel if engine is not None else None
+    if sink is not None:
+        lost = f", {sink.dropped} not taken" if sink.dropped else ""
+        err.print(f"otel: sent {sink.sent} spans to {config.otel}{lost}", highlight=False)
     if isinstance(outcome[0], Exception):
         raise outcome[0]
     return outcome[0]
@@ -220,17 +220,16 @@ async def _many(
     json_out: Path | None,
     live: bool = False,
 ) -> int:
-    from corps.agents import Runtime
-
     results: list[Any] = [None] * len(runs)
     limiter = anyio.CapacityLimiter(concurrency)
     columns = (TextColumn("runs"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    async with _engine(config) as engine, Runtime(engine) as rt:
-        # the live panels replace the progress bar: one live display at a time
-        progress_console = Console(file=io.StringIO()) if live else err
-        with Progress(*columns, console=progress_console, transient=True) as progress:
-            task = progress.add_task("runs", total=len(runs))
+    # the live panels replace the progress bar: one live display at a time
+    progress_console = Console(file=io.StringIO()) if live else err
+    headline = f"{tgt.label}  ·  {len(runs)} inputs, {concurrency} at a time"
+    with Progress(*columns, console=progress_console, transient=True) as progress:
+        task = progress.add_task("runs", total=len(runs))
 
+        async def all_runs(rt) -> None:
             async def one(i: int) -> None:
                 async with limiter:
                     try:
@@ -239,12 +238,11 @@ async def _many(
                         results[i] = exc
                 progress.advance(task)
 
-            async def all_runs() -> None:
-                async with anyio.create_task_group() as tg:
-                    for i in range(len(runs)):
-                        tg.start_soon(one, i)
+            async with anyio.create_task_group() as tg:
+                for i in range(len(runs)):
+                    tg.start_soon(one, i)
 
-            await _with_live(engine, live, all_runs)
+        await _session(config, live, headline, all_runs)
     failed = sum(isinstance(r, Exception) for r in results)
     _show_many(results, tgt)
     if json_out is not None:

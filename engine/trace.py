@@ -174,6 +174,15 @@ class ErrorEvent(_Event):
     detail: str
 
 
+class Stage(_Event):
+    """A workflow entered a stage (a pattern's round, or the role it now asks), for
+    viewers: `run` names the workflow (`debate-1a2b3c4d`)."""
+
+    type: Literal["stage"] = "stage"
+    run: str
+    name: str
+
+
 class Closed(_Event):
     """Last line of a trace whose engine shut down cleanly (absent after a crash)."""
 
@@ -201,6 +210,7 @@ Event = Annotated[
     | LeakEvent
     | Reencode
     | ErrorEvent
+    | Stage
     | Closed
     | Token,
     Field(discriminator="type"),

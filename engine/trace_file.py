@@ -31,6 +31,7 @@ from corps.engine.trace import (
     LeakEvent,
     MessageMade,
     Reencode,
+    Stage,
     Step,
 )
 
@@ -94,6 +95,7 @@ class Trace:
     reencodes: list[Reencode] = field(default_factory=list)
     errors: list[ErrorEvent] = field(default_factory=list)
     steps: list[Step] = field(default_factory=list)
+    stages: list[Stage] = field(default_factory=list)  # what each workflow said it was doing
     warnings: list[str] = field(default_factory=list)
     events: int = 0
     last_t: float = 0.0
@@ -196,6 +198,8 @@ class Trace:
             self.errors.append(event)
         elif isinstance(event, Step):
             self.steps.append(event)
+        elif isinstance(event, Stage):
+            self.stages.append(event)
         elif isinstance(event, Closed):
             self.closed = True
 

@@ -55,6 +55,7 @@ async def debate(
         history, verdicts, parsed = [], [], []
         stop_round, answer = None, None
         for r in range(1, rounds + 1):
+            run.stage(f"round {r} of {rounds}")
             turns = []
             for side, name in ((aff, "Affirmative"), (neg, "Negative")):
                 (turn,) = await run.ask(

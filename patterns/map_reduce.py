@@ -67,6 +67,7 @@ async def map_reduce(
         reduce = await run.prefill(REDUCE)
         levels = [len(level)]
         while len(level) > 1:
+            run.stage(f"reduce level {len(levels)}: {len(level)} summaries")
             groups = [level[i : i + fan_in] for i in range(0, len(level), fan_in)]
             level = await run.ask(
                 reducer, *[run.turn([reduce, *g], header="Summary:") for g in groups]

@@ -53,7 +53,8 @@ async def parallel_debate(
         update = rest[0] if rest else None
         own: list[list] = [[] for _ in names]
         previous: list = []
-        for _ in range(rounds):
+        for r in range(1, rounds + 1):
+            run.stage(f"round {r} of {rounds}")
             calls = []
             for k, name in enumerate(names):
                 others = [h for j, h in enumerate(previous) if j != k]

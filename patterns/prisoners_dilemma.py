@@ -165,16 +165,19 @@ async def prisoners_dilemma(
         async def plan(me: str, t: Turn) -> None:
             plans[me] = await ask(me, t)
 
+        run.stage("plan")
         async with anyio.create_task_group() as tg:  # both plan at once: one batch
             for me in order:
                 tg.start_soon(plan, me, turn("plan"))
         run.messages.extend(plans[me] for me in order)
         history: list[Handle] = []
-        for _ in range(rounds):
+        for r in range(1, rounds + 1):
+            run.stage(f"talk, round {r} of {rounds}")
             for me in order:
                 history.append(await ask(me, turn("speak", history)))
                 run.messages.append(history[-1])
         decisions, texts = {}, {}
+        run.stage("decide")
         for me in order:
             h = await ask(me, turn("decide", history))
             run.messages.append(h)

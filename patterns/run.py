@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict
 from corps.agents import Agent, Runtime
 from corps.cache.handle import Handle
 from corps.cache.visibility import Private
+from corps.engine.trace import Stage
 from corps.patterns.replay import CURRENT as REPLAY
 from corps.patterns.result import PatternResult
 
@@ -91,6 +92,7 @@ class Run:
         self.parse_errors: list[str] = []
         self.agents: list[str] = []
         self._calls = 0
+        self._stage: str | None = None
         self._t0 = time.perf_counter()
         self.replay = REPLAY.get()
 
@@ -158,8 +160,23 @@ class Run:
         for turn, h in zip(turns, handles, strict=True):
             self.record(turn.index, h)
 
+    def stage(self, name: str) -> None:
+        """Say which stage the workflow is in ("round 2"); the live view and traces
+        show it, with the roles each ask goes to."""
+        self._stage = name
+        self._announce(None)
+
+    def _announce(self, roles: list[str] | None) -> None:
+        rec = self.engine.recorder
+        if not rec.on:
+            return
+        who = ", ".join(r.removeprefix(f"{self.pattern}-{self.id}-") for r in roles or ())
+        name = " · ".join(x for x in (self._stage, who) if x)
+        rec.emit(Stage(t=rec.now(), run=f"{self.pattern}-{self.id}", name=name))
+
     async def ask(self, agent: str, *turns: Turn) -> list[Handle]:
         """`agent` decodes `turns` (fused); their handles, recorded in order."""
+        self._announce([agent])
         handles = await self.rt.ask(agent, Turns(items=turns))
         self._record(turns, handles)
         self.messages.extend(handles)
@@ -171,6 +188,7 @@ class Run:
         for i, (agent, _) in enumerate(calls):
             by_agent.setdefault(agent, []).append(i)
         out: list[Handle | None] = [None] * len(calls)
+        self._announce(list(by_agent))
 
         async def one(agent: str, idx: list[int]) -> None:
             handles = await self.rt.ask(agent, Turns(items=tuple(calls[i][1] for i in idx)))

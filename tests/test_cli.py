@@ -213,9 +213,12 @@ def test_trace_commands_fail_clearly(tmp_path, traces):
 
 
 def test_run_live_draws_and_still_prints_the_summary(tiny_dirs):
-    result = run_cli(tiny_dirs, "multi-qa", "--set", "max_tokens=4", "--live")
+    result = run_cli(tiny_dirs, "prisoners-dilemma", "--set", "max_tokens=4", "--live")
     assert result.exit_code == 0, result.output
     assert "answer:" in result.output and "calls" in result.output
+    # off a terminal rich draws only the last frame, which stays: what ran, its outputs
+    assert "prisoners_dilemma" in result.output and "finished in" in result.output
+    assert "(last output)" in result.output
 
 
 def test_run_live_keeps_failures_typed(tiny_dirs):

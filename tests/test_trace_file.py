@@ -102,3 +102,12 @@ def test_names_shorten_pattern_agents():
     two = Names(["debate-1a2b3c4d-alice", "debate-99999999-alice"])
     assert two("debate-99999999-alice") == "99999999/alice"
     assert one("plain") == "plain"
+
+
+def test_a_patterns_stages_are_in_its_trace(traces):
+    """Patterns say which round they are in; the trace keeps it for viewers."""
+    trace = Trace.load(traces["debate"])
+    names = [s.name for s in trace.stages]
+    assert names[0] == "round 1 of 2"
+    assert any(n.startswith("round 1 of") and "affirmative" in n for n in names)
+    assert len({s.run for s in trace.stages}) == 1
