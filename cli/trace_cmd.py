@@ -120,6 +120,26 @@ def view(
         out.print(part)
 
 
+@trace_app.command("ui")
+def ui(
+    file: Annotated[Path, typer.Argument(help="A trace written by --trace.")],
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep reading while the run writes it.")
+    ] = False,
+) -> None:
+    """Browse a trace interactively: calls, each call's context and parents, filters.
+
+    Keys: arrows move between calls, Tab switches tabs (calls, totals, messages,
+    leaks & errors), / filters by agent (Esc clears), f follows a running trace,
+    q quits.
+    """
+    from corps.cli.trace_ui import TraceApp
+
+    if follow:
+        _wait_for(file)
+    TraceApp(_load(file, follow=follow), follow=follow).run()
+
+
 @trace_app.command("diff")
 def diff(
     a: Annotated[Path, typer.Argument(help="Trace A.")],

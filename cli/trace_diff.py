@@ -15,7 +15,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from corps.cli.trace_view import _clip, _ms
+from corps.cli.trace_view import _clip, ms
 from corps.engine.trace_file import CallRec, Names, Trace
 
 
@@ -83,8 +83,8 @@ def diff(a: Trace, b: Trace, limit: int = 60) -> Group:
             p.agent,
             str(p.step),
             (p.a or p.b).kind,
-            _ms(ea.ttft_s if ea else None),
-            _ms(eb.ttft_s if eb else None),
+            ms(ea.ttft_s if ea else None),
+            ms(eb.ttft_s if eb else None),
             _ratio(ea.ttft_s if ea else None, eb.ttft_s if eb else None),
             str(ea.encoded) if ea else "-",
             str(eb.encoded) if eb else "-",
@@ -118,7 +118,7 @@ def _totals(a: Trace, b: Trace) -> Table:
         ("encoded", str),
         ("reused", str),
         ("generated", str),
-        ("mean TTFT", _ms),
+        ("mean TTFT", ms),
         ("wall", lambda s: f"{s:.2f}s"),
     ):
         table.add_row(key, fmt(fa[key]), fmt(fb[key]), _ratio(fa[key], fb[key]))

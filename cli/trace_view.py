@@ -63,7 +63,7 @@ def cid(call_id: int) -> str:
     return f"c{call_id}"
 
 
-def _ms(seconds: float | None) -> str:
+def ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1000:.0f}ms"
 
 
@@ -405,7 +405,7 @@ def call_detail(trace: Trace, call_id: int, full: bool = False) -> Group:
     if e is None:
         return Group(head, Text("still pending: no context recorded yet", style="cyan"))
     facts = (
-        f"queued {c.start:.3f}s · ttft {_ms(e.ttft_s)} · decode {_ms(e.decode_s)} · "
+        f"queued {c.start:.3f}s · ttft {ms(e.ttft_s)} · decode {ms(e.decode_s)} · "
         f"encoded {e.encoded} · reused {e.reused} · generated {e.generated}"
     )
     if e.message is not None:
@@ -512,7 +512,7 @@ def totals(trace: Trace, flt: Filter = ALL) -> Table:
             str(reu),
             str(sum(e.generated for e in ends)),
             f"{reu / (enc + reu):.0%}" if enc + reu else "-",
-            "-" if p50 is None else f"{p50 * 1000:.0f}/{_ms(p95)}",
+            "-" if p50 is None else f"{p50 * 1000:.0f}/{ms(p95)}",
             f"{busy(cs, now):.2f}s",
             Text(str(n_leaks), style="red" if n_leaks else ""),
             Text(str(n_errors), style="red" if n_errors else ""),
