@@ -116,6 +116,19 @@ class Handle:
         return len(self._msg.tokens)
 
     @property
+    def finish_reason(self) -> str | None:
+        """Why a decode stopped: "end_of_turn", "max_tokens", "stop_string",
+        "constraint" (its constraint allowed nothing more) or "forced"; None for a
+        prefill."""
+        return self._msg.finish_reason
+
+    @property
+    def complete(self) -> bool:
+        """False when a constrained decode stopped (max_tokens) before its text matched
+        its constraint: the text is then a valid prefix, not a whole match."""
+        return self._msg.complete
+
+    @property
     def ttft(self) -> float | None:
         """Seconds from submitting this decode to its first token (None for prefills)."""
         return self._msg.figures.ttft_s

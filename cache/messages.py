@@ -42,6 +42,8 @@ class Message:
     pins: int = 0  # in-flight calls reading its slots
     generated_from: int = 0  # a decode: index in `tokens` of its first sampled token
     generated: int = 0  # a decode: how many tokens it sampled
+    finish_reason: str | None = None  # a decode: why it stopped (end_of_turn, max_tokens, ...)
+    complete: bool = True  # False: a constrained decode stopped before its text matched
     view_of: int | None = None  # a clean re-encoding (leak_policy="reencode"): of which message
     view_for: str | None = None  # ... and for which reader
     figures: CallFigures = field(default_factory=CallFigures)

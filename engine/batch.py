@@ -85,7 +85,8 @@ def twin_key(c: Call, start: int, n: int) -> tuple | None:
         return None
     if v.own_length or v.ctx.key is None:
         return None
-    return (id(v.ctx), c.feed_start, n, tuple(c.feed[:n]))
+    # twins share logit rows, which a constraint masks in place: only equal ones share
+    return (id(v.ctx), c.feed_start, n, tuple(c.feed[:n]), c.plan.sampling.constraint)
 
 
 def feed_rows(c: Call, start: int, n: int, t: int) -> list[int]:
@@ -106,6 +107,13 @@ def logit_rows(plan: list[PlanEntry], counts: list[int]) -> list[tuple[Call, int
         if k and c.plan.is_decode:
             out.append((c, r - 1))
     return out
+
+
+def samples(c: Call, start: int, n: int) -> bool:
+    """Whether plan entry (c, start, n) ends in a row the call samples its next token from."""
+    if start < 0:
+        return not c.finishing
+    return c.plan.is_decode and start + n == len(c.feed)
 
 
 def long_tensor(values, device: torch.device) -> Tensor:

@@ -27,10 +27,12 @@ from corps.cache.handle import Handle
 from corps.cache.kv import KVStore
 from corps.cache.messages import Message, MessageTable
 from corps.engine.attention import AttentionBackend, select_backend
-from corps.engine.batch import PlanEntry, build_batch, logit_rows, long_tensor
+from corps.engine.batch import PlanEntry, build_batch, logit_rows, long_tensor, samples
 from corps.engine.chat import ChatFormat
 from corps.engine.config import CONTEXTS, MODES
 from corps.engine.errors import InvalidRequest
+from corps.engine.grammars import Grammars
+from corps.engine.grammars import apply as apply_masks
 from corps.engine.memory import Memory
 from corps.engine.planner import Call, CallPlan, Planner
 from corps.engine.register import own_tokens, register
@@ -125,6 +127,7 @@ class Core:
         )
         self.prefixes = self.memory.prefixes  # the baseline's radix tree (None: choreographed)
         self.sampler = Sampler(self.fmt)
+        self.grammars = Grammars(self.fmt.tokenizer, self.fmt.stop_ids)
         self.planner = Planner(
             self.fmt,
             self.table,
@@ -157,6 +160,8 @@ class Core:
         """
         if isinstance(request, DecodeRequest):
             call = self.planner.decode(request)
+            if request.sampling.constraint is not None:
+                call.matcher = self.grammars.matcher(request.sampling.constraint)
         else:
             call = self.planner.prefill(request)
         call.want_logits = want_logits
@@ -222,8 +227,15 @@ class Core:
         if not plan:
             return out
         out.encoded = any(start >= 0 or c.finishing for c, start, _ in plan)
+        # constrained calls' masks are computed on another thread while the forward runs
+        constrained = [c for c, start, n in plan if c.matcher is not None and samples(c, start, n)]
+        masks = self.grammars.masks_async([c.matcher for c in constrained]) if constrained else None
         logits, rows = self._forward(plan)
-        picks = self.sampler.picks(logit_rows(plan, rows), logits)
+        sampling_rows = logit_rows(plan, rows)
+        if masks is not None:
+            row_of = {id(c): r for c, r in sampling_rows}
+            apply_masks(logits, [row_of[id(c)] for c in constrained], masks.result())
+        picks = self.sampler.picks(sampling_rows, logits)
         r = 0
         for (c, start, n), k in zip(plan, rows, strict=True):
             pick = picks.get(r + k - 1) if k else None
@@ -272,13 +284,15 @@ class Core:
                 return
         try:
             tok = self.sampler.next_token(c, logits, pick)
+            self.sampler.take(c, tok)
         except Exception as exc:  # a sampling error fails this call only
             self.abort(c)
             out.failed.append((c, exc))
             return
         c.generated.append(tok)
         c.pending = tok
-        c.finishing = self.sampler.stops(c, tok)
+        c.finish_reason = self.sampler.stops(c, tok)
+        c.finishing = c.finish_reason is not None
         if c.finishing:
             c.closing = self.sampler.closing(c.plan.footer, tok)
             if self.prefixes is not None:
@@ -329,6 +343,7 @@ class Core:
     def close(self) -> None:
         """Give the KV memory's tensors back (the engine closed)."""
         self.memory.drop()
+        self.grammars.close()
 
     def stats(self) -> EngineStats:
         memory = self.memory

@@ -340,7 +340,7 @@ class Engine:
         fields max_tokens=256, temperature=0.0, top_p=1.0, top_k=0, seed=None,
         stop=(), ignore_eos=False, force=().
         """
-        return await self._submit.run(await self._submit.job(decode_request(args)))
+        return await self._submit.run(await self._submit.job(self._decode_request(args)))
 
     async def prefill_many(
         self, requests: Iterable[PrefillRequest | Mapping[str, Any]]
@@ -361,7 +361,7 @@ class Engine:
 
         All or nothing, as `prefill_many`.
         """
-        return await self._submit.run_all([decode_request(r) for r in requests])
+        return await self._submit.run_all([self._decode_request(r) for r in requests])
 
     def prefill_nowait(self, message: Text, **args: Unpack[PrefillArgs]) -> Pending:
         """Queue a prefill without waiting for queue space (EngineBusy if full).
@@ -374,9 +374,17 @@ class Engine:
 
     def decode_nowait(self, **args: Unpack[DecodeArgs]) -> Pending:
         """Queue a decode without waiting for queue space (EngineBusy if full); as above."""
-        return self._submit.submit_nowait(decode_request(args))
+        return self._submit.submit_nowait(self._decode_request(args))
+
+    def _decode_request(self, args: Mapping[str, Any] | DecodeRequest) -> DecodeRequest:
+        """The request, its constraint (if any) compiled now: a bad regex, schema or
+        grammar raises InvalidConstraint here, before anything is queued or encoded."""
+        request = decode_request(args)
+        if request.sampling.constraint is not None:
+            self._core.grammars.check(request.sampling.constraint)
+        return request
 
     def stream(self, **args: Unpack[DecodeArgs]) -> TextStream:
         """`async for delta in engine.stream(...)`: text deltas; then `.handle`."""
         calls = StreamCalls(self._core.fmt, self._submit.job, self._sched.submit, self._core.free)
-        return TextStream(decode_request(args), calls)
+        return TextStream(self._decode_request(args), calls)

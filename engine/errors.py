@@ -6,10 +6,12 @@ from corps.cache.errors import CorpsError, InvalidRequest
 
 __all__ = [
     "CallCancelled",
+    "ConstraintViolated",
     "CorpsError",
     "EngineBusy",
     "EngineClosed",
     "FetchError",
+    "InvalidConstraint",
     "InvalidRequest",
     "ModelNotFound",
     "NonFiniteLogits",
@@ -44,3 +46,13 @@ class CallCancelled(CorpsError):
 class NonFiniteLogits(CorpsError):
     """A sampled call's next-token scores hold NaN or inf (e.g. a 16-bit overflow): that
     call fails; open the engine with dtype="float32"."""
+
+
+class InvalidConstraint(InvalidRequest):
+    """A regex, JSON schema, choice list or grammar that cannot constrain a decode
+    (raised when the call is made, before anything is encoded)."""
+
+
+class ConstraintViolated(CorpsError):
+    """A token a constrained call had to emit (a forced token) breaks its constraint:
+    that call fails, the others go on."""

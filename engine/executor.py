@@ -11,6 +11,7 @@ from typing import Protocol
 from corps.cache.handle import Handle
 from corps.cache.messages import Message, MessageTable
 from corps.engine.chat import ChatFormat
+from corps.engine.grammars import Grammars
 from corps.engine.planner import Call
 from corps.engine.requests import DecodeRequest, PrefillRequest
 from corps.engine.stats import EngineStats
@@ -24,6 +25,7 @@ class Executor(Protocol):
     fmt: ChatFormat
     table: MessageTable
     forward_seconds: float  # time spent in the model's forward so far
+    grammars: Grammars  # its compiled constraints and their masks
 
     def admit(
         self,

@@ -25,6 +25,8 @@ from corps.cache.handle import Handle
 from corps.cache.messages import Message, MessageTable
 from corps.engine.chat import ChatFormat
 from corps.engine.core import StepOutput
+from corps.engine.grammars import Grammars
+from corps.engine.grammars import apply as apply_masks
 from corps.engine.planner import Call, Planner
 from corps.engine.register import own_tokens, register
 from corps.engine.requests import DecodeRequest, PrefillRequest
@@ -62,6 +64,7 @@ class HFExecutor:
             vocab_size=spec.vocab_size,
         )
         self.sampler = Sampler(self.fmt)
+        self.grammars = Grammars(self.fmt.tokenizer, self.fmt.stop_ids)
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.hf.parameters())
         self.tokens_encoded = 0
         self.forward_seconds = 0.0
@@ -79,6 +82,8 @@ class HFExecutor:
         plan = self.planner.decode if isinstance(request, DecodeRequest) else self.planner.prefill
         call = plan(request)
         call.want_logits = want_logits
+        if call.plan.is_decode and call.plan.sampling.constraint is not None:
+            call.matcher = self.grammars.matcher(call.plan.sampling.constraint)
         for p in call.plan.pinned:
             p.pins += 1
         call.pins_held = True
@@ -193,6 +198,8 @@ class HFExecutor:
             **(dict(temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k) if sampled else {}),
         )
         processors = LogitsProcessorList([_Forced(sp.force, prompt.shape[1])] if sp.force else [])
+        if c.matcher is not None:
+            processors.append(_Constrained(c.matcher, prompt.shape[1], self.grammars))
         if sp.seed is not None:
             torch.manual_seed(sp.seed)
         clock = _FirstToken()
@@ -202,6 +209,11 @@ class HFExecutor:
         )
         self.forward_seconds += time.perf_counter() - t0
         c.generated = ids[0, prompt.shape[1] :].tolist()
+        if c.matcher is not None and c.generated:
+            self.sampler.take(c, c.generated[-1])  # the processor took all but the last
+        c.finish_reason = (
+            self.sampler.stops(c, c.generated[-1]) if c.generated else None
+        ) or "max_tokens"
         c.first_token_at = clock.at
         c.closed = (
             self.sampler.closing(c.plan.footer, c.generated[-1])
@@ -225,6 +237,20 @@ class _Forced:
         out = torch.full_like(scores, float("-inf"))  # (1, V)
         out[:, self.force[i]] = 0.0
         return out
+
+
+class _Constrained:
+    """Logits processor: a constrained call's matcher takes the token chosen at the
+    previous step, then masks the scores to what its constraint allows next."""
+
+    def __init__(self, matcher, prompt_len: int, grammars: Grammars) -> None:
+        self.matcher, self.start, self.grammars = matcher, prompt_len, grammars
+
+    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        if input_ids.shape[1] > self.start:
+            self.matcher.consume_token(int(input_ids[0, -1]))
+        apply_masks(scores, [0], self.grammars.masks([self.matcher]))  # (1, V) in place
+        return scores
 
 
 class _FirstToken:

@@ -9,6 +9,7 @@ nothing, so a rejected call leaves the store exactly as it was.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -80,6 +81,8 @@ class Call:
     finishing: bool = False  # the pending token is the last one
     done: bool = False  # everything encoded; ready for finish()
     logits: list[Tensor] = field(default_factory=list)  # want_logits: own rows, per chunk
+    matcher: Any = None  # a constrained decode's grammar state (llguidance)
+    finish_reason: str | None = None  # why a decode stopped (see Sampler.stops)
 
 
 class Planner:

@@ -35,6 +35,8 @@ def register(
             sources=_sources(table, c.plan.parents, reused_encodings),
             generated_from=c.plan.own if c.plan.is_decode else 0,
             generated=len(c.generated),
+            finish_reason=c.finish_reason,
+            complete=c.matcher is None or c.matcher.is_accepting(),
         )
     )
     c.slots = []  # the message owns them now; an abort must not release them

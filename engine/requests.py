@@ -15,6 +15,7 @@ from typing import Any, TypedDict
 
 from corps.cache.handle import Handle
 from corps.cache.visibility import Private, Public, Shared, Visibility, check_policy
+from corps.engine.constraint import KINDS, constraint_of
 from corps.engine.errors import InvalidRequest
 from corps.engine.sampling import SamplingParams
 
@@ -47,7 +48,10 @@ class DecodeArgs(TypedDict, total=False):
     As `PrefillArgs` (role "assistant" by default), plus header (text or ids the
     message starts with) and the sampling settings: either `sampling=SamplingParams(...)`
     or its fields as keywords (max_tokens, temperature, top_p, top_k, seed, stop,
-    ignore_eos, force), which override the `sampling` given.
+    ignore_eos, force), which override the `sampling` given. At most one of regex,
+    json_schema (a dict, its JSON or a pydantic model class), choices (the text is
+    one of them) or grammar (Lark) constrains the generated text to match it
+    (`corps.engine.constraint`).
     """
 
     role: str
@@ -68,6 +72,10 @@ class DecodeArgs(TypedDict, total=False):
     stop: str | Sequence[str] | None
     ignore_eos: bool | None
     force: Sequence[int] | None
+    regex: str | None
+    json_schema: Mapping[str, Any] | str | type | None
+    choices: Sequence[str] | None
+    grammar: str | None
 
 
 @dataclass(frozen=True)
@@ -116,7 +124,7 @@ class DecodeRequest:
             )
 
 
-_SAMPLING = tuple(f.name for f in dataclasses.fields(SamplingParams))
+_SAMPLING = tuple(f.name for f in dataclasses.fields(SamplingParams) if f.name != "constraint")
 
 
 def decode_request(args: Mapping[str, Any] | DecodeRequest) -> DecodeRequest:
@@ -130,6 +138,9 @@ def decode_request(args: Mapping[str, Any] | DecodeRequest) -> DecodeRequest:
         raise InvalidRequest(f"sampling must be a SamplingParams, got {base!r}")
     given = {k: kwargs.pop(k) for k in _SAMPLING if k in kwargs}
     sampling = {k: v for k, v in given.items() if v is not None}  # None means the default
+    constraint = constraint_of(**{k: kwargs.pop(k) for k in KINDS if k in kwargs})
+    if constraint is not None:
+        sampling["constraint"] = constraint
     if "stop" in sampling:
         stop = sampling["stop"]
         sampling["stop"] = (stop,) if isinstance(stop, str) else tuple(stop)

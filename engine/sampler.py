@@ -5,8 +5,8 @@ that has a logit row (`picks`: one argmax over the greedy rows, one batched
 draw over the sampled ones), then per call (`next_token`) replays a forced
 token or falls back to drawing alone, decides whether the call stops (`stops`:
 forced length, max_tokens, end of turn, stop strings) and which footer tokens
-close its turn (`closing`). A grammar hooks in here: a mask over a call's row
-before `picks`.
+close its turn (`closing`). A constrained call's logit row is masked before
+`picks` (`corps.engine.grammars`), and its matcher takes each token it emits.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from torch import Tensor
 
 from corps.engine.chat import ChatFormat
+from corps.engine.errors import ConstraintViolated
 from corps.engine.planner import Call
 from corps.engine.sampling import SamplingParams, argmax_rows, forced, sample, sample_rows
 
@@ -56,19 +57,34 @@ class Sampler:
             return forced(c.plan.sampling, len(c.generated), pick)
         return sample(logits[-1], c.plan.sampling, c.generator, len(c.generated))
 
-    def stops(self, c: Call, tok: int) -> bool:
-        """Whether `tok` (just appended to `c.generated`) is the call's last token."""
+    def stops(self, c: Call, tok: int) -> str | None:
+        """Why `tok` (just appended to `c.generated`) is the call's last token, or None:
+        "forced" (its forced tokens are out), "end_of_turn" (an end-of-turn token),
+        "constraint" (its constraint allows nothing more), "stop_string" or
+        "max_tokens"."""
         s = c.plan.sampling
         if s.force:
-            return len(c.generated) >= len(s.force)
-        if len(c.generated) >= s.max_tokens:
-            return True
+            return "forced" if len(c.generated) >= len(s.force) else None
         if tok in self.fmt.stop_ids and not s.ignore_eos:
-            return True
+            return "end_of_turn"
+        if c.matcher is not None and c.matcher.is_stopped():
+            return "constraint"
         if s.stop:
             tail = self.fmt.decode(c.generated[-32:])
-            return any(x in tail for x in s.stop)
-        return False
+            if any(x in tail for x in s.stop):
+                return "stop_string"
+        if len(c.generated) >= s.max_tokens:
+            return "max_tokens"
+        return None
+
+    def take(self, c: Call, tok: int) -> None:
+        """A constrained call's matcher takes the token it emits; ConstraintViolated if
+        the token breaks the constraint (a forced token that does not match it)."""
+        if c.matcher is not None and not c.matcher.consume_token(tok):
+            raise ConstraintViolated(
+                f"token {tok} ({self.fmt.decode([tok])!r}) does not match the call's "
+                f"{c.plan.sampling.constraint.describe()}: {c.matcher.get_error()}"
+            )
 
     def closing(self, footer: list[int], last: int) -> list[int]:
         """The footer tokens that close a turn whose last generated token is `last`.

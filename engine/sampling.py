@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from corps.engine.constraint import Constraint
 from corps.engine.errors import InvalidRequest, NonFiniteLogits
 
 
@@ -33,6 +34,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False  # keep going past EOS / end-of-turn (benchmarks)
     force: tuple[int, ...] = ()  # emit exactly these tokens (benchmarks: equal work)
+    constraint: Constraint | None = None  # what the generated text must match
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
@@ -53,6 +55,10 @@ class SamplingParams:
             raise InvalidRequest(f"stop must be non-empty strings, got {self.stop!r}")
         if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in self.force):
             raise InvalidRequest(f"force must be token ids, got {self.force!r}")
+        if self.constraint is not None and not isinstance(self.constraint, Constraint):
+            raise InvalidRequest(
+                f"constraint must come from constraint_of(...), got {self.constraint!r}"
+            )
         if len(self.force) > self.max_tokens:
             raise InvalidRequest(
                 f"force has {len(self.force)} tokens but max_tokens is {self.max_tokens}; "

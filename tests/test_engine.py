@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import re
+
 import anyio
+import jsonschema
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from corps.cache.handle import Handle
+from corps.engine.errors import ConstraintViolated, InvalidConstraint
 
 from conftest import open_tiny
 from helpers import run_calls
@@ -261,3 +268,200 @@ def test_mixed_precision_engine_agrees_with_float32_within_16_bit_rounding(tiny_
     assert (one_row["mixed"] - ref).abs().max() <= 0.005 * ref.abs().max()
     assert not torch.equal(one_row["mixed"], ref)
     assert sizes["mixed"] < 0.8 * sizes["float32"]  # 4 or 6 bytes per weight, not 8
+
+
+# ---- constrained decoding ----
+
+
+_LEAVES = st.sampled_from(["a", "b", "0", "1", " ", "x,", "[a-c]", "[0-9]"])
+_PROPERTY = settings(
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+
+
+def _regex_trees(leaves=_LEAVES):
+    """Small regexes as trees, so each one's longest match is known."""
+    return st.recursive(
+        leaves.map(lambda s: ("lit", s)),
+        lambda inner: st.one_of(
+            st.tuples(st.just("cat"), inner, inner),
+            st.tuples(st.just("alt"), inner, inner),
+            st.tuples(st.just("opt"), inner),
+            st.tuples(st.just("rep"), inner, st.integers(1, 3)),
+        ),
+        max_leaves=5,
+    )
+
+
+def _regex(t) -> str:
+    kind = t[0]
+    if kind == "lit":
+        return t[1]
+    if kind == "cat":
+        return _regex(t[1]) + _regex(t[2])
+    if kind == "alt":
+        return f"({_regex(t[1])}|{_regex(t[2])})"
+    if kind == "opt":
+        return f"({_regex(t[1])})?"
+    return f"({_regex(t[1])}){{1,{t[2]}}}"
+
+
+def _longest(t) -> int:
+    kind = t[0]
+    if kind == "lit":
+        return 1 if t[1].startswith("[") else len(t[1])
+    if kind == "cat":
+        return _longest(t[1]) + _longest(t[2])
+    if kind == "alt":
+        return max(_longest(t[1]), _longest(t[2]))
+    if kind == "opt":
+        return _longest(t[1])
+    return _longest(t[1]) * t[2]
+
+
+def _schemas():
+    """Random JSON schemas: nested objects, enums, arrays, bounded integers and numbers."""
+    leaf = st.one_of(
+        st.just({"type": "boolean"}),
+        st.integers(-50, 50).map(lambda lo: {"type": "integer", "minimum": lo, "maximum": lo + 99}),
+        st.just({"type": "number", "minimum": 0, "maximum": 10}),
+        st.lists(st.sampled_from(["yes", "no", "maybe", "a b"]), min_size=1, max_size=3,
+                 unique=True).map(lambda e: {"enum": e}),
+        st.integers(0, 4).map(lambda n: {"type": "string", "maxLength": n}),
+        st.just({"type": "array", "items": {"enum": ["x", "y"]}, "maxItems": 2}),
+    )  # fmt: skip
+
+    def obj(inner):
+        props = st.dictionaries(st.sampled_from(["k", "answer", "n", "why"]), inner, min_size=1,
+                                max_size=3)  # fmt: skip
+        return props.map(
+            lambda p: {"type": "object", "properties": p, "required": list(p),
+                       "additionalProperties": False}
+        )  # fmt: skip
+
+    return st.recursive(leaf, obj, max_leaves=4).map(
+        lambda s: s if s.get("type") == "object" else {"type": "object",
+                                                        "properties": {"v": s}, "required": ["v"],
+                                                        "additionalProperties": False}
+    )  # fmt: skip
+
+
+def _run(tiny_dirs, mode: str, requests: list[dict]) -> list[tuple[str, str | None, bool]]:
+    """(text, finish_reason, complete) of each decode after one prefill, fused in one batch."""
+
+    async def body():
+        async with open_tiny(tiny_dirs, "llama", mode=mode) as engine:
+            q = await engine.prefill("say something short")
+            hs = await engine.decode_many([dict(parents=[q], **r) for r in requests])
+            engine.check()
+            return [(h.text, h.finish_reason, h.complete) for h in hs]
+
+    return anyio.run(body)
+
+
+@pytest.mark.parametrize("mode", ["choreographed", "baseline"])
+@settings(
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.data())
+def test_constrained_text_matches_its_regex_greedy_or_sampled_beside_free_calls(
+    tiny_dirs, mode, data
+):
+    trees = data.draw(st.lists(_regex_trees(), min_size=2, max_size=4))
+    seed = data.draw(st.integers(0, 10_000))
+    requests = [
+        dict(regex=_regex(t), max_tokens=_longest(t) + 2, temperature=1.0 if i % 2 else 0.0,
+             top_k=5 * (i % 3), seed=seed + i)
+        for i, t in enumerate(trees)
+    ] + [dict(max_tokens=5, temperature=1.0, seed=seed)]  # fmt: skip
+    out = _run(tiny_dirs, mode, requests)
+    for t, (text, reason, complete) in zip(trees, out, strict=False):
+        # each token is at least a character: the longest match fits in max_tokens
+        assert complete and re.fullmatch(_regex(t), text), (_regex(t), text, reason)
+        assert reason in ("constraint", "end_of_turn")
+    assert out[-1][2]  # the free call beside them is untouched
+
+
+@pytest.mark.parametrize("mode", ["choreographed", "baseline"])
+@settings(
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.data())
+def test_constrained_json_matches_its_schema(tiny_dirs, mode, data):
+    schemas = data.draw(st.lists(_schemas(), min_size=1, max_size=3))
+    seed = data.draw(st.integers(0, 10_000))
+    requests = [
+        dict(json_schema=s, max_tokens=160, temperature=float(i % 2), seed=seed + i)
+        for i, s in enumerate(schemas)
+    ]
+    for s, (text, reason, complete) in zip(schemas, _run(tiny_dirs, mode, requests), strict=True):
+        if complete:
+            jsonschema.validate(json.loads(text), s)
+        else:  # a number's digits can run on: stopped by max_tokens, a valid prefix
+            assert reason == "max_tokens", (s, text)
+
+
+def test_constraints_hold_in_hf_mode_too(tiny_dirs):
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    requests = [
+        dict(regex="(ab|ba){1,2}", max_tokens=6),
+        dict(choices=["left", "right"], max_tokens=6, temperature=1.0, seed=3),
+        dict(json_schema=schema, max_tokens=20),
+    ]
+    out = _run(tiny_dirs, "hf", requests)
+    assert re.fullmatch("(ab|ba){1,2}", out[0][0]) and out[1][0] in ("left", "right")
+    assert json.loads(out[2][0])["ok"] in (True, False) and all(c for _, _, c in out)
+
+
+async def test_a_bad_constraint_fails_at_the_call_and_leaves_the_store_as_it_was(tiny_dirs):
+    async with open_tiny(tiny_dirs, "llama") as engine:
+        q = await engine.prefill("hello")
+        before = engine.stats()
+        for bad in (dict(regex="(unclosed"), dict(json_schema={"type": 7}), dict(choices=[])):
+            with pytest.raises(InvalidConstraint):
+                await engine.decode(parents=[q], max_tokens=4, **bad)
+            with pytest.raises(InvalidConstraint):
+                engine.decode_nowait(parents=[q], max_tokens=4, **bad)
+        after = engine.stats()
+        assert (after.tokens_used, after.messages, after.tokens_encoded) == (
+            before.tokens_used, before.messages, before.tokens_encoded
+        )  # fmt: skip
+        engine.check()
+
+
+async def test_a_constrained_call_cut_by_max_tokens_keeps_its_valid_prefix(tiny_dirs):
+    async with open_tiny(tiny_dirs, "llama") as engine:
+        q = await engine.prefill("hello")
+        h = await engine.decode(parents=[q], regex="abcabcabc", max_tokens=2)
+        assert h.finish_reason == "max_tokens" and not h.complete
+        assert "abcabcabc".startswith(h.text) and h.text
+        done = await engine.decode(parents=[q], regex="ab", max_tokens=8)
+        assert done.complete and done.text == "ab" and done.finish_reason == "constraint"
+
+
+async def test_a_forced_token_that_breaks_the_constraint_fails_that_call_only(tiny_dirs):
+    async with open_tiny(tiny_dirs, "llama") as engine:
+        q = await engine.prefill("hello")
+        bad = engine.tokenizer.encode("zz", add_special_tokens=False)
+        with pytest.raises(ConstraintViolated, match="does not match"):
+            await engine.decode(parents=[q], regex="ab", force=bad)
+        ok = await engine.decode(parents=[q], max_tokens=3)
+        assert ok.length > 0
+        engine.check()
+
+
+async def test_twins_with_different_constraints_are_not_merged(tiny_dirs):
+    """Twin decodes share logit rows, which a constraint masks in place; calls with
+    different constraints must not share them (each matches its own)."""
+    async with open_tiny(tiny_dirs, "llama") as engine:
+        q = await engine.prefill("hello")
+        a, b, same, _free = await engine.decode_many(
+            [
+                dict(parents=[q], header="x", regex="ab", max_tokens=4),
+                dict(parents=[q], header="x", regex="ba", max_tokens=4),
+                dict(parents=[q], header="x", regex="ab", max_tokens=4),
+                dict(parents=[q], header="x", max_tokens=4),
+            ]
+        )
+        assert (a.text, b.text, same.text) == ("xab", "xba", "xab")
+        assert engine.stats().tokens_reused > 0

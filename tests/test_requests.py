@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from corps.cache.errors import InvalidRequest
+from corps.engine.constraint import KINDS
 from corps.engine.requests import (
     DecodeArgs,
     DecodeRequest,
@@ -56,12 +57,13 @@ def test_bad_arguments_are_refused_with_what_to_do(build, says):
 
 def test_the_typed_keywords_are_the_requests_fields():
     """`PrefillArgs` / `DecodeArgs` name exactly what a request takes (plus, for a
-    decode, the sampling fields), so the engine's signatures stay in step."""
+    decode, the sampling fields, its constraint as one of four keywords), so the
+    engine's signatures stay in step."""
     prefill = {f.name for f in dataclasses.fields(PrefillRequest)} - {"message"}
     assert set(PrefillArgs.__annotations__) == prefill
-    sampling = {f.name for f in dataclasses.fields(SamplingParams)}
+    sampling = {f.name for f in dataclasses.fields(SamplingParams)} - {"constraint"}
     decode = {f.name for f in dataclasses.fields(DecodeRequest)}
-    assert set(DecodeArgs.__annotations__) == decode | sampling
+    assert set(DecodeArgs.__annotations__) == decode | sampling | set(KINDS)
 
 
 async def test_the_engine_takes_built_requests_and_keywords_alike(tiny_dirs):

@@ -19,22 +19,29 @@ class _Fmt:
         return "".join(chr(97 + (t % 26)) for t in ids)
 
 
-def _call(generated=(), **sampling):
+def _call(generated=(), matcher=None, **sampling):
     params = SamplingParams(**sampling)
     plan = SimpleNamespace(sampling=params)
-    return SimpleNamespace(plan=plan, generated=list(generated), generator=params.generator())
+    return SimpleNamespace(
+        plan=plan, generated=list(generated), generator=params.generator(), matcher=matcher
+    )
 
 
-def test_stops_on_max_tokens_end_of_turn_stop_strings_and_forced_length():
+def test_stops_say_why_on_max_tokens_end_of_turn_stop_strings_forced_and_constraints():
     s = Sampler(_Fmt())
-    assert s.stops(_call([5, 6], max_tokens=2), 6)
-    assert not s.stops(_call([5], max_tokens=2), 5)
-    assert s.stops(_call([5, EOT]), EOT)
-    assert not s.stops(_call([5, EOT], ignore_eos=True), EOT)
-    assert s.stops(_call([0, 1], stop=["ab"]), 1)  # text "ab"
-    assert not s.stops(_call([0, 2], stop=["ab"]), 2)
+    assert s.stops(_call([5, 6], max_tokens=2), 6) == "max_tokens"
+    assert s.stops(_call([5], max_tokens=2), 5) is None
+    assert s.stops(_call([5, EOT]), EOT) == "end_of_turn"
+    assert s.stops(_call([5, EOT], ignore_eos=True), EOT) is None
+    assert s.stops(_call([0, 1], stop=["ab"]), 1) == "stop_string"  # text "ab"
+    assert s.stops(_call([0, 2], stop=["ab"]), 2) is None
     forced = _call([9], force=(9, 9), max_tokens=5)
-    assert not s.stops(forced, 9) and s.stops(_call([9, 9], force=(9, 9), max_tokens=5), 9)
+    assert s.stops(forced, 9) is None
+    assert s.stops(_call([9, 9], force=(9, 9), max_tokens=5), 9) == "forced"
+    done = SimpleNamespace(is_stopped=lambda: True)
+    assert s.stops(_call([5], matcher=done), 5) == "constraint"
+    going = SimpleNamespace(is_stopped=lambda: False)
+    assert s.stops(_call([5], matcher=going), 5) is None
 
 
 def test_a_turn_is_closed_by_the_rest_of_its_footer():
