@@ -49,12 +49,13 @@ def build_batch(plan: list[PlanEntry], device: torch.device) -> Batch:
             rows += lead_rows
             counts.append(len(lead_rows))
             continue
-        if start < 0:  # the pending sampled token, then a finishing call's footer
-            first = c.feed_start + len(c.feed) + len(c.generated) + len(c.closed) - 1
-            ids += [c.pending, *c.closing]  # n tokens
+        if start < 0:  # the pending sampled token, any it jumped to, a finishing footer
+            behind = 1 + len(c.jumped)  # generated tokens not encoded yet
+            first = c.feed_start + len(c.feed) + len(c.generated) + len(c.closed) - behind
+            ids += [c.pending, *c.jumped, *c.closing]  # n tokens
             pos += range(first, first + n)
             slots += c.slots[len(c.slots) - n :]
-            mine = [] if c.finishing else [t]
+            mine = [] if c.finishing else [t + behind - 1]
         else:
             ids += c.feed[start : start + n]
             pos += range(c.feed_start + start, c.feed_start + start + n)

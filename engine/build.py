@@ -48,6 +48,7 @@ def build_executor(cfg: EngineConfig, console: Console | None = None) -> Executo
             precision=cfg.dtype,
             contexts=cfg.contexts,
             attention=attention,
+            jump_forward=cfg.jump_forward,
         )
     return core
 

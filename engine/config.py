@@ -114,6 +114,9 @@ class EngineConfig(BaseModel):
       down never slows or fails the engine: `stats().spans_dropped` counts what it
       did not take.
     - `auto_free`: free an encoding once the last `Handle` naming it is collected.
+    - `jump_forward`: when a decode's constraint allows exactly one continuation
+      for several tokens (a JSON key, punctuation), append them without sampling
+      and encode them together in the next step (True); False samples each one.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -134,6 +137,7 @@ class EngineConfig(BaseModel):
     otel_protocol: OtelProtocol = "http/protobuf"  # before otel: otel's check reads it
     otel: str | None = None
     auto_free: bool = False
+    jump_forward: bool = True
 
     @field_validator(
         "attention", "contexts", "mode", "dtype", "leak_policy", "otel_protocol", mode="before"

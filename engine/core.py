@@ -72,6 +72,7 @@ class Core:
         precision: str | None = None,
         contexts: str = "copy",
         attention: AttentionBackend | None = None,
+        jump_forward: bool = True,
     ) -> None:
         if mode not in MODES or mode == "hf":
             raise InvalidRequest(
@@ -137,6 +138,8 @@ class Core:
         )
         self.tokens_encoded = 0
         self.tokens_reused = 0
+        self.tokens_jumped = 0  # tokens constraints forced, appended without sampling
+        self.jump_forward = jump_forward
         self.forward_seconds = 0.0  # time spent in the model's forward
         self.sink = self._make_sink()
         if self.sink is not None:
@@ -207,9 +210,10 @@ class Core:
         for c in calls:
             if c.pending is None or decodes <= 0:
                 continue
-            # the pending token; a finishing call's footer goes with it, so its turn is
-            # closed in one step (rows that need no logits need not wait for each other)
-            n = 1 + len(c.closing)
+            # the pending token (and any it jumped to); a finishing call's footer goes
+            # with it, so its turn is closed in one step (rows that need no logits need
+            # not wait for each other)
+            n = 1 + len(c.jumped) + len(c.closing)
             decodes -= n
             try:
                 self.memory.next_slots(c, n)
@@ -265,7 +269,7 @@ class Core:
         self, c: Call, start: int, n: int, logits: Tensor, out: StepOutput, pick: int | None
     ) -> None:
         if start < 0:
-            c.pending = None
+            c.pending, c.jumped = None, []
             if c.finishing:  # its last token and footer are encoded: the turn is closed
                 c.closed += c.closing
                 c.closing = []
@@ -291,17 +295,34 @@ class Core:
             return
         c.generated.append(tok)
         c.pending = tok
+        out.tokens.append((c, tok))
         c.finish_reason = self.sampler.stops(c, tok)
+        if c.finish_reason is None and c.matcher is not None and self.jump_forward:
+            c.finish_reason = self._jump(c, out)
         c.finishing = c.finish_reason is not None
         if c.finishing:
-            c.closing = self.sampler.closing(c.plan.footer, tok)
+            c.closing = self.sampler.closing(c.plan.footer, c.generated[-1])
             if self.prefixes is not None:
                 # The baseline re-encodes a turn's text wherever it is read, so it never
                 # runs the last token and footer through the model (a serving engine's
                 # prefix cache keeps a finished request's prompt and output but its last
                 # token): the call is done. Choreography must encode them, as the message.
                 c.closed, c.closing, c.pending, c.done = c.closing, [], None, True
-        out.tokens.append((c, tok))
+
+    def _jump(self, c: Call, out: StepOutput) -> str | None:
+        """Jump-forward: the tokens c's constraint forces next (llguidance's fast-forward
+        tokens, which stop short of a token boundary that the next bytes could still
+        change) are appended now without sampling, and encoded with its pending token
+        as one span next step. Returns why the call stops after them, if it does."""
+        room = c.plan.sampling.max_tokens - len(c.generated)
+        forced = c.matcher.compute_ff_tokens()[:room]
+        if not forced or not c.matcher.consume_tokens(forced):
+            return None
+        c.generated += forced
+        c.jumped = forced
+        self.tokens_jumped += len(forced)
+        out.tokens += [(c, t) for t in forced]
+        return self.sampler.stops(c, forced[-1])
 
     def finish(self, c: Call) -> Handle:
         """Register a done call's message and return its handle."""
@@ -356,6 +377,7 @@ class Core:
             messages=len(self.table) - (1 if self.sink is not None else 0),
             tokens_encoded=self.tokens_encoded,
             tokens_reused=self.tokens_reused,
+            tokens_jumped=self.tokens_jumped,
             prefix_hit_tokens=radix.hit_tokens if radix else 0,
             prefix_query_tokens=radix.query_tokens if radix else 0,
             prefix_shared_in_batch=self.prefixes.shared_in_batch if self.prefixes else 0,
@@ -409,8 +431,9 @@ class Core:
         tokens = own_tokens(c) + c.generated
         c.text = self.sampler.text(tokens[c.plan.frame_len :], c.plan.sampling)
         tokens += c.closed
-        if self.prefixes is not None:  # its last generated token was never encoded
-            self.prefixes.cache(c, c.plan.prefix + c.generated[:-1])
+        if self.prefixes is not None:  # its last generated token(s) were never encoded
+            encoded = len(c.generated) - 1 - len(c.jumped)
+            self.prefixes.cache(c, c.plan.prefix + c.generated[:encoded])
             return self._register(c, tokens, [])
         return self._register(c, tokens, c.slots)
 

@@ -78,6 +78,7 @@ class Call:
     fed: int = 0  # feed tokens encoded so far
     encoded: int = 0  # tokens this call ran through the model (feed + generated)
     pending: int | None = None  # sampled token not yet encoded
+    jumped: list[int] = field(default_factory=list)  # forced tokens after it (jump-forward)
     finishing: bool = False  # the pending token is the last one
     done: bool = False  # everything encoded; ready for finish()
     logits: list[Tensor] = field(default_factory=list)  # want_logits: own rows, per chunk

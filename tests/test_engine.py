@@ -465,3 +465,30 @@ async def test_twins_with_different_constraints_are_not_merged(tiny_dirs):
         )
         assert (a.text, b.text, same.text) == ("xab", "xba", "xab")
         assert engine.stats().tokens_reused > 0
+
+
+@pytest.mark.parametrize("mode", ["choreographed", "baseline"])
+async def test_jump_forward_gives_the_same_text_in_fewer_steps(tiny_dirs, mode):
+    """Keys and punctuation a schema forces are appended without sampling and encoded
+    together: the same text as sampling each, in fewer forward steps."""
+    schema = {
+        "type": "object",
+        "properties": {"verdict": {"const": "stop"}, "sure": {"enum": ["yes", "no"]}},
+        "required": ["verdict", "sure"],
+        "additionalProperties": False,
+    }
+    seen = {}
+    for jump in (False, True):
+        async with open_tiny(tiny_dirs, "llama", mode=mode, jump_forward=jump) as engine:
+            q = await engine.prefill("decide")
+            steps = engine.stats().steps
+            stream = engine.stream(parents=[q], json_schema=schema, max_tokens=40)
+            streamed = "".join([delta async for delta in stream])
+            h = stream.handle
+            seen[jump] = (h.text, engine.stats().steps - steps, engine.stats().tokens_jumped)
+            assert streamed == h.text and h.complete
+            jsonschema.validate(json.loads(h.text), schema)
+            engine.check()
+    (text, steps, jumped), (text_j, steps_j, jumped_j) = seen[False], seen[True]
+    assert text == text_j and jumped == 0 and jumped_j > 0
+    assert steps_j < steps
