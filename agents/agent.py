@@ -78,8 +78,18 @@ class Agent:
         """
         return await self.engine.prefill(message, **self._as_me(args))
 
-    async def decode(self, **args: Unpack[DecodeArgs]) -> Handle:
-        """Generate a message owned by this agent. Inside `ask_stream`, its text streams out."""
+    async def decode(
+        self, *, schema: type[BaseModel] | None = None, **args: Unpack[DecodeArgs]
+    ) -> Handle:
+        """Generate a message owned by this agent. Inside `ask_stream`, its text streams out.
+
+        `schema` (a pydantic model class) constrains the reply to the model's JSON
+        schema and puts the parsed object on the handle (`handle.value`), so agents
+        exchange typed payloads without parsing text."""
+        if schema is not None:
+            if not (isinstance(schema, type) and issubclass(schema, BaseModel)):
+                raise InvalidRequest(f"schema must be a pydantic model class, got {schema!r}")
+            args = {**args, "json_schema": schema}
         kw = self._as_me(args)
         envelope = env_mod.current.get()
         if envelope is None or envelope.deltas is None:

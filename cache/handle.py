@@ -129,6 +129,13 @@ class Handle:
         return self._msg.complete
 
     @property
+    def value(self) -> Any:
+        """A `json_schema` decode's reply parsed: an instance of the pydantic model it
+        was given (`schema=` on `Agent.decode`), else the JSON value; None when the
+        reply is incomplete, does not validate, or the decode had no schema."""
+        return self._readable().value
+
+    @property
     def ttft(self) -> float | None:
         """Seconds from submitting this decode to its first token (None for prefills)."""
         return self._msg.figures.ttft_s

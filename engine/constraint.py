@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from corps.engine.errors import InvalidConstraint
@@ -27,10 +27,24 @@ JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separa
 @dataclass(frozen=True)
 class Constraint:
     """One decode's constraint: `kind` and its `source` (the regex, the schema as
-    canonical JSON, the choices as a JSON list, or a Lark grammar)."""
+    canonical JSON, the choices as a JSON list, or a Lark grammar). A schema given
+    as a pydantic model keeps the `model`, which parses the reply (`Handle.value`)."""
 
     kind: Kind
     source: str
+    model: type | None = field(default=None, compare=False, repr=False)
+
+    def parse(self, text: str) -> Any:
+        """A JSON-schema reply as a value: an instance of `model`, else the JSON value;
+        None for other kinds or text that does not parse."""
+        if self.kind != "json_schema":
+            return None
+        try:
+            if self.model is not None:
+                return self.model.model_validate_json(text)
+            return json.loads(text)
+        except ValueError:  # pydantic's ValidationError is a ValueError
+            return None
 
     def grammar(self) -> str:
         """The llguidance grammar this constraint compiles to."""
@@ -76,7 +90,8 @@ def constraint_of(
             "regex, json_schema, choices or grammar"
         )
     ((kind, value),) = given.items()
-    return Constraint(kind, _source(kind, value))
+    model = value if isinstance(value, type) and hasattr(value, "model_validate_json") else None
+    return Constraint(kind, _source(kind, value), model)
 
 
 def _source(kind: Kind, value: Any) -> str:
@@ -87,6 +102,18 @@ def _source(kind: Kind, value: Any) -> str:
     if kind == "choices":
         return _choices(value)
     return _schema(value)
+
+
+def _closed(schema: Any) -> Any:
+    """A pydantic model's schema with extra keys closed off where it leaves them open
+    (the model ignores them anyway): a reply is the fields, not whatever follows."""
+    if isinstance(schema, dict):
+        schema = {k: _closed(v) for k, v in schema.items()}
+        if schema.get("type") == "object" and "properties" in schema:
+            schema.setdefault("additionalProperties", False)
+    elif isinstance(schema, list):
+        schema = [_closed(v) for v in schema]
+    return schema
 
 
 def _choices(value: Any) -> str:
@@ -101,7 +128,7 @@ def _choices(value: Any) -> str:
 
 def _schema(value: Any) -> str:
     if isinstance(value, type) and hasattr(value, "model_json_schema"):
-        value = value.model_json_schema()
+        value = _closed(value.model_json_schema())
     if isinstance(value, str):
         try:
             value = json.loads(value)

@@ -19,6 +19,8 @@ def register(
     its handle. `reused_encodings`: the call attended to its parents' encodings
     (choreography), so it also attended to everything those attended to."""
     mid = table.next_id()
+    complete = c.matcher is None or c.matcher.is_accepting()
+    constraint = c.plan.sampling.constraint if c.plan.is_decode else None
     table.add(
         Message(
             mid,
@@ -36,7 +38,8 @@ def register(
             generated_from=c.plan.own if c.plan.is_decode else 0,
             generated=len(c.generated),
             finish_reason=c.finish_reason,
-            complete=c.matcher is None or c.matcher.is_accepting(),
+            complete=complete,
+            value=constraint.parse(c.text) if constraint is not None and complete else None,
         )
     )
     c.slots = []  # the message owns them now; an abort must not release them

@@ -29,7 +29,9 @@ def test_json_schemas_from_a_dict_its_text_or_a_pydantic_model_keep_key_order():
     assert from_dict == constraint_of(json_schema=json.dumps(schema, indent=2))  # canonical
     assert list(json.loads(from_dict.source)["properties"]) == ["z", "a"]  # generation order
     from_model = constraint_of(json_schema=Verdict)
-    assert json.loads(from_model.source) == Verdict.model_json_schema()
+    closed = {**Verdict.model_json_schema(), "additionalProperties": False}
+    assert json.loads(from_model.source) == closed  # replies are the fields, nothing after
+    assert from_model.model is Verdict and from_model.parse('{"decision": "x", "answer": 2}')
     assert hash(from_dict) != hash(from_model)  # frozen, hashable: twins compare them
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import anyio
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from corps.agents import (
     DEAD_LETTERS,
@@ -314,3 +316,32 @@ async def test_stopping_the_runtime_frees_system_prompts(tiny_dirs):
             assert engine.stats().messages == before.messages + 1
         after = engine.stats()
         assert after.messages == before.messages and after.tokens_used == before.tokens_used
+
+
+class Verdict(BaseModel):
+    decision: Literal["continue", "stop"]
+    votes: int = Field(ge=0, le=9)
+
+
+class Judge(Agent):
+    async def handle(self, question: Handle) -> Handle:
+        return await self.decode(parents=[question], schema=Verdict, max_tokens=40)
+
+
+async def test_typed_replies_carry_the_parsed_model(tiny_dirs):
+    """`Agent.decode(schema=Model)`: the reply matches the model's schema and the
+    handle carries the parsed instance, so agents pass typed payloads."""
+    async with open_tiny(tiny_dirs, "llama") as engine, Runtime(engine) as rt:
+        await rt.spawn(Judge, "judge")
+        q = await engine.prefill("stop or continue?")
+        reply = await rt.ask("judge", q)
+        assert reply.complete and isinstance(reply.value, Verdict)
+        assert reply.value == Verdict.model_validate_json(reply.text)
+        plain = await engine.decode(parents=[q], json_schema={"type": "boolean"}, max_tokens=8)
+        assert plain.value in (True, False)
+        cut = await engine.decode(parents=[q], json_schema=Verdict, max_tokens=2)
+        assert not cut.complete and cut.value is None
+        free = await engine.decode(parents=[q], max_tokens=3)
+        assert free.value is None
+        with pytest.raises(InvalidRequest, match="pydantic model class"):
+            await rt.agent("judge").decode(parents=[q], schema=dict)
