@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Unpack
 
 from pydantic import BaseModel
@@ -15,6 +15,7 @@ from corps.cache.visibility import Private, Public, Visibility
 if TYPE_CHECKING:  # the engine's argument types (corps.agents imports no torch)
     from corps.agents.runtime import Runtime
     from corps.engine.requests import DecodeArgs, PrefillArgs, Text
+    from corps.engine.select import Selection
 
 
 class Agent:
@@ -105,6 +106,11 @@ class Agent:
         """Several decodes (`DecodeArgs` each) owned by this agent, fused into shared
         steps; all or nothing. `visibility` applies to those that give none."""
         return await self.engine.decode_many([self._as_me(r, visibility) for r in requests])
+
+    async def select(self, *, options: Sequence[str], **args: Any) -> Selection:
+        """`Engine.select` as this agent: score `options` after `parents`, keep the best
+        (its message is owned by this agent)."""
+        return await self.engine.select(options=options, **self._as_me(args))
 
     async def think(self, **args: Unpack[DecodeArgs]) -> Handle:
         """decode() with Private visibility: a thought only this agent can read."""

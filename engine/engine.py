@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
@@ -15,7 +15,7 @@ import anyio.to_thread
 from rich.console import Console
 
 from corps.cache.handle import Handle
-from corps.cache.visibility import Leak
+from corps.cache.visibility import Leak, Visibility
 from corps.engine.access import AuditEvent, Guard, check_access
 from corps.engine.build import build_executor
 from corps.engine.chat import ChatFormat
@@ -37,6 +37,7 @@ from corps.engine.requests import (
     prefill_request_of,
 )
 from corps.engine.scheduler import Scheduler
+from corps.engine.select import By, Selection, choose, option_of, scored
 from corps.engine.stats import EngineStats
 from corps.engine.stream import StreamCalls, TextStream
 from corps.engine.submit import Submitter
@@ -375,6 +376,45 @@ class Engine:
     def decode_nowait(self, **args: Unpack[DecodeArgs]) -> Pending:
         """Queue a decode without waiting for queue space (EngineBusy if full); as above."""
         return self._submit.submit_nowait(self._decode_request(args))
+
+    async def select(
+        self,
+        *,
+        options: Sequence[str],
+        parents: Sequence[Handle] = (),
+        offsets: Sequence[int | None] | None = None,
+        new_offset: int | None = None,
+        role: str = "assistant",
+        header: str = "",
+        owner: str | None = None,
+        visibility: Visibility | None = None,
+        leak_policy: str | None = None,
+        by: By = "normalized",
+    ) -> Selection:
+        """Score each of `options` as the reply after `parents` and keep the best.
+
+        Every option is encoded as a `role` turn (`header`, then the option) attending
+        to the same parents at the same offset, all in one fused step; its score is
+        the log-probability of its tokens. The choice is the highest length-normalised
+        score (`by="total"`: the highest sum); the chosen option's encoding is kept as
+        a message (`Selection.handle`), the others are freed.
+        """
+        if isinstance(options, str) or not options or len(set(options)) != len(options):
+            raise InvalidRequest(f"options must be distinct strings, at least one: {options!r}")
+        if by not in ("normalized", "total"):
+            raise InvalidRequest(f"by must be 'normalized' or 'total', got {by!r}")
+        fmt = self._core.fmt
+        built = [option_of(fmt, role, header, o) for o in options]
+        common = dict(role=role, parents=tuple(parents), offsets=offsets, new_offset=new_offset,
+                      owner=owner, visibility=visibility, leak_policy=leak_policy)  # fmt: skip
+        requests = [PrefillRequest(o.content, frame=o.framed, **common) for o in built]
+        done = await self._submit.run_jobs(requests, want_logits=True)
+        totals = [scored(job.call, o) for o, (_, job) in zip(built, done, strict=True)]
+        best, normalized = choose(totals, [o.n for o in built], by)
+        for i, (h, _) in enumerate(done):
+            if i != best:
+                self.free(h)
+        return Selection(best, options[best], tuple(totals), tuple(normalized), done[best][0])
 
     def _decode_request(self, args: Mapping[str, Any] | DecodeRequest) -> DecodeRequest:
         """The request, its constraint (if any) compiled now: a bad regex, schema or

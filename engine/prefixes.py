@@ -41,6 +41,8 @@ class PrefixSharing:
         """Point c's context at the longest cached prefix of its prompt; lock it."""
         match = self.radix.match(c.plan.prefix)
         hit = min(match.length, len(c.plan.prefix) - 1)  # re-encode >= 1 token to get logits
+        if c.want_logits:  # every own token's logits are wanted: encode them all
+            hit = min(hit, len(c.plan.prefix) - c.plan.own)
         self.radix.lock(match.node)
         c.lock = match.node
         c.ctx_slots, c.ctx_pos = match.slots[:hit], list(range(hit))

@@ -77,18 +77,27 @@ class Submitter:
         return bind(await job.wait(), job.request.owner)
 
     async def run_all(self, requests: list[Request]) -> list[Handle]:
+        return [handle for handle, _ in await self.run_jobs(requests)]
+
+    async def run_jobs(
+        self, requests: list[Request], *, want_logits: bool = False
+    ) -> list[tuple[Handle, Job]]:
+        """Queue `requests` together (one step while there is room) and wait for all:
+        each handle with its job (whose call holds its logits if `want_logits`). All
+        or nothing: one failure cancels the others and frees what they made."""
         jobs: list[Job] = []
         queued = 0
         try:
             for request in requests:
                 jobs.append(await self.job(request))
+                jobs[-1].want_logits = want_logits
             for job in jobs:  # no yield between them while there is room: one step
                 try:
                     self.sched.submit_nowait(job)
                 except EngineBusy:
                     await self.sched.submit(job)
                 queued += 1
-            return [bind(await job.wait(), job.request.owner) for job in jobs]
+            return [(bind(await job.wait(), job.request.owner), job) for job in jobs]
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await self._undo(jobs, queued)

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from corps.cache.handle import Handle
-from corps.engine.errors import ConstraintViolated, InvalidConstraint
+from corps.engine.errors import ConstraintViolated, InvalidConstraint, InvalidRequest
 
 from conftest import open_tiny
 from helpers import run_calls
@@ -492,3 +492,51 @@ async def test_jump_forward_gives_the_same_text_in_fewer_steps(tiny_dirs, mode):
     (text, steps, jumped), (text_j, steps_j, jumped_j) = seen[False], seen[True]
     assert text == text_j and jumped == 0 and jumped_j > 0
     assert steps_j < steps
+
+
+# ---- select ----
+
+
+@pytest.mark.parametrize("mode", ["choreographed", "baseline", "hf"])
+async def test_select_scores_equal_each_option_scored_alone(tiny_dirs, mode):
+    """All options in one fused step score as each would alone (<= 1e-4, float32);
+    the best normalised score wins; its encoding is kept, the others are freed."""
+    options = ["yes", "no", "maybe later", "x"]
+    async with open_tiny(tiny_dirs, "llama", mode=mode) as engine:
+        sys = await engine.prefill("be brief", role="system")
+        q = await engine.prefill("is it so?", parents=[sys])
+        messages = engine.stats().messages
+        s = await engine.select(parents=[sys, q], options=options, header="Answer: ")
+        assert engine.stats().messages == messages + 1  # the chosen one only
+        alone = [
+            (await engine.select(parents=[sys, q], options=[o], header="Answer: ")).totals[0]
+            for o in options
+        ]
+        assert s.totals == pytest.approx(alone, abs=1e-4)
+        assert (
+            s.index == max(range(4), key=lambda i: s.normalized[i]) and s.option == options[s.index]
+        )
+        assert s.handle.text == "Answer: " + s.option and s.handle.parents == (sys, q)
+        lengths = [len(engine.tokenizer.encode(o, add_special_tokens=False)) for o in options]
+        assert s.normalized == pytest.approx(
+            [t / n for t, n in zip(s.totals, lengths, strict=True)]
+        )
+        by_total = await engine.select(
+            parents=[sys, q], options=options, header="Answer: ", by="total"
+        )
+        assert by_total.index == max(range(4), key=lambda i: s.totals[i])
+        if mode != "hf":
+            engine.check()
+
+
+async def test_select_refuses_bad_options_before_anything_runs(tiny_dirs):
+    async with open_tiny(tiny_dirs, "llama") as engine:
+        q = await engine.prefill("pick")
+        before = engine.stats().messages
+        for bad, says in (([], "distinct"), (["a", "a"], "distinct"), (["a", ""], "non-empty"),
+                          ("ab", "distinct")):  # fmt: skip
+            with pytest.raises(InvalidRequest, match=says):
+                await engine.select(parents=[q], options=bad)
+        with pytest.raises(InvalidRequest, match="by must be"):
+            await engine.select(parents=[q], options=["a", "b"], by="mean")
+        assert engine.stats().messages == before

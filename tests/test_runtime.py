@@ -345,3 +345,16 @@ async def test_typed_replies_carry_the_parsed_model(tiny_dirs):
         assert free.value is None
         with pytest.raises(InvalidRequest, match="pydantic model class"):
             await rt.agent("judge").decode(parents=[q], schema=dict)
+
+
+async def test_an_agent_selects_as_itself(tiny_dirs):
+    class Picker(Agent):
+        async def handle(self, question: Handle) -> Handle:
+            chosen = await self.select(parents=[question], options=["red", "blue"])
+            return chosen.handle
+
+    async with open_tiny(tiny_dirs, "llama") as engine, Runtime(engine) as rt:
+        await rt.spawn(Picker, "picker")
+        q = await engine.prefill("red or blue?")
+        h = await rt.ask("picker", q)
+        assert h.owner == "picker" and h.text in ("red", "blue")
