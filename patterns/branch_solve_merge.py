@@ -17,6 +17,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from corps.agents import Runtime
+from corps.patterns import forms
 from corps.patterns.params import Temperature, Text, Tokens, TopP
 from corps.patterns.parsing import parse_groups
 from corps.patterns.result import PatternResult
@@ -47,8 +48,12 @@ async def branch_solve_merge(
     temperature: Temperature = 0.7,
     top_p: TopP = 0.95,
     seed: int | None = None,
+    constrained: bool = True,
 ) -> PatternResult:
-    """Split `concepts` in two, write a story per group in parallel, merge them."""
+    """Split `concepts` in two, write a story per group in parallel, merge them.
+
+    `constrained`: the split is two comma-separated groups of the given concepts
+    (`corps.patterns.forms`); False decodes it free and parses."""
     async with Run(
         rt,
         "branch_solve_merge",
@@ -60,7 +65,8 @@ async def branch_solve_merge(
         brancher, writer, merger = [await run.agent(r) for r in ("branch", "solve", "merge")]
         listed = ", ".join(concepts)
         branch = await run.prefill(BRANCH.format(concepts=listed))
-        (split,) = await run.ask(brancher, run.turn([branch], header="Group 1:"))
+        form = forms.only(constrained, forms.groups(concepts))
+        (split,) = await run.ask(brancher, run.turn([branch], header="Group 1:", **form))
         groups = parse_groups("Group 1:" + split.text, concepts)
         if groups is None:
             run.error(f"branch: no two groups in {split.text!r}; splitting the list in half")

@@ -11,6 +11,7 @@ never does, a final judge call attends to the whole debate and answers.
 from __future__ import annotations
 
 from corps.agents import Runtime
+from corps.patterns import forms
 from corps.patterns.params import Count, Temperature, Text, Tokens, TopP
 from corps.patterns.parsing import parse_answer, parse_fields
 from corps.patterns.result import PatternResult
@@ -43,8 +44,12 @@ async def debate(
     temperature: Temperature = 0.7,
     top_p: TopP = 0.95,
     seed: int | None = None,
+    constrained: bool = True,
 ) -> PatternResult:
-    """Affirmative vs negative for up to `rounds` rounds; a moderator may stop early."""
+    """Affirmative vs negative for up to `rounds` rounds; a moderator may stop early.
+
+    `constrained`: the moderator's verdict is JSON of its schema and the judge's answer
+    is boxed (`corps.patterns.forms`); False decodes them free and parses."""
     async with Run(
         rt, "debate", max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed
     ) as run:
@@ -63,8 +68,9 @@ async def debate(
                 )
                 history.append(turn)
                 turns.append(turn)
+            verdict_form = forms.verdict(max_tokens) if constrained else dict(header=VERDICT_HEADER)
             (verdict,) = await run.ask(
-                mod, run.turn([instr[mod], *verdicts, *turns], header=VERDICT_HEADER)
+                mod, run.turn([instr[mod], *verdicts, *turns], **verdict_form)
             )
             verdicts.append(verdict)
             obj = parse_fields(verdict.text, ("Reasoning", "Preference", "Answer"))
@@ -79,7 +85,8 @@ async def debate(
                 break
         if answer is None:
             judge = await run.prefill(JUDGE, parents=[instr[mod], *history])
-            (final,) = await run.ask(mod, run.turn([instr[mod], *history, judge]))
+            boxed = forms.only(constrained, forms.boxed(max_tokens))
+            (final,) = await run.ask(mod, run.turn([instr[mod], *history, judge], **boxed))
             answer = parse_answer(final.text)
             if answer is None:
                 run.error(f"judge: no answer in {final.text!r}")

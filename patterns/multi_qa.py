@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Literal
 
 from corps.agents import Runtime
+from corps.patterns import forms
 from corps.patterns.params import Temperature, Texts, Tokens, TopP
 from corps.patterns.result import PatternResult
 from corps.patterns.run import Run
@@ -31,8 +32,12 @@ async def multi_qa(
     temperature: Temperature = 0.7,
     top_p: TopP = 0.95,
     seed: int | None = None,
+    constrained: bool = True,
 ) -> PatternResult:
-    """Prefill the questions independently, answer them all in one decode."""
+    """Prefill the questions independently, answer them all in one decode.
+
+    `constrained`: the reply is one numbered line per question (`corps.patterns.forms`);
+    False decodes it free."""
     async with Run(
         rt, "multi_qa", max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed
     ) as run:
@@ -50,7 +55,14 @@ async def multi_qa(
             offsets = [None] + [q.offset for q in qs]
             new_offset = qs[0].offset + max(q.length for q in qs)
         (reply,) = await run.ask(
-            answerer, run.turn([system, *qs], offsets=offsets, new_offset=new_offset, header="1.")
+            answerer,
+            run.turn(
+                [system, *qs],
+                offsets=offsets,
+                new_offset=new_offset,
+                header="1.",
+                **forms.only(constrained, forms.numbered(len(questions), max_tokens)),
+            ),
         )
         details: dict = dict(layout=layout)
         if answers is not None:

@@ -11,6 +11,7 @@ round's \\boxed{} answers (ties to the lowest agent).
 from __future__ import annotations
 
 from corps.agents import Runtime
+from corps.patterns import forms
 from corps.patterns.params import Count, Temperature, Text, Tokens, TopP
 from corps.patterns.parsing import majority, normalize, parse_answer
 from corps.patterns.result import PatternResult
@@ -37,8 +38,11 @@ async def parallel_debate(
     temperature: Temperature = 0.7,
     top_p: TopP = 0.95,
     seed: int | None = None,
+    constrained: bool = True,
 ) -> PatternResult:
-    """`agents` agents answer in parallel for `rounds` rounds, reading each other."""
+    """`agents` agents answer in parallel for `rounds` rounds, reading each other.
+
+    `constrained`: each answer ends boxed (`corps.patterns.forms`); False decodes free."""
     async with Run(
         rt,
         "parallel_debate",
@@ -59,13 +63,15 @@ async def parallel_debate(
             for k, name in enumerate(names):
                 others = [h for j, h in enumerate(previous) if j != k]
                 parents = [instr, *own[k], *others, *([update] if others else [])]
-                calls.append((name, run.turn(parents, header=f"Agent {k + 1}: ")))
+                boxed = forms.only(constrained, forms.boxed(max_tokens))
+                calls.append((name, run.turn(parents, header=f"Agent {k + 1}: ", **boxed)))
             previous = await run.parallel(calls)
             for k, h in enumerate(previous):
                 own[k].append(h)
         answers = []
         for k, h in enumerate(previous):
-            a = normalize(parse_answer(h.text))
+            # the header's agent number is not an answer: parse what the agent wrote
+            a = normalize(parse_answer(h.text.removeprefix(f"Agent {k + 1}: ")))
             if a is None:
                 run.error(f"agent {k + 1}: no answer in {h.text!r}")
             answers.append(a)

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict
 from corps.agents import Agent, Runtime
 from corps.cache.handle import Handle
 from corps.cache.visibility import Private
+from corps.patterns import forms
 from corps.patterns.params import Count, Temperature, Tokens, TopP
 from corps.patterns.parsing import parse_decision
 from corps.patterns.result import PatternResult
@@ -64,6 +65,7 @@ class Turn(BaseModel):
     seed: int | None = None
     index: int = 0  # the run's turn index (keys a Replay)
     force: tuple[int, ...] = ()  # replayed tokens (equal-work benchmarks)
+    constrained: bool = True  # a decision is JSON of forms.DECISION
 
 
 class Player(Agent):
@@ -98,6 +100,7 @@ class Player(Agent):
             )
         decide = await self.prefill(DECIDE, parents=private, visibility=Private())
         self.private.append(decide)
+        kw |= forms.only(turn.constrained, forms.decision(turn.max_tokens))
         return await self.think(parents=[*private, *turn.history, decide], **kw)
 
 
@@ -122,11 +125,14 @@ async def prisoners_dilemma(
     temperature: float = 0.7,
     top_p: float = 0.95,
     seed: int | None = None,
+    constrained: bool = True,
 ) -> PatternResult:
     """Alice and Bob plan in private, talk in public, decide in private.
 
     `alice` / `bob`: "defect" (told to always defect and manipulate) or "free".
-    `leak_policy` overrides the engine's for the players' calls.
+    `leak_policy` overrides the engine's for the players' calls. `constrained`: each
+    decision is JSON with a COOPERATE / DEFECT field (`corps.patterns.forms`); False
+    decodes it free and parses.
     """
     async with Run(
         rt,
@@ -153,6 +159,7 @@ async def prisoners_dilemma(
                 seed=t.seed,
                 index=t.index,
                 force=t.force,
+                constrained=constrained,
             )
 
         async def ask(me: str, t: Turn) -> Handle:

@@ -42,6 +42,10 @@ class Turn(BaseModel):
     private: bool = False
     index: int = 0  # the turn's place in its run (keys a Replay)
     force: tuple[int, ...] = ()  # replayed tokens (equal-work benchmarks)
+    # at most one constraint on the text (corps.engine.constraint); None: free text
+    regex: str | None = None
+    json_schema: dict[str, Any] | None = None
+    choices: tuple[str, ...] | None = None
 
     def request(self) -> dict[str, Any]:
         r = self.model_dump(exclude={"private", "index", "force"})

@@ -11,6 +11,7 @@ closing prompt.
 from __future__ import annotations
 
 from corps.agents import Runtime
+from corps.patterns import forms
 from corps.patterns.params import Count, Temperature, Text, Tokens, TopP
 from corps.patterns.parsing import majority, parse_answer, parse_choice
 from corps.patterns.result import PatternResult
@@ -44,8 +45,12 @@ async def tree_of_thoughts(
     temperature: Temperature = 0.7,
     top_p: TopP = 0.95,
     seed: int | None = None,
+    constrained: bool = True,
 ) -> PatternResult:
-    """Propose `branches` solutions, let `voters` pick one, then solve from the winner."""
+    """Propose `branches` solutions, let `voters` pick one, then solve from the winner.
+
+    `constrained`: each vote is one of the candidate numbers and the final answer is
+    boxed (`corps.patterns.forms`); False decodes them free and parses."""
     async with Run(
         rt,
         "tree_of_thoughts",
@@ -67,7 +72,10 @@ async def tree_of_thoughts(
             voter,
             *[
                 run.turn(
-                    [vote, *proposals, vote_now], header="BEST CHOICE: ", max_tokens=vote_tokens
+                    [vote, *proposals, vote_now],
+                    header="BEST CHOICE: ",
+                    max_tokens=vote_tokens,
+                    **forms.only(constrained, forms.options(branches)),
                 )
                 for _ in range(voters)
             ],
@@ -85,7 +93,12 @@ async def tree_of_thoughts(
             winner = 1
         best = proposals[winner - 1]
         finish_now = await run.prefill(FINISH_NOW, parents=[finish, best])
-        (final,) = await run.ask(solver, run.turn([finish, best, finish_now]))
+        (final,) = await run.ask(
+            solver,
+            run.turn(
+                [finish, best, finish_now], **forms.only(constrained, forms.boxed(max_tokens))
+            ),
+        )
         answer = parse_answer(final.text)
         if answer is None:
             run.error(f"final solve: no answer in {final.text!r}")
