@@ -226,6 +226,48 @@ def bench_workflow(
     _write(bw, [report], json_out, plot_out)
 
 
+@bench_app.command("constrained")
+def bench_constrained(
+    seeds: Annotated[
+        int, typer.Option(min=1, help="Seeds per pattern (each constrained and free).")
+    ] = 10,
+    calls: Annotated[
+        int, typer.Option(min=1, help="Concurrent decodes in the throughput test.")
+    ] = 16,
+    tokens: Annotated[int, typer.Option(min=1, help="Tokens each of them decodes.")] = 64,
+    runs: Annotated[
+        int, typer.Option(min=1, help="Throughput rounds (each free and constrained).")
+    ] = 3,
+    patterns: Annotated[
+        str | None, typer.Option(help="Comma-separated patterns (default: all with fixed forms).")
+    ] = None,
+    libraries: Annotated[
+        bool, typer.Option(help="Also time each installed constrained-decoding library.")
+    ] = True,
+    model: ModelOpt = "smollm2-135m",
+    dtype: DtypeOpt = DEFAULT_DTYPE,
+    json_out: Annotated[str | None, typer.Option("--json", help="Write the report here.")] = None,
+) -> None:
+    """Constraints side by side: library timings, JSON-constrained vs free tokens/s,
+    jump-forward's steps, and each pattern's parse errors constrained and free."""
+    from corps.cli import bench_constrained as bc
+
+    names = None
+    if patterns is not None:
+        names = [p.strip().replace("-", "_") for p in patterns.split(",") if p.strip()]
+        unknown = sorted(set(names) - set(bc.PATTERNS))
+        if unknown:
+            _bad(f"--patterns: {', '.join(unknown)}; choose from {', '.join(bc.PATTERNS)}")
+    settings = dict(seeds=seeds, calls=calls, tokens=tokens, runs=runs, libs=libraries)
+    report = _run_bench(lambda: bc.measure(model, dtype, patterns=names, **settings))
+    console = Console(width=max(120, Console().width))
+    for table in bc.tables(report):
+        console.print(table)
+    if json_out is not None:
+        with open(json_out, "w") as f:
+            f.write(report.model_dump_json(indent=2))
+
+
 @bench_app.command("trace")
 def bench_trace(
     pattern: Annotated[str, typer.Argument(help="A built-in pattern.")] = "tree_of_thoughts",

@@ -378,6 +378,8 @@ class Core:
             tokens_encoded=self.tokens_encoded,
             tokens_reused=self.tokens_reused,
             tokens_jumped=self.tokens_jumped,
+            constraints_compiled=len(self.grammars.compile_seconds),
+            constraint_compile_s=sum(self.grammars.compile_seconds.values()),
             prefix_hit_tokens=radix.hit_tokens if radix else 0,
             prefix_query_tokens=radix.query_tokens if radix else 0,
             prefix_shared_in_batch=self.prefixes.shared_in_batch if self.prefixes else 0,

@@ -100,18 +100,24 @@ class Grammars:
             self._pool = None
 
 
+#: For every byte value v, what its 8 bits add to 8 logits: 0 where the bit is set
+#: (allowed), -inf where not; a (256, 8) table that unpacks a bitmask byte by byte (a
+#: little-endian int32 word's bytes hold its bits 0-7, 8-15, ...). One gather and one
+#: add per step: a boolean masked_fill over 16 rows of a 49k vocabulary took ~2 ms.
+_BITS = (torch.arange(256)[:, None] >> torch.arange(8)).bitwise_and(1).bool()
+_BIAS = torch.where(_BITS, 0.0, float("-inf"))
+
+
 @torch.inference_mode()  # the logits are the forward's inference tensors
 def apply(logits: Tensor, rows: Sequence[int], mask: Tensor) -> None:
     """Set to -inf, in place, the logits (N, V) of each of `rows` that its row of
     `mask` (len(rows), W) disallows; tokens past the mask's 32 W are disallowed."""
     if not rows:
         return
-    v = logits.shape[-1]
-    bits = torch.arange(32, dtype=torch.int32)  # (32,)
-    allowed = ((mask.unsqueeze(-1) >> bits) & 1).bool().flatten(1)  # (B, 32 W)
-    if allowed.shape[1] < v:
-        allowed = torch.nn.functional.pad(allowed, (0, v - allowed.shape[1]))
+    b, v = len(rows), logits.shape[-1]
+    flat = mask.contiguous().view(torch.uint8).flatten().long()  # (4 B W,) bytes
+    bias = _BIAS.index_select(0, flat).view(b, -1)  # (B, 32 W): 0 allowed, -inf not
+    if bias.shape[1] < v:
+        bias = torch.nn.functional.pad(bias, (0, v - bias.shape[1]), value=float("-inf"))
     idx = torch.tensor(list(rows), dtype=torch.long, device=logits.device)
-    sub = logits.index_select(0, idx)  # (B, V)
-    sub.masked_fill_(~allowed[:, :v].to(logits.device), float("-inf"))
-    logits.index_copy_(0, idx, sub)
+    logits.index_add_(0, idx, bias[:, :v].to(device=logits.device, dtype=logits.dtype))

@@ -169,6 +169,8 @@ class HFExecutor:
             prefix_query_tokens=0,
             weight_bytes=self.weight_bytes,
             forward_s=self.forward_seconds,
+            constraints_compiled=len(self.grammars.compile_seconds),
+            constraint_compile_s=sum(self.grammars.compile_seconds.values()),
         )
 
     @torch.inference_mode()

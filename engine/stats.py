@@ -43,6 +43,8 @@ class EngineStats:
     # header) or a finished turn's footer; the rest only decoded. What a workflow could
     # save by encoding less.
     encode_step_s: float = 0.0
+    constraints_compiled: int = 0  # distinct constraints compiled (each once per engine)
+    constraint_compile_s: float = 0.0  # seconds they took, all together
     tokens_jumped: int = 0  # tokens constraints forced, appended without a step each
     spans_sent: int = 0  # otel=URL: spans the collector took (calls; the run root at close)
     spans_dropped: int = 0  # otel=URL: spans it did not take (down, refused); never an error
