@@ -16,6 +16,9 @@ _HOME = {
     "Pending": "corps.engine.pending",
     "TextStream": "corps.engine.stream",
     "CallCancelled": "corps.engine.errors",
+    "ConstraintViolated": "corps.engine.errors",
+    "InvalidConstraint": "corps.engine.errors",
+    "Selection": "corps.engine.select",
     "ChatFormat": "corps.engine.chat",
     "EngineBusy": "corps.engine.errors",
     "EngineClosed": "corps.engine.errors",
@@ -35,6 +38,7 @@ __all__ = [
     "BadConfig",
     "CallCancelled",
     "ChatFormat",
+    "ConstraintViolated",
     "DecodeArgs",
     "DecodeRequest",
     "Engine",
@@ -43,12 +47,14 @@ __all__ = [
     "EngineConfig",
     "EngineStats",
     "FetchError",
+    "InvalidConstraint",
     "ModelNotFound",
     "NonFiniteLogits",
     "Pending",
     "PrefillArgs",
     "PrefillRequest",
     "SamplingParams",
+    "Selection",
     "TextStream",
     "UnsupportedModel",
 ]
@@ -60,9 +66,11 @@ if TYPE_CHECKING:
     from corps.engine.engine import Engine
     from corps.engine.errors import (
         CallCancelled,
+        ConstraintViolated,
         EngineBusy,
         EngineClosed,
         FetchError,
+        InvalidConstraint,
         ModelNotFound,
         NonFiniteLogits,
         UnsupportedModel,
@@ -70,6 +78,7 @@ if TYPE_CHECKING:
     from corps.engine.pending import Pending
     from corps.engine.requests import DecodeArgs, DecodeRequest, PrefillArgs, PrefillRequest
     from corps.engine.sampling import SamplingParams
+    from corps.engine.select import Selection
     from corps.engine.stats import EngineStats
     from corps.engine.stream import TextStream
 
