@@ -14,6 +14,7 @@ it was.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -316,6 +317,11 @@ class Core:
         as one span next step. Returns why the call stops after them, if it does."""
         room = c.plan.sampling.max_tokens - len(c.generated)
         forced = c.matcher.compute_ff_tokens()[:room]
+        replay = c.plan.sampling.force
+        if replay:  # a replayed call jumps only as far as its own tokens agree
+            ahead = replay[len(c.generated) :]
+            agree = itertools.takewhile(lambda p: p[0] == p[1], zip(forced, ahead, strict=False))
+            forced = [t for t, _ in agree]
         if not forced or not c.matcher.consume_tokens(forced):
             return None
         c.generated += forced

@@ -540,3 +540,18 @@ async def test_select_refuses_bad_options_before_anything_runs(tiny_dirs):
         with pytest.raises(InvalidRequest, match="by must be"):
             await engine.select(parents=[q], options=["a", "b"], by="mean")
         assert engine.stats().messages == before
+
+
+async def test_a_replayed_constrained_decode_jumps_only_where_its_tokens_agree(tiny_dirs):
+    """Forcing a constrained run's tokens replays it exactly, jumps included."""
+    schema = {"type": "object", "properties": {"sure": {"enum": ["yes", "no"]}},
+              "required": ["sure"], "additionalProperties": False}  # fmt: skip
+    async with open_tiny(tiny_dirs, "llama") as engine:
+        q = await engine.prefill("decide")
+        first = await engine.decode(parents=[q], json_schema=schema, max_tokens=20)
+        again = await engine.decode(parents=[q], json_schema=schema, force=first.generated)
+        assert again.generated == first.generated and again.text == first.text
+        other = engine.tokenizer.encode('{"sure": "no"}', add_special_tokens=False)
+        if first.text != '{"sure": "no"}':
+            forced = await engine.decode(parents=[q], json_schema=schema, force=other)
+            assert forced.generated == other
