@@ -95,7 +95,10 @@ def _exporter(endpoint: str, protocol: str, timeout: float = 10.0):
         if protocol == "grpc":
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-            insecure = endpoint.startswith("http://")
+            # plaintext unless the endpoint says https: `localhost:4317` is how local
+            # collectors (Phoenix, otel-tui, the OTel collector) listen; the SDK's
+            # default for a bare host:port is TLS, which they reject at the handshake
+            insecure = not endpoint.startswith("https://")
             return OTLPSpanExporter(endpoint=endpoint, insecure=insecure, timeout=timeout)
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     except ImportError as exc:
