@@ -7,9 +7,9 @@
 - throughput: 16 concurrent decodes constrained to a JSON schema (a long free
   string field, so every call runs to max_tokens) against the same 16 unconstrained,
   alternated, tokens/s and the ratio with a bootstrap 95% interval (target >= 0.9).
-- jump-forward: the debate moderator's JSON verdict, greedy, decoded with and
-  without jump-forward: forward steps, and whether the text is the same (target:
-  >= 1.5x fewer steps).
+- jump-forward: the patterns' JSON forms (the debate moderator's verdict, a
+  player's decision), greedy, decoded with and without jump-forward: forward
+  steps, and whether the text is the same (target: >= 1.5x fewer steps).
 - patterns: each built-in pattern whose outputs have a fixed form, over `seeds`
   seeds, constrained and free: parse errors, and the compile time of its
   constraints (cached per engine).
@@ -80,6 +80,7 @@ class Throughput(BaseModel):
 
 
 class Jump(BaseModel):
+    form: str
     steps_without: int
     steps_with: int
     tokens_jumped: int
@@ -102,7 +103,7 @@ class Report(BaseModel):
     model: str
     libraries: list[LibRow] = []
     throughput: Throughput | None = None
-    jump: Jump | None = None
+    jumps: list[Jump] = []
     patterns: list[PatternErrors] = []
 
 
@@ -272,26 +273,39 @@ async def throughput(engine, calls: int = 16, tokens: int = 64, runs: int = 3) -
     )
 
 
-async def jump(model: str, dtype: str) -> Jump:
-    """The moderator's verdict, greedy, without and with jump-forward."""
+async def jumps(model: str, dtype: str) -> list[Jump]:
+    """Forms the patterns use, greedy, decoded without and with jump-forward: the
+    moderator's verdict (free reasoning inside fixed keys) and a player's decision
+    (fixed keys around one choice)."""
     from corps.engine import Engine
     from corps.patterns.debate import MODERATOR
+    from corps.patterns.prisoners_dilemma import DECIDE
     from corps.patterns.samples import QUESTION
 
-    seen = {}
+    cases = {
+        "debate verdict": (MODERATOR.format(question=QUESTION), forms.verdict(96)),
+        "dilemma decision": (DECIDE, forms.decision(48)),
+    }
+    seen: dict[tuple[str, bool], tuple[str, int, int]] = {}
     for on in (False, True):
         async with Engine.open(model, dtype=dtype, jump_forward=on) as engine:
-            sys = await engine.prefill(MODERATOR.format(question=QUESTION), role="system")
-            steps = engine.stats().steps
-            h = await engine.decode(parents=[sys], **forms.verdict(96))
-            seen[on] = (h.text, engine.stats().steps - steps, engine.stats().tokens_jumped)
-    return Jump(
-        steps_without=seen[False][1],
-        steps_with=seen[True][1],
-        tokens_jumped=seen[True][2],
-        same_text=seen[False][0] == seen[True][0],
-        text=seen[True][0],
-    )
+            for name, (prompt, form) in cases.items():
+                sys = await engine.prefill(prompt, role="system")
+                steps, jumped = engine.stats().steps, engine.stats().tokens_jumped
+                h = await engine.decode(parents=[sys], **form)
+                after = engine.stats()
+                seen[name, on] = (h.text, after.steps - steps, after.tokens_jumped - jumped)
+    return [
+        Jump(
+            form=name,
+            steps_without=seen[name, False][1],
+            steps_with=seen[name, True][1],
+            tokens_jumped=seen[name, True][2],
+            same_text=seen[name, False][0] == seen[name, True][0],
+            text=seen[name, True][0],
+        )
+        for name in cases
+    ]
 
 
 async def pattern_errors(engine, rt, name: str, params: dict, seeds: int) -> PatternErrors:
@@ -330,7 +344,7 @@ async def measure(
         report.throughput = await throughput(engine, calls, tokens, runs)
         for name in patterns if patterns is not None else list(PATTERNS):
             report.patterns.append(await pattern_errors(engine, rt, name, PATTERNS[name], seeds))
-    report.jump = await jump(model, dtype)
+    report.jumps = await jumps(model, dtype)
     return report
 
 
@@ -366,15 +380,15 @@ def tables(report: Report) -> list:
                   f"{statistics.fmean(tp.constrained_tok_s):.1f}",
                   f"{r.mean:.3f}x [{r.low:.3f}, {r.high:.3f}]")  # fmt: skip
         out.append(t)
-    if report.jump is not None:
-        j = report.jump
-        t = Table(title="jump-forward: the moderator's JSON verdict, greedy")
-        for col in ("steps without", "steps with", "fewer (target >= 1.5x)", "jumped tokens",
-                    "same text"):  # fmt: skip
-            t.add_column(col, justify="right")
-        t.add_row(str(j.steps_without), str(j.steps_with),
-                  f"{j.steps_without / max(1, j.steps_with):.2f}x", str(j.tokens_jumped),
-                  "yes" if j.same_text else "NO")  # fmt: skip
+    if report.jumps:
+        t = Table(title="jump-forward: JSON forms of the patterns, greedy")
+        for col in ("form", "steps without", "steps with", "fewer (target >= 1.5x)",
+                    "jumped tokens", "same text"):  # fmt: skip
+            t.add_column(col, justify="left" if col == "form" else "right")
+        for j in report.jumps:
+            t.add_row(j.form, str(j.steps_without), str(j.steps_with),
+                      f"{j.steps_without / max(1, j.steps_with):.2f}x", str(j.tokens_jumped),
+                      "yes" if j.same_text else "NO")  # fmt: skip
         out.append(t)
     if report.patterns:
         t = Table(title="parse errors over seeds (constrained = 0 is the target)")

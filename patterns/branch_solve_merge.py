@@ -52,8 +52,9 @@ async def branch_solve_merge(
 ) -> PatternResult:
     """Split `concepts` in two, write a story per group in parallel, merge them.
 
-    `constrained`: the split is two comma-separated groups of the given concepts
-    (`corps.patterns.forms`); False decodes it free and parses."""
+    `constrained`: the split names the first group's concepts (1 to all but one of
+    them), the second group is the rest (`corps.patterns.forms`); False decodes
+    both groups free and parses."""
     async with Run(
         rt,
         "branch_solve_merge",
@@ -67,7 +68,10 @@ async def branch_solve_merge(
         branch = await run.prefill(BRANCH.format(concepts=listed))
         form = forms.only(constrained, forms.groups(concepts))
         (split,) = await run.ask(brancher, run.turn([branch], header="Group 1:", **form))
-        groups = parse_groups("Group 1:" + split.text, concepts)
+        if constrained:  # the second group is what the first does not name
+            groups = forms.rest_of(split.text.removeprefix("Group 1:"), concepts)
+        else:
+            groups = parse_groups("Group 1:" + split.text, concepts)
         if groups is None:
             run.error(f"branch: no two groups in {split.text!r}; splitting the list in half")
             half = (len(concepts) + 1) // 2

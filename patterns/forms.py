@@ -79,12 +79,22 @@ def numbered(n: int, max_tokens: int) -> dict[str, Any]:
 
 
 def groups(concepts: Sequence[str]) -> dict[str, Any]:
-    """After a "Group 1:" header: two comma-separated groups of the given concepts."""
+    """After a "Group 1:" header: the first group, 1 to n - 1 of the given concepts,
+    comma-separated; the second group is the rest (`rest_of`), so both are never
+    empty, whatever the model repeats."""
     one = "(" + "|".join(literal(c) for c in concepts) + ")"
-    many = rf" {one}(, {one}){{0,{max(0, len(concepts) - 1)}}}"
     longest = max(len(c) for c in concepts) + 2  # ", " before each
-    tokens = 2 * len(concepts) * longest + len("\\nGroup 2:")
-    return dict(regex=rf"{many}\nGroup 2:{many}", max_tokens=tokens)
+    return dict(
+        regex=rf" {one}(, {one}){{0,{max(0, len(concepts) - 2)}}}",
+        max_tokens=(len(concepts) - 1) * longest + 1,
+    )
+
+
+def rest_of(text: str, concepts: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The two groups of a `groups` reply: the concepts it names, and the others."""
+    named = {part.strip() for part in text.split(",")}
+    first = [c for c in concepts if c in named]
+    return first, [c for c in concepts if c not in named]
 
 
 def options(n: int) -> dict[str, Any]:
