@@ -171,11 +171,23 @@ def export(
     otel_protocol: Annotated[
         str, typer.Option(help="http/protobuf (default) or grpc (e.g. localhost:4317).")
     ] = "http/protobuf",
+    include_text: Annotated[
+        bool,
+        typer.Option(help="OpenTelemetry spans carry public messages' texts (input, output)."),
+    ] = False,
+    include_private: Annotated[
+        bool,
+        typer.Option(help="... and private and shared messages' texts too (implies the above)."),
+    ] = False,
     svg: Annotated[Path | None, typer.Option(help="The viewer's overview as SVG.")] = None,
     html: Annotated[Path | None, typer.Option(help="The viewer's overview as HTML.")] = None,
     width: Annotated[int, typer.Option(min=60, help="Columns for --svg / --html.")] = 120,
 ) -> None:
-    """Export a trace to Perfetto, OpenTelemetry, SVG or HTML."""
+    """Export a trace to Perfetto, OpenTelemetry, SVG or HTML.
+
+    OpenTelemetry spans carry no message text unless asked: --include-text adds
+    public messages' texts, --include-private every message's.
+    """
     from corps.cli import trace_export as tx
 
     if not any((perfetto, otel, otel_endpoint, svg, html)):
@@ -189,7 +201,7 @@ def export(
         perfetto.write_text(json.dumps(tx.perfetto(trace)))
         out.print(f"wrote {perfetto} (open it in https://ui.perfetto.dev)")
     if otel is not None or otel_endpoint is not None:
-        spans = otlp(trace)
+        spans = otlp(trace, "all" if include_private else "public" if include_text else "none")
         if otel is not None:
             otel.write_text(json.dumps(spans))
             out.print(f"wrote {otel} (OTLP/JSON)")

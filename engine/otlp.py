@@ -11,7 +11,7 @@ calls end. Message texts are never part of a span.
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import Any, Literal
 
 from corps.engine.trace import CallEnd
 from corps.engine.trace_file import CallRec, Trace, names_of
@@ -63,9 +63,17 @@ def _attr(key: str, value: Any) -> dict[str, Any]:
     return {"key": key, "value": v}
 
 
-def otlp(trace: Trace) -> dict[str, Any]:
+Texts = Literal["none", "public", "all"]
+
+
+def otlp(trace: Trace, texts: Texts = "none") -> dict[str, Any]:
     """One trace: a root span for the run, one `invoke_agent` span per agent, one span
-    per call under its agent (GenAI attributes plus `corps.*`)."""
+    per call under its agent (GenAI attributes plus `corps.*`).
+
+    `texts`: whether call spans carry message texts (`input.value`: the parents the
+    call read; `output.value`: what it made; the attributes Phoenix displays):
+    "none" (the default: nothing a message says leaves), "public" (public messages'
+    texts only) or "all" (private and shared ones too)."""
     h, names, now = trace.header, names_of(trace), trace.end_t
     trace_id = _hex(f"{trace.path}:{h.started_unix}", 32)
 
@@ -97,7 +105,10 @@ def otlp(trace: Trace) -> dict[str, Any]:
         attrs = [_attr(GenAI.OPERATION, "invoke_agent"), _attr(GenAI.AGENT, agent)]
         spans.append(_span(trace_id, sid, root, f"invoke_agent {agent}", a0, a1, nanos, 1, attrs))
         for c in cs:
-            spans.append(_call_span(trace_id, sid, c, agent, h.model, nanos, now))
+            span = _call_span(trace_id, sid, c, agent, h.model, nanos, now)
+            if texts != "none" and c.end is not None:
+                span["attributes"] += _texts(trace, c, texts)
+            spans.append(span)
     return {
         "resourceSpans": [
             {
@@ -169,6 +180,25 @@ def _operation(kind: str) -> str:
 
 def span_name(kind: str, model: str) -> str:
     return f"{_operation(kind)} {model}"
+
+
+def _texts(trace: Trace, c: CallRec, texts: Texts) -> list[dict[str, Any]]:
+    """A call's input (the parents it read, in place order) and output texts, each
+    only if `texts` lets its visibility out."""
+
+    def shown(mid: int) -> str | None:
+        msg = trace.messages.get(mid)
+        if msg is None or (texts == "public" and msg.visibility != "public"):
+            return None
+        return f"[{msg.role}] {trace.text(mid)}"
+
+    e = c.end
+    read = [t for p in e.parents if (t := shown(p)) is not None]
+    out = [_attr("input.value", "\n\n".join(read))] if read else []
+    made = shown(e.message) if e.message is not None else None
+    if made is not None:
+        out.append(_attr("output.value", made.split("] ", 1)[1]))
+    return out
 
 
 def _call_span(trace_id, parent, c: CallRec, agent, model, nanos, now) -> dict[str, Any]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from corps.engine import otlp as tx
 from corps.engine.trace_file import Trace
 
@@ -43,3 +45,28 @@ def test_exporting_a_trace_twice_gives_the_same_trace_and_span_ids(traces):
     path = traces["debate"]
     first, again = tx.otlp(Trace.load(path)), tx.otlp(Trace.load(path))
     assert first == again
+
+
+def test_texts_leave_only_when_asked_and_private_ones_only_when_asked_for(traces):
+    """Spans carry no text by default; `public` adds public messages' texts, `all`
+    private and shared ones too (the players' private system prompts)."""
+    trace = Trace.load(traces["prisoners_dilemma"])
+    private = [trace.text(m.id) for m in trace.messages.values() if m.visibility != "public"]
+    public = [
+        trace.text(m.id)
+        for m in trace.messages.values()
+        if m.visibility == "public" and len(trace.text(m.id)) >= 4
+    ]
+    assert private and public
+
+    def blob(texts):
+        return json.dumps(tx.otlp(trace, texts))
+
+    none, some, every = blob("none"), blob("public"), blob("all")
+    assert not any(json.dumps(t)[1:40] in none for t in private + public)
+    assert any(json.dumps(t)[1:40] in some for t in public)
+    assert not any(json.dumps(t)[1:40] in some for t in private if len(t) > 20)
+    assert any(json.dumps(t)[1:40] in every for t in private if len(t) > 20)
+    spans = tx.otlp(trace, "all")["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    keys = {a["key"] for s in spans for a in s["attributes"]}
+    assert {"input.value", "output.value"} <= keys
