@@ -31,8 +31,9 @@ class Agent:
     Class settings: `system` (prefilled once at spawn, private to this agent, kept
     across restarts), `mailbox_size` (bounded), `max_concurrency` (1: one message
     at a time, FIFO), `supervision` ("restart", "stop" or "escalate") with
-    `max_restarts`, and `leak_policy` (None: the engine's default; a call's own
-    `leak_policy=` overrides both).
+    `max_restarts`, `leak_policy` (None: the engine's default; a call's own
+    `leak_policy=` overrides both) and `objective` ("latency" or "throughput" for
+    the engine's scheduling policy; None: the workflow's; a call's own overrides).
 
     Every handle the agent receives (messages, payload fields, replies) is bound
     to it: reading the content of a message it cannot see raises AccessDenied.
@@ -44,6 +45,7 @@ class Agent:
     supervision: ClassVar[str] = "restart"
     max_restarts: ClassVar[int] = 3
     leak_policy: ClassVar[str | None] = None
+    objective: ClassVar[str | None] = None
 
     def __init__(self, name: str, runtime: Runtime, system_prompt: Handle | None) -> None:
         self.name = name
@@ -70,6 +72,8 @@ class Agent:
             )
         kw.update(owner=self.name, visibility=kw.get("visibility") or visibility or Public())
         kw["leak_policy"] = kw.get("leak_policy") or self.leak_policy  # None: the engine's
+        if kw.get("objective") is None and self.objective is not None:
+            kw["objective"] = self.objective  # else the workflow's
         return kw
 
     async def prefill(self, message: Text, **args: Unpack[PrefillArgs]) -> Handle:

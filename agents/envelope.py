@@ -12,6 +12,7 @@ from pydantic import BaseModel
 
 from corps.cache.errors import InvalidRequest
 from corps.cache.handle import Handle
+from corps.engine.workflow import CURRENT, Workflow
 
 
 @dataclass(eq=False)
@@ -28,6 +29,8 @@ class Envelope:
     # ask_stream that made it closes it.
     deltas: MemoryObjectSendStream[str] | None = None
     id: int = 0  # pairs an ask with its reply in traces
+    # the asker's workflow: the handler's calls carry it (corps.engine.workflow)
+    workflow: Workflow | None = field(default_factory=CURRENT.get)
 
     def reply(self, result: Any = None, error: BaseException | None = None) -> None:
         self.result, self.error = result, error

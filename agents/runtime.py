@@ -37,6 +37,7 @@ from corps.cache.errors import InvalidRequest
 from corps.cache.handle import Handle, bind
 from corps.cache.visibility import Private
 from corps.engine.trace import ActorEvent, ErrorEvent, Recorder
+from corps.engine.workflow import CURRENT as workflow_var
 
 DEAD_LETTERS = "dead-letters"
 #: Dead letters kept in `Runtime.dead_letters` (the latest); `dead_letter_count` counts all.
@@ -306,6 +307,7 @@ class Runtime:
             if envelope.cancelled:
                 continue
             token = current.set(envelope)
+            wf_token = workflow_var.set(envelope.workflow)  # its calls carry the asker's
             try:
                 with envelope.scope:
                     message = bind(envelope.message, actor.name)  # what it may read, checked
@@ -323,6 +325,7 @@ class Runtime:
                     envelope.reply(error=AgentStopped(f"{actor.name} stopped: runtime shut down"))
                 raise
             finally:
+                workflow_var.reset(wf_token)
                 current.reset(token)
             if actor.stopped:
                 break

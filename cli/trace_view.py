@@ -76,6 +76,7 @@ def header(trace: Trace) -> Panel:
     line = Text.assemble(
         ("corps trace ", "bold"),
         f"{trace.path.name}  ·  model {h.model}  ·  mode {h.mode}  ·  {h.dtype} on {h.device}  ·  ",
+        f"policy {h.policy}  ·  " if h.policy else "",
         f"corps {h.corps}  ·  {trace.events} events over {trace.end_t:.2f} s",
     )
     if pending:

@@ -27,6 +27,9 @@ def queued_event(rec: Recorder, job: Job) -> CallQueued:
         parents=[p.id for p in req.parents],
         offsets=None if req.offsets is None else list(req.offsets),
         max_tokens=None if sampling is None else sampling.max_tokens,
+        workflow=job.workflow.name if job.workflow is not None else None,
+        group=job.group,
+        objective=job.objective,
     )
 
 

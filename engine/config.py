@@ -26,6 +26,7 @@ Dtype = Literal["auto", "mixed", "float32", "bfloat16", "float16"]
 Contexts = Literal["copy", "store"]
 Attention = Literal["torch", "triton", "flex", "triton+flex"]
 OtelProtocol = Literal["http/protobuf", "grpc"]
+PolicyName = Literal["fcfs", "workflow", "objective"]
 
 #: Engine modes: choreography, the prefix-cached baseline, and transformers `generate`.
 MODES: tuple[str, ...] = get_args(Mode)
@@ -114,6 +115,10 @@ class EngineConfig(BaseModel):
       down never slows or fails the engine: `stats().spans_dropped` counts what it
       did not take.
     - `auto_free`: free an encoding once the last `Handle` naming it is collected.
+    - `policy`: how the batching loop admits waiting calls (`corps.engine.policies`):
+      "fcfs" (first come, first served), "workflow" (earlier workflows first, task
+      groups whole) or "objective" (latency calls first, the batch bounded beside
+      them).
     - `jump_forward`: when a decode's constraint allows exactly one continuation
       for several tokens (a JSON key, punctuation), append them without sampling
       and encode them together in the next step (True); False samples each one.
@@ -138,9 +143,17 @@ class EngineConfig(BaseModel):
     otel: str | None = None
     auto_free: bool = False
     jump_forward: bool = True
+    policy: PolicyName = "fcfs"
 
     @field_validator(
-        "attention", "contexts", "mode", "dtype", "leak_policy", "otel_protocol", mode="before"
+        "attention",
+        "contexts",
+        "mode",
+        "dtype",
+        "leak_policy",
+        "otel_protocol",
+        "policy",
+        mode="before",
     )
     @classmethod
     def _normalise(cls, value: Any) -> Any:

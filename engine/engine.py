@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractContextManager, asynccontextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any, Unpack
@@ -26,6 +26,7 @@ from corps.engine.errors import InvalidRequest
 from corps.engine.executor import Executor
 from corps.engine.otel import LiveSpans, check_available
 from corps.engine.pending import Pending
+from corps.engine.policies import make as make_policy
 from corps.engine.requests import (
     DecodeArgs,
     DecodeRequest,
@@ -42,6 +43,7 @@ from corps.engine.stats import EngineStats
 from corps.engine.stream import StreamCalls, TextStream
 from corps.engine.submit import Submitter
 from corps.engine.trace import Freed, Header, Recorder, TraceFile, version
+from corps.engine.workflow import Objective, workflow
 
 Request = PrefillRequest | DecodeRequest
 
@@ -71,6 +73,7 @@ class Engine:
             step_tokens=cfg.step_tokens,
             recorder=self.recorder,
             max_running=cfg.max_running,
+            policy=make_policy(cfg.policy),
         )
         self._tg: anyio.abc.TaskGroup | None = None
         self._guard = Guard(
@@ -179,6 +182,7 @@ class Engine:
             dtype=core.precision,
             device=str(core.device),
             started_unix=self.recorder.started_unix,
+            policy=self._sched.policy.name,
         )
         sink = TraceFile(path, header)
         self.recorder.add(sink)
@@ -240,6 +244,7 @@ class Engine:
             records=table.records,
             spans_sent=self.otel.sent if self.otel is not None else 0,
             spans_dropped=self.otel.dropped if self.otel is not None else 0,
+            policy=self._sched.policy.name,
         )
 
     def check(self) -> None:
@@ -415,6 +420,13 @@ class Engine:
             if i != best:
                 self.free(h)
         return Selection(best, options[best], tuple(totals), tuple(normalized), done[best][0])
+
+    @staticmethod
+    def workflow(name: str, objective: Objective = "throughput") -> AbstractContextManager:
+        """`with engine.workflow("chat-42", objective="latency"):` tags every call made
+        inside, agents' calls asked from inside included, with this workflow and
+        objective, which the scheduling policy reads (`corps.engine.policies`)."""
+        return workflow(name, objective)
 
     def _decode_request(self, args: Mapping[str, Any] | DecodeRequest) -> DecodeRequest:
         """The request, its constraint (if any) compiled now: a bad regex, schema or

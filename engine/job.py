@@ -13,6 +13,7 @@ from corps.cache.handle import Handle
 from corps.cache.messages import CallFigures
 from corps.engine.errors import CallCancelled
 from corps.engine.planner import Call
+from corps.engine.workflow import Workflow
 
 
 @dataclass(eq=False)
@@ -40,6 +41,10 @@ class Job:
     first_token: float | None = None
     id: int = 0  # the engine's call id (traces)
     leaks: int = 0  # leaks the guard recorded for this call
+    # what scheduling policies read (corps.engine.policies, corps.engine.workflow)
+    workflow: Workflow | None = None  # the workflow it was made in
+    objective: str = "throughput"
+    group: int = 0  # its task group: calls submitted together (its own id alone)
 
     def figures(self) -> CallFigures:
         """What this call cost (its message keeps it: `Handle.tokens_encoded`, ...)."""

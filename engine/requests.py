@@ -18,6 +18,7 @@ from corps.cache.visibility import Private, Public, Shared, Visibility, check_po
 from corps.engine.constraint import KINDS, constraint_of
 from corps.engine.errors import InvalidRequest
 from corps.engine.sampling import SamplingParams
+from corps.engine.workflow import Objective, check_objective
 
 Text = str | Sequence[int]
 
@@ -30,6 +31,8 @@ class PrefillArgs(TypedDict, total=False):
     message starts. frame: wrap in the chat template's role markers (True). owner:
     the agent making the call. visibility: Public(), Private() or Shared(readers).
     leak_policy: this call's leak policy (else the agent's, else the engine's).
+    objective: "latency" or "throughput" for the scheduling policy (else the agent's,
+    else its workflow's; `corps.engine.workflow`).
     """
 
     role: str
@@ -40,6 +43,7 @@ class PrefillArgs(TypedDict, total=False):
     owner: str | None
     visibility: Visibility | None
     leak_policy: str | None
+    objective: Objective | None
 
 
 class DecodeArgs(TypedDict, total=False):
@@ -63,6 +67,7 @@ class DecodeArgs(TypedDict, total=False):
     owner: str | None
     visibility: Visibility | None
     leak_policy: str | None
+    objective: Objective | None
     sampling: SamplingParams
     max_tokens: int | None
     temperature: float | None
@@ -89,6 +94,7 @@ class PrefillRequest:
     owner: str | None = None
     visibility: Visibility | None = None
     leak_policy: str | None = None
+    objective: Objective | None = None
 
     def __post_init__(self) -> None:
         _check_common(self)
@@ -110,6 +116,7 @@ class DecodeRequest:
     owner: str | None = None
     visibility: Visibility | None = None
     leak_policy: str | None = None
+    objective: Objective | None = None
 
     def __post_init__(self) -> None:
         _check_common(self)
@@ -184,6 +191,7 @@ def _check_common(req: PrefillRequest | DecodeRequest) -> None:
     role, parents, owner, visibility = req.role, req.parents, req.owner, req.visibility
     if req.leak_policy is not None:
         check_policy(req.leak_policy)
+    check_objective(req.objective)
     if not isinstance(role, str) or not role:
         raise InvalidRequest(f"role must be a non-empty string, got {role!r}")
     if owner is not None and (not isinstance(owner, str) or not owner):

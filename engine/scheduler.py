@@ -41,6 +41,7 @@ from corps.cache.errors import CacheFullError, StoreTooSmall
 from corps.engine.errors import EngineBusy, EngineClosed
 from corps.engine.executor import Executor
 from corps.engine.job import Job
+from corps.engine.policies import Fcfs, Policy
 from corps.engine.trace import ErrorEvent, FirstToken, Recorder, Step
 
 #: Event-loop turns the idle loop waits for more arrivals before its first step.
@@ -68,10 +69,12 @@ class Scheduler:
         step_tokens: int = 512,
         recorder: Recorder | None = None,
         max_running: int = 256,
+        policy: Policy | None = None,
     ) -> None:
         if queue_size < 1 or step_tokens < 1 or max_running < 1:
             raise ValueError("queue_size, step_tokens and max_running must be >= 1")
         self.max_running = max_running
+        self.policy: Policy = policy or Fcfs()
         self.core = core
         self.rec = recorder or Recorder()
         self.step_tokens = step_tokens
@@ -239,42 +242,11 @@ class Scheduler:
         )
 
     def _step_sync(self, new: list[Job], t0: float) -> None:
-        """Worker thread: admit new jobs, run one fused step, finish what is done.
-
-        Admission is first come, first served: a call whose memory cannot be had now
-        waits (with every call behind it) while running calls may give memory back;
-        it fails with CacheFullError only if nothing is running that could.
-        """
-        arrived, self._held = self._held + new, []
-        waiting = False
-        for job in arrived:
-            if job.cancelled:
-                self._finished.append(job)
-                continue
-            if waiting or len(self._running) >= self.max_running:
-                self._held.append(job)  # behind a call waiting for memory, or at the cap
-                continue
-            try:
-                call = self.core.admit(job.request, want_logits=job.want_logits, hold=True)
-            except CacheFullError as exc:
-                if isinstance(exc, StoreTooSmall) or not self._running:
-                    job.error = exc  # could never fit, or nothing running will make room
-                    self._finished.append(job)
-                else:
-                    self._held.append(job)
-                    waiting = True
-                continue
-            except Exception as exc:  # bad input fails this job only
-                job.error = exc
-                self._finished.append(job)
-                continue
-            if call is None:  # its prompt's prefix is being encoded: reuse it next step
-                self._held.append(job)
-                continue
-            job.call, job.admitted = call, t0
-            self._running.append(job)
+        """Worker thread: admit new jobs, run one fused step, finish what is done."""
+        self._admit(self._held + new, t0)
         by_call = {id(j.call): j for j in self._running}
-        active = [j.call for j in self._running if not j.call.done]
+        order = self.policy.step_order(list(self._running))
+        active = [j.call for j in order if not j.call.done]
         if active:
             try:
                 out = self.core.step(active, budget=self.step_tokens)
@@ -298,6 +270,65 @@ class Scheduler:
                     self.core.abort(job.call)
                     job.error = exc
             self._finished.append(job)
+
+    def _admit(self, arrived: list[Job], t0: float) -> None:
+        """Admit waiting jobs as the policy orders them, a task group at a time.
+
+        Admission is head of line: a group whose memory cannot be had now waits
+        (with every group behind it) while running calls may give memory back; it
+        fails with CacheFullError only if nothing is running that could. A group is
+        admitted whole or not at all (the calls it got are given back).
+        """
+        self._held = []
+        live = []
+        for job in arrived:
+            (self._finished if job.cancelled else live).append(job)
+        blocked = False
+        for group in self._fitting(self.policy.order(live, t0)):
+            room = self.max_running - len(self._running)
+            if blocked or (self._running and len(group) > room) or room <= 0:
+                self._held += group  # behind a group waiting for memory, or at the cap
+                continue
+            if not self.policy.may_admit(group, self._running, live, t0):
+                self._held += group
+                continue
+            blocked = not self._admit_group(group, t0)
+
+    def _fitting(self, groups: list[list[Job]]) -> list[list[Job]]:
+        """Groups as the policy gave them, a group larger than max_running one by one."""
+        out: list[list[Job]] = []
+        for group in groups:
+            out += [[j] for j in group] if len(group) > self.max_running else [group]
+        return out
+
+    def _admit_group(self, group: list[Job], t0: float) -> bool:
+        """Admit every job of `group`; False if it must wait for memory (held whole)."""
+        taken: list[Job] = []
+        for job in group:
+            try:
+                call = self.core.admit(job.request, want_logits=job.want_logits, hold=True)
+            except CacheFullError as exc:
+                if isinstance(exc, StoreTooSmall) or not (self._running or taken):
+                    job.error = exc  # could never fit, or nothing running will make room
+                    self._finished.append(job)
+                    continue
+                for other in taken:  # the group waits whole: give back what it got
+                    self._running.remove(other)
+                    self.core.abort(other.call)
+                    other.call = other.admitted = None
+                self._held += [j for j in group if j not in self._finished]
+                return False
+            except Exception as exc:  # bad input fails this job only
+                job.error = exc
+                self._finished.append(job)
+                continue
+            if call is None:  # its prompt's prefix is being encoded: reuse it next step
+                self._held.append(job)
+                continue
+            job.call, job.admitted = call, t0
+            self._running.append(job)
+            taken.append(job)
+        return True
 
     def _shut_down(self) -> None:
         """Fail every job still queued or running; nothing is left waiting."""

@@ -48,6 +48,7 @@ class EngineStats:
     tokens_jumped: int = 0  # tokens constraints forced, appended without a step each
     spans_sent: int = 0  # otel=URL: spans the collector took (calls; the run root at close)
     spans_dropped: int = 0  # otel=URL: spans it did not take (down, refused); never an error
+    policy: str = "fcfs"  # the scheduling policy (corps.engine.policies)
 
     @property
     def prefix_hit_rate(self) -> float:

@@ -23,6 +23,7 @@ from corps.engine.pending import Pending
 from corps.engine.requests import DecodeRequest, PrefillRequest
 from corps.engine.scheduler import Scheduler
 from corps.engine.trace import Recorder
+from corps.engine.workflow import CURRENT
 
 Request = PrefillRequest | DecodeRequest
 
@@ -34,21 +35,24 @@ class Submitter:
         self.core, self.sched, self.guard, self.recorder = core, sched, guard, recorder
         self.ids = itertools.count(1)  # call ids in traces
 
-    async def job(self, request: Request, cid: int | None = None) -> Job:
-        """Check access and the leak policy, re-encode if needed, pin parents: a Job."""
+    async def job(self, request: Request, cid: int | None = None, group: int | None = None) -> Job:
+        """Check access and the leak policy, re-encode if needed, pin parents: a Job
+        (in task group `group`, else a group of its own)."""
         cid = cid or next(self.ids)
         request, missing, leaks = self.guard.check(request, call_id=cid)
         if missing:
             request = await self.guard.reencode(request, self._prefill_internal)
-        job = self.pinned_job(request, cid)
+        job = self.pinned_job(request, cid, group)
         job.leaks = leaks
         return job
 
-    def pinned_job(self, request, cid: int) -> Job:
+    def pinned_job(self, request, cid: int, group: int | None = None) -> Job:
         """A job whose parents are pinned from now until it ends: a `free` in between
         waits for it instead of failing it. `cid` is its call id in traces."""
         pins = self.core.pin(request.parents)
-        job = Job(request, id=cid)
+        wf = CURRENT.get()
+        objective = request.objective or (wf.objective if wf is not None else "throughput")
+        job = Job(request, id=cid, workflow=wf, objective=objective, group=group or cid)
         job.on_end, job.orphan = partial(self._job_ended, pins), self.core.free
         if self.recorder.on:
             self.recorder.emit(queued_event(self.recorder, job))
@@ -88,9 +92,11 @@ class Submitter:
         jobs: list[Job] = []
         queued = 0
         try:
+            group = None  # one task group: the first call's id
             for request in requests:
-                jobs.append(await self.job(request))
+                jobs.append(await self.job(request, group=group))
                 jobs[-1].want_logits = want_logits
+                group = jobs[0].id
             for job in jobs:  # no yield between them while there is room: one step
                 try:
                     self.sched.submit_nowait(job)

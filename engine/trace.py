@@ -45,6 +45,7 @@ class Header(_Event):
     dtype: str = ""
     device: str = ""
     started_unix: float = 0.0  # wall clock at t = 0 (for exports that need absolute time)
+    policy: str = ""  # the scheduling policy (corps.engine.policies); "" before it existed
 
 
 class CallQueued(_Event):
@@ -57,6 +58,9 @@ class CallQueued(_Event):
     parents: list[int] = []
     offsets: list[int | None] | None = None  # as requested (None: the engine places)
     max_tokens: int | None = None
+    workflow: str | None = None  # the workflow it was made in (corps.engine.workflow)
+    group: int | None = None  # its task group: the id of the first call submitted with it
+    objective: str | None = None  # "latency" or "throughput"
 
 
 class FirstToken(_Event):

@@ -22,6 +22,7 @@ from corps.agents import Agent, Runtime
 from corps.cache.handle import Handle
 from corps.cache.visibility import Private
 from corps.engine.trace import Stage
+from corps.engine.workflow import CURRENT, Objective, Workflow
 from corps.patterns.replay import CURRENT as REPLAY
 from corps.patterns.result import PatternResult
 
@@ -102,9 +103,14 @@ class Run:
 
     async def __aenter__(self) -> Run:
         self._t0 = time.perf_counter()
+        # every call of the run, its agents' included, carries the run as its workflow
+        outer = CURRENT.get()  # inside `with engine.workflow(..., objective=...)`: its objective
+        objective: Objective = outer.objective if outer is not None else "throughput"
+        self._workflow = CURRENT.set(Workflow(f"{self.pattern}-{self.id}", objective))
         return self
 
     async def __aexit__(self, *exc_info: Any) -> None:
+        CURRENT.reset(self._workflow)
         for name in self.agents:
             self.rt.stop(name)
         for h in self.messages:
