@@ -78,6 +78,13 @@ def run(
         str, typer.Option(help="auto (default), mixed, float32, bfloat16 or float16.")
     ] = DEFAULT_DTYPE,
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
+    policy: Annotated[
+        str,
+        typer.Option(
+            help="How waiting calls are admitted: fcfs (default), workflow (earlier "
+            "workflows first; helps --inputs runs) or objective (latency calls first)."
+        ),
+    ] = "fcfs",
     trace: Annotated[
         Path | None,
         typer.Option(help="Write a trace (JSON lines) here; view it with `corps trace view`."),
@@ -117,6 +124,7 @@ def run(
             leak_policy=leak_policy,
             trace=trace,
             otel=otel_endpoint,
+            policy=policy,
         )
         if otel_endpoint is not None:
             from corps.engine.otel import check_available

@@ -32,7 +32,7 @@ class TraceApp(App[None]):
     TITLE = "corps trace ui"
     CSS = """
     #top { height: auto; max-height: 45%; }
-    #calls { width: 58; }
+    #calls { width: 64; }
     #detail { width: 1fr; padding: 0 1; }
     #filter { display: none; }
     #filter.shown { display: block; }
@@ -75,7 +75,7 @@ class TraceApp(App[None]):
 
     def on_mount(self) -> None:
         table = self.query_one("#calls", DataTable)
-        for col in ("call", "agent", "kind", "status", "start", "TTFT", "gen", "reuse"):
+        for col in ("call", "group", "agent", "kind", "status", "start", "TTFT", "gen", "reuse"):
             table.add_column(col, key=col)
         self.redraw()
         if self.follow:
@@ -98,7 +98,7 @@ class TraceApp(App[None]):
 
     def _fill_calls(self) -> None:
         table = self.query_one("#calls", DataTable)
-        names = tv.names_of(self.trace)
+        names, groups = tv.names_of(self.trace), tv.group_of(self.trace)
         rows = tv.calls(self.trace, self.flt)
         table.clear()
         for c in rows:
@@ -106,6 +106,7 @@ class TraceApp(App[None]):
             total = e.reused + e.encoded if e else 0
             table.add_row(
                 tv.cid(c.id),
+                groups.get(c.id, ""),
                 names(c.agent),
                 c.kind,
                 Text(c.status, style=_STATUS.get(c.status, "")),

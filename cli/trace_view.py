@@ -63,6 +63,17 @@ def cid(call_id: int) -> str:
     return f"c{call_id}"
 
 
+def group_of(trace: Trace) -> dict[int, str]:
+    """Call id -> `g12` for calls submitted in a task group of two or more (the group
+    is named by its first call), for the views to show which calls were admitted
+    together."""
+    members: dict[int, list[int]] = defaultdict(list)
+    for c in trace.calls.values():
+        if c.queued.group is not None:
+            members[c.queued.group].append(c.id)
+    return {cid: f"g{g}" for g, ids in members.items() if len(ids) > 1 for cid in ids}
+
+
 def ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1000:.0f}ms"
 
@@ -245,8 +256,10 @@ def lineage(trace: Trace, flt: Filter = ALL, limit: int = 40) -> Table:
         box=box.SIMPLE_HEAD,
         title="KV lineage: each call's prompt as reused / newly encoded / generated",
     )
+    groups = group_of(trace)
     for col, just in (
         ("call", "right"),
+        ("group", "left"),
         ("agent", "left"),
         ("kind", "left"),
         ("prompt segments (message@start..end)", "left"),
@@ -265,7 +278,8 @@ def lineage(trace: Trace, flt: Filter = ALL, limit: int = 40) -> Table:
         total = e.reused + e.encoded
         ratio = f"{e.reused / total:.0%}" if total else "-"
         status = "" if e.status == "ok" else f" [{e.status}]"
-        table.add_row(cid(c.id), names(c.agent), c.kind + status, segs, ratio, f"{e.reused} tok")
+        row = (cid(c.id), groups.get(c.id, ""), names(c.agent), c.kind + status)
+        table.add_row(*row, segs, ratio, f"{e.reused} tok")
     if len(rows) > limit:
         table.caption = f"{len(rows) - limit} more calls: narrow with --agent/--kind/--since"
     return table

@@ -16,7 +16,6 @@ from corps.engine.policies import Fcfs, ObjectiveFirst, WorkflowFirst, make
 from corps.engine.scheduler import Scheduler
 from corps.engine.workflow import Workflow
 
-
 _groups = itertools.count(10_000)
 
 

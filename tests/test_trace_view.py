@@ -142,3 +142,13 @@ def test_call_detail_unknown_call(traces):
     trace = Trace.load(traces["debate"])
     with pytest.raises(KeyError):
         tv.call_detail(trace, 10**6)
+
+
+def test_task_groups_show_which_calls_were_submitted_together(traces):
+    """A tree of thoughts asks its proposers in one fused batch: one task group."""
+    trace = Trace.load(traces["tree_of_thoughts"])
+    groups = tv.group_of(trace)
+    proposers = [c.id for c in tv.calls(trace, tv.Filter(agent="proposer"))]
+    assert len({groups[c] for c in proposers}) == 1
+    text = render(tv.lineage(trace), width=160)
+    assert groups[proposers[0]] in text
