@@ -268,6 +268,52 @@ def bench_constrained(
             f.write(report.model_dump_json(indent=2))
 
 
+@bench_app.command("serve")
+def bench_serve(
+    load: Annotated[
+        str, typer.Option(help="Arrival rates as fractions of saturation, comma-separated.")
+    ] = "0.5,0.8,1.2",
+    policies: Annotated[str, typer.Option(help="Policies to compare.")] = "fcfs,workflow,objective",
+    duration: Annotated[float, typer.Option(min=1, help="Seconds of arrivals per cell.")] = 60,
+    chat: Annotated[int, typer.Option(min=0, help="Chat streams (latency) per cell.")] = 0,
+    mix: Annotated[
+        str | None,
+        typer.Option(help="Patterns in the mix, comma-separated (default: their small settings)."),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the arrival schedule.")] = 0,
+    model: ModelOpt = "smollm2-135m",
+    dtype: DtypeOpt = DEFAULT_DTYPE,
+    json_out: Annotated[str | None, typer.Option("--json", help="Write the report here.")] = None,
+) -> None:
+    """Workflows arriving open loop at fractions of saturation, under each policy."""
+    from corps.cli import bench_serve as bs
+    from corps.engine.policies import POLICIES
+
+    try:
+        loads = [float(x) for x in load.split(",") if x.strip()]
+    except ValueError:
+        _bad(f"--load: comma-separated numbers, got {load!r}")
+    chosen = [p.strip() for p in policies.split(",") if p.strip()]
+    if bad := sorted(set(chosen) - set(POLICIES)):
+        _bad(f"--policies: {', '.join(bad)}; choose from {', '.join(POLICIES)}")
+    patterns = dict(bs.MIX)
+    if mix is not None:
+        names = [m.strip().replace("-", "_") for m in mix.split(",") if m.strip()]
+        if bad := sorted(set(names) - set(bs.MIX)):
+            _bad(f"--mix: {', '.join(bad)}; choose from {', '.join(bs.MIX)}")
+        patterns = {n: bs.MIX[n] for n in names}
+    if not loads or any(x <= 0 for x in loads):
+        _bad("--load: positive fractions of saturation, e.g. 0.5,0.8,1.2")
+    settings = dict(dtype=dtype, loads=loads, policies=chosen, duration=duration, chat=chat,
+                    mix=patterns, seed=seed)  # fmt: skip
+    report = _run_bench(lambda: bs.measure(model, **settings))
+    console = Console(width=max(140, Console().width))
+    console.print(bs.table(report), bs.ratios(report))
+    if json_out is not None:
+        with open(json_out, "w") as f:
+            f.write(report.model_dump_json(indent=2))
+
+
 @bench_app.command("trace")
 def bench_trace(
     pattern: Annotated[str, typer.Argument(help="A built-in pattern.")] = "tree_of_thoughts",

@@ -1,0 +1,258 @@
+"""`corps bench serve`: many workflows on one engine, open loop, under each policy.
+
+Workflows drawn from a mix of patterns arrive as a Poisson process at a rate
+given as a fraction of the engine's measured saturation throughput (`load`).
+The same seeded arrival schedule is run under each scheduling policy
+(`corps.engine.policies`), policies alternating from one load to the next; with
+`chat`, interactive streams with a latency objective arrive beside the
+workflows. Reported per load and policy: throughput (workflows/min, tokens/s),
+workflow latency p50/p90/p99 (arrival to result), chat time to first token and
+time per output token p50/p99, and the queue depth and running calls sampled
+over the run. Each policy gets its own engine (the policy is an engine setting);
+loading is not timed.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from typing import Any
+
+import anyio
+from pydantic import BaseModel
+
+#: The default mix: small settings of three patterns, so a run fits a CPU.
+MIX: dict[str, dict[str, Any]] = {
+    "tree_of_thoughts": dict(branches=4, voters=2, max_tokens=32),
+    "multi_qa": dict(max_tokens=24),
+    "debate": dict(rounds=1, max_tokens=32),
+}
+CHAT_PROMPT = "Tell me about lighthouses in a few sentences."
+CHAT_TOKENS = 48
+
+
+class Cell(BaseModel):
+    policy: str
+    load: float
+    workflows: int
+    failed: int
+    wall_s: float
+    workflows_per_min: float
+    tokens_per_s: float
+    latency_s: dict[str, float]  # p50 / p90 / p99
+    chat_ttft_s: dict[str, float] = {}
+    chat_tpot_s: dict[str, float] = {}
+    max_queue: int = 0
+    mean_running: float = 0.0
+
+
+class Report(BaseModel):
+    model: str
+    mix: dict[str, dict[str, Any]]
+    saturation_per_s: float  # workflows per second, closed loop, fcfs
+    duration_s: float
+    chat: int
+    cells: list[Cell]
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    v = sorted(values)
+
+    def at(q: float) -> float:
+        return v[min(len(v) - 1, round(q * (len(v) - 1)))]
+
+    return {"p50": at(0.5), "p90": at(0.9), "p99": at(0.99)}
+
+
+def schedule(
+    rate: float, duration: float, mix: list[str], seed: int
+) -> list[tuple[float, str, int]]:
+    """(arrival time, pattern, seed) of a Poisson process of `rate` per second."""
+    rng, t, out = random.Random(seed), 0.0, []
+    while True:
+        t += rng.expovariate(rate)
+        if t > duration:
+            return out
+        out.append((t, rng.choice(mix), rng.randrange(1 << 30)))
+
+
+async def saturation(engine, rt, mix: dict[str, dict], n: int, concurrency: int) -> float:
+    """Workflows per second with `concurrency` always in flight (closed loop)."""
+    from corps.patterns.registry import run_pattern
+
+    names = list(mix)
+    limiter = anyio.CapacityLimiter(concurrency)
+
+    async def one(i: int) -> None:
+        async with limiter:
+            name = names[i % len(names)]
+            await run_pattern(rt, name, {**mix[name], "seed": i})
+
+    t0 = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for i in range(n):
+            tg.start_soon(one, i)
+    return n / (time.perf_counter() - t0)
+
+
+async def cell(
+    engine, rt, policy: str, load: float, arrivals: list, mix: dict, chats: list[float]
+) -> Cell:
+    """Run one arrival schedule (and chat streams) on an engine with `policy`."""
+    from corps.patterns.registry import run_pattern
+
+    latencies, failed, ttfts, tpots, samples = [], 0, [], [], []
+    before = engine.stats()
+    t0 = time.perf_counter()
+    done = anyio.Event()
+
+    async def workflow(at: float, name: str, seed: int) -> None:
+        nonlocal failed
+        await anyio.sleep(max(0.0, t0 + at - time.perf_counter()))
+        start = time.perf_counter()
+        try:
+            await run_pattern(rt, name, {**mix[name], "seed": seed})
+        except Exception:  # counted, the load goes on
+            failed += 1
+        latencies.append(time.perf_counter() - start)
+
+    async def chat(at: float) -> None:
+        await anyio.sleep(max(0.0, t0 + at - time.perf_counter()))
+        with engine.workflow(f"chat-{at:.2f}", objective="latency"):
+            q = await engine.prefill(CHAT_PROMPT)
+            start, stamps = time.perf_counter(), []
+            async for _ in engine.stream(parents=[q], max_tokens=CHAT_TOKENS, ignore_eos=True):
+                stamps.append(time.perf_counter())
+            engine.free(q)
+        if stamps:
+            ttfts.append(stamps[0] - start)
+            if len(stamps) > 1:
+                tpots.append((stamps[-1] - stamps[0]) / (len(stamps) - 1))
+
+    async def sample() -> None:
+        while not done.is_set():
+            s = engine.stats()
+            samples.append((s.queue_depth, s.mean_batch_size))
+            await anyio.sleep(0.25)
+
+    async with anyio.create_task_group() as outer:
+        outer.start_soon(sample)
+        async with anyio.create_task_group() as tg:
+            for at, name, seed in arrivals:
+                tg.start_soon(workflow, at, name, seed)
+            for at in chats:
+                tg.start_soon(chat, at)
+        done.set()
+    wall = time.perf_counter() - t0
+    after = engine.stats()
+    generated = after.tokens_per_s * after.step_s - before.tokens_per_s * before.step_s
+    return Cell(
+        policy=policy,
+        load=load,
+        workflows=len(arrivals),
+        failed=failed,
+        wall_s=wall,
+        workflows_per_min=60 * (len(arrivals) - failed) / wall,
+        tokens_per_s=generated / wall,
+        latency_s=percentiles(latencies),
+        chat_ttft_s=percentiles(ttfts),
+        chat_tpot_s=percentiles(tpots),
+        max_queue=max((q for q, _ in samples), default=0),
+        mean_running=statistics.fmean(r for _, r in samples) if samples else 0.0,
+    )
+
+
+async def measure(
+    model: str,
+    *,
+    dtype: str,
+    loads: list[float],
+    policies: list[str],
+    duration: float,
+    chat: int = 0,
+    mix: dict[str, dict] | None = None,
+    seed: int = 0,
+    saturation_runs: int = 12,
+    concurrency: int = 8,
+) -> Report:
+    from corps.agents import Runtime
+    from corps.engine import Engine
+
+    mix = mix or MIX
+    async with Engine.open(model, dtype=dtype) as engine, Runtime(engine) as rt:
+        sat = await saturation(engine, rt, mix, saturation_runs, concurrency)
+    cells = []
+    for k, load in enumerate(loads):
+        arrivals = schedule(load * sat, duration, list(mix), seed + k)
+        chats = [duration * (i + 0.5) / chat for i in range(chat)]
+        order = policies if k % 2 == 0 else policies[::-1]  # alternate: drift hits all alike
+        for policy in order:
+            async with (
+                Engine.open(model, dtype=dtype, policy=policy) as engine,
+                Runtime(engine) as rt,
+            ):
+                cells.append(await cell(engine, rt, policy, load, arrivals, mix, chats))
+    cells.sort(key=lambda c: (c.load, policies.index(c.policy)))
+    return Report(model=model, mix=mix, saturation_per_s=sat, duration_s=duration, chat=chat,
+                  cells=cells)  # fmt: skip
+
+
+def table(report: Report):
+    from rich.table import Table
+
+    t = Table(
+        title=f"open-loop load on {report.model}: saturation {report.saturation_per_s * 60:.1f} "
+        f"workflows/min, {report.duration_s:.0f} s of arrivals per cell"
+        + (f", {report.chat} chat streams" if report.chat else "")
+    )
+    cols = ["load", "policy", "wf", "failed", "wf/min", "tok/s", "lat p50", "p90", "p99"]
+    if report.chat:
+        cols += ["chat TTFT p50", "p99", "TPOT p50", "p99"]
+    cols += ["max queue", "mean batch"]
+    for col in cols:
+        t.add_column(col, justify="left" if col == "policy" else "right")
+    for c in report.cells:
+        lat = [f"{c.latency_s.get(k, float('nan')):.2f}" for k in ("p50", "p90", "p99")]
+        row = [f"{c.load:.2f}", c.policy, str(c.workflows), str(c.failed),
+               f"{c.workflows_per_min:.1f}", f"{c.tokens_per_s:.0f}", *lat]  # fmt: skip
+        if report.chat:
+            row += [f"{c.chat_ttft_s.get('p50', float('nan')) * 1e3:.0f} ms",
+                    f"{c.chat_ttft_s.get('p99', float('nan')) * 1e3:.0f} ms",
+                    f"{c.chat_tpot_s.get('p50', float('nan')) * 1e3:.0f} ms",
+                    f"{c.chat_tpot_s.get('p99', float('nan')) * 1e3:.0f} ms"]  # fmt: skip
+        row += [str(c.max_queue), f"{c.mean_running:.1f}"]
+        t.add_row(*row)
+    return t
+
+
+def ratios(report: Report):
+    """Each policy against fcfs at the same load: p99 latency and throughput."""
+    from rich.table import Table
+
+    t = Table(title="against fcfs at the same load (targets: workflow p99 <= 0.6x, "
+                    "throughput >= 0.95x)")  # fmt: skip
+    for col in (
+        "load",
+        "policy",
+        "p99 latency / fcfs",
+        "throughput / fcfs",
+        "chat TPOT p99 / fcfs",
+    ):
+        t.add_column(col, justify="left" if col == "policy" else "right")
+    by = {(c.load, c.policy): c for c in report.cells}
+    for c in report.cells:
+        base = by.get((c.load, "fcfs"))
+        if base is None or c.policy == "fcfs":
+            continue
+        p99 = c.latency_s.get("p99", 0) / max(1e-9, base.latency_s.get("p99", 1e-9))
+        tp = c.workflows_per_min / max(1e-9, base.workflows_per_min)
+        chat = (
+            f"{c.chat_tpot_s['p99'] / base.chat_tpot_s['p99']:.2f}x"
+            if c.chat_tpot_s and base.chat_tpot_s
+            else "-"
+        )
+        t.add_row(f"{c.load:.2f}", c.policy, f"{p99:.2f}x", f"{tp:.2f}x", chat)
+    return t
