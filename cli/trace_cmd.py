@@ -30,6 +30,10 @@ SinceOpt = Annotated[
     float | None, typer.Option(help="Only calls still running at or after this time (s).")
 ]
 LimitOpt = Annotated[int, typer.Option(min=1, help="Rows per table at most.")]
+FileArg = Annotated[Path, typer.Argument(help="A trace written by --trace.")]
+FollowOpt = Annotated[
+    bool, typer.Option("--follow", "-f", help="Keep reading while the run writes it.")
+]
 
 
 def _load(path: Path, *, follow: bool = False) -> Trace:
@@ -67,10 +71,8 @@ def _wait_for(file: Path) -> None:
 
 @trace_app.command("view")
 def view(
-    file: Annotated[Path, typer.Argument(help="A trace written by --trace.")],
-    follow: Annotated[
-        bool, typer.Option("--follow", "-f", help="Keep redrawing while the run writes it.")
-    ] = False,
+    file: FileArg,
+    follow: FollowOpt = False,
     call: Annotated[
         str | None,
         typer.Option("--call", help="Show one call's context in detail: c14 (or 14)."),
@@ -121,12 +123,7 @@ def view(
 
 
 @trace_app.command("ui")
-def ui(
-    file: Annotated[Path, typer.Argument(help="A trace written by --trace.")],
-    follow: Annotated[
-        bool, typer.Option("--follow", "-f", help="Keep reading while the run writes it.")
-    ] = False,
-) -> None:
+def ui(file: FileArg, follow: FollowOpt = False) -> None:
     """Browse a trace interactively: calls, each call's context and parents, filters.
 
     Keys: arrows move between calls, Tab switches tabs (calls, totals, messages,
@@ -154,7 +151,7 @@ def diff(
 
 @trace_app.command("export")
 def export(
-    file: Annotated[Path, typer.Argument(help="A trace written by --trace.")],
+    file: FileArg,
     perfetto: Annotated[
         Path | None, typer.Option(help="Chrome trace JSON for ui.perfetto.dev / chrome://tracing.")
     ] = None,
