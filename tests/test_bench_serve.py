@@ -35,9 +35,11 @@ async def test_every_policy_runs_the_same_arrivals_and_reports_a_cell(tiny_dirs)
         concurrency=2,
     )  # fmt: skip
     assert report.saturation_per_s > 0
-    assert [c.policy for c in report.cells] == ["fcfs", "workflow", "objective"]
-    assert len({c.workflows for c in report.cells}) == 1  # the same schedule for each
-    for c in report.cells:
+    assert [c.policy for c in report.cells] == ["idle", "fcfs", "workflow", "objective"]
+    loaded = report.cells[1:]
+    assert report.cells[0].workflows == 0 and report.cells[0].chat_ttft_s  # chat alone
+    assert len({c.workflows for c in loaded}) == 1  # the same schedule for each
+    for c in loaded:
         assert c.failed == 0 and c.wall_s > 0
         assert c.workflows == 0 or set(c.latency_s) == {"p50", "p90", "p99"}
         assert set(c.chat_ttft_s) == {"p50", "p90", "p99"}  # the chat stream ran
