@@ -8,8 +8,8 @@ The same seeded arrival schedule is run under each scheduling policy
 workflows. Reported per load and policy: throughput (workflows/min, tokens/s),
 workflow latency p50/p90/p99 (arrival to result), chat time to first token and
 time per output token p50/p99, and the queue depth and running calls sampled
-over the run. Each policy gets its own engine (the policy is an engine setting);
-loading is not timed.
+over the run. Each policy gets its own engine (the policy is an engine setting),
+warmed up by one untimed run of each pattern; loading and warm-up are not timed.
 """
 
 from __future__ import annotations
@@ -98,12 +98,22 @@ async def saturation(engine, rt, mix: dict[str, dict], n: int, concurrency: int)
     return n / (time.perf_counter() - t0)
 
 
+async def warm(rt, mix: dict[str, dict]) -> None:
+    """One untimed run of each pattern of the mix: a fresh engine's first steps pay for
+    allocations, thread pools and constraint compiles that later ones do not."""
+    from corps.patterns.registry import run_pattern
+
+    for name, params in mix.items():
+        await run_pattern(rt, name, {**params, "seed": 0})
+
+
 async def cell(
     engine, rt, policy: str, load: float, arrivals: list, mix: dict, chats: list[float]
 ) -> Cell:
     """Run one arrival schedule (and chat streams) on an engine with `policy`."""
     from corps.patterns.registry import run_pattern
 
+    await warm(rt, mix)
     latencies, failed, ttfts, tpots, samples = [], 0, [], [], []
     before = engine.stats()
     t0 = time.perf_counter()
