@@ -18,9 +18,10 @@ objective (`corps.engine.workflow`).
   `aging_s` goes first whatever its workflow, so nothing starves.
 - `objective`: latency calls first (and first in each step's prefill budget);
   while any latency call waits or runs, throughput calls are admitted only
-  while fewer than `latency_batch` calls run, which bounds the batch and so the
-  latency calls' time per token; throughput calls fill the rest, as in
-  `workflow`, and age like it.
+  while fewer than `latency_batch` calls run, and while one runs a step encodes
+  at most `latency_prefill` prompt tokens beside the decodes: both bound the
+  step and so the latency calls' time per token; throughput calls fill the
+  rest, as in `workflow`, and age like it.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ from corps.engine.config import PolicyName
 POLICIES: tuple[str, ...] = get_args(PolicyName)
 AGING_S = 5.0  # seconds a call waits before it goes first under any policy
 LATENCY_BATCH = 8  # calls running at most beside latency calls (objective)
+#: Prompt tokens a step may encode beside running latency calls (objective): a 512-token
+#: prefill chunk in the same step multiplies its time, which every latency call waits.
+LATENCY_PREFILL = 64
 
 
 class Policy(Protocol):
@@ -50,6 +54,9 @@ class Policy(Protocol):
     def step_order(self, running: list[Any]) -> list[Any]:
         """The running calls in the order they share a step's prefill budget."""
 
+    def step_budget(self, running: Sequence[Any], budget: int) -> int:
+        """Tokens the next step may run (of the engine's `budget`)."""
+
 
 class Fcfs:
     """First come, first served, call by call."""
@@ -64,6 +71,9 @@ class Fcfs:
 
     def step_order(self, running: list[Any]) -> list[Any]:
         return running
+
+    def step_budget(self, running: Sequence[Any], budget: int) -> int:
+        return budget
 
 
 def groups_of(waiting: Sequence[Any]) -> list[list[Any]]:
@@ -102,12 +112,16 @@ class WorkflowFirst:
     def step_order(self, running: list[Any]) -> list[Any]:
         return sorted(running, key=lambda j: (_started([j]), j.submitted))
 
+    def step_budget(self, running: Sequence[Any], budget: int) -> int:
+        return budget
+
 
 @dataclass
 class ObjectiveFirst(WorkflowFirst):
     """Latency calls first, with the batch bounded while they are about."""
 
     latency_batch: int = LATENCY_BATCH
+    latency_prefill: int = LATENCY_PREFILL
     name = "objective"
 
     def _key(self, group: Sequence[Any], now: float) -> tuple:
@@ -125,6 +139,13 @@ class ObjectiveFirst(WorkflowFirst):
 
     def step_order(self, running: list[Any]) -> list[Any]:
         return sorted(running, key=lambda j: (j.objective != "latency", _started([j])))
+
+    def step_budget(self, running: Sequence[Any], budget: int) -> int:
+        """Beside running latency calls: every decode's token, and at most
+        `latency_prefill` prompt tokens (their own prompts go first, step_order)."""
+        if not any(j.objective == "latency" for j in running):
+            return budget
+        return min(budget, len(running) + self.latency_prefill)
 
 
 def make(name: str, **settings: Any) -> Policy:

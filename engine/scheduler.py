@@ -249,7 +249,8 @@ class Scheduler:
         active = [j.call for j in order if not j.call.done]
         if active:
             try:
-                out = self.core.step(active, budget=self.step_tokens)
+                budget = self.policy.step_budget(order, self.step_tokens)
+                out = self.core.step(active, budget=budget)
             except Exception as exc:  # the forward failed: fail this step's jobs, go on
                 for call in active:
                     self.core.abort(call)

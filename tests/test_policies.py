@@ -75,6 +75,9 @@ def test_objective_puts_latency_first_and_bounds_the_batch_beside_it():
     assert p.may_admit([bulk[0]], [job(0.5)] * 9, [], now=6)  # no latency call about
     ordered = p.step_order([bulk[0], chat])
     assert ordered[0] is chat  # latency calls first in the step's prefill budget
+    assert p.step_budget([bulk[0], chat], 512) == 2 + p.latency_prefill  # a small step
+    assert p.step_budget(bulk, 512) == 512  # no latency call running: the whole budget
+    assert Fcfs().step_budget([chat], 512) == WorkflowFirst().step_budget([chat], 512) == 512
 
 
 def test_make_names_every_policy():
