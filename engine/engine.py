@@ -38,7 +38,7 @@ from corps.engine.requests import (
     prefill_request_of,
 )
 from corps.engine.scheduler import Scheduler
-from corps.engine.select import By, Selection, choose, option_of, scored
+from corps.engine.select import By, Selection, check_by, choose, option_of, scored
 from corps.engine.stats import EngineStats
 from corps.engine.stream import StreamCalls, TextStream
 from corps.engine.submit import Submitter
@@ -406,8 +406,7 @@ class Engine:
         """
         if isinstance(options, str) or not options or len(set(options)) != len(options):
             raise InvalidRequest(f"options must be distinct strings, at least one: {options!r}")
-        if by not in ("normalized", "total"):
-            raise InvalidRequest(f"by must be 'normalized' or 'total', got {by!r}")
+        check_by(by)
         fmt = self._core.fmt
         built = [option_of(fmt, role, header, o) for o in options]
         common = dict(role=role, parents=tuple(parents), offsets=offsets, new_offset=new_offset,
@@ -415,7 +414,12 @@ class Engine:
         requests = [PrefillRequest(o.content, frame=o.framed, **common) for o in built]
         done = await self._submit.run_jobs(requests, want_logits=True)
         totals = [scored(job.call, o) for o, (_, job) in zip(built, done, strict=True)]
-        best, normalized = choose(totals, [o.n for o in built], by)
+        try:
+            best, normalized = choose(totals, [o.n for o in built], by)
+        except InvalidRequest:  # no option has any probability: keep none of them
+            for h, _ in done:
+                self.free(h)
+            raise
         for i, (h, _) in enumerate(done):
             if i != best:
                 self.free(h)

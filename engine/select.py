@@ -83,10 +83,13 @@ def scored(call: Call, option: Option) -> float:
     return score(torch.cat(call.logits), own, option.start, option.start + option.n)
 
 
-def choose(totals: Sequence[float], lengths: Sequence[int], by: By) -> tuple[int, list[float]]:
-    """The chosen index (the first of equals) and the length-normalised scores."""
+def check_by(by: str) -> None:
     if by not in ("normalized", "total"):
         raise InvalidRequest(f"by must be 'normalized' or 'total', got {by!r}")
+
+
+def choose(totals: Sequence[float], lengths: Sequence[int], by: By) -> tuple[int, list[float]]:
+    """The chosen index (the first of equals) and the length-normalised scores."""
     normalized = [t / n for t, n in zip(totals, lengths, strict=True)]
     keys = normalized if by == "normalized" else list(totals)
     best = max(range(len(keys)), key=lambda i: (keys[i], -i))
