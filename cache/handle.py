@@ -86,6 +86,29 @@ class Handle:
         return list(msg.tokens[msg.generated_from : msg.generated_from + msg.generated])
 
     @property
+    def generated_from(self) -> int:
+        """Where a decode's sampled tokens start in `tokens` (0 for a prefill)."""
+        return self._msg.generated_from
+
+    @property
+    def logprobs(self) -> tuple[float, ...]:
+        """A decode made with `logprobs=True`: each of `generated`'s log-probability
+        under the model at its position (temperature 1, before top-p/top-k and any
+        constraint's mask); () otherwise. AccessDenied as for `tokens`."""
+        return self._readable().logprobs
+
+    @property
+    def greedy(self) -> tuple[int, ...]:
+        """A decode made with `logprobs=True`: the token greedy decoding would have
+        emitted at each position of `generated` (the argmax); () otherwise."""
+        return self._readable().greedy
+
+    @property
+    def kind(self) -> str:
+        """ "prefill" or "decode" (or "sink", the attention sink every call sees)."""
+        return self._msg.kind
+
+    @property
     def role(self) -> str:
         return self._msg.role
 
@@ -109,7 +132,13 @@ class Handle:
 
     @property
     def offset(self) -> int:
+        """The logical position of the message's first token when it was encoded."""
         return self._msg.offset
+
+    @property
+    def parent_offsets(self) -> tuple[int, ...]:
+        """Where each of `parents` sat when this message was encoded (as placed)."""
+        return self._msg.parent_offsets
 
     @property
     def length(self) -> int:

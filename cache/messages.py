@@ -45,6 +45,8 @@ class Message:
     finish_reason: str | None = None  # a decode: why it stopped (end_of_turn, max_tokens, ...)
     complete: bool = True  # False: a constrained decode stopped before its text matched
     value: Any = None  # a JSON-schema decode's parsed reply (a pydantic model's instance)
+    logprobs: tuple[float, ...] = ()  # a decode asked for them: each sampled token's log-prob
+    greedy: tuple[int, ...] = ()  # ... and the argmax token at each of those positions
     view_of: int | None = None  # a clean re-encoding (leak_policy="reencode"): of which message
     view_for: str | None = None  # ... and for which reader
     figures: CallFigures = field(default_factory=CallFigures)

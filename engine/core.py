@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
 from torch import Tensor
 
 from corps.cache.arena import ViewArena
@@ -237,6 +238,9 @@ class Core:
         masks = self.grammars.masks_async([c.matcher for c in constrained]) if constrained else None
         logits, rows = self._forward(plan)
         sampling_rows = logit_rows(plan, rows)
+        for c, r in sampling_rows:  # the model's own distribution, before any mask
+            if c.plan.sampling.logprobs:
+                c.scores = torch.log_softmax(logits[r].float(), dim=-1)  # (V,)
         if masks is not None:
             row_of = {id(c): r for c, r in sampling_rows}
             apply_masks(logits, [row_of[id(c)] for c in constrained], masks.result())
@@ -295,6 +299,10 @@ class Core:
             out.failed.append((c, exc))
             return
         c.generated.append(tok)
+        if c.scores is not None:
+            c.logprobs.append(float(c.scores[tok]))
+            c.greedy.append(int(c.scores.argmax()))
+            c.scores = None
         c.pending = tok
         out.tokens.append((c, tok))
         c.finish_reason = self.sampler.stops(c, tok)
@@ -315,6 +323,8 @@ class Core:
         tokens, which stop short of a token boundary that the next bytes could still
         change) are appended now without sampling, and encoded with its pending token
         as one span next step. Returns why the call stops after them, if it does."""
+        if c.plan.sampling.logprobs:  # every token needs its own logit row
+            return None
         room = c.plan.sampling.max_tokens - len(c.generated)
         forced = c.matcher.compute_ff_tokens()[:room]
         replay = c.plan.sampling.force

@@ -199,7 +199,10 @@ class HFExecutor:
             pad_token_id=0,
             **(dict(temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k) if sampled else {}),
         )
-        processors = LogitsProcessorList([_Forced(sp.force, prompt.shape[1])] if sp.force else [])
+        scores = _Scores()  # first: it sees the model's own logits
+        processors = LogitsProcessorList([scores] if sp.logprobs else [])
+        if sp.force:
+            processors.append(_Forced(sp.force, prompt.shape[1]))
         if c.matcher is not None:
             processors.append(_Constrained(c.matcher, prompt.shape[1], self.grammars))
         if sp.seed is not None:
@@ -211,6 +214,9 @@ class HFExecutor:
         )
         self.forward_seconds += time.perf_counter() - t0
         c.generated = ids[0, prompt.shape[1] :].tolist()
+        for row, tok in zip(scores.rows, c.generated, strict=False):
+            c.logprobs.append(float(row[tok]))
+            c.greedy.append(int(row.argmax()))
         if c.matcher is not None and c.generated:
             self.sampler.take(c, c.generated[-1])  # the processor took all but the last
         c.finish_reason = (
@@ -226,6 +232,17 @@ class HFExecutor:
         self.tokens_encoded += c.encoded
         out.tokens += [(c, tok) for tok in c.generated]
         c.done = True
+
+
+class _Scores:
+    """Logits processor that keeps each step's log-softmax (for `logprobs=True`)."""
+
+    def __init__(self) -> None:
+        self.rows: list[Tensor] = []
+
+    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        self.rows.append(torch.log_softmax(scores[0].float(), dim=-1))  # (V,)
+        return scores
 
 
 class _Forced:

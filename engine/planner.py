@@ -82,6 +82,9 @@ class Call:
     finishing: bool = False  # the pending token is the last one
     done: bool = False  # everything encoded; ready for finish()
     logits: list[Tensor] = field(default_factory=list)  # want_logits: own rows, per chunk
+    scores: Tensor | None = None  # sampling.logprobs: this step's log-softmax row (V,)
+    logprobs: list[float] = field(default_factory=list)  # sampling.logprobs: per emitted token
+    greedy: list[int] = field(default_factory=list)  # sampling.logprobs: argmax per position
     matcher: Any = None  # a constrained decode's grammar state (llguidance)
     finish_reason: str | None = None  # why a decode stopped (see Sampler.stops)
 

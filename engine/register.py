@@ -38,6 +38,8 @@ def register(
             generated_from=c.plan.own if c.plan.is_decode else 0,
             generated=len(c.generated),
             finish_reason=c.finish_reason,
+            logprobs=tuple(c.logprobs),
+            greedy=tuple(c.greedy),
             complete=complete,
             value=constraint.parse(c.text) if constraint is not None and complete else None,
         )

@@ -52,7 +52,7 @@ class DecodeArgs(TypedDict, total=False):
     As `PrefillArgs` (role "assistant" by default), plus header (text or ids the
     message starts with) and the sampling settings: either `sampling=SamplingParams(...)`
     or its fields as keywords (max_tokens, temperature, top_p, top_k, seed, stop,
-    ignore_eos, force), which override the `sampling` given. At most one of regex,
+    ignore_eos, force, logprobs), which override the `sampling` given. At most one of regex,
     json_schema (a dict, its JSON or a pydantic model class), choices (the text is
     one of them) or grammar (Lark) constrains the generated text to match it
     (`corps.engine.constraint`).
@@ -77,6 +77,7 @@ class DecodeArgs(TypedDict, total=False):
     stop: str | Sequence[str] | None
     ignore_eos: bool | None
     force: Sequence[int] | None
+    logprobs: bool | None
     regex: str | None
     json_schema: Mapping[str, Any] | str | type | None
     choices: Sequence[str] | None

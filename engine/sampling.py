@@ -23,7 +23,10 @@ class SamplingParams:
     contains one (the text is cut before it); EOS / end-of-turn stops unless
     `ignore_eos`. `force` teacher-forces a decode (benchmarks replaying another
     run's tokens): it runs one step per forced token exactly as if sampling, and
-    emits exactly those tokens, whatever the logits say.
+    emits exactly those tokens, whatever the logits say. `logprobs` notes, for each
+    emitted token, its log-probability under the model's own distribution at that
+    position (temperature 1, no top-p/top-k, before any constraint's mask) and the
+    token greedy decoding would have emitted there (`Handle.logprobs`, `Handle.greedy`).
     """
 
     max_tokens: int = 256
@@ -35,6 +38,7 @@ class SamplingParams:
     ignore_eos: bool = False  # keep going past EOS / end-of-turn (benchmarks)
     force: tuple[int, ...] = ()  # emit exactly these tokens (benchmarks: equal work)
     constraint: Constraint | None = None  # what the generated text must match
+    logprobs: bool = False  # note each emitted token's log-probability (Handle.logprobs)
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):

@@ -555,3 +555,42 @@ async def test_a_replayed_constrained_decode_jumps_only_where_its_tokens_agree(t
         if first.text != '{"sure": "no"}':
             forced = await engine.decode(parents=[q], json_schema=schema, force=other)
             assert forced.generated == other
+
+
+@pytest.mark.parametrize("mode", ["choreographed", "baseline", "hf"])
+async def test_logprobs_are_the_models_own_log_probabilities_of_each_token(
+    tiny_dirs, tiny_hf, mode
+):
+    """`logprobs=True`: each emitted token's log-probability under the model at its
+    position (temperature 1, before top-p and any constraint) and the argmax there,
+    as transformers computes them on the rendered prompt."""
+    async with open_tiny(tiny_dirs, "llama", mode=mode) as engine:
+        q = await engine.prefill("hello world")
+        sampled = await engine.decode(
+            parents=[q], max_tokens=6, ignore_eos=True, temperature=0.9, top_p=0.5, seed=3,
+            logprobs=True,
+        )  # fmt: skip
+        forced = await engine.decode(parents=[q], force=[7, 8, 9], logprobs=True)
+        plain = await engine.decode(parents=[q], max_tokens=3, ignore_eos=True)
+        prompt = engine.chat.sink + q.tokens
+    assert plain.logprobs == () and plain.greedy == ()
+    hf = tiny_hf["llama"]
+    for h in (sampled, forced):
+        ids = prompt + h.tokens[: h.generated_from + len(h.generated)]
+        with torch.no_grad():
+            logits = hf(torch.tensor([ids])).logits[0].double()  # (T, V)
+        rows = torch.log_softmax(logits, -1)[len(ids) - len(h.generated) - 1 : -1]
+        want = [float(r[t]) for r, t in zip(rows, h.generated, strict=True)]
+        assert len(h.logprobs) == len(h.generated)
+        assert h.logprobs == pytest.approx(want, abs=1e-4)
+        assert list(h.greedy) == rows.argmax(-1).tolist()
+
+
+async def test_a_constrained_decode_with_logprobs_takes_one_step_per_token(tiny_dirs):
+    """Jump-forward would skip the logit rows of the tokens it appends: a call that
+    asks for logprobs never jumps, so every token has its log-probability."""
+    async with open_tiny(tiny_dirs, "llama") as engine:
+        q = await engine.prefill("hello world")
+        h = await engine.decode(parents=[q], choices=["alpha beta gamma"], logprobs=True)
+    assert len(h.logprobs) == len(h.generated) == len(h.greedy) > 1
+    assert all(lp <= 0 for lp in h.logprobs)
