@@ -24,6 +24,7 @@ from corps.engine.config import (
 )
 from corps.engine.errors import InvalidRequest
 from corps.engine.executor import Executor
+from corps.engine.graph import MessageGraph, Node
 from corps.engine.otel import LiveSpans, check_available
 from corps.engine.pending import Pending
 from corps.engine.policies import make as make_policy
@@ -231,6 +232,29 @@ class Engine:
     def leak_policy(self) -> str:
         """The default leak policy of calls made as an agent (see `corps.engine.access`)."""
         return self._guard.policy
+
+    def graph(self, handles: Iterable[Handle], **meta: Any) -> MessageGraph:
+        """The messages `handles` name and everything they attended to, as a
+        `MessageGraph` (tokens and positions, no tensors) in the order they were made:
+        what the differentiable replay (`corps.engine.differentiable`) recomputes.
+        Choreographed mode only (a baseline message attended to its parents' text, not
+        to their encodings). `meta` is kept on the graph. Freed messages are fine."""
+        if self.mode != "choreographed":
+            raise InvalidRequest(
+                f"a message graph is of choreographed encodings; this engine is {self.mode}"
+            )
+        table, nodes, todo = self._core.table, {}, [h.id for h in handles if h is not None]
+        while todo:
+            msg = table.get(todo.pop())
+            if msg.id in nodes or msg.kind == "sink":
+                continue
+            nodes[msg.id] = Node(
+                msg.id, msg.kind, msg.role, msg.owner, tuple(msg.tokens), msg.offset,
+                tuple(msg.parents), tuple(msg.parent_offsets), msg.generated_from, msg.generated,
+            )  # fmt: skip
+            todo += msg.parents
+        ordered = tuple(nodes[i] for i in sorted(nodes))
+        return MessageGraph(sink=tuple(self.chat.sink), nodes=ordered, meta=dict(meta))
 
     def stats(self) -> EngineStats:
         """A snapshot; safe to call while steps run."""

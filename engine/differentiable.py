@@ -1,0 +1,124 @@
+"""The differentiable replay: a workflow's choreographed encodings recomputed with autograd.
+
+Distillation (the Prompt Choreography paper, section 3.4) trains the model so that
+the choreographed workflow, forced to produce a baseline run's tokens, gives them
+a lower log-loss. That needs the whole workflow in one autograd graph: every
+parent's encoding is computed by the model being trained, inside the same graph,
+and then read by its children.
+
+`DifferentiableReplay(model).run(graph)` does that over a `MessageGraph`
+(`Engine.graph`) with a transformers causal LM (a `peft` LoRA model, or a plain
+one): each message is encoded by the model with a `DynamicCache` holding exactly
+its context (the attention sink, then each parent's keys and values), the
+parents' keys moved from where they were encoded to where the message placed
+them by a rotation (RoPE: repositioning is a rotation of the key by the angle of
+the position difference; values never change). The rotation is a new tensor, so
+the parent's own encoding is untouched for its other readers (non-destructive),
+and gradients flow back through it into the parent's encoding. Sibling messages
+never read each other, whether the engine ran them in one step or not, so
+encoding them one after the other gives what the engine computed in parallel.
+
+The result is each decode's log-probabilities of its sampled tokens, equal to the
+engine's `logprobs=True` in float32 (tests check <= 1e-4).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from corps.cache.rope import rotate_half
+from corps.engine.graph import MessageGraph, Node
+
+
+@dataclass
+class Encoding:
+    """One message's keys and values per layer, as encoded at `offset`."""
+
+    keys: list[Tensor]  # per layer (1, H_kv, T, D), rotated for positions offset..
+    values: list[Tensor]  # per layer (1, H_kv, T, D)
+    offset: int
+
+
+@dataclass
+class ReplayOutput:
+    """Per decode node id: the log-probability of each sampled token (n,) and the
+    greedy token at each of those positions (n,)."""
+
+    logprobs: dict[int, Tensor]
+    greedy: dict[int, Tensor]
+
+    def loss(self) -> Tensor:
+        """The workflow's total log-loss over its decoded tokens (a scalar)."""
+        return -torch.cat(list(self.logprobs.values())).sum()
+
+
+class DifferentiableReplay:
+    """Recomputes a workflow's encodings with `model`, differentiably (see module)."""
+
+    def __init__(self, model) -> None:
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        self.model = model
+        self.inv_freq = base.model.rotary_emb.inv_freq  # (D/2,)
+        self.device = base.model.embed_tokens.weight.device
+
+    def run(self, graph: MessageGraph) -> ReplayOutput:
+        """Encode every node in order; each decode's log-probs of its sampled tokens."""
+        sink = self._encode(list(graph.sink), [], 0, None)[1] if graph.sink else None
+        enc: dict[int, Encoding] = {}
+        out = ReplayOutput({}, {})
+        for node in graph.nodes:
+            ctx = [(sink, 0)] if sink is not None else []
+            ctx += [
+                (enc[p], start) for p, start in zip(node.parents, node.parent_offsets, strict=True)
+            ]
+            logits, enc[node.id] = self._encode(list(node.tokens), ctx, node.offset, node)
+            if node.generated:
+                targets = torch.tensor(node.targets, device=self.device)  # (n,)
+                logp = torch.log_softmax(logits.float(), dim=-1)  # (n, V)
+                out.logprobs[node.id] = logp.gather(1, targets[:, None])[:, 0]
+                out.greedy[node.id] = logp.detach().argmax(-1)
+        return out
+
+    def _encode(
+        self, tokens: list[int], ctx: list[tuple[Encoding, int]], offset: int, node: Node | None
+    ) -> tuple[Tensor, Encoding]:
+        """Encode `tokens` at `offset` over the context [(encoding, placed at)]; its
+        logits at the rows that predict a decode's sampled tokens, and its encoding."""
+        from transformers import DynamicCache
+
+        cache, n = DynamicCache(), sum(e.keys[0].shape[2] for e, _ in ctx)
+        if ctx:
+            for layer in range(len(ctx[0][0].keys)):
+                keys = [self._moved(e.keys[layer], start - e.offset) for e, start in ctx]
+                values = [e.values[layer] for e, _ in ctx]
+                cache.update(torch.cat(keys, 2), torch.cat(values, 2), layer)
+        t = len(tokens)
+        rows = (
+            torch.arange(node.generated_from - 1, node.generated_from + node.generated - 1)
+            if node is not None and node.generated
+            else 1  # a prefill: no logits needed, one row is the cheapest
+        )
+        out = self.model(
+            input_ids=torch.tensor([tokens], device=self.device),
+            position_ids=torch.arange(offset, offset + t, device=self.device)[None],
+            cache_position=torch.arange(n, n + t, device=self.device),
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=rows,
+        )
+        layers = out.past_key_values.layers
+        keys = [layer.keys[:, :, n:] for layer in layers]  # (1, H_kv, t, D) each
+        values = [layer.values[:, :, n:] for layer in layers]
+        return out.logits[0], Encoding(keys, values, offset)
+
+    def _moved(self, keys: Tensor, delta: int) -> Tensor:
+        """Keys (1, H, T, D) rotated by `delta` positions (a new tensor)."""
+        if delta == 0:
+            return keys
+        angle = delta * torch.cat([self.inv_freq, self.inv_freq]).to(torch.float32)  # (D,)
+        k = keys.float()
+        moved = k * torch.cos(angle) + rotate_half(k) * torch.sin(angle)
+        return moved.to(keys.dtype)

@@ -1,0 +1,88 @@
+"""The differentiable replay (corps.engine.differentiable) against the engine itself."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from corps.engine.differentiable import DifferentiableReplay
+from corps.engine.graph import MessageGraph
+
+from conftest import open_tiny
+
+LOGPROBS = dict(logprobs=True, temperature=1.0, max_tokens=5, ignore_eos=True)
+
+
+async def _workflow(engine, seed: int = 0):
+    """Repositioning, overlapping parents, parallel siblings and shared contexts."""
+    system = await engine.prefill("you are a helpful assistant", role="system")
+    at = system.offset + system.length
+    q1, q2 = await engine.prefill_many(
+        [
+            dict(message="what is two plus two", parents=[system], new_offset=at),
+            dict(message="name a colour", parents=[system], new_offset=at),
+        ]
+    )  # both at the same offset: they overlap
+    end = at + max(q1.length, q2.length)
+    # siblings decoded in one step over the same parents (a shared context)
+    a1, a2 = await engine.decode_many(
+        [
+            dict(parents=[system, q1], offsets=[None, at], new_offset=end, seed=seed, **LOGPROBS),
+            dict(parents=[system, q1, q2], offsets=[None, at, at], new_offset=end,
+                 seed=seed + 1, **LOGPROBS),
+        ]
+    )  # fmt: skip
+    # a later call reads them in another order, moved elsewhere (repositioning)
+    final = await engine.decode(parents=[q2, a2, a1], header="so:", seed=seed + 2, **LOGPROBS)
+    return [system, q1, q2, a1, a2, final]
+
+
+@pytest.mark.parametrize("arch", ["llama", "llama-sink", "qwen3", "qwen2"])
+async def test_the_replay_gives_the_engines_log_probabilities(tiny_dirs, tiny_hf, arch):
+    async with open_tiny(tiny_dirs, arch) as engine:
+        handles = await _workflow(engine)
+        graph = engine.graph(handles[-1:], pattern="test")  # its ancestors come with it
+    assert [n.id for n in graph.nodes] == [h.id for h in handles]
+    assert graph.meta == {"pattern": "test"} and graph.sink == tuple(engine.chat.sink)
+    out = DifferentiableReplay(tiny_hf[arch]).run(graph)
+    for h in handles[3:]:
+        assert out.logprobs[h.id].tolist() == pytest.approx(list(h.logprobs), abs=1e-4)
+        assert out.greedy[h.id].tolist() == list(h.greedy)
+    assert set(out.logprobs) == {h.id for h in handles[3:]}
+
+
+async def test_gradients_flow_through_every_parent_encoding(tiny_dirs, tiny_hf):
+    """The loss of the last decode alone reaches the weights through its parents:
+    zeroing the parents' contribution (no context) changes the gradient."""
+    async with open_tiny(tiny_dirs, "llama") as engine:
+        handles = await _workflow(engine)
+        graph = engine.graph(handles)
+    hf = tiny_hf["llama"]
+    embed = hf.model.embed_tokens.weight
+    hf.zero_grad()
+    DifferentiableReplay(hf).run(graph).loss().backward()
+    grad = embed.grad.clone()
+    hf.zero_grad()
+    # the system prompt's tokens get gradient only through the children reading it
+    system_tokens = set(graph.nodes[0].tokens) - {t for n in graph.nodes[1:] for t in n.tokens}
+    assert system_tokens
+    assert all(grad[t].abs().sum() > 0 for t in system_tokens)
+
+
+def test_a_graph_round_trips_through_json_and_checks_its_order():
+    graph = MessageGraph.from_json(
+        '{"sink": [1], "nodes": [{"id": 3, "kind": "prefill", "role": "user", "owner": null,'
+        ' "tokens": [5, 6], "offset": 1, "parents": [], "parent_offsets": []}], "meta": {}}'
+    )
+    assert MessageGraph.from_json(graph.to_json()) == graph
+    from corps.engine.graph import Node
+
+    with pytest.raises(ValueError, match="not earlier in the graph"):
+        MessageGraph(sink=(), nodes=(Node(4, "decode", "a", None, (1,), 0, (9,), (0,)),))
+
+
+async def test_a_baseline_engine_has_no_graph(tiny_dirs):
+    async with open_tiny(tiny_dirs, "llama", mode="baseline") as engine:
+        h = await engine.prefill("hi")
+        with pytest.raises(ValueError, match="choreographed"):
+            engine.graph([h])
