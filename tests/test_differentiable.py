@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from corps.engine.differentiable import DifferentiableReplay
 from corps.engine.graph import MessageGraph
