@@ -13,7 +13,7 @@ from corps.engine.core import Core
 from corps.engine.executor import Executor
 from corps.engine.models import corps_home, resolve_model
 from corps.engine.tuning import KernelChoice, measure, weight_format
-from corps.engine.weights import load_weights, read_spec, torch_dtype
+from corps.engine.weights import load_hf, load_weights, read_spec, torch_dtype
 
 
 def build_executor(cfg: EngineConfig, console: Console | None = None) -> Executor:
@@ -30,15 +30,15 @@ def build_executor(cfg: EngineConfig, console: Console | None = None) -> Executo
     dtype = torch_dtype(cfg.dtype)
     tokenizer = AutoTokenizer.from_pretrained(str(path))
     if cfg.mode == "hf":  # reference: transformers generate, one call at a time
-        from transformers import AutoModelForCausalLM
-
         from corps.engine.hf import HFExecutor
 
-        hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(cfg.device)
+        hf = load_hf(path, dtype=dtype, adapter=cfg.adapter).to(cfg.device)
         core = HFExecutor(hf, tokenizer, spec, model_path=path, precision=cfg.dtype)
     else:
         mixed, choice = _weight_format(cfg, spec, console)
-        weights = load_weights(path, dtype=dtype, device=cfg.device, mixed=mixed, choice=choice)
+        weights = load_weights(
+            path, dtype=dtype, device=cfg.device, mixed=mixed, choice=choice, adapter=cfg.adapter
+        )
         core = Core(
             weights,
             tokenizer,

@@ -119,6 +119,8 @@ class EngineConfig(BaseModel):
       "fcfs" (first come, first served), "workflow" (earlier workflows first, task
       groups whole) or "objective" (latency calls first, the batch bounded beside
       them).
+    - `adapter`: a LoRA adapter directory in PEFT's format (`corps distill --out`, or
+      peft's save_pretrained) merged into the weights at load, in every mode and dtype.
     - `jump_forward`: when a decode's constraint allows exactly one continuation
       for several tokens (a JSON key, punctuation), append them without sampling
       and encode them together in the next step (True); False samples each one.
@@ -144,6 +146,7 @@ class EngineConfig(BaseModel):
     auto_free: bool = False
     jump_forward: bool = True
     policy: PolicyName = "fcfs"
+    adapter: Path | None = None
 
     @field_validator(
         "attention",
@@ -177,6 +180,19 @@ class EngineConfig(BaseModel):
                 "(host:port with otel_protocol='grpc')"
             )
         return value
+
+    @field_validator("adapter")
+    @classmethod
+    def _adapter(cls, value: Path | None) -> Path | None:
+        if value is None:
+            return None
+        from corps.engine.adapter import read_adapter_config
+
+        try:
+            read_adapter_config(value)
+        except InvalidRequest as exc:
+            raise ValueError(str(exc)) from None
+        return Path(value).expanduser()
 
     @field_validator("device")
     @classmethod

@@ -5,6 +5,7 @@ from __future__ import annotations
 from corps.cache.errors import CorpsError, InvalidRequest
 
 __all__ = [
+    "BadAdapter",
     "CallCancelled",
     "ConstraintViolated",
     "CorpsError",
@@ -17,6 +18,11 @@ __all__ = [
     "NonFiniteLogits",
     "UnsupportedModel",
 ]
+
+
+class BadAdapter(InvalidRequest):
+    """A LoRA adapter directory that is missing, not in PEFT's format, or made for
+    another model (its modules or shapes do not match)."""
 
 
 class ModelNotFound(CorpsError):

@@ -101,19 +101,33 @@ def load_weights(
     device: str | torch.device,
     mixed: bool = False,
     choice: KernelChoice | None = None,
+    adapter: str | Path | None = None,
 ) -> Weights:
     """Load an HF checkpoint with transformers and keep its tensors in our fused layout.
 
     `mixed`: projections keep 16-bit weights and pick float16 or bfloat16 by row
     count (see `corps.engine.linear`); everything else stays in `dtype`.
-    `choice`: projections use the kernels measured fastest here (`dtype="auto"`)."""
+    `choice`: projections use the kernels measured fastest here (`dtype="auto"`).
+    `adapter`: a LoRA adapter directory merged into the weights first (`load_hf`)."""
+
+    spec = read_spec(path)
+    hf = load_hf(path, dtype=dtype, adapter=adapter)
+    return weights_from_hf(hf, spec, device=device, mixed=mixed, choice=choice)
+
+
+def load_hf(path: str | Path, *, dtype: torch.dtype, adapter: str | Path | None = None):
+    """The transformers model at `path` in `dtype`, with a LoRA adapter merged into its
+    weights in float32 first when one is given (`corps.engine.adapter`)."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
-    spec = read_spec(path)
+    from corps.engine.adapter import merge
+
     hf_logging.disable_progress_bar()
-    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
-    return weights_from_hf(hf, spec, device=device, mixed=mixed, choice=choice)
+    if adapter is None:
+        return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    return merge(hf, adapter).to(dtype)
 
 
 def weights_from_hf(

@@ -1,0 +1,112 @@
+"""LoRA adapters in PEFT's own format: made for training, checked, merged at load.
+
+An adapter directory holds `adapter_config.json` and `adapter_model.safetensors`
+with the Hugging Face model's module names, exactly as `peft` saves them, so
+`peft.PeftModel.from_pretrained(hf_model, DIR)` loads a corps-trained adapter and
+corps serves an adapter trained elsewhere with peft. `Engine.open(adapter=DIR)`
+merges it into the weights when they load (in float32, before the engine's
+precision path casts them), so serving with an adapter costs nothing per token.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from corps.engine.errors import BadAdapter
+
+FILES = ("adapter_config.json", "adapter_model.safetensors")
+#: The projections distillation adapts by default: attention and MLP (the paper).
+TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def read_adapter_config(path: str | Path) -> dict:
+    """The adapter's `adapter_config.json`, after checking the directory holds a LoRA
+    adapter in PEFT's format (torch-free, so configs fail before anything loads)."""
+    root = Path(path).expanduser()
+    if not root.is_dir():
+        raise BadAdapter(
+            f"adapter {str(path)!r} is not a directory (give the one `corps distill --out` wrote)"
+        )
+    missing = [f for f in FILES if not (root / f).is_file()]
+    if missing:
+        raise BadAdapter(
+            f"adapter {str(root)!r} has no {', '.join(missing)}: an adapter directory is what "
+            f"peft's save_pretrained (or `corps distill --out`) writes"
+        )
+    try:
+        config = json.loads((root / FILES[0]).read_text())
+    except (OSError, ValueError) as exc:
+        raise BadAdapter(f"adapter {str(root)!r}: cannot read {FILES[0]} ({exc})") from None
+    if not isinstance(config, dict) or config.get("peft_type") != "LORA":
+        kind = config.get("peft_type") if isinstance(config, dict) else None
+        raise BadAdapter(f"adapter {str(root)!r} is a {kind!r} adapter; corps serves LoRA adapters")
+    return config
+
+
+def check_fits(hf, path: str | Path) -> None:
+    """BadAdapter unless every tensor of the adapter at `path` names a module of `hf`
+    (a loaded transformers model) with matching shapes and the config's rank."""
+    from safetensors import safe_open
+
+    config = read_adapter_config(path)
+    rank = config.get("r")
+    modules = dict(hf.named_modules())
+    with safe_open(str(Path(path).expanduser() / FILES[1]), framework="pt") as f:
+        names = list(f.keys())
+        if not names:
+            raise BadAdapter(f"adapter {str(path)!r} holds no tensors")
+        for name in names:
+            module, kind = _module_of(name)
+            target = modules.get(module)
+            if target is None or not hasattr(target, "weight"):
+                raise BadAdapter(
+                    f"adapter {str(path)!r} adapts {module!r}, which this model does not have: "
+                    f"it was trained for another architecture"
+                )
+            shape = tuple(f.get_slice(name).get_shape())
+            out_f, in_f = target.weight.shape
+            want = (rank, in_f) if kind == "lora_A" else (out_f, rank)
+            if shape != want:
+                raise BadAdapter(
+                    f"adapter {str(path)!r}: {name} is {list(shape)}, this model needs "
+                    f"{list(want)} (rank {rank} in adapter_config.json; another model size?)"
+                )
+
+
+def merge(hf, path: str | Path):
+    """`hf` (a float32 transformers model) with the adapter at `path` merged into its
+    weights; BadAdapter if it does not fit the model."""
+    from peft import PeftModel
+
+    check_fits(hf, path)
+    adapted = PeftModel.from_pretrained(hf, str(Path(path).expanduser()))
+    return adapted.merge_and_unload()
+
+
+def trainable(hf, *, rank: int = 64, alpha: int = 32, dropout: float = 0.05, targets=TARGETS):
+    """`hf` wrapped for training a fresh LoRA adapter (peft): only the adapter trains.
+    B starts at zero, so the wrapped model computes exactly what `hf` does."""
+    from peft import LoraConfig, get_peft_model
+
+    present = {n.rsplit(".", 1)[-1] for n, _ in hf.named_modules()}
+    config = LoraConfig(
+        r=rank,
+        lora_alpha=alpha,
+        lora_dropout=dropout,
+        target_modules=[t for t in targets if t in present],
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(hf, config)
+
+
+def _module_of(tensor_name: str) -> tuple[str, str]:
+    """'base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight' ->
+    ('model.layers.0.self_attn.q_proj', 'lora_A')."""
+    parts = tensor_name.split(".")
+    for kind in ("lora_A", "lora_B"):
+        if kind in parts:
+            i = parts.index(kind)
+            module = ".".join(parts[:i]).removeprefix("base_model.model.")
+            return module, kind
+    raise BadAdapter(f"adapter tensor {tensor_name!r} is not a LoRA weight (lora_A / lora_B)")
