@@ -5,7 +5,7 @@ answered in one decode over [system, question 1, question 2]. With
 `layout="serial"` the questions sit one after the other; with "parallel" both
 sit at the same offset, overlapping. Choreography's blockage shows up as an
 answer that ignores one question; with `answers` given, the result reports
-which questions were answered.
+which questions were answered (answer k as a word in the reply's item k).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Literal
 from corps.agents import Runtime
 from corps.patterns import forms
 from corps.patterns.params import Temperature, Texts, Tokens, TopP
+from corps.patterns.parsing import answered
 from corps.patterns.result import PatternResult
 from corps.patterns.run import Run
 from corps.patterns.samples import ANSWERS, QUESTIONS
@@ -69,6 +70,5 @@ async def multi_qa(
             if len(answers) != len(questions):
                 run.error("answers: not one per question; not checked")
             else:
-                text = reply.text.lower()
-                details["answered"] = [a.lower() in text for a in answers]
+                details["answered"] = answered(reply.text, answers)
         return run.result(reply.text, details)

@@ -135,3 +135,18 @@ def normalize(answer: str | None) -> str | None:
         return None
     out = re.sub(r"[\s$]", "", answer).rstrip(".").replace(",", "")
     return out.lower() or None
+
+
+def answered(text: str, answers: Sequence[str]) -> list[bool]:
+    """Whether a numbered reply ("1. ...\\n2. ...") gives each answer: answer k as a
+    whole word (case-insensitive) in item k; in the whole text when item k is missing.
+    "5" is not found in "15", nor "Paris" in "Parisian"."""
+    items: dict[int, str] = {}
+    for m in re.finditer(r"(?m)^\s*(\d+)[.)]([^\n]*)", text):
+        items.setdefault(int(m.group(1)), m.group(2))
+    out = []
+    for k, a in enumerate(answers, start=1):
+        where = items.get(k, text)
+        word = rf"(?<![\w.]){re.escape(a.strip())}(?![\w]|\.\d)"
+        out.append(re.search(word, where, flags=re.IGNORECASE) is not None)
+    return out

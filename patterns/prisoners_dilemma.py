@@ -65,6 +65,7 @@ class Turn(BaseModel):
     seed: int | None = None
     index: int = 0  # the run's turn index (keys a Replay)
     force: tuple[int, ...] = ()  # replayed tokens (equal-work benchmarks)
+    logprobs: bool = False  # note each token's log-probability (fidelity)
     constrained: bool = True  # a decision is JSON of forms.DECISION
 
 
@@ -83,6 +84,7 @@ class Player(Agent):
             temperature=turn.temperature,
             top_p=turn.top_p,
             seed=turn.seed,
+            logprobs=turn.logprobs,
         )
         if turn.force:
             kw.update(force=turn.force, max_tokens=len(turn.force))
@@ -159,6 +161,7 @@ async def prisoners_dilemma(
                 seed=t.seed,
                 index=t.index,
                 force=t.force,
+                logprobs=t.logprobs,
                 constrained=constrained,
             )
 

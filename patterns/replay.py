@@ -13,6 +13,11 @@ the replayed run makes the same calls.
         await run_pattern(rt_baseline, "debate", params)
     with replay.forcing().active():        # forces the recorded tokens
         await run_pattern(rt_choreo, "debate", params)
+
+With `logprobs=True` every decode turn asks the engine for its tokens'
+log-probabilities, and the replay keeps them per turn (`scores`), with the role
+that decoded it: how fidelity compares two modes on the same tokens
+(`corps.patterns.fidelity`).
 """
 
 from __future__ import annotations
@@ -20,26 +25,54 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
 
 
 class ReplayMismatch(RuntimeError):
     """A forced run asked for a turn the recorded run did not make."""
 
 
+@dataclass(frozen=True)
+class TurnScores:
+    """What one decode turn emitted and how the model scored it there."""
+
+    role: str  # the agent's role in its pattern ("voter", "answerer", ...)
+    tokens: tuple[int, ...]
+    logprobs: tuple[float, ...]  # of each token (Handle.logprobs)
+    greedy: tuple[int, ...]  # the argmax at each position (Handle.greedy)
+    message: int = -1  # the id of the message the turn made (in its engine)
+
+
 class Replay:
     """Decoded tokens per turn index: recorded by one run, forced on another."""
 
-    def __init__(self, tokens: dict[int, tuple[int, ...]] | None = None) -> None:
+    def __init__(
+        self, tokens: dict[int, tuple[int, ...]] | None = None, *, logprobs: bool = False
+    ) -> None:
         self.recording = tokens is None
         self.tokens: dict[int, tuple[int, ...]] = dict(tokens or {})
+        self.logprobs = logprobs
+        self.scores: dict[int, TurnScores] = {}
 
-    def forcing(self) -> Replay:
+    def forcing(self, *, logprobs: bool = False) -> Replay:
         """A replay that forces what this one recorded."""
-        return Replay(self.tokens)
+        return Replay(self.tokens, logprobs=logprobs)
 
-    def record(self, index: int, generated: list[int]) -> None:
+    def record(self, index: int, handle: Any) -> None:
+        """Turn `index` made `handle` (a decode's Handle)."""
         if self.recording:
-            self.tokens[index] = tuple(generated)
+            self.tokens[index] = tuple(handle.generated)
+        if self.logprobs:
+            # a pattern's agents are named "<pattern>-<run id>-<role>" (patterns.run)
+            role = (handle.owner or "").split("-", 2)[-1] or "(engine)"
+            self.scores[index] = TurnScores(
+                role,
+                tuple(handle.generated),
+                tuple(handle.logprobs),
+                tuple(handle.greedy),
+                handle.id,
+            )
 
     def force(self, index: int) -> tuple[int, ...] | None:
         """The tokens turn `index` must decode (None while recording)."""

@@ -43,6 +43,7 @@ class Turn(BaseModel):
     private: bool = False
     index: int = 0  # the turn's place in its run (keys a Replay)
     force: tuple[int, ...] = ()  # replayed tokens (equal-work benchmarks)
+    logprobs: bool = False  # note each token's log-probability (fidelity, distillation)
     # at most one constraint on the text (corps.engine.constraint); None: free text
     regex: str | None = None
     json_schema: dict[str, Any] | None = None
@@ -159,12 +160,14 @@ class Run:
         force = self.replay.force(self._calls) if self.replay else None
         if force:
             kw["force"] = force
+        if self.replay is not None and self.replay.logprobs:
+            kw["logprobs"] = True
         return Turn(parents=tuple(parents), seed=seed, index=self._calls, **kw)
 
     def record(self, index: int, handle: Handle) -> None:
         """Note what turn `index` decoded, for a Replay (run.ask does it for its turns)."""
         if self.replay is not None:
-            self.replay.record(index, handle.generated)
+            self.replay.record(index, handle)
 
     def _record(self, turns: tuple[Turn, ...], handles: list[Handle]) -> None:
         for turn, h in zip(turns, handles, strict=True):

@@ -5,6 +5,7 @@ Structure and equal work only: these tests never assert on time."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 from typer.testing import CliRunner
@@ -62,7 +63,7 @@ def test_bootstrap_brackets_the_ratio_of_means():
 
 def test_a_replay_that_meets_an_unrecorded_turn_says_so():
     replay = Replay()
-    replay.record(1, [5, 6])
+    replay.record(1, SimpleNamespace(generated=[5, 6]))
     forced = replay.forcing()
     assert forced.force(1) == (5, 6) and replay.force(1) is None
     with pytest.raises(ReplayMismatch, match="turn 2"):

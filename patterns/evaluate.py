@@ -1,0 +1,70 @@
+"""A pattern's task score on a set of inputs, per configuration, paired by input.
+
+`scores` runs the pattern on every input line (its references split off, seed i
+for line i, the pattern's own sampling settings) and scores each result with the
+pattern's scorer (`corps.patterns.scoring`); a run that fails scores None and
+says why. `compare` pairs two configurations' scores on the inputs both scored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from corps.patterns.registry import run_pattern
+from corps.patterns.scoring import Score, scorer, split_line
+from corps.patterns.significance import Comparison
+from corps.patterns.significance import compare as paired
+
+
+@dataclass
+class Scores:
+    label: str
+    scores: list[Score | None]
+    errors: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def mean(self) -> float | None:
+        got = [float(s) for s in self.scores if s is not None]
+        return sum(got) / len(got) if got else None
+
+
+async def scores(
+    rt,
+    label: str,
+    pattern: str,
+    lines: Sequence[Mapping[str, Any]],
+    seeds: Sequence[int],
+    *,
+    concurrency: int = 4,
+    on_done: Callable[[], None] | None = None,
+) -> Scores:
+    score = scorer(pattern)
+    out = Scores(label, [None] * len(lines))
+    limiter = anyio.CapacityLimiter(concurrency)
+
+    async def one(i: int) -> None:
+        params, _ = split_line(lines[i])
+        async with limiter:
+            try:
+                result = await run_pattern(rt, pattern, {**params, "seed": seeds[i]})
+                out.scores[i] = score(result, lines[i])
+            except Exception as exc:  # that input scores None; the others go on
+                out.errors[i] = f"{type(exc).__name__}: {exc}"
+        if on_done is not None:
+            on_done()
+
+    async with anyio.create_task_group() as tg:
+        for i in range(len(lines)):
+            tg.start_soon(one, i)
+    return out
+
+
+def compare(a: Scores, b: Scores) -> Comparison:
+    """B against A on the inputs both scored (McNemar or paired bootstrap)."""
+    both = [i for i, (x, y) in enumerate(zip(a.scores, b.scores, strict=True))
+            if x is not None and y is not None]  # fmt: skip
+    return paired([a.scores[i] for i in both], [b.scores[i] for i in both])
