@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Annotated, TypeVar
 
 import typer
@@ -13,6 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from corps.cache.errors import CorpsError
+from corps.cli import fidelity as fidelity_cli
 from corps.cli import run as run_cli
 from corps.cli.trace_cmd import trace_app
 from corps.engine.config import DEFAULT_DTYPE, BadConfig, EngineConfig
@@ -97,12 +99,15 @@ def chat(
     mode: Annotated[str, typer.Option(help="choreographed, baseline or hf.")] = "choreographed",
     dtype: DtypeOpt = DEFAULT_DTYPE,
     device: DeviceOpt = "cpu",
+    adapter: Annotated[
+        Path | None, typer.Option(help="A LoRA adapter directory (PEFT format) to serve with.")
+    ] = None,
 ) -> None:
     """Ask one question and stream the answer to the terminal."""
     import anyio
 
     try:  # before loading anything
-        config = EngineConfig.of(model, mode=mode, dtype=dtype, device=device)
+        config = EngineConfig.of(model, mode=mode, dtype=dtype, device=device, adapter=adapter)
     except BadConfig as exc:
         _bad(exc.for_cli())
 
@@ -133,6 +138,10 @@ def chat(
 
 
 app.command("run")(run_cli.run)
+app.command("fidelity")(fidelity_cli.fidelity)
+app.command("eval")(fidelity_cli.evaluate)
+app.command("distill")(fidelity_cli.distill)
+app.command("inputs")(fidelity_cli.inputs)
 app.command("scenarios")(run_cli.scenarios)
 
 

@@ -96,6 +96,10 @@ def run(
             "http://localhost:4318/v1/traces (needs pip install 'corps[otel]').",
         ),
     ] = None,
+    adapter: Annotated[
+        Path | None,
+        typer.Option(help="A LoRA adapter directory (PEFT format, e.g. corps distill --out)."),
+    ] = None,
     live: Annotated[
         bool | None,
         typer.Option(
@@ -125,6 +129,7 @@ def run(
             trace=trace,
             otel=otel_endpoint,
             policy=policy,
+            adapter=adapter,
         )
         if otel_endpoint is not None:
             from corps.engine.otel import check_available

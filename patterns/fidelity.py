@@ -30,16 +30,18 @@ import anyio
 from corps.patterns.registry import get, run_pattern
 from corps.patterns.replay import Replay, TurnScores
 from corps.patterns.result import PatternResult
+from corps.patterns.scoring import split_line
 
 #: How the baseline is sampled: the model's own distribution (the paper: temperature 1).
 SAMPLING = dict(temperature=1.0, top_p=1.0)
 
 
 def sampling_params(pattern: str, params: Mapping[str, Any], seed: int) -> dict[str, Any]:
-    """`params` with the baseline's sampling settings and `seed`, for the settings
-    `pattern` takes."""
+    """An input line's pattern parameters (references such as "answer" and "id" left
+    out) with the baseline's sampling settings and `seed`, for the settings `pattern`
+    takes."""
     takes = inspect.signature(get(pattern)).parameters
-    out = {**params, "seed": seed}
+    out = {**split_line(params)[0], "seed": seed}
     out.update({k: v for k, v in SAMPLING.items() if k in takes})
     return out
 

@@ -1,0 +1,418 @@
+"""`corps fidelity`, `corps eval`, `corps distill` and `corps inputs`: what choreography
+changes in a workflow, its task score per configuration, and the LoRA that repairs it."""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from collections.abc import Sequence
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Annotated, Any
+
+import anyio
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+from corps.cache.errors import CorpsError
+from corps.cache.visibility import LeakWarning
+from corps.cli.run import _read_inputs
+from corps.cli.scenario import parse_sets
+from corps.engine.config import DEFAULT_MODEL, BadConfig, EngineConfig
+from corps.patterns import registry
+from corps.patterns.scoring import split_line
+
+out = Console()
+err = Console(stderr=True)
+
+Pattern = Annotated[str, typer.Argument(help="A built-in pattern (corps scenarios lists them).")]
+Inputs = Annotated[
+    Path | None,
+    typer.Option(
+        help="JSON lines, one object of pattern inputs per run (corps inputs makes some)."
+    ),
+]
+Sets = Annotated[
+    list[str] | None, typer.Option("--set", help="key=value for every run (repeatable).")
+]
+Model = Annotated[str, typer.Option("--model", "-m", help="Alias, HF dir or hub id.")]
+Seed = Annotated[int, typer.Option(help="Run i uses seed SEED + i.")]
+Concurrency = Annotated[int, typer.Option(min=1, help="Workflows at a time per engine.")]
+Json = Annotated[Path | None, typer.Option("--json", help="Write the figures here.")]
+Dtype = Annotated[
+    str,
+    typer.Option(
+        help="Engine precision; float32 (default here) is exact, so a gap is choreography's."
+    ),
+]
+
+
+def _exit(message: str, code: int = 2) -> None:
+    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    raise typer.Exit(code)
+
+
+def _lines(pattern: str, inputs: Path | None, sets: list[str] | None, n: int | None) -> list[dict]:
+    """The input lines (each checked against the pattern), at most n; without
+    --inputs, n copies of the pattern's defaults (the seeds make them differ)."""
+    fn = registry.get(pattern)
+    common = parse_sets(sets or [])
+    lines = _read_inputs(inputs) if inputs is not None else [{}] * (n or 8)
+    lines = [{**common, **line} for line in lines[: n or None]]
+    for i, line in enumerate(lines):
+        registry.validate(fn, split_line(line)[0], f"line {i + 1}: ")
+    return lines
+
+
+def _config(model: str, label: str, dtype: str, **kw: Any) -> EngineConfig:
+    """'baseline', 'choreographed' or either '+ADAPTER_DIR'."""
+    mode, _, adapter = label.partition("+")
+    if mode not in ("baseline", "choreographed"):
+        raise BadConfig(
+            f"a configuration is baseline or choreographed[+ADAPTER_DIR], got {label!r}"
+        )
+    return EngineConfig.of(model, mode=mode, dtype=dtype, adapter=adapter or None, **kw)
+
+
+def _progress(total: int, what: str) -> Progress:
+    return Progress(
+        TextColumn(what), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        TimeRemainingColumn(), console=err, transient=True,
+    )  # fmt: skip
+
+
+async def _runtimes(stack: AsyncExitStack, configs: dict[str, EngineConfig]) -> dict[str, Any]:
+    from corps.agents import Runtime
+    from corps.engine import Engine
+
+    rts = {}
+    for label, cfg in configs.items():
+        engine = await stack.enter_async_context(Engine.open(cfg))
+        rts[label] = await stack.enter_async_context(Runtime(engine))
+    return rts
+
+
+def _quiet() -> warnings.catch_warnings:
+    ctx = warnings.catch_warnings()
+    ctx.__enter__()
+    warnings.simplefilter("ignore", LeakWarning)
+    warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")
+    return ctx
+
+
+def _f(x: float | None, digits: int = 3) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
+# ---- corps fidelity ----
+
+
+def fidelity(
+    pattern: Pattern,
+    inputs: Inputs = None,
+    n: Annotated[int | None, typer.Option(min=1, help="Runs (default: every line, or 8).")] = None,
+    set_: Sets = None,
+    seed: Seed = 0,
+    adapter: Annotated[
+        Path | None,
+        typer.Option(help="Also replay with this LoRA adapter (choreographed and baseline)."),
+    ] = None,
+    model: Model = DEFAULT_MODEL,
+    dtype: Dtype = "float32",
+    concurrency: Concurrency = 4,
+    json_out: Json = None,
+) -> None:
+    """How much choreography changes a workflow: sample baseline runs at temperature 1,
+    replay each choreographed with every decode forced to the baseline's tokens, and
+    compare how the two score those tokens, per role."""
+    from corps.patterns import fidelity as fid
+
+    try:
+        lines = _lines(pattern, inputs, set_, n)
+        base = _config(model, "baseline", dtype)
+        labels = ["choreographed"] + (
+            [f"choreographed+{adapter}", f"baseline+{adapter}"] if adapter else []
+        )
+        configs = {label: _config(model, label, dtype) for label in labels}
+    except BadConfig as exc:
+        _exit(exc.for_cli())
+    except CorpsError as exc:
+        _exit(str(exc))
+    name = registry.canonical(pattern)
+    seeds = [seed + i for i in range(len(lines))]
+
+    async def main() -> Any:
+        async with AsyncExitStack() as stack:
+            rts = await _runtimes(stack, {"baseline": base, **configs})
+            with _progress(len(lines), f"{name}: baseline runs, replayed") as bar:
+                task = bar.add_task("", total=len(lines))
+                replays = {label: rts[label] for label in labels}
+                return await fid.measure(
+                    rts["baseline"], replays, name, lines, seeds, concurrency=concurrency,
+                    on_done=lambda: bar.advance(task),
+                )  # fmt: skip
+
+    ctx = _quiet()
+    try:
+        report = anyio.run(main)
+    except CorpsError as exc:
+        _exit(str(exc), 1)
+    finally:
+        ctx.__exit__(None, None, None)
+    for label, rows in report.tables().items():
+        _fidelity_table(f"{name}: baseline vs {label} ({len(lines)} runs, {dtype})", rows)
+    for i, why in report.failed:
+        err.print(f"run {i}: {why}", highlight=False)
+    if json_out is not None:
+        json_out.write_text(json.dumps(report.as_dict(), indent=2) + "\n")
+    if report.failed:
+        raise typer.Exit(1)
+
+
+def _fidelity_table(title: str, rows: Sequence[Any]) -> None:
+    t = Table(title=title, title_justify="left")
+    for col in ("role", "turns", "tokens", "base", "replay", "gap", "agree", "diverged",
+                "1st div"):  # fmt: skip
+        t.add_column(col, justify="left" if col == "role" else "right")
+    for r in rows:
+        t.add_row(
+            r.role, str(r.turns), str(r.tokens), _f(r.baseline_loss), _f(r.replay_loss),
+            _f(r.gap), _f(r.agreement), f"{r.diverged}/{r.turns}", _f(r.first_divergence, 1),
+            end_section=r.role == rows[-2].role if len(rows) > 1 else False,
+        )  # fmt: skip
+    out.print(t)
+    out.print(
+        "[dim]base / replay: log-loss per token (nats) of the baseline's tokens; gap = replay "
+        "- base; agree: share of positions whose argmax is the same; 1st div: mean position "
+        "of a turn's first differing argmax[/]"
+    )
+
+
+# ---- corps eval ----
+
+
+def evaluate(
+    pattern: Pattern,
+    inputs: Annotated[Path, typer.Option(help="JSON lines with the references to score against.")],
+    configs: Annotated[
+        str,
+        typer.Option(help="Comma-separated: baseline, choreographed, choreographed+ADAPTER_DIR."),
+    ] = "baseline,choreographed",
+    n: Annotated[int | None, typer.Option(min=1, help="Only the first N lines.")] = None,
+    set_: Sets = None,
+    seed: Seed = 0,
+    model: Model = DEFAULT_MODEL,
+    dtype: Annotated[str, typer.Option(help="Engine precision (auto by default).")] = "auto",
+    concurrency: Concurrency = 8,
+    json_out: Json = None,
+) -> None:
+    """The workflow's task score per configuration on the same inputs and seeds, with
+    paired significance against the first (McNemar for right/wrong, bootstrap otherwise)."""
+    from corps.patterns import evaluate as ev
+    from corps.patterns.scoring import scorer
+
+    try:
+        name = registry.canonical(pattern)
+        scorer(name)
+        lines = _lines(pattern, inputs, set_, n)
+        labels = [c.strip() for c in configs.split(",") if c.strip()]
+        if len(labels) < 1 or len(set(labels)) != len(labels):
+            raise BadConfig(f"--configs: give distinct configurations, got {configs!r}")
+        cfgs = {label: _config(model, label, dtype) for label in labels}
+    except BadConfig as exc:
+        _exit(exc.for_cli())
+    except CorpsError as exc:
+        _exit(str(exc))
+    seeds = [seed + i for i in range(len(lines))]
+
+    async def main() -> list[Any]:
+        from corps.agents import Runtime
+        from corps.engine import Engine
+
+        got = []
+        for label, cfg in cfgs.items():  # one engine at a time
+            async with Engine.open(cfg) as engine, Runtime(engine) as rt:
+                with _progress(len(lines), f"{name} · {label}") as bar:
+                    task = bar.add_task("", total=len(lines))
+                    got.append(await ev.scores(
+                        rt, label, name, lines, seeds, concurrency=concurrency,
+                        on_done=lambda t=task: bar.advance(t),
+                    ))  # fmt: skip
+        return got
+
+    ctx = _quiet()
+    try:
+        results = anyio.run(main)
+    except CorpsError as exc:
+        _exit(str(exc), 1)
+    finally:
+        ctx.__exit__(None, None, None)
+    t = Table(title=f"{name}: task score, {len(lines)} inputs", title_justify="left")
+    for col in ("configuration", "score", "scored", "vs " + labels[0], "p", "significant"):
+        t.add_column(col, justify="left" if col == "configuration" else "right")
+    report: dict[str, Any] = dict(pattern=name, inputs=len(lines), configs={})
+    for s in results:
+        row = dict(score=s.mean, scored=sum(x is not None for x in s.scores), errors=s.errors,
+                   scores=s.scores)  # fmt: skip
+        cells = ["", "", ""]
+        if s is not results[0]:
+            c = ev.compare(results[0], s)
+            row["vs_first"] = dict(test=c.test, p=c.p, **c.detail)
+            extra = (f"{c.detail['only_a']} / {c.detail['only_b']} only"
+                     if c.test == "mcnemar" else f"{c.detail['mean_diff']:+.3f}")  # fmt: skip
+            cells = [extra, f"{c.p:.3g}", "yes" if c.significant else "no"]
+        report["configs"][s.label] = row
+        t.add_row(s.label, _f(s.mean), f"{row['scored']}/{len(lines)}", *cells)
+    out.print(t)
+    for s in results:
+        for i, why in sorted(s.errors.items())[:5]:
+            err.print(f"{s.label} run {i}: {why}", highlight=False)
+    if json_out is not None:
+        json_out.write_text(json.dumps(report, indent=2) + "\n")
+
+
+# ---- corps distill ----
+
+
+def distill(
+    pattern: Pattern,
+    inputs: Annotated[Path, typer.Option(help="JSON lines of pattern inputs.")],
+    out_dir: Annotated[Path, typer.Option("--out", help="Where the adapter is saved.")],
+    train: Annotated[int, typer.Option(min=1, help="Training traces (the first lines).")] = 200,
+    val: Annotated[int, typer.Option(min=1, help="Validation traces (the lines after).")] = 50,
+    epochs: Annotated[int, typer.Option(min=1)] = 2,
+    rank: Annotated[int, typer.Option(min=1)] = 64,
+    alpha: Annotated[int, typer.Option(min=1)] = 32,
+    dropout: Annotated[float, typer.Option(min=0.0, max=0.9)] = 0.05,
+    lr: Annotated[float, typer.Option(min=0.0)] = 3e-4,
+    batch: Annotated[int, typer.Option(min=1, help="Traces per optimizer step.")] = 4,
+    set_: Sets = None,
+    seed: Seed = 0,
+    traces: Annotated[
+        Path | None,
+        typer.Option(help="Trace cache (JSON lines; default OUT/traces.jsonl); resumable."),
+    ] = None,
+    model: Model = DEFAULT_MODEL,
+    dtype: Dtype = "float32",
+    concurrency: Concurrency = 4,
+) -> None:
+    """Train a LoRA adapter so the choreographed workflow scores baseline runs' tokens as
+    the baseline does (the paper's distillation), keeping the best validation epoch."""
+    from corps.patterns import distill as dist
+
+    try:
+        name = registry.canonical(pattern)
+        lines = _lines(pattern, inputs, set_, None)
+        if len(lines) < train + val:
+            raise CorpsError(
+                f"{inputs} has {len(lines)} lines; --train {train} --val {val} needs {train + val}"
+            )
+        lines = lines[: train + val]
+        base, chor = _config(model, "baseline", dtype), _config(model, "choreographed", dtype)
+    except BadConfig as exc:
+        _exit(exc.for_cli())
+    except CorpsError as exc:
+        _exit(str(exc))
+    cache = traces or out_dir / "traces.jsonl"
+    seeds = [seed + i for i in range(len(lines))]
+
+    async def collect() -> Any:
+        async with AsyncExitStack() as stack:
+            rts = await _runtimes(stack, {"baseline": base, "choreographed": chor})
+            with _progress(len(lines), f"{name}: baseline traces") as bar:
+                task = bar.add_task("", total=len(lines))
+                got = await dist.collect(
+                    rts["baseline"], rts["choreographed"], name, lines, seeds, cache,
+                    concurrency=concurrency, on_done=lambda: bar.advance(task),
+                )  # fmt: skip
+            return got, rts["choreographed"].engine.model_path
+
+    ctx = _quiet()
+    try:
+        (got, failed), model_path = anyio.run(collect)
+        for i, why in failed:
+            err.print(f"run {i}: {why} (left out)", highlight=False)
+        train_set = [t for t in got if t.index < train]
+        val_set = [t for t in got if t.index >= train]
+        if not train_set or not val_set:
+            _exit("no training or no validation traces: every run failed", 1)
+        err.print(f"{len(train_set)} training and {len(val_set)} validation traces ({cache})")
+        settings = dist.Settings(epochs, rank, alpha, dropout, lr, batch, seed)
+        steps = Progress(
+            TextColumn("training"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
+            TimeElapsedColumn(), TimeRemainingColumn(), console=err, transient=True,
+        )  # fmt: skip
+        with steps:
+            task = steps.add_task("", total=None, loss="-", tps="-")
+
+            def on_step(step: int, total: int, loss: float, tps: float) -> None:
+                steps.update(
+                    task, completed=step, total=total, loss=f"{loss:.3f}", tps=f"{tps:.0f}"
+                )
+
+            report = dist.distill(
+                model_path, train_set, val_set, out_dir, settings, on_step=on_step
+            )
+    except CorpsError as exc:
+        _exit(str(exc), 1)
+    finally:
+        ctx.__exit__(None, None, None)
+    t = Table(title=f"{name}: validation gap (choreographed - baseline, nats/token)",
+              title_justify="left")  # fmt: skip
+    for col in ("epoch", "train loss", "val gap", "val top-1 agree", "seconds", "tok/s"):
+        t.add_column(col, justify="right")
+    for e in report.epochs:
+        agree = e.val[-1]["agreement"]
+        mark = " *" if e.epoch == report.best_epoch else ""
+        t.add_row(f"{e.epoch}{mark}", _f(e.train_loss), _f(e.val_gap), _f(agree),
+                  _f(e.seconds, 1), _f(e.tokens_per_s, 0))  # fmt: skip
+    out.print(t)
+    cut = 1 - report.after / report.before if report.before > 0 else float("nan")
+    out.print(
+        f"kept epoch {report.best_epoch}: gap {report.before:.3f} -> {report.after:.3f} "
+        f"({cut:.0%} lower); {report.trainable_params:,} trainable of "
+        f"{report.total_params:,} parameters; adapter in {out_dir}"
+    )
+
+
+# ---- corps inputs ----
+
+
+def inputs(
+    kind: Annotated[str, typer.Argument(help="multi-qa (generated pairs) or champ (math).")],
+    n: Annotated[int, typer.Option(min=1, help="How many lines.")] = 200,
+    skip: Annotated[int, typer.Option(min=0, help="champ: start after this many.")] = 0,
+    seed: Annotated[int, typer.Option(help="multi-qa: the generator's seed.")] = 0,
+    output: Annotated[
+        Path | None, typer.Option("--out", "-o", help="File (default: stdout).")
+    ] = None,
+) -> None:
+    """Write input lines with exact answers for fidelity, eval and distill."""
+    from corps.patterns.inputs import champ_problems, question_pairs
+
+    try:
+        if kind.replace("_", "-") == "multi-qa":
+            lines = question_pairs(n, seed)
+        elif kind == "champ":
+            lines = champ_problems(n, skip)
+        else:
+            raise CorpsError(f"no input kind {kind!r}: multi-qa or champ")
+    except CorpsError as exc:
+        _exit(str(exc))
+    text = "".join(json.dumps(line) + "\n" for line in lines)
+    if output is None:
+        out.file.write(text)
+    else:
+        output.write_text(text)
+        err.print(f"{len(lines)} lines in {output}")
