@@ -17,6 +17,7 @@ from corps.cache.errors import CorpsError
 from corps.cli import fidelity as fidelity_cli
 from corps.cli import run as run_cli
 from corps.cli.trace_cmd import trace_app
+from corps.engine.adapter import check_adapter_of
 from corps.engine.config import DEFAULT_DTYPE, BadConfig, EngineConfig
 
 app = typer.Typer(
@@ -108,8 +109,11 @@ def chat(
 
     try:  # before loading anything
         config = EngineConfig.of(model, mode=mode, dtype=dtype, device=device, adapter=adapter)
+        check_adapter_of(config, err)
     except BadConfig as exc:
         _bad(exc.for_cli())
+    except CorpsError as exc:
+        _bad(str(exc))
 
     from corps.engine.engine import Engine
 

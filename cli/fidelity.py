@@ -28,6 +28,7 @@ from corps.cache.errors import CorpsError
 from corps.cache.visibility import LeakWarning
 from corps.cli.run import _read_inputs
 from corps.cli.scenario import parse_sets
+from corps.engine.adapter import check_adapter_of
 from corps.engine.config import DEFAULT_MODEL, BadConfig, EngineConfig
 from corps.patterns import registry
 from corps.patterns.scoring import split_line
@@ -141,9 +142,13 @@ def fidelity(
         lines = _lines(pattern, inputs, set_, n)
         base = _config(model, "baseline", dtype)
         labels = ["choreographed"] + (
-            [f"choreographed+{adapter}", f"baseline+{adapter}"] if adapter else []
+            ["choreographed+adapter", "baseline+adapter"] if adapter else []
         )
-        configs = {label: _config(model, label, dtype) for label in labels}
+        configs = {
+            label: _config(model, label.replace("adapter", str(adapter)), dtype) for label in labels
+        }
+        for cfg in configs.values():
+            check_adapter_of(cfg, err)
     except BadConfig as exc:
         _exit(exc.for_cli())
     except CorpsError as exc:
@@ -171,6 +176,8 @@ def fidelity(
         ctx.__exit__(None, None, None)
     for label, rows in report.tables().items():
         _fidelity_table(f"{name}: baseline vs {label} ({len(lines)} runs, {dtype})", rows)
+    if adapter is not None:
+        out.print(f"adapter: {adapter}")
     for i, why in report.failed:
         err.print(f"run {i}: {why}", highlight=False)
     if json_out is not None:
@@ -229,6 +236,8 @@ def evaluate(
         if len(labels) < 1 or len(set(labels)) != len(labels):
             raise BadConfig(f"--configs: give distinct configurations, got {configs!r}")
         cfgs = {label: _config(model, label, dtype) for label in labels}
+        for cfg in cfgs.values():
+            check_adapter_of(cfg, err)
     except BadConfig as exc:
         _exit(exc.for_cli())
     except CorpsError as exc:

@@ -21,6 +21,7 @@ from corps.agents import AgentError
 from corps.cache.errors import CorpsError
 from corps.cache.visibility import LeakWarning
 from corps.cli.scenario import ScenarioError, Target, parse_sets, resolve
+from corps.engine.adapter import check_adapter_of
 from corps.engine.config import DEFAULT_DTYPE, DEFAULT_MODEL, BadConfig, EngineConfig
 from corps.patterns import registry
 from corps.patterns.result import PatternResult
@@ -131,6 +132,7 @@ def run(
             policy=policy,
             adapter=adapter,
         )
+        check_adapter_of(config, err)
         if otel_endpoint is not None:
             from corps.engine.otel import check_available
 

@@ -20,28 +20,34 @@ FILES = ("adapter_config.json", "adapter_model.safetensors")
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-def read_adapter_config(path: str | Path) -> dict:
-    """The adapter's `adapter_config.json`, after checking the directory holds a LoRA
-    adapter in PEFT's format (torch-free, so configs fail before anything loads)."""
+def problem(path: str | Path) -> str | None:
+    """What keeps `path` from being a LoRA adapter directory in PEFT's format (a
+    phrase), or None; torch-free, so configs fail before anything loads."""
     root = Path(path).expanduser()
     if not root.is_dir():
-        raise BadAdapter(
-            f"adapter {str(path)!r} is not a directory (give the one `corps distill --out` wrote)"
+        return (
+            "not a directory (give the one `corps distill --out` or peft's save_pretrained wrote)"
         )
     missing = [f for f in FILES if not (root / f).is_file()]
     if missing:
-        raise BadAdapter(
-            f"adapter {str(root)!r} has no {', '.join(missing)}: an adapter directory is what "
-            f"peft's save_pretrained (or `corps distill --out`) writes"
-        )
+        listed = ", ".join(missing)
+        return f"has no {listed} (an adapter directory is what peft's save_pretrained writes)"
     try:
         config = json.loads((root / FILES[0]).read_text())
     except (OSError, ValueError) as exc:
-        raise BadAdapter(f"adapter {str(root)!r}: cannot read {FILES[0]} ({exc})") from None
-    if not isinstance(config, dict) or config.get("peft_type") != "LORA":
-        kind = config.get("peft_type") if isinstance(config, dict) else None
-        raise BadAdapter(f"adapter {str(root)!r} is a {kind!r} adapter; corps serves LoRA adapters")
-    return config
+        return f"has an unreadable {FILES[0]} ({exc})"
+    kind = config.get("peft_type") if isinstance(config, dict) else None
+    if kind != "LORA":
+        return f"holds a {kind!r} adapter; corps serves LoRA adapters"
+    return None
+
+
+def read_adapter_config(path: str | Path) -> dict:
+    """The adapter's `adapter_config.json`; BadAdapter if `problem(path)`."""
+    why = problem(path)
+    if why is not None:
+        raise BadAdapter(f"adapter {str(path)!r}: {why}")
+    return json.loads((Path(path).expanduser() / FILES[0]).read_text())
 
 
 def check_fits(hf, path: str | Path) -> None:
@@ -72,6 +78,27 @@ def check_fits(hf, path: str | Path) -> None:
                     f"adapter {str(path)!r}: {name} is {list(shape)}, this model needs "
                     f"{list(want)} (rank {rank} in adapter_config.json; another model size?)"
                 )
+
+
+def check_for_model(model_path: str | Path, path: str | Path) -> None:
+    """`check_fits` against the model at `model_path` without loading its weights (its
+    skeleton on the meta device): a bad adapter fails before anything loads."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(str(model_path))
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config)
+    check_fits(skeleton, path)
+
+
+def check_adapter_of(config, console=None) -> None:
+    """An EngineConfig's adapter against its model (resolved, fetched if need be, but
+    no weights loaded): the CLI calls it before opening engines."""
+    from corps.engine.models import resolve_model
+
+    if config.adapter is not None:
+        check_for_model(resolve_model(config.model, console=console), config.adapter)
 
 
 def merge(hf, path: str | Path):

@@ -7,6 +7,7 @@ from rich.console import Console
 
 from corps.cache.errors import InvalidRequest
 from corps.cache.kv import KVStore
+from corps.engine.adapter import check_for_model
 from corps.engine.attention import select_backend
 from corps.engine.config import DEFAULT_MAX_CAPACITY, DEFAULT_MEMORY_BUDGET, EngineConfig
 from corps.engine.core import Core
@@ -24,6 +25,8 @@ def build_executor(cfg: EngineConfig, console: Console | None = None) -> Executo
     attention = select_backend(cfg.device, cfg.attention)  # checks Triton before loading
     path = resolve_model(cfg.model, console=console)
     spec = read_spec(path)
+    if cfg.adapter is not None:  # a bad adapter fails before the weights load
+        check_for_model(path, cfg.adapter)
     capacity = cfg.capacity or capacity_for(cfg, spec)
     from transformers import AutoTokenizer
 

@@ -186,12 +186,11 @@ class EngineConfig(BaseModel):
     def _adapter(cls, value: Path | None) -> Path | None:
         if value is None:
             return None
-        from corps.engine.adapter import read_adapter_config
+        from corps.engine.adapter import problem
 
-        try:
-            read_adapter_config(value)
-        except InvalidRequest as exc:
-            raise ValueError(str(exc)) from None
+        why = problem(value)
+        if why is not None:
+            raise ValueError(why)
         return Path(value).expanduser()
 
     @field_validator("device")

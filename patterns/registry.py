@@ -84,12 +84,11 @@ def describe_errors(exc: ValidationError, model: type[BaseModel], where: str = "
     out = []
     for e in exc.errors():
         path = ".".join(str(x) for x in e["loc"])
-        path = f"{where}{path}" if where else path
         if e["type"] == "extra_forbidden":
             known = ", ".join(model.model_fields)
-            out.append(f"unknown parameter {path!r} (valid: {known})")
+            out.append(f"{where}unknown parameter {path!r} (valid: {known})")
         else:
-            out.append(f"{path}: {e['msg']} (got {e.get('input')!r})")
+            out.append(f"{where}{path}: {e['msg']} (got {e.get('input')!r})")
     return "; ".join(out)
 
 

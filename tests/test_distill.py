@@ -1,0 +1,114 @@
+"""Distillation (corps.patterns.distill): traces, the training loss, the adapter it saves."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from corps.agents import Runtime
+from corps.engine.adapter import trainable
+from corps.engine.differentiable import DifferentiableReplay
+from corps.patterns import distill
+
+from conftest import open_tiny
+from helpers import hf_model
+
+CHAIN = dict(questions=["what is two plus two"], answers=None, max_tokens=6, constrained=False)
+BLOCKED = dict(questions=["what is two plus two", "name a colour"], answers=None,
+               layout="parallel", max_tokens=6, constrained=False)  # fmt: skip
+
+
+async def _traces(tiny_dirs, lines, path, seeds=None):
+    async with (
+        open_tiny(tiny_dirs, "llama", mode="baseline") as b,
+        open_tiny(tiny_dirs, "llama") as c,
+        Runtime(b) as rb,
+        Runtime(c) as rc,
+    ):
+        seeds = seeds or list(range(len(lines)))
+        return await distill.collect(rb, rc, "multi_qa", lines, seeds, path)
+
+
+async def test_on_a_chain_the_loss_and_lora_gradients_are_transformers_and_peft(
+    tiny_dirs, tmp_path
+):
+    """Where choreography equals the baseline (a chain), the replay's loss and the
+    LoRA gradients are those of peft on the rendered conversation."""
+    (trace,), _ = await _traces(tiny_dirs, [CHAIN], tmp_path / "t.jsonl")
+    torch.manual_seed(0)
+    model = trainable(hf_model(tiny_dirs["llama"]), rank=4, alpha=8, dropout=0.0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)
+    lora = {n: p for n, p in model.named_parameters() if p.requires_grad}
+
+    loss = DifferentiableReplay(model).run(trace.graph).loss()
+    got = torch.autograd.grad(loss, list(lora.values()))
+
+    ids = list(trace.graph.sink) + [t for n in trace.graph.nodes for t in n.tokens]
+    (answer,) = trace.graph.decodes
+    start = len(ids) - len(answer.tokens) + answer.generated_from  # first sampled token
+    logits = model(input_ids=torch.tensor([ids])).logits[0]  # (T, V)
+    logp = torch.log_softmax(logits[start - 1 : start - 1 + answer.generated], -1)
+    want_loss = -logp.gather(1, torch.tensor(answer.targets)[:, None]).sum()
+    want = torch.autograd.grad(want_loss, list(lora.values()))
+
+    assert loss.item() == pytest.approx(want_loss.item(), rel=1e-4)
+    for name, g, w in zip(lora, got, want, strict=True):
+        assert torch.allclose(g, w, rtol=1e-4, atol=1e-6 * float(w.abs().max())), name
+    with torch.no_grad(), model.disable_adapter():  # the baseline scored them unadapted
+        plain = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0], -1)
+    rows = plain[start - 1 : start - 1 + answer.generated]
+    scored = rows.gather(1, torch.tensor(answer.targets)[:, None])[:, 0].tolist()
+    assert list(trace.baseline[answer.id].logprobs) == pytest.approx(scored, abs=1e-4)
+    assert len(trace.baseline[answer.id].logprobs) == answer.generated
+
+
+async def test_traces_are_appended_and_a_second_collect_resumes(tiny_dirs, tmp_path):
+    path = tmp_path / "t.jsonl"
+    first, failed = await _traces(tiny_dirs, [BLOCKED] * 2, path)
+    assert not failed and [t.index for t in first] == [0, 1]
+    path.write_text(path.read_text() + '{"index": 2, "torn')  # an interrupted write
+    again, _ = await _traces(tiny_dirs, [BLOCKED] * 3, path)
+    assert [t.index for t in again] == [0, 1, 2]
+    assert again[:2] == first  # loaded, not sampled again
+    assert len([x for x in path.read_text().splitlines() if x.endswith("}")]) == 3
+    other_seeds, _ = await _traces(tiny_dirs, [BLOCKED] * 3, path, seeds=[0, 1, 9])
+    assert other_seeds[2].seed == 9  # a changed seed samples that input again
+
+
+async def test_a_seeded_distillation_lowers_the_held_out_gap_and_peft_loads_it(tiny_dirs, tmp_path):
+    traces, _ = await _traces(tiny_dirs, [BLOCKED] * 12, tmp_path / "t.jsonl")
+    out = tmp_path / "adapter"
+    settings = distill.Settings(epochs=3, rank=4, alpha=8, dropout=0.0, lr=3e-3, batch=2)
+    steps = []
+    report = distill.distill(
+        tiny_dirs["llama"], traces[:8], traces[8:], out, settings,
+        on_step=lambda *a: steps.append(a),
+    )  # fmt: skip
+    assert len(steps) == 12 and steps[-1][:2] == (12, 12)
+    assert report.before > 0 and report.after < report.before
+    assert [e.epoch for e in report.epochs] == [0, 1, 2, 3]
+    saved = json.loads((out / "distill.json").read_text())
+    assert saved["best_epoch"] == report.best_epoch > 0
+    assert 0 < report.trainable_params < report.total_params
+
+    from peft import PeftModel
+
+    peft_model = PeftModel.from_pretrained(hf_model(tiny_dirs["llama"]), str(out)).eval()
+    async with open_tiny(tiny_dirs, "llama", adapter=out) as engine:
+        q = await engine.prefill("what is two plus two")
+        h = await engine.decode(parents=[q], force=[7, 8, 9], logprobs=True)
+        ids = engine.chat.sink + q.tokens + h.tokens[: h.generated_from + 3]
+    with torch.no_grad():
+        rows = torch.log_softmax(peft_model(torch.tensor([ids])).logits[0].double(), -1)[-4:-1]
+    want = [float(r[t]) for r, t in zip(rows, [7, 8, 9], strict=True)]
+    assert list(h.logprobs) == pytest.approx(want, abs=1e-4)
+
+
+def test_distilling_nothing_is_refused(tiny_dirs, tmp_path):
+    with pytest.raises(ValueError, match="no training traces"):
+        distill.distill(tiny_dirs["llama"], [], [], tmp_path / "a")

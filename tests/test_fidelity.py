@@ -1,0 +1,80 @@
+"""Fidelity on equal tokens (corps.patterns.fidelity)."""
+
+from __future__ import annotations
+
+import pytest
+
+from corps.agents import Runtime
+from corps.patterns import fidelity
+from corps.patterns.replay import TurnScores
+
+from conftest import open_tiny
+
+CHAIN = dict(questions=["what is two plus two"], answers=None, max_tokens=6, constrained=False)
+BLOCKED = dict(questions=["what is two plus two", "name a colour"], answers=None,
+               layout="parallel", max_tokens=6, constrained=False)  # fmt: skip
+
+
+async def _measure(tiny_dirs, lines, **kw):
+    async with (
+        open_tiny(tiny_dirs, "llama", mode="baseline") as b,
+        open_tiny(tiny_dirs, "llama") as c,
+        Runtime(b) as rb,
+        Runtime(c) as rc,
+    ):
+        return await fidelity.measure(
+            rb, {"choreographed": rc}, "multi_qa", lines, list(range(len(lines))), **kw
+        )
+
+
+async def test_a_chain_workflow_has_no_gap(tiny_dirs):
+    """One question after the system prompt: choreography reads exactly what the
+    baseline re-encodes, so in float32 the two modes score every token alike."""
+    report = await _measure(tiny_dirs, [CHAIN] * 3)
+    (answerer, total) = report.tables()["choreographed"]
+    assert answerer.role == "answerer" and total.role == "all"
+    assert total.turns == 3 and total.tokens > 0 and not report.failed
+    assert abs(total.gap) < 1e-4 and total.agreement == 1.0
+    assert total.diverged == 0 and total.first_divergence is None
+
+
+async def test_overlapping_questions_open_a_gap(tiny_dirs):
+    """Two questions that never saw each other (blockage): the replay scores the
+    baseline's tokens differently, and the report says where they first diverge."""
+    done = []
+    report = await _measure(tiny_dirs, [BLOCKED] * 3, on_done=lambda: done.append(1))
+    total = report.tables()["choreographed"][-1]
+    assert len(done) == 3 and total.turns == 3
+    assert abs(total.gap) > 1e-3 and total.agreement < 1.0
+    assert report.as_dict()["replays"]["choreographed"][-1]["gap"] == total.gap
+
+
+async def test_a_failing_input_is_reported_and_the_others_measured(tiny_dirs):
+    bad = {**CHAIN, "max_tokens": 100_000}  # beyond the tiny model's positions
+    report = await _measure(tiny_dirs, [CHAIN, bad, CHAIN])
+    assert [i for i, _ in report.failed] == [1]
+    assert [p.index for p in report.pairs["choreographed"]] == [0, 2]
+
+
+def test_rows_by_hand():
+    base = TurnScores("a", (1, 2, 3), (-1.0, -2.0, -3.0), (1, 2, 3))
+    other = TurnScores("a", (1, 2, 3), (-2.0, -2.0, -5.0), (1, 9, 3))
+    row = fidelity.Row("a")
+    row.add(base, other)
+    row.add(base, base)
+    assert row.tokens == 6 and row.baseline_loss == pytest.approx(2.0)
+    assert row.replay_loss == pytest.approx((9 + 6) / 6) and row.gap == pytest.approx(0.5)
+    assert row.agreement == pytest.approx(5 / 6) and row.diverged == 1
+    assert row.first_divergence == 1
+
+
+def test_sampling_params_keep_the_pattern_inputs_only():
+    line = {"questions": ["a"], "answers": ["b"], "id": "x", "answer": "7"}
+    got = fidelity.sampling_params("multi_qa", line, 5)
+    assert got == {
+        "questions": ["a"],
+        "answers": ["b"],
+        "seed": 5,
+        "temperature": 1.0,
+        "top_p": 1.0,
+    }

@@ -1,0 +1,95 @@
+"""`corps fidelity`, `eval`, `distill` and `inputs` (corps.cli.fidelity) on a tiny model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from corps.cli.app import app
+
+runner = CliRunner()
+FREE = ["--set", "constrained=false", "--set", "max_tokens=6"]
+
+
+def _invoke(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture
+def pairs(tmp_path):
+    path = tmp_path / "pairs.jsonl"
+    assert _invoke("inputs", "multi-qa", "--n", 8, "--seed", 2, "-o", path).exit_code == 0
+    return path
+
+
+def test_inputs_writes_lines_or_says_what_it_knows(tmp_path, pairs):
+    lines = [json.loads(x) for x in pairs.read_text().splitlines()]
+    assert len(lines) == 8 and set(lines[0]) == {"id", "questions", "answers"}
+    bad = _invoke("inputs", "trivia")
+    assert bad.exit_code == 2 and "no input kind 'trivia'" in bad.output
+
+
+def test_fidelity_eval_and_distill_end_to_end(tiny_dirs, tmp_path, pairs):
+    model = tiny_dirs["llama"]
+    common = ["--model", model, *FREE, "--set", "layout=parallel"]
+    fid = _invoke("fidelity", "multi-qa", "--inputs", pairs, "--n", 3, *common,
+                  "--json", tmp_path / "f.json")  # fmt: skip
+    assert fid.exit_code == 0, fid.output
+    assert "baseline vs choreographed (3 runs, float32)" in fid.output
+    rows = json.loads((tmp_path / "f.json").read_text())["replays"]["choreographed"]
+    assert [r["role"] for r in rows] == ["answerer", "all"] and rows[-1]["turns"] == 3
+
+    out = tmp_path / "adapter"
+    dist = _invoke("distill", "multi-qa", "--inputs", pairs, "--train", 4, "--val", 2,
+                   "--epochs", 1, "--rank", 2, "--alpha", 4, "--out", out, *common)  # fmt: skip
+    assert dist.exit_code == 0, dist.output
+    assert "validation gap" in dist.output and "kept epoch" in dist.output
+    assert (out / "adapter_config.json").exists() and (out / "traces.jsonl").exists()
+
+    fid2 = _invoke("fidelity", "multi-qa", "--inputs", pairs, "--n", 2, "--adapter", out,
+                   *common)  # fmt: skip
+    assert fid2.exit_code == 0, fid2.output
+    for label in ("choreographed", "choreographed+adapter", "baseline+adapter"):
+        assert f"baseline vs {label} (2 runs" in fid2.output
+
+    ev = _invoke("eval", "multi-qa", "--inputs", pairs, "--n", 4, "--model", model, *FREE,
+                 "--configs", f"baseline,choreographed,choreographed+{out}",
+                 "--json", tmp_path / "e.json")  # fmt: skip
+    assert ev.exit_code == 0, ev.output
+    report = json.loads((tmp_path / "e.json").read_text())
+    assert list(report["configs"]) == ["baseline", "choreographed", f"choreographed+{out}"]
+    assert report["configs"]["choreographed"]["vs_first"]["test"] == "mcnemar"
+    assert all(isinstance(s, bool) for s in report["configs"]["baseline"]["scores"])
+
+
+def test_bad_inputs_are_one_line_and_exit_2(tiny_dirs, tmp_path, pairs):
+    model = tiny_dirs["llama"]
+    (tmp_path / "empty.jsonl").write_text("\n")
+    cases = [
+        (["fidelity", "multi-qa", "--adapter", tmp_path / "none"],
+         "--adapter: adapter: not a directory"),
+        (["fidelity", "multi-qa", "--inputs", tmp_path / "empty.jsonl"], "has no inputs"),
+        (["eval", "debate", "--inputs", pairs], "unknown parameter 'questions'"),
+        (["eval", "map-reduce", "--inputs", pairs], "no task score for map_reduce"),
+        (["eval", "multi-qa", "--inputs", pairs, "--configs", "hf"], "baseline or choreographed"),
+        (["distill", "multi-qa", "--inputs", pairs, "--train", 8, "--val", 2, "--out", tmp_path],
+         "needs 10"),
+    ]  # fmt: skip
+    for args, says in cases:
+        r = _invoke(*args, "--model", model)
+        assert r.exit_code == 2, (args, r.output)
+        assert says in " ".join(r.output.split()), (args, r.output)
+
+
+def test_an_adapter_of_another_rank_or_model_fails_before_loading(tiny_dirs, tmp_path):
+    from corps.engine.adapter import trainable
+
+    from helpers import hf_model
+
+    trainable(hf_model(tiny_dirs["qwen3"]), rank=2, alpha=4).save_pretrained(str(tmp_path / "q"))
+    for command in (["fidelity", "multi-qa"], ["run", "multi-qa"], ["chat", "hi"]):
+        r = _invoke(*command, "--model", tiny_dirs["llama"], "--adapter", tmp_path / "q")
+        assert r.exit_code == 2, (command, r.output)
+        assert "another" in r.output, r.output
