@@ -149,6 +149,30 @@ app.command("inputs")(fidelity_cli.inputs)
 app.command("scenarios")(run_cli.scenarios)
 
 
+@bench_app.command("adapter")
+def bench_adapter(
+    adapter: Annotated[Path, typer.Argument(help="A LoRA adapter directory (PEFT format).")],
+    model: ModelOpt = "smollm2-135m",
+    dtype: DtypeOpt = DEFAULT_DTYPE,
+    decode_tokens: Annotated[int, typer.Option(min=8)] = 64,
+    prefill_tokens: Annotated[int, typer.Option(min=8)] = 512,
+    repeats: Annotated[int, typer.Option(min=1, help="Best of this many runs.")] = 5,
+) -> None:
+    """Decode and prefill tokens/s with a merged adapter beside the base model."""
+    from corps.cli.bench_adapter import main
+
+    try:
+        check_adapter_of(EngineConfig.of(model, adapter=adapter), err)
+    except BadConfig as exc:
+        _bad(exc.for_cli())
+    except CorpsError as exc:
+        _bad(str(exc))
+    try:
+        main(model, adapter, dtype, decode_tokens, prefill_tokens, repeats)
+    except CorpsError as exc:
+        fail(exc)
+
+
 @bench_app.command("runner")
 def bench_runner(
     model: ModelOpt = "smollm2-135m",

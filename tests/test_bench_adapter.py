@@ -1,0 +1,30 @@
+"""`corps bench adapter` (corps.cli.bench_adapter): its structure on a tiny model, never time."""
+
+from __future__ import annotations
+
+from typer.testing import CliRunner
+
+from corps.cli.app import app
+from corps.engine.adapter import trainable
+
+from helpers import hf_model
+
+
+def test_the_bench_prints_base_and_adapter_side_by_side(tiny_dirs, tmp_path):
+    trainable(hf_model(tiny_dirs["llama"]), rank=2, alpha=4).save_pretrained(str(tmp_path / "a"))
+    r = CliRunner().invoke(
+        app,
+        ["bench", "adapter", str(tmp_path / "a"), "--model", str(tiny_dirs["llama"]),
+         "--dtype", "float32", "--decode-tokens", "8", "--prefill-tokens", "16",
+         "--repeats", "1"],
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert "merged adapter vs base" in r.output and "adapter / base" in r.output
+    assert "decode (8 tok)" in r.output and "prefill (16 tok)" in r.output
+
+
+def test_a_missing_adapter_is_one_line(tiny_dirs, tmp_path):
+    r = CliRunner().invoke(
+        app, ["bench", "adapter", str(tmp_path / "no"), "--model", str(tiny_dirs["llama"])]
+    )
+    assert r.exit_code == 2 and "not a directory" in r.output
