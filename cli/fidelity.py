@@ -370,9 +370,17 @@ def distill(
                     task, completed=step, total=total, loss=f"{loss:.3f}", tps=f"{tps:.0f}"
                 )
 
+            def on_epoch(e: dist.Epoch) -> None:
+                loss = "" if e.train_loss is None else f"train loss {e.train_loss:.3f}, "
+                steps.console.print(
+                    f"epoch {e.epoch}: {loss}validation gap {e.val_gap:.4f} nats/token "
+                    f"({e.seconds:.0f} s)", highlight=False,
+                )  # fmt: skip
+
             report = dist.distill(
-                model_path, train_set, val_set, out_dir, settings, on_step=on_step
-            )
+                model_path, train_set, val_set, out_dir, settings, on_step=on_step,
+                on_epoch=on_epoch,
+            )  # fmt: skip
     except CorpsError as exc:
         _exit(str(exc), 1)
     finally:

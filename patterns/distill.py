@@ -202,10 +202,12 @@ def distill(
     settings: Settings = Settings(),
     *,
     on_step: Callable[[int, int, float, float], None] | None = None,
+    on_epoch: Callable[[Epoch], None] | None = None,
 ) -> Distilled:
     """Train a LoRA adapter on `train`, keep the epoch with the lowest validation gap
     (epoch 0: none trained; then `out` holds an adapter that changes nothing), save it
-    to `out` (PEFT's format) with `distill.json`. `on_step(step, steps, loss, tok/s)`."""
+    to `out` (PEFT's format) with `distill.json`. `on_step(step, steps, loss, tok/s)`
+    after each optimizer step, `on_epoch(epoch)` after each validation."""
     from corps.engine.adapter import trainable
     from corps.engine.weights import load_hf
 
@@ -232,6 +234,8 @@ def distill(
         report.epochs.append(
             Epoch(epoch, loss, rows[-1].gap, [r.as_dict() for r in rows], seconds, tps)
         )
+        if on_epoch is not None:
+            on_epoch(report.epochs[-1])
         if rows[-1].gap <= report.epochs[report.best_epoch].val_gap:
             report.best_epoch = epoch
             model.save_pretrained(str(out))

@@ -84,11 +84,12 @@ async def test_a_seeded_distillation_lowers_the_held_out_gap_and_peft_loads_it(t
     traces, _ = await _traces(tiny_dirs, [BLOCKED] * 12, tmp_path / "t.jsonl")
     out = tmp_path / "adapter"
     settings = distill.Settings(epochs=3, rank=4, alpha=8, dropout=0.0, lr=3e-3, batch=2)
-    steps = []
+    steps, epochs = [], []
     report = distill.distill(
         tiny_dirs["llama"], traces[:8], traces[8:], out, settings,
-        on_step=lambda *a: steps.append(a),
+        on_step=lambda *a: steps.append(a), on_epoch=epochs.append,
     )  # fmt: skip
+    assert [e.epoch for e in epochs] == [0, 1, 2, 3]
     assert len(steps) == 12 and steps[-1][:2] == (12, 12)
     assert report.before > 0 and report.after < report.before
     assert [e.epoch for e in report.epochs] == [0, 1, 2, 3]
