@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from corps.cache.errors import InvalidRequest
 from corps.engine.config import Mode
 from corps.patterns import registry
+from corps.patterns.scoring import REFERENCE_KEYS
 
 
 class ScenarioError(InvalidRequest):
@@ -62,10 +63,15 @@ class Target:
     sections: dict[str, str] = field(default_factory=dict)  # param -> "params." / "inputs."
 
     def check(self, params: Mapping[str, Any], where: str = "") -> dict[str, Any]:
-        """`params` validated for a built-in pattern (as given for a Python file)."""
+        """`params` validated for a built-in pattern (as given for a Python file). An
+        input line's references for scoring ("answer", "id": `corps eval`) that the
+        pattern does not take are left out."""
         if not self.builtin:
             return dict(params)
         model = registry.params_model(self.fn)
+        params = {
+            k: v for k, v in params.items() if k not in REFERENCE_KEYS or k in model.model_fields
+        }
         try:
             return dict(model.model_validate(dict(params)))
         except ValidationError as exc:
