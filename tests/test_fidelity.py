@@ -71,10 +71,6 @@ def test_rows_by_hand():
 def test_sampling_params_keep_the_pattern_inputs_only():
     line = {"questions": ["a"], "answers": ["b"], "id": "x", "answer": "7"}
     got = fidelity.sampling_params("multi_qa", line, 5)
-    assert got == {
-        "questions": ["a"],
-        "answers": ["b"],
-        "seed": 5,
-        "temperature": 1.0,
-        "top_p": 1.0,
-    }
+    assert got == dict(questions=["a"], answers=["b"], seed=5, temperature=1.0, top_p=1.0,
+                       constrained=False)  # fmt: skip
+    assert fidelity.sampling_params("multi_qa", {"constrained": True}, 1)["constrained"]
