@@ -305,6 +305,14 @@ def distill(
     dropout: Annotated[float, typer.Option(min=0.0, max=0.9)] = 0.05,
     lr: Annotated[float, typer.Option(min=0.0)] = 3e-4,
     batch: Annotated[int, typer.Option(min=1, help="Traces per optimizer step.")] = 4,
+    objective: Annotated[
+        str,
+        typer.Option(
+            help="distribution (default: cross-entropy to the baseline's next-token "
+            "distributions at the baseline's tokens) or tokens (the log-loss of the sampled "
+            "tokens, the paper's; same optimum, more variance)."
+        ),
+    ] = "distribution",
     set_: Sets = None,
     seed: Seed = 0,
     traces: Annotated[
@@ -328,9 +336,10 @@ def distill(
             )
         lines = lines[: train + val]
         base, chor = _config(model, "baseline", dtype), _config(model, "choreographed", dtype)
+        settings = dist.Settings(epochs, rank, alpha, dropout, lr, batch, seed, objective)
     except BadConfig as exc:
         _exit(exc.for_cli())
-    except CorpsError as exc:
+    except (CorpsError, ValueError) as exc:
         _exit(str(exc))
     cache = traces or out_dir / "traces.jsonl"
     seeds = [seed + i for i in range(len(lines))]
@@ -356,7 +365,6 @@ def distill(
         if not train_set or not val_set:
             _exit("no training or no validation traces: every run failed", 1)
         err.print(f"{len(train_set)} training and {len(val_set)} validation traces ({cache})")
-        settings = dist.Settings(epochs, rank, alpha, dropout, lr, batch, seed)
         steps = Progress(
             TextColumn("training"), BarColumn(), MofNCompleteColumn(),
             TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),

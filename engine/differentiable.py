@@ -24,7 +24,8 @@ engine's `logprobs=True` in float32 (tests check <= 1e-4).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from contextlib import nullcontext
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -49,10 +50,17 @@ class ReplayOutput:
 
     logprobs: dict[int, Tensor]
     greedy: dict[int, Tensor]
+    # with `teacher=True`: per decode, the cross-entropy (summed over its positions) from
+    # the baseline's whole next-token distribution at each position to the replay's
+    soft: dict[int, Tensor] = field(default_factory=dict)
 
     def loss(self) -> Tensor:
         """The workflow's total log-loss over its decoded tokens (a scalar)."""
         return -torch.cat(list(self.logprobs.values())).sum()
+
+    def soft_loss(self) -> Tensor:
+        """The total cross-entropy to the baseline's distributions (`teacher=True`)."""
+        return torch.stack(list(self.soft.values())).sum()
 
 
 class DifferentiableReplay:
@@ -64,8 +72,13 @@ class DifferentiableReplay:
         self.inv_freq = base.model.rotary_emb.inv_freq  # (D/2,)
         self.device = base.model.embed_tokens.weight.device
 
-    def run(self, graph: MessageGraph) -> ReplayOutput:
-        """Encode every node in order; each decode's log-probs of its sampled tokens."""
+    def run(self, graph: MessageGraph, *, teacher: bool = False) -> ReplayOutput:
+        """Encode every node in order; each decode's log-probs of its sampled tokens.
+
+        `teacher`: also the cross-entropy from the baseline's next-token distribution
+        at each of a decode's positions (`baseline_logprobs`, without gradient) to the
+        replay's: the same target as the sampled tokens' log-loss in expectation, with
+        far less variance (distillation's `objective="distribution"`)."""
         sink = self._encode(list(graph.sink), [], 0, None)[1] if graph.sink else None
         enc: dict[int, Encoding] = {}
         out = ReplayOutput({}, {})
@@ -80,7 +93,26 @@ class DifferentiableReplay:
                 logp = torch.log_softmax(logits.float(), dim=-1)  # (n, V)
                 out.logprobs[node.id] = logp.gather(1, targets[:, None])[:, 0]
                 out.greedy[node.id] = logp.detach().argmax(-1)
+                if teacher:
+                    p = self.baseline_logprobs(graph, node).exp()  # (n, V)
+                    out.soft[node.id] = -(p * logp).sum()
         return out
+
+    def baseline_logprobs(self, graph: MessageGraph, node: Node) -> Tensor:
+        """The baseline's log-softmax rows (n, V) at a decode's sampled positions: the
+        base model (a peft model's adapter off) over the rendered prompt, the sink then
+        the parents' tokens in order then the node's own, as baseline mode encodes it."""
+        by_id = {n.id: n for n in graph.nodes}
+        prompt = list(graph.sink) + [t for p in node.parents for t in by_id[p].tokens]
+        ids = prompt + list(node.tokens)
+        start = len(prompt) + node.generated_from - 1
+        rows = torch.arange(start, start + node.generated, device=self.device)
+        off = self.model.disable_adapter() if hasattr(self.model, "disable_adapter") else None
+        with torch.no_grad(), off if off is not None else nullcontext():
+            logits = self.model(
+                input_ids=torch.tensor([ids], device=self.device), logits_to_keep=rows
+            ).logits[0]
+        return torch.log_softmax(logits.float(), dim=-1)
 
     def _encode(
         self, tokens: list[int], ctx: list[tuple[Encoding, int]], offset: int, node: Node | None

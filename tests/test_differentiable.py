@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from corps.engine.differentiable import DifferentiableReplay
 from corps.engine.graph import MessageGraph
@@ -85,3 +86,28 @@ async def test_a_baseline_engine_has_no_graph(tiny_dirs):
         h = await engine.prefill("hi")
         with pytest.raises(ValueError, match="choreographed"):
             engine.graph([h])
+
+
+async def test_the_teacher_is_the_baseline_engines_distribution(tiny_dirs, tiny_hf):
+    """`teacher=True` scores each decode against the baseline's next-token
+    distribution: at the sampled tokens it is what a baseline engine computes."""
+    async with open_tiny(tiny_dirs, "llama-sink") as engine:
+        handles = await _workflow(engine)
+        graph = engine.graph(handles)
+    async with open_tiny(tiny_dirs, "llama-sink", mode="baseline") as engine:
+        system, q1, _q2 = [await engine.prefill(t, role=r) for t, r in (
+            ("you are a helpful assistant", "system"), ("what is two plus two", "user"),
+            ("name a colour", "user"))]  # fmt: skip
+        a1 = await engine.decode(parents=[system, q1], force=handles[3].generated, logprobs=True)
+    replay = DifferentiableReplay(tiny_hf["llama-sink"])
+    node = next(n for n in graph.nodes if n.id == handles[3].id)
+    rows = replay.baseline_logprobs(graph, node)  # (n, V)
+    got = rows.gather(1, torch.tensor(node.targets)[:, None])[:, 0].tolist()
+    assert got == pytest.approx(list(a1.logprobs), abs=1e-4)
+    out = replay.run(graph, teacher=True)
+    assert set(out.soft) == set(out.logprobs)
+    entropy = -(rows.exp() * rows).sum()  # Gibbs: cross-entropy >= entropy, = on a chain
+    assert out.soft[node.id].item() >= entropy.item() - 1e-4
+    for n in graph.decodes:
+        assert out.soft[n.id].ndim == 0
+    assert out.soft_loss().item() == pytest.approx(sum(v.item() for v in out.soft.values()))

@@ -113,3 +113,20 @@ async def test_a_seeded_distillation_lowers_the_held_out_gap_and_peft_loads_it(t
 def test_distilling_nothing_is_refused(tiny_dirs, tmp_path):
     with pytest.raises(ValueError, match="no training traces"):
         distill.distill(tiny_dirs["llama"], [], [], tmp_path / "a")
+
+
+async def test_on_a_chain_the_soft_loss_is_the_baselines_entropy(tiny_dirs, tmp_path):
+    """Where choreography reads what the baseline reads, the replay's distribution is
+    the teacher's: their cross-entropy is the teacher's entropy (Gibbs, with equality)."""
+    (trace,), _ = await _traces(tiny_dirs, [CHAIN], tmp_path / "t.jsonl")
+    replay = DifferentiableReplay(hf_model(tiny_dirs["llama"]))
+    with torch.no_grad():
+        out = replay.run(trace.graph, teacher=True)
+        (answer,) = trace.graph.decodes
+        rows = replay.baseline_logprobs(trace.graph, answer)
+    assert out.soft_loss().item() == pytest.approx(-(rows.exp() * rows).sum().item(), rel=1e-4)
+
+
+def test_an_unknown_objective_is_refused():
+    with pytest.raises(ValueError, match="objective must be one of distribution, tokens"):
+        distill.Settings(objective="kl")
