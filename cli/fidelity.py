@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import math
 import warnings
-from collections.abc import Sequence
-from contextlib import AsyncExitStack
+from collections.abc import Iterator, Sequence
+from contextlib import AsyncExitStack, contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -26,7 +26,7 @@ from rich.table import Table
 
 from corps.cache.errors import CorpsError
 from corps.cache.visibility import LeakWarning
-from corps.cli.run import _read_inputs
+from corps.cli.run import read_inputs
 from corps.cli.scenario import parse_sets
 from corps.engine.adapter import check_adapter_of
 from corps.engine.config import DEFAULT_MODEL, BadConfig, EngineConfig
@@ -68,7 +68,7 @@ def _lines(pattern: str, inputs: Path | None, sets: list[str] | None, n: int | N
     --inputs, n copies of the pattern's defaults (the seeds make them differ)."""
     fn = registry.get(pattern)
     common = parse_sets(sets or [])
-    lines = _read_inputs(inputs) if inputs is not None else [{}] * (n or 8)
+    lines = read_inputs(inputs) if inputs is not None else [{}] * (n or 8)
     lines = [{**common, **line} for line in lines[: n or None]]
     for i, line in enumerate(lines):
         registry.validate(fn, split_line(line)[0], f"line {i + 1}: ")
@@ -103,12 +103,13 @@ async def _runtimes(stack: AsyncExitStack, configs: dict[str, EngineConfig]) -> 
     return rts
 
 
-def _quiet() -> warnings.catch_warnings:
-    ctx = warnings.catch_warnings()
-    ctx.__enter__()
-    warnings.simplefilter("ignore", LeakWarning)
-    warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")
-    return ctx
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """Leaks are counted, not warned about; peft's deprecation notice is not ours."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", LeakWarning)
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")
+        yield
 
 
 def _f(x: float | None, digits: int = 3) -> str:
@@ -167,13 +168,11 @@ def fidelity(
                     on_done=lambda: bar.advance(task),
                 )  # fmt: skip
 
-    ctx = _quiet()
-    try:
-        report = anyio.run(main)
-    except CorpsError as exc:
-        _exit(str(exc), 1)
-    finally:
-        ctx.__exit__(None, None, None)
+    with _quiet():
+        try:
+            report = anyio.run(main)
+        except CorpsError as exc:
+            _exit(str(exc), 1)
     for label, rows in report.tables().items():
         _fidelity_table(f"{name}: baseline vs {label} ({len(lines)} runs, {dtype})", rows)
     if adapter is not None:
@@ -259,13 +258,11 @@ def evaluate(
                     ))  # fmt: skip
         return got
 
-    ctx = _quiet()
-    try:
-        results = anyio.run(main)
-    except CorpsError as exc:
-        _exit(str(exc), 1)
-    finally:
-        ctx.__exit__(None, None, None)
+    with _quiet():
+        try:
+            results = anyio.run(main)
+        except CorpsError as exc:
+            _exit(str(exc), 1)
     t = Table(title=f"{name}: task score, {len(lines)} inputs", title_justify="left")
     for col in ("configuration", "score", "scored", "vs " + labels[0], "p", "significant"):
         t.add_column(col, justify="left" if col == "configuration" else "right")
@@ -355,44 +352,42 @@ def distill(
                 )  # fmt: skip
             return got, rts["choreographed"].engine.model_path
 
-    ctx = _quiet()
-    try:
-        (got, failed), model_path = anyio.run(collect)
-        for i, why in failed:
-            err.print(f"run {i}: {why} (left out)", highlight=False)
-        train_set = [t for t in got if t.index < train]
-        val_set = [t for t in got if t.index >= train]
-        if not train_set or not val_set:
-            _exit("no training or no validation traces: every run failed", 1)
-        err.print(f"{len(train_set)} training and {len(val_set)} validation traces ({cache})")
-        steps = Progress(
-            TextColumn("training"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
-            TimeElapsedColumn(), TimeRemainingColumn(), console=err, transient=True,
-        )  # fmt: skip
-        with steps:
-            task = steps.add_task("", total=None, loss="-", tps="-")
-
-            def on_step(step: int, total: int, loss: float, tps: float) -> None:
-                steps.update(
-                    task, completed=step, total=total, loss=f"{loss:.3f}", tps=f"{tps:.0f}"
-                )
-
-            def on_epoch(e: dist.Epoch) -> None:
-                loss = "" if e.train_loss is None else f"train loss {e.train_loss:.3f}, "
-                steps.console.print(
-                    f"epoch {e.epoch}: {loss}validation gap {e.val_gap:.4f} nats/token "
-                    f"({e.seconds:.0f} s)", highlight=False,
-                )  # fmt: skip
-
-            report = dist.distill(
-                model_path, train_set, val_set, out_dir, settings, on_step=on_step,
-                on_epoch=on_epoch,
+    with _quiet():
+        try:
+            (got, failed), model_path = anyio.run(collect)
+            for i, why in failed:
+                err.print(f"run {i}: {why} (left out)", highlight=False)
+            train_set = [t for t in got if t.index < train]
+            val_set = [t for t in got if t.index >= train]
+            if not train_set or not val_set:
+                _exit("no training or no validation traces: every run failed", 1)
+            err.print(f"{len(train_set)} training and {len(val_set)} validation traces ({cache})")
+            steps = Progress(
+                TextColumn("training"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
+                TimeElapsedColumn(), TimeRemainingColumn(), console=err, transient=True,
             )  # fmt: skip
-    except CorpsError as exc:
-        _exit(str(exc), 1)
-    finally:
-        ctx.__exit__(None, None, None)
+            with steps:
+                task = steps.add_task("", total=None, loss="-", tps="-")
+
+                def on_step(step: int, total: int, loss: float, tps: float) -> None:
+                    steps.update(
+                        task, completed=step, total=total, loss=f"{loss:.3f}", tps=f"{tps:.0f}"
+                    )
+
+                def on_epoch(e: dist.Epoch) -> None:
+                    loss = "" if e.train_loss is None else f"train loss {e.train_loss:.3f}, "
+                    steps.console.print(
+                        f"epoch {e.epoch}: {loss}validation gap {e.val_gap:.4f} nats/token "
+                        f"({e.seconds:.0f} s)", highlight=False,
+                    )  # fmt: skip
+
+                report = dist.distill(
+                    model_path, train_set, val_set, out_dir, settings, on_step=on_step,
+                    on_epoch=on_epoch,
+                )  # fmt: skip
+        except CorpsError as exc:
+            _exit(str(exc), 1)
     t = Table(title=f"{name}: validation gap (choreographed - baseline, nats/token)",
               title_justify="left")  # fmt: skip
     for col in ("epoch", "train loss", "val gap", "val top-1 agree", "seconds", "tok/s"):

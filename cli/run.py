@@ -115,7 +115,7 @@ def run(
         params = {**tgt.params, **parse_sets(set_ or [])}
         if seed is not None:
             params["seed"] = seed
-        lines = _read_inputs(inputs) if inputs is not None else None
+        lines = read_inputs(inputs) if inputs is not None else None
         checked = (
             [tgt.check({**params, **line}, f"line {i + 1}: ") for i, line in enumerate(lines)]
             if lines is not None
@@ -160,7 +160,7 @@ def run(
         _exit(f"workflow failed: {exc}", 1)
 
 
-def _read_inputs(path: Path) -> list[dict[str, Any]]:
+def read_inputs(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         raise ScenarioError(f"no inputs file {str(path)!r}")
     lines = []
