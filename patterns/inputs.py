@@ -1,8 +1,10 @@
 """Input sets with exact answers, for `corps fidelity`, `eval` and `distill`.
 
-- `question_pairs`: multi-QA lines, two short questions with exact answers each
-  (arithmetic, comparisons, counting letters, unit conversions: what the default
-  135M model answers sometimes), generated from a seed: no data is vendored.
+- `question_pairs`: multi-QA lines, two short questions with one-word answers
+  each (small sums, capitals, colours, animals' legs, opposites: what the default
+  135M model answers sometimes; multi-digit arithmetic, comparisons, counting
+  letters and unit conversions it almost never did, 0 of 200 pairs both right
+  even in the baseline), generated from a seed: no data is vendored.
 - `champ_problems`: the CHAMP competition math problems (`pip install
   champ-dataset`, MIT) whose answer is a plain number (exactly scorable), for the
   math patterns, as `{"question": ..., "answer": ...}` lines; the order is fixed
@@ -17,53 +19,53 @@ from collections.abc import Callable
 
 from corps.cache.errors import InvalidRequest
 
-WORDS = (
-    "apple", "river", "garden", "pencil", "window", "planet", "orange", "music",
-    "bridge", "candle", "forest", "kitten", "yellow", "doctor", "basket", "winter",
+CAPITALS = (
+    ("France", "Paris"), ("Japan", "Tokyo"), ("Italy", "Rome"), ("Germany", "Berlin"),
+    ("Spain", "Madrid"), ("England", "London"), ("Russia", "Moscow"), ("China", "Beijing"),
+    ("Egypt", "Cairo"), ("Greece", "Athens"),
 )  # fmt: skip
-UNITS = (  # (bigger unit, smaller unit, how many)
-    ("hours", "minutes", 60),
-    ("minutes", "seconds", 60),
-    ("weeks", "days", 7),
-    ("meters", "centimeters", 100),
-    ("kilograms", "grams", 1000),
-    ("dozens", "eggs", 12),
-)
+COLOURS = (
+    ("grass", "green"), ("the sky on a clear day", "blue"), ("snow", "white"),
+    ("a ripe banana", "yellow"), ("coal", "black"), ("a ripe tomato", "red"),
+)  # fmt: skip
+LEGS = (("a dog", "4"), ("a spider", "8"), ("a bird", "2"), ("an ant", "6"), ("a cow", "4"))
+OPPOSITES = (
+    ("hot", "cold"), ("up", "down"), ("big", "small"), ("day", "night"), ("fast", "slow"),
+    ("happy", "sad"), ("open", "closed"), ("left", "right"),
+)  # fmt: skip
 
 
-def _arithmetic(rng: random.Random) -> tuple[str, str]:
-    a, b = rng.randint(2, 20), rng.randint(2, 20)
-    op = rng.choice(("plus", "minus", "times"))
-    if op == "minus" and b > a:
-        a, b = b, a
-    value = {"plus": a + b, "minus": a - b, "times": a * b}[op]
-    return f"What is {a} {op} {b}?", str(value)
+def _addition(rng: random.Random) -> tuple[str, str]:
+    a, b = rng.randint(1, 5), rng.randint(1, 4)
+    return f"What is {a} plus {b}?", str(a + b)
 
 
-def _comparison(rng: random.Random) -> tuple[str, str]:
-    a, b = rng.sample(range(2, 100), 2)
-    which = rng.choice(("larger", "smaller"))
-    return f"Which number is {which}, {a} or {b}?", str(
-        max(a, b) if which == "larger" else min(a, b)
-    )
+def _capital(rng: random.Random) -> tuple[str, str]:
+    country, city = rng.choice(CAPITALS)
+    return f"What is the capital of {country}?", city
 
 
-def _counting(rng: random.Random) -> tuple[str, str]:
-    word = rng.choice(WORDS)
-    return f'How many letters are in the word "{word}"?', str(len(word))
+def _colour(rng: random.Random) -> tuple[str, str]:
+    thing, colour = rng.choice(COLOURS)
+    return f"What colour is {thing}?", colour
 
 
-def _conversion(rng: random.Random) -> tuple[str, str]:
-    big, small, k = rng.choice(UNITS)
-    n = rng.randint(2, 9)
-    return f"How many {small} are in {n} {big}?", str(n * k)
+def _legs(rng: random.Random) -> tuple[str, str]:
+    animal, n = rng.choice(LEGS)
+    return f"How many legs does {animal} have?", n
+
+
+def _opposite(rng: random.Random) -> tuple[str, str]:
+    word, other = rng.choice(OPPOSITES)
+    return f'What is the opposite of "{word}"?', other
 
 
 KINDS: tuple[Callable[[random.Random], tuple[str, str]], ...] = (
-    _arithmetic,
-    _comparison,
-    _counting,
-    _conversion,
+    _addition,
+    _capital,
+    _colour,
+    _legs,
+    _opposite,
 )
 
 

@@ -5,7 +5,7 @@ answered in one decode over [system, question 1, question 2]. With
 `layout="serial"` the questions sit one after the other; with "parallel" both
 sit at the same offset, overlapping. Choreography's blockage shows up as an
 answer that ignores one question; with `answers` given, the result reports
-which questions were answered (answer k as a word in the reply's item k).
+which questions were answered (each answer as a word anywhere in the reply).
 """
 
 from __future__ import annotations

@@ -138,15 +138,12 @@ def normalize(answer: str | None) -> str | None:
 
 
 def answered(text: str, answers: Sequence[str]) -> list[bool]:
-    """Whether a numbered reply ("1. ...\\n2. ...") gives each answer: answer k as a
-    whole word (case-insensitive) in item k; in the whole text when item k is missing.
-    "5" is not found in "15", nor "Paris" in "Parisian"."""
-    items: dict[int, str] = {}
-    for m in re.finditer(r"(?m)^\s*(\d+)[.)]([^\n]*)", text):
-        items.setdefault(int(m.group(1)), m.group(2))
+    """Whether a reply gives each answer: as a whole word, case-insensitive, anywhere
+    in it ("5" is not found in "15", nor "Paris" in "Parisian"). Anywhere, not in
+    item k of a numbered list: small models answer the questions in any order."""
+    text = re.sub(r"(?m)^\s*\d+[.)](?=\s|$)", " ", text)  # list markers are not answers
     out = []
-    for k, a in enumerate(answers, start=1):
-        where = items.get(k, text)
+    for a in answers:
         word = rf"(?<![\w.]){re.escape(a.strip())}(?![\w]|\.\d)"
-        out.append(re.search(word, where, flags=re.IGNORECASE) is not None)
+        out.append(re.search(word, text, flags=re.IGNORECASE) is not None)
     return out

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from corps.cache.errors import InvalidRequest
-from corps.patterns.inputs import champ_problems, question_pairs
+from corps.patterns.inputs import CAPITALS, champ_problems, question_pairs
 
 
 def test_question_pairs_are_seeded_exact_and_distinguishable():
@@ -19,11 +19,12 @@ def test_question_pairs_are_seeded_exact_and_distinguishable():
         assert len(p["questions"]) == 2 and a1 not in a2 and a2 not in a1
     for p in pairs:  # the answers are right
         for q, a in zip(p["questions"], p["answers"], strict=True):
-            if m := re.fullmatch(r"What is (\d+) (plus|minus|times) (\d+)\?", q):
-                x, op, y = int(m[1]), m[2], int(m[3])
-                assert int(a) == {"plus": x + y, "minus": x - y, "times": x * y}[op]
-            elif m := re.fullmatch(r'How many letters are in the word "(\w+)"\?', q):
-                assert int(a) == len(m[1])
+            if m := re.fullmatch(r"What is (\d+) plus (\d+)\?", q):
+                assert int(a) == int(m[1]) + int(m[2])
+            elif m := re.fullmatch(r"What is the capital of (\w+)\?", q):
+                assert (m[1], a) in CAPITALS
+    kinds = {q.split()[2] for p in pairs for q in p["questions"]}
+    assert len(kinds) >= 5  # every kind shows up
     with pytest.raises(InvalidRequest):
         question_pairs(0)
 
