@@ -11,6 +11,7 @@ precision path casts them), so serving with an adapter costs nothing per token.
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 from corps.engine.errors import BadAdapter
@@ -107,7 +108,9 @@ def merge(hf, path: str | Path):
     from peft import PeftModel
 
     check_fits(hf, path)
-    adapted = PeftModel.from_pretrained(hf, str(Path(path).expanduser()))
+    with warnings.catch_warnings():  # peft asks transformers a deprecated question
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")
+        adapted = PeftModel.from_pretrained(hf, str(Path(path).expanduser()))
     return adapted.merge_and_unload()
 
 
