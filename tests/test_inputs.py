@@ -30,7 +30,6 @@ def test_question_pairs_are_seeded_exact_and_distinguishable():
 
 
 def test_champ_problems_with_numeric_answers_split_by_position():
-    pytest.importorskip("champ_dataset")
     first, rest = champ_problems(10), champ_problems(10, skip=10)
     assert len(first) == len(rest) == 10
     assert not {p["id"] for p in first} & {p["id"] for p in rest}
