@@ -90,7 +90,9 @@ def champ_problems(n: int | None = None, skip: int = 0) -> list[dict]:
     try:
         import champ_dataset
     except ImportError:
-        raise InvalidRequest("the math inputs come from CHAMP: pip install champ-dataset") from None
+        raise InvalidRequest(
+            "the math inputs come from CHAMP: pip install 'corps[math]' (champ-dataset)"
+        ) from None
     problems = champ_dataset.load("v0").problems
     numeric = [
         dict(id=pid, question=p.text, answer=p.answer.strip())
