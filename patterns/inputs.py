@@ -40,24 +40,20 @@ def _addition(rng: random.Random) -> tuple[str, str]:
     return f"What is {a} plus {b}?", str(a + b)
 
 
-def _capital(rng: random.Random) -> tuple[str, str]:
-    country, city = rng.choice(CAPITALS)
-    return f"What is the capital of {country}?", city
+def _looked_up(question: str, table: tuple[tuple[str, str], ...]):
+    """A kind of question whose answer a table gives: `question` formats the key."""
+
+    def kind(rng: random.Random) -> tuple[str, str]:
+        key, answer = rng.choice(table)
+        return question.format(key), answer
+
+    return kind
 
 
-def _colour(rng: random.Random) -> tuple[str, str]:
-    thing, colour = rng.choice(COLOURS)
-    return f"What colour is {thing}?", colour
-
-
-def _legs(rng: random.Random) -> tuple[str, str]:
-    animal, n = rng.choice(LEGS)
-    return f"How many legs does {animal} have?", n
-
-
-def _opposite(rng: random.Random) -> tuple[str, str]:
-    word, other = rng.choice(OPPOSITES)
-    return f'What is the opposite of "{word}"?', other
+_capital = _looked_up("What is the capital of {}?", CAPITALS)
+_colour = _looked_up("What colour is {}?", COLOURS)
+_legs = _looked_up("How many legs does {} have?", LEGS)
+_opposite = _looked_up('What is the opposite of "{}"?', OPPOSITES)
 
 
 KINDS: tuple[Callable[[random.Random], tuple[str, str]], ...] = (
