@@ -25,12 +25,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import anyio
 import torch
 
 from corps.engine.differentiable import DifferentiableReplay
 from corps.engine.graph import MessageGraph
 from corps.patterns import fidelity
+from corps.patterns.each import each
 from corps.patterns.fidelity import Row
 from corps.patterns.replay import TurnScores
 
@@ -103,32 +103,20 @@ async def collect(
     """Traces of every input (sampled or already in `path`), in input order, and the
     inputs that failed (index, why). New traces are appended to `path` as they end."""
     have = load_traces(path)
-    failed: list[tuple[int, str]] = []
-    limiter = anyio.CapacityLimiter(concurrency)
     path.parent.mkdir(parents=True, exist_ok=True)
 
     async def one(i: int) -> None:
-        async with limiter:
-            params = fidelity.sampling_params(pattern, inputs[i], seeds[i])
-            try:
-                t = await trace_of(base_rt, chor_rt, pattern, params, i)
-            except Exception as exc:  # one input failing does not lose the others
-                failed.append((i, f"{type(exc).__name__}: {exc}"))
-            else:
-                have[i] = t
-                with path.open("a") as f:
-                    f.write(t.to_json() + "\n")
+        params = fidelity.sampling_params(pattern, inputs[i], seeds[i])
+        have[i] = await trace_of(base_rt, chor_rt, pattern, params, i)
+        with path.open("a") as f:
+            f.write(have[i].to_json() + "\n")
+
+    todo = [i for i in range(len(inputs)) if not (i in have and have[i].seed == seeds[i])]
+    for _ in range(len(inputs) - len(todo)):  # already there: done
         if on_done is not None:
             on_done()
-
-    async with anyio.create_task_group() as tg:
-        for i in range(len(inputs)):
-            if i in have and have[i].seed == seeds[i]:
-                if on_done is not None:
-                    on_done()
-            else:
-                tg.start_soon(one, i)
-    return [have[i] for i in sorted(have) if i < len(inputs)], sorted(failed)
+    failed = await each(todo, one, concurrency=concurrency, on_done=on_done)
+    return [have[i] for i in sorted(have) if i < len(inputs)], list(failed.items())
 
 
 def gap_table(replayer: DifferentiableReplay, traces: Sequence[Trace]) -> list[Row]:

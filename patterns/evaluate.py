@@ -12,8 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import anyio
-
+from corps.patterns.each import each
 from corps.patterns.registry import run_pattern
 from corps.patterns.scoring import Score, scorer, split_line
 from corps.patterns.significance import Comparison
@@ -44,22 +43,14 @@ async def scores(
 ) -> Scores:
     score = scorer(pattern)
     out = Scores(label, [None] * len(lines))
-    limiter = anyio.CapacityLimiter(concurrency)
 
     async def one(i: int) -> None:
         params, _ = split_line(lines[i])
-        async with limiter:
-            try:
-                result = await run_pattern(rt, pattern, {**params, "seed": seeds[i]})
-                out.scores[i] = score(result, lines[i])
-            except Exception as exc:  # that input scores None; the others go on
-                out.errors[i] = f"{type(exc).__name__}: {exc}"
-        if on_done is not None:
-            on_done()
+        result = await run_pattern(rt, pattern, {**params, "seed": seeds[i]})
+        out.scores[i] = score(result, lines[i])
 
-    async with anyio.create_task_group() as tg:
-        for i in range(len(lines)):
-            tg.start_soon(one, i)
+    # an input that fails scores None and says why; the others go on
+    out.errors = await each(range(len(lines)), one, concurrency=concurrency, on_done=on_done)
     return out
 
 

@@ -25,8 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import anyio
-
+from corps.patterns.each import each
 from corps.patterns.registry import get, run_pattern
 from corps.patterns.replay import Replay, TurnScores
 from corps.patterns.result import PatternResult
@@ -184,24 +183,19 @@ async def measure(
     """Sample input i at seed i in `base_rt` (a baseline runtime), replay it forced in
     each of `replays` (label -> runtime), and pair the scores of every turn."""
     report = Report(pattern, {label: [] for label in replays})
-    limiter = anyio.CapacityLimiter(concurrency)
 
     async def one(i: int) -> None:
-        async with limiter:
-            params = sampling_params(pattern, inputs[i], seeds[i])
-            try:
-                recorded, _ = await sample(base_rt, pattern, params)
-                for label, rt in replays.items():
-                    forced, _ = await replay(rt, pattern, params, recorded)
-                    report.pairs[label].append(Pair(i, recorded.scores, forced.scores))
-            except Exception as exc:  # one input failing does not lose the others
-                report.failed.append((i, f"{type(exc).__name__}: {exc}"))
-        if on_done is not None:
-            on_done()
+        params = sampling_params(pattern, inputs[i], seeds[i])
+        recorded, _ = await sample(base_rt, pattern, params)
+        got = {}
+        for label, rt in replays.items():
+            forced, _ = await replay(rt, pattern, params, recorded)
+            got[label] = Pair(i, recorded.scores, forced.scores)
+        for label, pair in got.items():  # all replays of an input, or none of them
+            report.pairs[label].append(pair)
 
-    async with anyio.create_task_group() as tg:
-        for i in range(len(inputs)):
-            tg.start_soon(one, i)
+    failed = await each(range(len(inputs)), one, concurrency=concurrency, on_done=on_done)
+    report.failed = list(failed.items())
     for pairs in report.pairs.values():
         pairs.sort(key=lambda p: p.index)
     return report
