@@ -142,12 +142,11 @@ def fidelity(
     try:
         lines = _lines(pattern, inputs, set_, n)
         base = _config(model, "baseline", dtype)
-        labels = ["choreographed"] + (
-            ["choreographed+adapter", "baseline+adapter"] if adapter else []
-        )
-        configs = {
-            label: _config(model, label.replace("adapter", str(adapter)), dtype) for label in labels
-        }
+        configs = {"choreographed": _config(model, "choreographed", dtype)}
+        if adapter is not None:  # labelled "+adapter": the directory is printed once
+            for mode in ("choreographed", "baseline"):
+                configs[f"{mode}+adapter"] = _config(model, f"{mode}+{adapter}", dtype)
+        labels = list(configs)
         for cfg in configs.values():
             check_adapter_of(cfg, err)
     except BadConfig as exc:
