@@ -102,8 +102,7 @@ class DifferentiableReplay:
         """The baseline's log-softmax rows (n, V) at a decode's sampled positions: the
         base model (a peft model's adapter off) over the rendered prompt, the sink then
         the parents' tokens in order then the node's own, as baseline mode encodes it."""
-        by_id = {n.id: n for n in graph.nodes}
-        prompt = list(graph.sink) + [t for p in node.parents for t in by_id[p].tokens]
+        prompt = list(graph.sink) + [t for p in node.parents for t in graph.by_id[p].tokens]
         ids = prompt + list(node.tokens)
         start = len(prompt) + node.generated_from - 1
         rows = torch.arange(start, start + node.generated, device=self.device)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from corps.cache.errors import InvalidRequest
@@ -62,6 +63,10 @@ class MessageGraph:
             if len(n.parents) != len(n.parent_offsets):
                 raise InvalidRequest(f"message {n.id}: one offset per parent")
             seen.add(n.id)
+
+    @cached_property
+    def by_id(self) -> dict[int, Node]:
+        return {n.id: n for n in self.nodes}
 
     @property
     def decodes(self) -> tuple[Node, ...]:
