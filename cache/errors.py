@@ -32,6 +32,12 @@ class UnknownHandle(InvalidRequest):
     """A handle that names no live message of this engine (freed, or from another engine)."""
 
 
+class ForeignHandle(UnknownHandle):
+    """A handle made by another engine (another `Engine` in this process, or a worker
+    process it was sent from): handles never cross engines. Send its text instead and
+    encode it again in the receiving engine, under the receiver's visibility."""
+
+
 class PositionError(InvalidRequest):
     """Offsets that are negative, of the wrong length, or past the model's context length."""
 

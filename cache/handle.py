@@ -18,7 +18,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from corps.cache.messages import Message, MessageTable
+from corps.cache.messages import DetachedTable, Message, MessageTable
 from corps.cache.visibility import AccessDenied, can_read
 
 
@@ -50,6 +50,16 @@ class Handle:
 
     def __deepcopy__(self, memo: dict) -> Handle:
         return self
+
+    def __reduce__(self) -> tuple:
+        # pickled (sent to another process): the message stays behind; what arrives
+        # names it but reads nothing (ForeignHandle), so no text escapes its visibility
+        return (_detached, (self.id, self.table.origin, self.reader))
+
+    @property
+    def detached(self) -> bool:
+        """True for a handle that was pickled out of its engine's process."""
+        return isinstance(self.table, DetachedTable)
 
     @property
     def _msg(self) -> Message:
@@ -189,11 +199,17 @@ class Handle:
         return self._msg.freed
 
     def __repr__(self) -> str:
+        if self.detached:
+            return f"Handle(id={self.id}, of engine {self.table.origin} in another process)"
         msg = self._msg
         if not can_read(self.reader, msg.owner, msg.visibility):
             return f"Handle(id={self.id}, role={msg.role!r}, hidden from {self.reader})"
         text = msg.text if len(msg.text) <= 40 else msg.text[:39] + "…"
         return f"Handle(id={self.id}, role={msg.role!r}, text={text!r})"
+
+
+def _detached(mid: int, origin: str, reader: str | None) -> Handle:
+    return Handle(mid, DetachedTable(origin), reader)  # type: ignore[arg-type]
 
 
 def bind(value: Any, reader: str | None) -> Any:

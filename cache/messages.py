@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import itertools
 import threading
+import uuid
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from corps.cache.errors import UnknownHandle
+from corps.cache.errors import ForeignHandle, UnknownHandle
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,7 @@ class MessageTable:
         self._refs_lock = threading.RLock()  # RLock: a handle may die while it is held
         self.unreferenced: deque[int] = deque()
         self.forgotten = 0
+        self.origin = uuid.uuid4().hex[:12]  # names this engine in a pickled handle
 
     def __len__(self) -> int:
         return sum(1 for m in self.all() if not m.freed)
@@ -153,6 +155,15 @@ class MessageTable:
                 f"nothing referred to it)"
             ) from None
 
+    def own(self, handle: Any) -> None:
+        """ForeignHandle unless `handle` was made by this table's engine."""
+        if handle.table is not self:
+            raise ForeignHandle(
+                f"handle {handle.id} belongs to another engine (engine {handle.table.origin}, "
+                f"this one is {self.origin}); handles never cross engines: send its text "
+                f"and encode it again here"
+            )
+
     def live(self, mid: int) -> Message:
         """The message if it can still be attended to, else UnknownHandle."""
         msg = self.get(mid)
@@ -171,3 +182,32 @@ class MessageTable:
 
 def _preview(text: str, n: int = 32) -> str:
     return repr(text if len(text) <= n else text[: n - 1] + "…")
+
+
+class DetachedTable:
+    """What a handle names once it has left its engine's process (pickled, e.g. sent to
+    a Ray worker): nothing readable. Every lookup raises `ForeignHandle`; so does an
+    engine given such a handle as a parent."""
+
+    def __init__(self, origin: str) -> None:
+        self.origin = origin
+
+    def ref(self, mid: int) -> None:
+        pass
+
+    def unref(self, mid: int) -> None:
+        pass
+
+    def _foreign(self, mid: int) -> ForeignHandle:
+        return ForeignHandle(
+            f"handle {mid} was made by engine {self.origin} in another process; handles "
+            f"never cross engines: send its text (read where it was made) and encode it again"
+        )
+
+    def get(self, mid: int) -> Message:
+        raise self._foreign(mid)
+
+    live = get
+
+    def find(self, mid: int) -> Message | None:
+        return None

@@ -133,7 +133,8 @@ class Guard:
         """
         reader, parents = request.owner, list(request.parents)
         for p in parents:
-            self.table.live(p.id)  # unknown or freed handles fail first
+            self.table.own(p)  # another engine's, unknown or freed handles fail first
+            self.table.live(p.id)
         check_access(self.table, reader, parents)
         if reader is None or self.mode != "choreographed":  # re-encoding from text cannot leak
             return Checked(request, [], 0)

@@ -14,7 +14,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from corps.cache.errors import UnknownHandle
 from corps.cache.handle import Handle
 from corps.cache.messages import Message, MessageTable
 from corps.cache.placement import check_limit, place
@@ -187,11 +186,7 @@ class Planner:
         freed but pinned by the call being planned); else UnknownHandle / InvalidRequest."""
         if not isinstance(handle, Handle):
             raise InvalidRequest(f"expected a Handle, got {type(handle).__name__}")
-        if handle.table is not self.table:
-            raise UnknownHandle(
-                f"handle {handle.id} belongs to another engine; handles only work in the "
-                f"engine that made them"
-            )
+        self.table.own(handle)
         msg = self.table.get(handle.id)
         if msg.freed and msg.pins == 0:  # freed and not kept by a queued call: gone
             return self.table.live(handle.id)  # raises, saying so

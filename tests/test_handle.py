@@ -70,3 +70,27 @@ async def test_agents_receive_handles_bound_to_themselves(tiny_dirs):
         back = await rt.ask("bob", Bundle(items=(remark,), main=remark))
         assert seen["reader"] == "bob" and "bob cannot read" in seen["denied"]
         assert back.reader is None  # replies are bound to the asker: here the caller
+
+
+async def test_a_pickled_handle_reads_nothing_and_no_engine_takes_it(tiny_dirs):
+    """A handle sent to another process (pickled, as Ray sends it) names its message but
+    reads nothing, and passing it, or a handle of another engine in this process, to an
+    engine raises ForeignHandle: handles never cross engines."""
+    import pickle
+
+    from corps.cache import ForeignHandle
+
+    async with open_tiny(tiny_dirs, "llama") as a, open_tiny(tiny_dirs, "llama") as b:
+        h = await a.prefill("a secret plan", owner="alice", visibility=Private())
+        sent = pickle.loads(pickle.dumps(h))
+        assert sent.id == h.id and sent.detached and not h.detached
+        assert "another process" in repr(sent)
+        for read in (lambda: sent.text, lambda: sent.tokens, lambda: sent.role):
+            with pytest.raises(ForeignHandle, match="never cross engines"):
+                read()
+        for engine in (a, b):  # even its own engine: what arrived is not the handle
+            with pytest.raises(ForeignHandle, match="never cross engines"):
+                await engine.decode(parents=[sent], max_tokens=2)
+        with pytest.raises(ForeignHandle, match="another engine"):
+            await b.decode(parents=[h], max_tokens=2)
+        assert a.stats().messages == 1 and b.stats().messages == 0
