@@ -6,10 +6,7 @@ naming the field or file and what was expected.
 
 from __future__ import annotations
 
-import importlib.util
-import inspect
 import json
-import sys
 import tomllib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -22,6 +19,7 @@ from corps.cache.errors import InvalidRequest
 from corps.engine.config import Mode
 from corps.patterns import registry
 from corps.patterns.scoring import REFERENCE_KEYS
+from corps.patterns.scripts import BadScript, load_script
 
 
 class ScenarioError(InvalidRequest):
@@ -140,17 +138,8 @@ def _scenario(path: Path) -> Target:
 
 
 def _python(path: Path) -> Target:
-    if not path.is_file():
-        raise ScenarioError(f"no Python file {str(path)!r}")
-    name = f"corps_user_{path.stem}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # pydantic payloads resolve their annotations through it
     try:
-        spec.loader.exec_module(module)
-    except Exception as exc:
-        raise ScenarioError(f"{path}: failed to import: {exc!r}") from None
-    fn = getattr(module, "run", None)
-    if fn is None or not inspect.iscoroutinefunction(fn):
-        raise ScenarioError(f"{path} defines no `async def run(rt, **params)`")
+        fn = load_script(path)
+    except BadScript as exc:
+        raise ScenarioError(str(exc)) from None
     return Target(str(path), fn, {}, builtin=False)
