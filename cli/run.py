@@ -108,6 +108,35 @@ def run(
             help="Stream each agent's tokens in panels while it runs (default: on in a terminal).",
         ),
     ] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Run the --inputs across N engine workers on Ray (pip install 'corps[ray]'); "
+            "--concurrency is then per worker.",
+        ),
+    ] = None,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            "--ray",
+            help="With --workers: join this Ray cluster (HOST:PORT, ray://HOST:PORT or auto) "
+            "instead of starting a local one.",
+        ),
+    ] = None,
+    gpus_per_worker: Annotated[
+        float, typer.Option(min=0, help="With --workers: GPUs each worker takes (0: CPU).")
+    ] = 0.0,
+    threads_per_worker: Annotated[
+        int | None,
+        typer.Option(min=1, help="With --workers: torch threads per worker (default: cores / N)."),
+    ] = None,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            help="With --workers and --json: keep the results already in --json, run the rest."
+        ),
+    ] = False,
 ) -> None:
     """Run a workflow and print its answer and a summary (tokens encoded vs reused, ...)."""
     try:
@@ -116,6 +145,7 @@ def run(
         if seed is not None:
             params["seed"] = seed
         lines = read_inputs(inputs) if inputs is not None else None
+        _check_worker_flags(workers, lines, json_out, resume, ray_address, gpus_per_worker)
         checked = (
             [tgt.check({**params, **line}, f"line {i + 1}: ") for i, line in enumerate(lines)]
             if lines is not None
@@ -142,6 +172,10 @@ def run(
     except CorpsError as exc:
         _exit(str(exc), 2)
     live = out.is_terminal if live is None else live
+    if workers is not None:
+        _on_workers(tgt, lines, checked, config, workers, ray_address, gpus_per_worker,
+                    threads_per_worker, concurrency, json_out, resume)  # fmt: skip
+        return
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", LeakWarning)  # counted in the summary instead
@@ -158,6 +192,39 @@ def run(
         if os.environ.get("CORPS_DEBUG"):
             raise
         _exit(f"workflow failed: {exc}", 1)
+
+
+def _check_worker_flags(workers, lines, json_out, resume, ray_address, gpus) -> None:
+    if workers is None:
+        given = [f for f, v in (("--ray", ray_address), ("--resume", resume), ("--gpus-per-worker",
+                 gpus)) if v]  # fmt: skip
+        if given:
+            raise ScenarioError(f"{', '.join(given)} only apply with --workers")
+        return
+    if lines is None:
+        raise ScenarioError("--workers runs the lines of --inputs across workers: give --inputs")
+    if resume and json_out is None:
+        raise ScenarioError("--resume continues the results of --json: give --json")
+
+
+def _on_workers(tgt, lines, checked, config, workers, address, gpus, threads, concurrency,
+                json_out, resume) -> None:  # fmt: skip
+    from corps.cli.run_workers import run_on_workers
+    from corps.patterns.cluster import ClusterError
+
+    ids = [line.get("id", i) for i, line in enumerate(lines)]
+    try:
+        failed = run_on_workers(
+            tgt, checked, ids, config, workers=workers, address=address, gpus_per_worker=gpus,
+            threads_per_worker=threads, concurrency=concurrency, json_out=json_out,
+            resume=resume, out=out, err=err,
+        )  # fmt: skip
+    except ClusterError as exc:
+        _exit(str(exc), 2)
+    except CorpsError as exc:  # bad inputs (duplicate ids, parameters): nothing ran
+        _exit(str(exc), 2)
+    if failed:
+        _exit(f"{failed} of {len(checked)} runs failed (see --json)", 1)
 
 
 def read_inputs(path: Path) -> list[dict[str, Any]]:

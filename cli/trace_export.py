@@ -37,26 +37,31 @@ def _us(t: float) -> float:
 
 def perfetto(trace: Trace) -> dict[str, Any]:
     h = trace.header
-    events: list[dict[str, Any]] = [
-        _meta("process_name", 0, f"corps {h.model} ({h.mode})"),
-    ]
+    # one Perfetto process per engine: a merged trace's workers, else the one engine
+    pids = {p.name: i + 1 for i, p in enumerate(trace.processes)} or {None: 1}
+    events: list[dict[str, Any]] = []
+    for name, pid in pids.items():
+        label = f"corps {h.model} ({h.mode})" + (f" · {name}" if name else "")
+        events.append(_meta("process_name", 0, label, pid=pid))
     lanes = Timeline(trace)._lanes()  # same packing as the viewer: row 0 is the agent's track
     now = trace.end_t
-    lane_of: dict[int, int] = {}  # call id -> its lane's thread id
+    lane_of: dict[int, tuple[int, int]] = {}  # call id -> its lane's (pid, thread id)
     tid = 0
     for name, rows in lanes.items():
+        pid = pids.get(rows[0][0].process, 1)
         for r, row in enumerate(rows):
             tid += 1
-            events.append(_meta("thread_name", tid, name if r == 0 else f"{name} ({r + 1})"))
-            events.append(_meta("thread_sort_index", tid, None, sort_index=tid))
+            label = name if r == 0 else f"{name} ({r + 1})"
+            events.append(_meta("thread_name", tid, label, pid=pid))
+            events.append(_meta("thread_sort_index", tid, None, pid=pid, sort_index=tid))
             for c in row:
-                lane_of[c.id] = tid
-                events += _call_events(c, tid, now=now)
+                lane_of[c.id] = (pid, tid)
+                events += _call_events(c, tid, now=now, pid=pid)
     events += _flows(trace, lane_of, now)
-    for s in trace.steps:
-        ts = _us(s.t)
-        events.append(_counter("store tokens", ts, used=s.store_used, capacity=s.capacity))
-        events.append(_counter("batch", ts, calls=s.calls, queued=s.queue))
+    for s, proc in zip(trace.steps, trace.step_processes, strict=True):
+        ts, pid = _us(s.t), pids.get(proc, 1)
+        events.append(_counter("store tokens", ts, pid, used=s.store_used, capacity=s.capacity))
+        events.append(_counter("batch", ts, pid, calls=s.calls, queued=s.queue))
     for lk in trace.leaks:
         events.append(
             dict(ph="i", s="g", pid=1, tid=0, ts=_us(lk.t), name="leak", args=dict(lk.model_dump()))
@@ -68,14 +73,14 @@ def perfetto(trace: Trace) -> dict[str, Any]:
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": h.model_dump()}
 
 
-def _meta(kind: str, tid: int, name: str | None, **args: Any) -> dict[str, Any]:
+def _meta(kind: str, tid: int, name: str | None, pid: int = 1, **args: Any) -> dict[str, Any]:
     if name is not None:
         args["name"] = name
-    return dict(ph="M", pid=1, tid=tid, name=kind, args=args)
+    return dict(ph="M", pid=pid, tid=tid, name=kind, args=args)
 
 
-def _counter(name: str, ts: float, **values: int) -> dict[str, Any]:
-    return dict(ph="C", pid=1, tid=0, ts=ts, name=name, args=values)
+def _counter(name: str, ts: float, pid: int, **values: int) -> dict[str, Any]:
+    return dict(ph="C", pid=pid, tid=0, ts=ts, name=name, args=values)
 
 
 def _phases(c: CallRec, now: float) -> list[tuple[str, float, float]]:
@@ -98,15 +103,15 @@ def _call_args(c: CallRec) -> dict[str, Any]:
     return args
 
 
-def _call_events(c: CallRec, tid: int, *, now: float) -> list[dict[str, Any]]:
+def _call_events(c: CallRec, tid: int, *, now: float, pid: int = 1) -> list[dict[str, Any]]:
     """The call's complete event on its lane, with its phases nested inside."""
     name = f"{c.kind} {c.id}"
     start, end = _us(c.start), _us(c.stop(now))
-    out = [dict(ph="X", pid=1, tid=tid, ts=start, dur=end - start, name=name, cat="call")]
+    out = [dict(ph="X", pid=pid, tid=tid, ts=start, dur=end - start, name=name, cat="call")]
     out[0]["args"] = _call_args(c)
     for phase, a, b in _phases(c, now):
         out.append(
-            dict(ph="X", pid=1, tid=tid, ts=_us(a), dur=_us(b) - _us(a), name=phase, cat="phase")
+            dict(ph="X", pid=pid, tid=tid, ts=_us(a), dur=_us(b) - _us(a), name=phase, cat="phase")
         )
     return out
 
@@ -120,7 +125,7 @@ def _inside(c: CallRec, now: float, at_end: bool) -> float:
     return b - 1 if at_end else a + 1
 
 
-def _flows(trace: Trace, lane_of: dict[int, int], now: float) -> list[dict[str, Any]]:
+def _flows(trace: Trace, lane_of: dict[int, tuple[int, int]], now: float) -> list[dict[str, Any]]:
     """Arrows from the call that made a message to each call that read it: a flow start
     inside the maker's slice, a flow end (bound to the enclosing slice) inside the
     reader's, each on the call's own lane."""
@@ -132,9 +137,12 @@ def _flows(trace: Trace, lane_of: dict[int, int], now: float) -> list[dict[str, 
             if maker is None or maker.end is None or maker.id not in lane_of:
                 continue
             n += 1
-            common = dict(id=n, pid=1, name=f"m{p}", cat="message")
-            out.append(dict(ph="s", tid=lane_of[maker.id], ts=_inside(maker, now, True), **common))
-            out.append(dict(ph="f", bp="e", tid=lane_of[c.id], ts=_inside(c, now, False), **common))
+            common = dict(id=n, name=f"m{p}", cat="message")
+            (mpid, mtid), (rpid, rtid) = lane_of[maker.id], lane_of[c.id]
+            out.append(dict(ph="s", pid=mpid, tid=mtid, ts=_inside(maker, now, True), **common))
+            out.append(
+                dict(ph="f", bp="e", pid=rpid, tid=rtid, ts=_inside(c, now, False), **common)
+            )
     return out
 
 

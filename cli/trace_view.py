@@ -151,7 +151,8 @@ class Timeline:
         now = self.trace.end_t
         lanes: dict[str, list[list[CallRec]]] = {}
         for c in self.calls:
-            rows = lanes.setdefault(self.names(c.agent), [])
+            name = self.names(c.agent)
+            rows = lanes.setdefault(f"{_short(c.process)} {name}" if c.process else name, [])
             for row in rows:
                 if row[-1].stop(now) <= c.start:
                     row.append(c)
@@ -161,6 +162,10 @@ class Timeline:
                     rows.append([c])
                 else:
                     rows[-1].append(c)  # drawn over: the lane is at its limit
+        if self.trace.processes:  # a merged trace: each process's lanes together
+            order = {p.name: i for i, p in enumerate(self.trace.processes)}
+            rank = {name: order.get(rows[0][0].process, -1) for name, rows in lanes.items()}
+            lanes = dict(sorted(lanes.items(), key=lambda kv: rank[kv[0]]))
         return lanes
 
     def _row(self, row: list[CallRec], cell, width: int, now: float) -> Text:
@@ -191,6 +196,12 @@ class Timeline:
         for ch, st in zip(chars, styles, strict=True):
             text.append(ch, style=st)
         return text
+
+
+def _short(process: str) -> str:
+    """A lane's process prefix: `worker-12` as `w12` (labels are narrow)."""
+    head, _, n = process.rpartition("-")
+    return f"{head[:1]}{n}" if head and n.isdigit() else process
 
 
 def _overlapping(row: list[CallRec], now: float) -> int:

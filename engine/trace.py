@@ -187,6 +187,16 @@ class Stage(_Event):
     name: str
 
 
+class Process(_Event):
+    """In a merged trace (`corps.engine.trace_merge`): the events that follow, up to the
+    next `Process`, come from this engine process (a cluster's worker)."""
+
+    type: Literal["process"] = "process"
+    name: str
+    pid: int | None = None
+    host: str = ""
+
+
 class Closed(_Event):
     """Last line of a trace whose engine shut down cleanly (absent after a crash)."""
 
@@ -215,6 +225,7 @@ Event = Annotated[
     | Reencode
     | ErrorEvent
     | Stage
+    | Process
     | Closed
     | Token,
     Field(discriminator="type"),

@@ -30,6 +30,7 @@ from corps.engine.trace import (
     Header,
     LeakEvent,
     MessageMade,
+    Process,
     Reencode,
     Stage,
     Step,
@@ -49,6 +50,7 @@ class CallRec:
     queued: CallQueued
     first_token: float | None = None
     end: CallEnd | None = None
+    process: str | None = None  # the engine process it ran in (merged traces only)
 
     @property
     def id(self) -> int:
@@ -96,6 +98,8 @@ class Trace:
     errors: list[ErrorEvent] = field(default_factory=list)
     steps: list[Step] = field(default_factory=list)
     stages: list[Stage] = field(default_factory=list)  # what each workflow said it was doing
+    processes: list[Process] = field(default_factory=list)  # a merged trace's engines
+    step_processes: list[str | None] = field(default_factory=list)  # each step's process
     warnings: list[str] = field(default_factory=list)
     events: int = 0
     last_t: float = 0.0
@@ -172,8 +176,9 @@ class Trace:
         self._add(event)
 
     def _add(self, event) -> None:
+        process = self.processes[-1].name if self.processes else None
         if isinstance(event, CallQueued):
-            self.calls[event.call] = CallRec(event)
+            self.calls[event.call] = CallRec(event, process=process)
         elif isinstance(event, FirstToken):
             if event.call in self.calls:
                 self.calls[event.call].first_token = event.t
@@ -181,7 +186,8 @@ class Trace:
             rec = self.calls.get(event.call)
             if rec is None:  # queued before the trace began: synthesise its start
                 rec = self.calls[event.call] = CallRec(
-                    CallQueued(t=event.t, call=event.call, agent=event.agent, kind=event.kind)
+                    CallQueued(t=event.t, call=event.call, agent=event.agent, kind=event.kind),
+                    process=process,
                 )
             rec.end = event
         elif isinstance(event, MessageMade):
@@ -198,6 +204,9 @@ class Trace:
             self.errors.append(event)
         elif isinstance(event, Step):
             self.steps.append(event)
+            self.step_processes.append(process)
+        elif isinstance(event, Process):
+            self.processes.append(event)
         elif isinstance(event, Stage):
             self.stages.append(event)
         elif isinstance(event, Closed):

@@ -24,12 +24,14 @@ an optional extra (`pip install 'corps[ray]'`) imported only here.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import os
 import socket
 import tempfile
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -160,6 +162,7 @@ class Cluster:
         self._started_ray = False
         self._workers: dict[str, _Worker] = {}
         self._lost: list[_Worker] = []
+        self._infos: dict[str, dict[str, Any]] = {}  # every worker's pid and host, lost too
         self._spawning: set[asyncio.Task] = set()
         self._count = 0
         self._tmp: tempfile.TemporaryDirectory | None = None
@@ -195,7 +198,8 @@ class Cluster:
                   namespace="corps")  # fmt: skip
         if self.address is None:
             cores = os.cpu_count() or 1
-            ray.init(num_cpus=max(cores, self.size * self.threads), **kw)
+            with _quiet("ray._private.authentication"):  # says it secured the local instance
+                ray.init(num_cpus=max(cores, self.size * self.threads), **kw)
         else:
             _check_reachable(self.address)
             try:
@@ -235,6 +239,7 @@ class Cluster:
             ray.kill(actor)
             raise WorkerStartFailed(f"{name} failed to start: {_cause(exc)}") from None
         self._workers[name] = worker
+        self._infos[name] = worker.info
         self.router.add(name, self.concurrency)
         return worker
 
@@ -257,7 +262,8 @@ class Cluster:
         if self.trace is not None and traces:
             from corps.engine.trace_merge import merge
 
-            merge(traces, self.trace)
+            ordered = {n: traces[n] for n in sorted(traces, key=_number)}  # worker-1 first
+            merge(ordered, self.trace, info=self._infos)
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
@@ -396,6 +402,17 @@ class Cluster:
         return Outcome(i, ids[i], result=got["result"], worker=call.worker, attempts=attempts[i])
 
 
+@contextlib.contextmanager
+def _quiet(logger: str) -> Iterator[None]:
+    log = logging.getLogger(logger)
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
 def _import_ray() -> Any:
     try:
         import ray
@@ -461,6 +478,10 @@ def _check_ids(ids: list, n: int) -> None:
         if i in seen:
             raise InvalidRequest(f"input id {i!r} appears twice: every input needs its own id")
         seen.add(i)
+
+
+def _number(worker: str) -> int:
+    return int(worker.rpartition("-")[2])
 
 
 def _cause(exc: BaseException) -> str:
