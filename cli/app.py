@@ -351,6 +351,42 @@ def bench_serve(
             f.write(report.model_dump_json(indent=2))
 
 
+@bench_app.command("cluster")
+def bench_cluster(
+    n: Annotated[
+        int, typer.Option(min=1, help="Workflows (multi-QA pairs) per configuration.")
+    ] = 24,
+    max_tokens: Annotated[int, typer.Option(min=1, help="Tokens each answer may decode.")] = 32,
+    concurrency: Annotated[int, typer.Option(min=1, help="Workflows in flight in all.")] = 4,
+    workers: Annotated[int, typer.Option(min=2, help="Workers in the split configuration.")] = 2,
+    rounds: Annotated[int, typer.Option(min=1, help="Alternated rounds of every config.")] = 2,
+    seed: Annotated[int, typer.Option(help="Seed of the inputs.")] = 0,
+    colocation: Annotated[
+        bool, typer.Option(help="Also measure prefix co-location (baseline mode).")
+    ] = True,
+    model: ModelOpt = "smollm2-135m",
+    dtype: DtypeOpt = DEFAULT_DTYPE,
+    json_out: Annotated[str | None, typer.Option("--json", help="Write the report here.")] = None,
+) -> None:
+    """Ray workers vs the embedded engine on the same inputs: overhead, driver cost,
+    2 workers x 1 thread vs 1 x 2, prefix co-location (needs corps[ray])."""
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        _bad("corps bench cluster needs Ray: pip install 'corps[ray]'")
+    from corps.cli import bench_cluster as bc
+
+    settings = dict(dtype=dtype, n=n, max_tokens=max_tokens, concurrency=concurrency,
+                    workers=workers, rounds=rounds, seed=seed, colocation=colocation)  # fmt: skip
+    report = _run_bench(lambda: bc.measure(model, **settings))
+    console = Console(width=max(120, Console().width))
+    for table in bc.tables(report):
+        console.print(table)
+    if json_out is not None:
+        with open(json_out, "w") as f:
+            f.write(report.model_dump_json(indent=2))
+
+
 @bench_app.command("trace")
 def bench_trace(
     pattern: Annotated[str, typer.Argument(help="A built-in pattern.")] = "tree_of_thoughts",

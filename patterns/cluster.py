@@ -194,16 +194,13 @@ class Cluster:
         ray = self._ray
         if ray.is_initialized():
             return
-        kw = dict(include_dashboard=False, log_to_driver=False, configure_logging=False,
-                  namespace="corps")  # fmt: skip
         if self.address is None:
             cores = os.cpu_count() or 1
-            with _quiet("ray._private.authentication"):  # says it secured the local instance
-                ray.init(num_cpus=max(cores, self.size * self.threads), **kw)
+            start_local_ray(max(cores, self.size * self.threads))
         else:
             _check_reachable(self.address)
             try:
-                ray.init(address=self.address, **kw)
+                ray.init(address=self.address, **_RAY_INIT)
             except Exception as exc:
                 msg = f"cannot join the Ray cluster at {self.address}: {exc}"
                 raise ClusterError(msg) from None
@@ -330,6 +327,7 @@ class Cluster:
         keys = [prompt_key(p) for p in params]
         costs = [estimate_tokens(k, decode_budget) for k in keys]
         calls: dict[asyncio.Future, _Running] = {}
+        self._passed = [0] * len(inputs)
         cpu0 = time.process_time()
         try:
             while pending or calls:
@@ -362,17 +360,22 @@ class Cluster:
         return outcome
 
     def _dispatch(self, name, params, pending, attempts, keys, costs, calls) -> None:
-        while pending:
-            i = pending[0]
-            worker = self.router.choose(keys[i])
+        """Start what can start, in order; an input whose prefix's workers are busy lets
+        later ones pass it, at most `PASSES` times (then it takes any free worker)."""
+        waiting = deque()
+        while pending and self.router.free():
+            i = pending.popleft()
+            worker = self.router.choose(keys[i], wait=self._passed[i] < PASSES)
             if worker is None:
-                return
-            pending.popleft()
+                self._passed[i] += 1
+                waiting.append(i)
+                continue
             attempts[i] += 1
             self.stats.dispatched += 1
             self.router.start(worker, keys[i], costs[i])
             ref = self._workers[worker].actor.run.remote(name, params[i])
             calls[asyncio.ensure_future(ref)] = _Running(i, worker, costs[i])
+        pending.extendleft(reversed(waiting))  # back in front, in their order
 
     def _settle(
         self, call: _Running, fut: asyncio.Future, ids, attempts, pending
@@ -400,6 +403,22 @@ class Cluster:
         if "error" in got:
             return Outcome(i, ids[i], error=got["error"], worker=call.worker, attempts=attempts[i])
         return Outcome(i, ids[i], result=got["result"], worker=call.worker, attempts=attempts[i])
+
+
+#: How many times an input waiting for the workers holding its prefix lets a later
+#: input start first before it takes any free worker.
+PASSES = 4
+
+_RAY_INIT = dict(include_dashboard=False, log_to_driver=False, configure_logging=False,
+                 namespace="corps")  # fmt: skip
+
+
+def start_local_ray(num_cpus: int) -> None:
+    """Start a local Ray instance in this process, as a cluster does without an address
+    (no dashboard; workers' logs stay in Ray's log directory)."""
+    ray = _import_ray()
+    with _quiet("ray._private.authentication"):  # says it secured the local instance
+        ray.init(num_cpus=num_cpus, **_RAY_INIT)
 
 
 @contextlib.contextmanager

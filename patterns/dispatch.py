@@ -6,7 +6,9 @@ workflow: its input's prompt plus its decode budget), not in workflows, so a
 long input weighs what it costs. Inputs whose text shares a long prefix with
 one a worker ran recently go to that worker while it has a free slot (Parrot's
 co-location): its radix cache then holds the shared prefix's encoding and only
-the rest is encoded. Pure bookkeeping; no Ray, no engine.
+the rest is encoded. While those workers are busy such an input may wait a
+little (the cluster lets others pass it, a bounded number of times). Pure
+bookkeeping; no Ray, no engine.
 """
 
 from __future__ import annotations
@@ -57,18 +59,27 @@ class Router:
         """Workers with a free slot."""
         return [name for name, w in self._workers.items() if w.running < w.slots]
 
-    def choose(self, key: str) -> str | None:
+    def choose(self, key: str, *, wait: bool = False) -> str | None:
         """The worker to run an input whose prompt text is `key` on; None when every
-        worker is busy (or there is none)."""
+        worker is busy (or there is none). Workers that ran an input sharing a long
+        prefix with `key` come first; when all of them are busy, `wait=True` returns
+        None (the input waits for one of them) rather than the least loaded."""
         free = self.free()
         if not free:
             return None
         if self.co_locate:
-            shared = {name: self._shared(name, key) for name in free}
-            best = max(free, key=lambda n: shared[n])
-            if shared[best] >= self.co_locate:
-                return best
-        return min(free, key=lambda n: (self._workers[n].tokens, self._workers[n].running))
+            holders = [n for n in self._workers if self._shared(n, key) >= self.co_locate]
+            if holders:
+                ready = [n for n in holders if n in free]
+                if ready:
+                    return min(ready, key=self._weight)
+                if wait:
+                    return None
+        return min(free, key=self._weight)
+
+    def _weight(self, worker: str) -> tuple[int, int]:
+        w = self._workers[worker]
+        return (w.tokens, w.running)
 
     def _shared(self, worker: str, key: str) -> int:
         return max((_common(key, k) for k in self._workers[worker].recent), default=0)
@@ -103,5 +114,15 @@ def estimate_tokens(key: str, decode_budget: int) -> int:
 
 
 def prompt_key(params: dict) -> str:
-    """The text an input puts in front of the model: its text values, in order."""
-    return "\n".join(str(v) for v in params.values() if isinstance(v, str))
+    """The text an input puts in front of the model: its texts (in lists too), in order."""
+    return "\n".join(_texts(list(params.values())))
+
+
+def _texts(value: object) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list | tuple):
+        return [t for v in value for t in _texts(v)]
+    if isinstance(value, dict):
+        return _texts(list(value.values()))
+    return []

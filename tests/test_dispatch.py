@@ -31,6 +31,8 @@ def test_a_shared_prefix_goes_to_the_worker_that_ran_it_while_it_has_a_slot():
     assert r.choose("something else entirely") == "b"
     r.start("a", doc + "question 2", 500)  # a is now full
     assert r.choose(doc + "question 3") == "b"
+    assert r.choose(doc + "question 3", wait=True) is None  # or it waits for a
+    assert r.choose("unrelated", wait=True) == "b"
 
 
 def test_no_free_slot_no_worker():
@@ -62,7 +64,7 @@ def test_choices_respect_slots_and_loads_return_to_zero(slots, ops):
     running: list[tuple[str, int]] = []
     for start, key, cost in ops:
         if start:
-            w = r.choose(key)
+            w = r.choose(key, wait=False)
             free = [
                 f"w{i}"
                 for i, n in enumerate(slots)
@@ -85,4 +87,5 @@ def test_choices_respect_slots_and_loads_return_to_zero(slots, ops):
 
 def test_estimates():
     assert prompt_key({"question": "2+2?", "rounds": 3, "context": "maths"}) == "2+2?\nmaths"
+    assert prompt_key({"questions": ["a", "b"], "more": {"x": ("c",)}, "n": 1}) == "a\nb\nc"
     assert estimate_tokens("x" * 400, 64) == 165
