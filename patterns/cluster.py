@@ -235,6 +235,9 @@ class Cluster:
         except Exception as exc:
             ray.kill(actor)
             raise WorkerStartFailed(f"{name} failed to start: {_cause(exc)}") from None
+        except BaseException:  # cancelled (the cluster is closing): nothing half-started
+            ray.kill(actor)
+            raise
         self._workers[name] = worker
         self._infos[name] = worker.info
         self.router.add(name, self.concurrency)
@@ -243,6 +246,8 @@ class Cluster:
     async def _shutdown(self) -> None:
         for task in self._spawning:
             task.cancel()
+        await asyncio.gather(*self._spawning, return_exceptions=True)  # each kills its actor
+        self._spawning.clear()
         traces: dict[str, str] = {}
         for w in list(self._workers.values()):
             try:

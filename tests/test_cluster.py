@@ -1,7 +1,8 @@
 """patterns/cluster.py: workflows across engine workers on a local Ray instance.
 
-Marked `ray` (select with -m ray): each test starts tiny-model workers in their
-own processes (a few seconds each); one local Ray instance serves the module.
+Marked `ray` (select with -m ray): each test starts tiny-model workers of one
+thread each in their own processes (a few seconds each); one local Ray instance
+(2 CPUs, no dashboard) serves the module.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ QUESTIONS = [["What is 2+2?", f"Name colour number {i}."] for i in range(20)]
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
              configure_logging=False, namespace="corps-tests")  # fmt: skip
     yield
     ray.shutdown()
@@ -57,7 +58,9 @@ async def test_every_input_once_and_equal_to_one_embedded_engine(tiny_dirs, loca
     from corps.patterns import multi_qa
 
     inputs = _inputs(temperature)
-    async with Cluster(_config(tiny_dirs), workers=2, concurrency=3) as cluster:
+    async with Cluster(
+        _config(tiny_dirs), threads_per_worker=1, workers=2, concurrency=3
+    ) as cluster:
         assert len(cluster.workers) == 2
         got = await _collect(cluster, "multi_qa", inputs)
     assert sorted(o.id for o in got) == sorted(p["id"] for p in inputs)
@@ -88,7 +91,9 @@ async def test_a_killed_worker_loses_nothing(tiny_dirs, local_ray, tmp_path):
     script.write_text(SLOW)
     inputs = [{k: v for k, v in p.items() if k != "id"} for p in _inputs(0.0)]
     got: list[Outcome] = []
-    async with Cluster(_config(tiny_dirs), workers=2, concurrency=2) as cluster:
+    async with Cluster(
+        _config(tiny_dirs), threads_per_worker=1, workers=2, concurrency=2
+    ) as cluster:
         async for o in cluster.run(str(script), inputs):
             if not got:  # the first result: kill the busiest worker's process
                 _, info = max(cluster.workers.items(), key=lambda kv: kv[1]["running"])
@@ -111,8 +116,9 @@ async def test_without_replacement_and_with_no_retries_the_cause_is_reported(
     script.write_text(SLOW)
     inputs = [{k: v for k, v in p.items() if k != "id"} for p in _inputs(0.0)][:6]
     got = []
-    async with Cluster(_config(tiny_dirs), workers=1, concurrency=2, retries=0,
-                       replace=False) as cluster:  # fmt: skip
+    one = Cluster(_config(tiny_dirs), workers=1, threads_per_worker=1, concurrency=2,
+                  retries=0, replace=False)  # fmt: skip
+    async with one as cluster:
         async for o in cluster.run(str(script), inputs):
             got.append(o)
             if len(got) == 1:
@@ -135,25 +141,25 @@ async def test_a_handle_sent_to_another_engine_fails_typed(tiny_dirs, local_ray,
     script.write_text(FOREIGN)
     async with open_tiny(tiny_dirs, "llama") as engine:
         h = await engine.prefill("made here")
-        async with Cluster(_config(tiny_dirs), workers=1) as cluster:
+        async with Cluster(_config(tiny_dirs), threads_per_worker=1, workers=1) as cluster:
             (o,) = await _collect(cluster, str(script), [dict(parent=h)])
     assert o.error.startswith("ForeignHandle: ") and "never cross engines" in o.error
 
 
 async def test_a_worker_that_cannot_load_its_model_stops_the_start(tmp_path, local_ray):
     with pytest.raises(WorkerStartFailed, match=r"worker-1 failed to start: .*nowhere"):
-        async with Cluster(str(tmp_path / "nowhere"), workers=1):
+        async with Cluster(str(tmp_path / "nowhere"), workers=1, threads_per_worker=1):
             pass
     deadline = time.monotonic() + 30  # nothing half-started keeps its CPUs
-    while ray.available_resources().get("CPU", 0) < 4 and time.monotonic() < deadline:
+    while ray.available_resources().get("CPU", 0) < 2 and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert ray.available_resources().get("CPU", 0) == 4
+    assert ray.available_resources().get("CPU", 0) == 2
 
 
 async def test_bad_inputs_fail_before_any_worker_runs(tiny_dirs, local_ray):
     from corps.patterns.registry import BadParameters
 
-    async with Cluster(_config(tiny_dirs), workers=1) as cluster:
+    async with Cluster(_config(tiny_dirs), threads_per_worker=1, workers=1) as cluster:
         with pytest.raises(BadParameters):
             await _collect(cluster, "multi_qa", [dict(rounds=3)])
         with pytest.raises(InvalidRequest, match="appears twice"):

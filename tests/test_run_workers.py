@@ -68,6 +68,20 @@ def test_bad_worker_flags_exit_2_in_one_line(tiny_dirs, tmp_path, more, says):
     assert says in " ".join(result.output.split()) and "Traceback" not in result.output
 
 
+@pytest.mark.ray
+def test_a_worker_that_cannot_load_the_model_exits_2_and_leaves_nothing(tmp_path):
+    pytest.importorskip("ray")
+    import ray
+
+    args = ["run", "multi_qa", "--inputs", str(_inputs(tmp_path, 2)), "--model",
+            str(tmp_path / "no-model"), "--workers", "1"]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.output.split())
+    assert "worker-1 failed to start: ModelNotFound" in said and "Traceback" not in said
+    assert not ray.is_initialized()  # the local instance it started is gone
+
+
 def test_workers_need_inputs(tiny_dirs):
     args = ["run", "multi_qa", "--model", str(tiny_dirs["llama"]), "--workers", "2"]
     result = runner.invoke(app, args)
