@@ -13,6 +13,7 @@ EXPORTS = {
         "CacheFullError",
         "CallFigures",
         "CorpsError",
+        "ForeignHandle",
         "Handle",
         "InvalidRequest",
         "Leak",
