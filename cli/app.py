@@ -6,7 +6,7 @@ import os
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -297,12 +297,7 @@ def bench_constrained(
             _bad(f"--patterns: {', '.join(unknown)}; choose from {', '.join(bc.PATTERNS)}")
     settings = dict(seeds=seeds, calls=calls, tokens=tokens, runs=runs, libs=libraries)
     report = _run_bench(lambda: bc.measure(model, dtype, patterns=names, **settings))
-    console = Console(width=max(120, Console().width))
-    for table in bc.tables(report):
-        console.print(table)
-    if json_out is not None:
-        with open(json_out, "w") as f:
-            f.write(report.model_dump_json(indent=2))
+    _report(report, bc.tables(report), json_out)
 
 
 @bench_app.command("serve")
@@ -344,11 +339,7 @@ def bench_serve(
     settings = dict(dtype=dtype, loads=loads, policies=chosen, duration=duration, chat=chat,
                     mix=patterns, seed=seed)  # fmt: skip
     report = _run_bench(lambda: bs.measure(model, **settings))
-    console = Console(width=max(140, Console().width))
-    console.print(bs.table(report), bs.ratios(report))
-    if json_out is not None:
-        with open(json_out, "w") as f:
-            f.write(report.model_dump_json(indent=2))
+    _report(report, [bs.table(report), bs.ratios(report)], json_out, width=140)
 
 
 @bench_app.command("cluster")
@@ -379,12 +370,7 @@ def bench_cluster(
     settings = dict(dtype=dtype, n=n, max_tokens=max_tokens, concurrency=concurrency,
                     workers=workers, rounds=rounds, seed=seed, colocation=colocation)  # fmt: skip
     report = _run_bench(lambda: bc.measure(model, **settings))
-    console = Console(width=max(120, Console().width))
-    for table in bc.tables(report):
-        console.print(table)
-    if json_out is not None:
-        with open(json_out, "w") as f:
-            f.write(report.model_dump_json(indent=2))
+    _report(report, bc.tables(report), json_out)
 
 
 @bench_app.command("trace")
@@ -682,6 +668,16 @@ def _bad(message: str) -> None:
     """Bad input: one line, exit code 2 (as `corps run`)."""
     err.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
     raise typer.Exit(2)
+
+
+def _report(report: Any, tables: list[Any], json_out: str | None, width: int = 120) -> None:
+    """Print a benchmark's tables (at least `width` columns wide); its JSON to `json_out`."""
+    console = Console(width=max(width, Console().width))
+    for table in tables:
+        console.print(table)
+    if json_out is not None:
+        with open(json_out, "w") as f:
+            f.write(report.model_dump_json(indent=2))
 
 
 def _run_bench(work: Callable[[], Awaitable[T]]) -> T:

@@ -107,7 +107,7 @@ class TraceApp(App[None]):
             table.add_row(
                 tv.cid(c.id),
                 groups.get(c.id, ""),
-                names(c.agent),
+                names.lane(c),
                 c.kind,
                 Text(c.status, style=_STATUS.get(c.status, "")),
                 f"{c.start:.2f}s",

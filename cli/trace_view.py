@@ -151,8 +151,7 @@ class Timeline:
         now = self.trace.end_t
         lanes: dict[str, list[list[CallRec]]] = {}
         for c in self.calls:
-            name = self.names(c.agent)
-            rows = lanes.setdefault(f"{_short(c.process)} {name}" if c.process else name, [])
+            rows = lanes.setdefault(self.names.lane(c), [])
             for row in rows:
                 if row[-1].stop(now) <= c.start:
                     row.append(c)
@@ -196,12 +195,6 @@ class Timeline:
         for ch, st in zip(chars, styles, strict=True):
             text.append(ch, style=st)
         return text
-
-
-def _short(process: str) -> str:
-    """A lane's process prefix: `worker-12` as `w12` (labels are narrow)."""
-    head, _, n = process.rpartition("-")
-    return f"{head[:1]}{n}" if head and n.isdigit() else process
 
 
 def _overlapping(row: list[CallRec], now: float) -> int:
@@ -289,7 +282,7 @@ def lineage(trace: Trace, flt: Filter = ALL, limit: int = 40) -> Table:
         total = e.reused + e.encoded
         ratio = f"{e.reused / total:.0%}" if total else "-"
         status = "" if e.status == "ok" else f" [{e.status}]"
-        row = (cid(c.id), groups.get(c.id, ""), names(c.agent), c.kind + status)
+        row = (cid(c.id), groups.get(c.id, ""), names.lane(c), c.kind + status)
         table.add_row(*row, segs, ratio, f"{e.reused} tok")
     if len(rows) > limit:
         table.caption = f"{len(rows) - limit} more calls: narrow with --agent/--kind/--since"
@@ -403,7 +396,7 @@ def problems(trace: Trace) -> Group:
     for c in trace.calls.values():
         if c.status == "error":
             parts.append(
-                Text(f"error: call {cid(c.id)} ({names(c.agent)}): {c.end.error}", "bold red")
+                Text(f"error: call {cid(c.id)} ({names.lane(c)}): {c.end.error}", "bold red")
             )
     for a in trace.actors:
         if not a.ok:
@@ -427,7 +420,7 @@ def call_detail(trace: Trace, call_id: int, full: bool = False) -> Group:
         raise KeyError(call_id)
     names = names_of(trace)
     e = c.end
-    head = Text(f"call {cid(c.id)}: {c.kind} by {names(c.agent)} ({c.status})", style="bold")
+    head = Text(f"call {cid(c.id)}: {c.kind} by {names.lane(c)} ({c.status})", style="bold")
     if e is None:
         return Group(head, Text("still pending: no context recorded yet", style="cyan"))
     facts = (
@@ -514,7 +507,7 @@ def totals(trace: Trace, flt: Filter = ALL) -> Table:
     groups: dict[str, list[CallRec]] = defaultdict(list)
     shown = calls(trace, flt)
     for c in shown:
-        groups[names(c.agent)].append(c)
+        groups[names.lane(c)].append(c)
     leaks = defaultdict(int)
     for lk in trace.leaks:
         leaks[names(lk.reader)] += 1

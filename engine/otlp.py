@@ -97,8 +97,8 @@ def otlp(trace: Trace, texts: Texts = "none") -> dict[str, Any]:
         )
     ]
     by_agent: dict[str, list[CallRec]] = {}
-    for c in calls:
-        by_agent.setdefault(names(c.agent), []).append(c)
+    for c in calls:  # a merged trace: each worker's agents apart (`w2 alice`)
+        by_agent.setdefault(names.lane(c), []).append(c)
     for agent, cs in by_agent.items():
         sid = _hex(f"{trace_id}:agent:{agent}", 16)
         a0, a1 = min(c.start for c in cs), max(c.stop(now) for c in cs)

@@ -278,11 +278,23 @@ class Names:
             return agent
         return f"{m['run']}/{m['role']}" if self.several else m["role"]
 
+    def lane(self, call: CallRec) -> str:
+        """A call's agent as `__call__` names it, after its process in a merged trace
+        (`w2 alice` for worker-2's alice)."""
+        name = self(call.agent)
+        return f"{short_process(call.process)} {name}" if call.process else name
+
     @staticmethod
     def run(agent: str | None) -> str | None:
         """The run id in a pattern agent's name (`debate-1a2b3c4d-alice`), else None."""
         m = _RUN.match(agent) if agent else None
         return m["run"] if m else None
+
+
+def short_process(process: str) -> str:
+    """A process's name as lanes show it: `worker-12` as `w12` (labels are narrow)."""
+    head, _, n = process.rpartition("-")
+    return f"{head[:1]}{n}" if head and n.isdigit() else process
 
 
 def names_of(trace: Trace) -> Names:

@@ -43,6 +43,11 @@ async def test_merged_traces_keep_each_engine_apart(tiny_dirs, tmp_path):
     events = perfetto(trace)["traceEvents"]
     names = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
     assert sorted(names) == [1, 2] and names[2].endswith("worker-2")
+    from corps.engine.otlp import otlp
+
+    spans = otlp(trace)["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    agents = {s["name"] for s in spans if s["name"].startswith("invoke_agent")}
+    assert {"invoke_agent w1 (engine)", "invoke_agent w2 (engine)"} <= agents
     flows = [e for e in events if e["ph"] in "sf"]
     assert flows and all(e["pid"] in (1, 2) for e in flows)
     assert {e["pid"] for e in events if e.get("cat") == "call"} == {1, 2}
