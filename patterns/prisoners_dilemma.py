@@ -21,7 +21,7 @@ from corps.patterns import forms
 from corps.patterns.params import Count, Temperature, Tokens, TopP
 from corps.patterns.parsing import parse_decision
 from corps.patterns.result import PatternResult
-from corps.patterns.run import Run
+from corps.patterns.run import Run, first_error
 
 PAYOFFS = dict(R=3, S=0, T=5, P=1)
 SYSTEM = (
@@ -176,9 +176,10 @@ async def prisoners_dilemma(
             plans[me] = await ask(me, t)
 
         run.stage("plan")
-        async with anyio.create_task_group() as tg:  # both plan at once: one batch
-            for me in order:
-                tg.start_soon(plan, me, turn("plan"))
+        with first_error():
+            async with anyio.create_task_group() as tg:  # both plan at once: one batch
+                for me in order:
+                    tg.start_soon(plan, me, turn("plan"))
         run.messages.extend(plans[me] for me in order)
         history: list[Handle] = []
         for r in range(1, rounds + 1):

@@ -11,8 +11,10 @@ the result's handles.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import anyio
@@ -25,6 +27,29 @@ from corps.engine.trace import Stage
 from corps.engine.workflow import CURRENT, Objective, Workflow
 from corps.patterns.replay import CURRENT as REPLAY
 from corps.patterns.result import PatternResult
+
+
+@contextlib.contextmanager
+def first_error() -> Iterator[None]:
+    """Around a task group: if its tasks fail, raise the first failure as itself (a
+    typed corps or agent error, not anyio's `ExceptionGroup`), the others noted on it."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        leaves = _leaves(group)
+        first = next((e for e in leaves if isinstance(e, Exception)), None)
+        if first is None or len(leaves) != sum(isinstance(e, Exception) for e in leaves):
+            raise  # a cancellation or exit among them: not ours to unwrap
+        for other in leaves[1:]:
+            first.add_note(f"also failed at the same time: {type(other).__name__}: {other}")
+        raise first from None
+
+
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    out: list[BaseException] = []
+    for e in group.exceptions:
+        out += _leaves(e) if isinstance(e, BaseExceptionGroup) else [e]
+    return out
 
 
 class Turn(BaseModel):
@@ -208,9 +233,10 @@ class Run:
             for i, h in zip(idx, handles, strict=True):
                 out[i] = h
 
-        async with anyio.create_task_group() as tg:
-            for agent, idx in by_agent.items():
-                tg.start_soon(one, agent, idx)
+        with first_error():
+            async with anyio.create_task_group() as tg:
+                for agent, idx in by_agent.items():
+                    tg.start_soon(one, agent, idx)
         self._record(tuple(turn for _, turn in calls), out)
         self.messages.extend(out)
         return out
