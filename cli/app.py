@@ -420,6 +420,9 @@ def bench_soak(
     deadline: Annotated[
         float, typer.Option(min=1.0, help="Seconds before a workflow counts as hung.")
     ] = 300.0,
+    admission: Annotated[
+        bool, typer.Option(help="Workflow-level admission (off: every workflow starts at once).")
+    ] = True,
     model: ModelOpt = "smollm2-135m",
     dtype: DtypeOpt = DEFAULT_DTYPE,
     json_out: Annotated[str | None, typer.Option("--json", help="Write the report here.")] = None,
@@ -443,6 +446,7 @@ def bench_soak(
                 deadline_s=deadline,
                 capacity=capacity,
                 dtype=dtype,
+                admission=admission,
                 progress=lambda n: bar.update(task, completed=n),
             )
         )

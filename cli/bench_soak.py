@@ -76,6 +76,7 @@ class SoakReport(BaseModel):
     rss_end_mb: float
     per_workflow_start_s: float
     per_workflow_end_s: float
+    wall_s: float = 0.0  # first workflow started to last one ended
     records_end: int  # message records the engine still holds
     leaks: int
     dead_letters: int
@@ -208,6 +209,7 @@ async def soak(
     deadline_s: float = 300.0,
     capacity: int | None = None,
     dtype: str = DEFAULT_DTYPE,
+    admission: bool = True,
     progress: Callable[[int], None] | None = None,
 ) -> SoakReport:
     """Run the soak; `progress(n)` is called after each of the n workflows ends."""
@@ -224,7 +226,8 @@ async def soak(
     done_at: list[float] = []
     marks: dict[str, float] = {}
     peak = dict(store=0, rss=0.0)
-    async with Engine.open(model, dtype=dtype, capacity=capacity) as engine:
+    opened = Engine.open(model, dtype=dtype, capacity=capacity, admission=admission)
+    async with opened as engine:
         async with Runtime(engine) as rt:
             state = _Soak(engine, rt, rng, max_tokens)
             gc.collect()
@@ -259,6 +262,7 @@ async def soak(
                         marks["store"], marks["rss"] = engine.stats().tokens_used, rss_mb()
 
             limiter = anyio.CapacityLimiter(concurrency)
+            t_start = time.perf_counter()
             async with anyio.create_task_group() as tg:
                 tg.start_soon(sample)
                 async with anyio.create_task_group() as work:
@@ -297,6 +301,7 @@ async def soak(
         rss_end_mb=rss_mb(),
         per_workflow_start_s=start_s,
         per_workflow_end_s=end_s,
+        wall_s=(done_at[-1] - t_start) if done_at else 0.0,
         records_end=stats.records,
         leaks=stats.leaks,
         dead_letters=dead,
@@ -351,6 +356,10 @@ def table(r: SoakReport):
         "time per workflow: start / end",
         f"{r.per_workflow_start_s:.3f} s / {r.per_workflow_end_s:.3f} s",
     )
+    if r.wall_s:
+        t.add_row(
+            "wall / workflows per minute", f"{r.wall_s:.1f} s / {60 * r.workflows / r.wall_s:.0f}"
+        )
     if r.per_workflow_start_s:
         t.add_row("end vs start", f"{r.per_workflow_end_s / r.per_workflow_start_s - 1:+.1%}")
     t.add_row(

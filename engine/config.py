@@ -121,6 +121,10 @@ class EngineConfig(BaseModel):
       them).
     - `adapter`: a LoRA adapter directory in PEFT's format (`corps distill --out`, or
       peft's save_pretrained) merged into the weights at load, in every mode and dtype.
+    - `admission`: workflow-level admission (`corps.engine.admission`): a pattern's
+      run starts only when the store can hold it beside the runs in flight (True,
+      the default), so many workflows at once wait rather than fail with
+      CacheFullError; False starts every run at once.
     - `jump_forward`: when a decode's constraint allows exactly one continuation
       for several tokens (a JSON key, punctuation), append them without sampling
       and encode them together in the next step (True); False samples each one.
@@ -145,6 +149,7 @@ class EngineConfig(BaseModel):
     otel: str | None = None
     auto_free: bool = False
     jump_forward: bool = True
+    admission: bool = True
     policy: PolicyName = "fcfs"
     adapter: Path | None = None
 

@@ -17,6 +17,7 @@ from rich.console import Console
 from corps.cache.handle import Handle
 from corps.cache.visibility import Leak, Visibility
 from corps.engine.access import AuditEvent, Guard, check_access
+from corps.engine.admission import WorkflowGate
 from corps.engine.build import build_executor
 from corps.engine.chat import ChatFormat
 from corps.engine.config import (
@@ -86,6 +87,13 @@ class Engine:
         self.otel: LiveSpans | None = self._send_spans(cfg) if cfg.otel is not None else None
         """With `otel=URL`: the live span sender (`sent`, `dropped`); else None."""
         self._sched.after_step = self._sweep
+        capacity = core.occupancy()[1]
+        on = capacity and cfg.admission
+        used = lambda: core.occupancy()[0]  # noqa: E731
+        self.gate: WorkflowGate | None = WorkflowGate(capacity, used=used) if on else None
+        """Workflow-level admission (`corps.engine.admission`): a pattern's run enters
+        it before its first call; None when off (`admission=False`) or where there is
+        no store (mode "hf")."""
 
     # ---- construction and lifetime ----
 
@@ -313,6 +321,13 @@ class Engine:
         """The text of a message, if `reader` may see it (else AccessDenied)."""
         check_access(self._core.table, reader, [handle])
         return self._core.table.get(handle.id).text
+
+    def held_by(self, owners: Iterable[str]) -> int:
+        """Store slots held now by the live messages these agents own (what a
+        workflow's agents keep beside the messages it holds handles to)."""
+        names = set(owners)
+        return sum(len(m.slots) for m in self._core.table.all()
+                   if not m.freed and m.owner in names)  # fmt: skip
 
     def free(self, handle: Handle) -> None:
         """Release a message's encoding (and its re-encoded copies); a call still

@@ -12,6 +12,7 @@ the result's handles.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import time
 import uuid
 from collections.abc import Iterator
@@ -23,10 +24,13 @@ from pydantic import BaseModel, ConfigDict
 from corps.agents import Agent, Runtime
 from corps.cache.handle import Handle
 from corps.cache.visibility import Private
+from corps.engine.admission import Ticket
 from corps.engine.trace import Stage
 from corps.engine.workflow import CURRENT, Objective, Workflow
 from corps.patterns.replay import CURRENT as REPLAY
 from corps.patterns.result import PatternResult
+
+_GATED: contextvars.ContextVar[Ticket | None] = contextvars.ContextVar("gated", default=None)
 
 
 @contextlib.contextmanager
@@ -126,8 +130,14 @@ class Run:
         self._stage: str | None = None
         self._t0 = time.perf_counter()
         self.replay = REPLAY.get()
+        self._ticket: Ticket | None = None
 
     async def __aenter__(self) -> Run:
+        gate = self.engine.gate
+        if gate is not None and _GATED.get() is None:  # a run inside a run: already in
+            self._ticket = gate.enter(self.pattern)
+            await self._ticket.__aenter__()  # waits until the store can hold it
+            self._gated = _GATED.set(self._ticket)
         self._t0 = time.perf_counter()
         # every call of the run, its agents' included, carries the run as its workflow
         outer = CURRENT.get()  # inside `with engine.workflow(..., objective=...)`: its objective
@@ -137,11 +147,24 @@ class Run:
 
     async def __aexit__(self, *exc_info: Any) -> None:
         CURRENT.reset(self._workflow)
-        for name in self.agents:
-            self.rt.stop(name)
-        for h in self.messages:
-            if h is not None and not h.freed:
-                self.engine.free(h)
+        try:
+            if self._ticket is not None:  # held at its end: its peak (it frees nothing before)
+                self._ticket.used(self._held())
+            for name in self.agents:
+                self.rt.stop(name)
+            for h in self.messages:
+                if h is not None and not h.freed:
+                    self.engine.free(h)
+        finally:  # out of the gate whatever happened, so no run waits on this one forever
+            if self._ticket is not None:
+                _GATED.reset(self._gated)
+                await self._ticket.__aexit__(*exc_info)
+
+    def _held(self) -> int:
+        """Store tokens this run holds now: its messages and its agents' own."""
+        live = {h.id: h for h in self.messages if h is not None and not h.freed}
+        mine = sum(h.length for h in live.values() if h.owner not in self.agents)
+        return mine + self.engine.held_by(self.agents)
 
     # ---- building the workflow ----
 

@@ -1,0 +1,149 @@
+"""engine/admission.py: workflows start only when the store can hold them."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from corps.engine.admission import WorkflowGate
+
+
+async def test_the_first_workflow_always_starts_and_others_wait_for_room():
+    gate = WorkflowGate(1000, share=1.0)
+    gate.peaks["debate"] = 400  # learned from an earlier one
+    order: list[str] = []
+    release = {n: anyio.Event() for n in "abc"}
+
+    async def run(name: str) -> None:
+        async with gate.enter("debate") as ticket:
+            order.append(f"{name} in")
+            await release[name].wait()
+            ticket.used(300)
+        order.append(f"{name} out")
+
+    async with anyio.create_task_group() as tg:
+        for n in "abc":
+            tg.start_soon(run, n)
+            await anyio.sleep(0.01)
+        assert order == ["a in", "b in"] and gate.waiting == 1  # 3 x 400 > 1000
+        release["a"].set()
+        await anyio.sleep(0.01)
+        assert order[-2:] == ["a out", "c in"]  # a's room goes to c
+        assert gate.peaks == {"debate": 400}  # the largest seen
+        release["b"].set()
+        release["c"].set()
+    assert gate.running == 0 and gate.waited == 1
+
+
+async def test_a_kind_never_seen_runs_alone_until_one_ends():
+    gate = WorkflowGate(10_000, first_guess=0.01)
+    hold = anyio.Event()
+    got: list[str] = []
+
+    async def run(kind: str, tag: str) -> None:
+        async with gate.enter(kind) as t:
+            got.append(tag)
+            await hold.wait()
+            t.used(50)
+
+    async with anyio.create_task_group() as tg:
+        for kind, tag in (("new", "n1"), ("new", "n2")):
+            tg.start_soon(run, kind, tag)
+            await anyio.sleep(0.01)
+        assert got == ["n1"]  # room for both, but n2 waits to learn n1's peak
+        hold.set()
+    assert got == ["n1", "n2"] and gate.peaks == {"new": 50}
+
+
+async def test_arrival_order_is_kept():
+    """A small workflow that would fit does not pass a big one waiting before it."""
+    gate = WorkflowGate(100, share=1.0)
+    gate.peaks.update(big=95, small=10)
+    got: list[str] = []
+    hold = {t: anyio.Event() for t in ("s1", "b1", "s2")}
+
+    async def run(kind: str, tag: str) -> None:
+        async with gate.enter(kind):
+            got.append(tag)
+            await hold[tag].wait()
+
+    async with anyio.create_task_group() as tg:
+        for kind, tag in (("small", "s1"), ("big", "b1"), ("small", "s2")):
+            tg.start_soon(run, kind, tag)
+            await anyio.sleep(0.01)
+        assert got == ["s1"] and gate.waiting == 2
+        hold["s1"].set()
+        await anyio.sleep(0.01)
+        assert got == ["s1", "b1"]  # b1 first, though s2 arrived with room enough
+        hold["b1"].set()
+        await anyio.sleep(0.01)
+        assert got == ["s1", "b1", "s2"]
+        for e in hold.values():
+            e.set()
+
+
+async def test_a_cancelled_waiter_frees_its_place():
+    gate = WorkflowGate(100, share=1.0)
+    gate.peaks["big"] = 90
+    hold = anyio.Event()
+
+    async def first() -> None:
+        async with gate.enter("big"):
+            await hold.wait()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(first)
+        await anyio.sleep(0.01)
+        with anyio.move_on_after(0.05):
+            async with gate.enter("big"):
+                pytest.fail("there was no room")
+        assert gate.waiting == 0 and gate.running == 1
+        hold.set()
+    assert gate.running == 0
+
+
+async def test_a_failed_workflow_teaches_nothing():
+    gate = WorkflowGate(1000)
+    with pytest.raises(RuntimeError):
+        async with gate.enter("x") as t:
+            t.used(999)
+            raise RuntimeError
+    assert gate.peaks == {} and gate.running == 0
+
+
+def test_bad_settings():
+    with pytest.raises(ValueError):
+        WorkflowGate(0)
+    with pytest.raises(ValueError):
+        WorkflowGate(10, share=0)
+
+
+@pytest.mark.parametrize("admission", [True, False])
+async def test_many_runs_on_a_small_store_wait_rather_than_fail(tiny_dirs, admission):
+    """Twelve multi-QA runs at once on a store that holds three: with admission every
+    one completes (the rest wait at the gate); without, some fail CacheFullError."""
+    from corps.agents import Runtime
+    from corps.cache.errors import CacheFullError
+    from corps.patterns import multi_qa
+
+    from conftest import open_tiny
+
+    failed: list[BaseException] = []
+    async with open_tiny(tiny_dirs, "llama", capacity=512, admission=admission) as engine:
+        async with Runtime(engine) as rt:
+
+            async def one(i: int) -> None:
+                try:
+                    await multi_qa(rt, max_tokens=8, seed=i, constrained=False)
+                except CacheFullError as exc:
+                    failed.append(exc)
+
+            async with anyio.create_task_group() as tg:
+                for i in range(12):
+                    tg.start_soon(one, i)
+        if admission:
+            assert not failed and engine.gate.waited > 0 and engine.gate.running == 0
+            assert engine.gate.peaks["multi_qa"] > 0
+        else:
+            assert failed and engine.gate is None
+        assert engine.stats().tokens_used == 0
