@@ -12,8 +12,9 @@ and the store has its peak free now.
 
 A workflow's peak is learned: the most store tokens any finished workflow of
 the same kind (pattern) held. A kind never seen to its end runs one at a time
-(counted as `first_guess` of the store) until one ends and teaches its peak. Waiting workflows enter in arrival order (a large one is not passed by
-small ones forever).
+(counted as `first_guess` of the store) until one ends and teaches its peak.
+Waiting workflows enter in arrival order (a large one is not passed by small
+ones forever).
 """
 
 from __future__ import annotations
