@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from collections.abc import Awaitable, Callable
@@ -310,12 +311,19 @@ def bench_serve(
     chat: Annotated[int, typer.Option(min=0, help="Chat streams (latency) per cell.")] = 0,
     mix: Annotated[
         str | None,
-        typer.Option(help="Patterns in the mix, comma-separated (default: their small settings)."),
+        typer.Option(
+            help="Patterns in the mix, comma-separated (their small settings), or a .json / "
+            ".toml file mapping patterns to settings."
+        ),
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the arrival schedule.")] = 0,
     model: ModelOpt = "smollm2-135m",
     dtype: DtypeOpt = DEFAULT_DTYPE,
     json_out: Annotated[str | None, typer.Option("--json", help="Write the report here.")] = None,
+    plot: Annotated[
+        str | None,
+        typer.Option("--plot", help="PNG: latency and throughput against load per policy."),
+    ] = None,
 ) -> None:
     """Workflows arriving open loop at fractions of saturation, under each policy."""
     from corps.cli import bench_serve as bs
@@ -330,16 +338,21 @@ def bench_serve(
         _bad(f"--policies: {', '.join(bad)}; choose from {', '.join(POLICIES)}")
     patterns = dict(bs.MIX)
     if mix is not None:
-        names = [m.strip().replace("-", "_") for m in mix.split(",") if m.strip()]
-        if bad := sorted(set(names) - set(bs.MIX)):
-            _bad(f"--mix: {', '.join(bad)}; choose from {', '.join(bs.MIX)}")
-        patterns = {n: bs.MIX[n] for n in names}
+        try:
+            patterns = bs.load_mix(mix)
+        except CorpsError as exc:
+            _bad(str(exc))
+    if plot is not None and importlib.util.find_spec("matplotlib") is None:
+        _bad("--plot needs matplotlib: pip install 'corps[plot]' (or pip install matplotlib)")
     if not loads or any(x <= 0 for x in loads):
         _bad("--load: positive fractions of saturation, e.g. 0.5,0.8,1.2")
     settings = dict(dtype=dtype, loads=loads, policies=chosen, duration=duration, chat=chat,
                     mix=patterns, seed=seed)  # fmt: skip
     report = _run_bench(lambda: bs.measure(model, **settings))
     _report(report, [bs.table(report), bs.ratios(report)], json_out, width=140)
+    if plot is not None:
+        bs.plot(report, plot)
+        err.print(f"plot: {plot}")
 
 
 @bench_app.command("cluster")

@@ -273,3 +273,77 @@ def ratios(report: Report):
         vs_fcfs = "-" if c.policy == "fcfs" else tpot(c, base)
         t.add_row(f"{c.load:.2f}", c.policy, versus, through, vs_fcfs, tpot(c, idle))
     return t
+
+
+def load_mix(value: str) -> dict[str, dict[str, Any]]:
+    """`--mix`: built-in patterns by name, comma-separated (each at its small setting in
+    `MIX`, or its defaults), or a JSON / TOML file mapping patterns to their settings
+    (`{"map_reduce": {"chunk_tokens": 128}, "debate": {"rounds": 1}}`). Settings are
+    checked as `corps run --set` checks them; InvalidRequest says what is wrong."""
+    import json
+    import tomllib
+    from pathlib import Path
+
+    from corps.cache.errors import InvalidRequest
+    from corps.patterns import registry
+
+    path = Path(value)
+    if path.suffix in (".json", ".toml"):
+        if not path.is_file():
+            raise InvalidRequest(f"--mix: no file {value!r}")
+        try:
+            text = path.read_text()
+            raw = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+        except (ValueError, tomllib.TOMLDecodeError) as exc:
+            raise InvalidRequest(f"--mix: {value} is not valid {path.suffix[1:]}: {exc}") from None
+        if (
+            not isinstance(raw, dict)
+            or not raw
+            or not all(isinstance(v, dict) for v in raw.values())
+        ):
+            raise InvalidRequest(f"--mix: {value} must map pattern names to their settings")
+    else:
+        names = [m.strip() for m in value.split(",") if m.strip()]
+        if not names:
+            raise InvalidRequest("--mix: give pattern names or a .json / .toml file")
+        raw = {n: MIX.get(registry.canonical(n), {}) for n in names}
+    mix = {}
+    for name, settings in raw.items():
+        fn = registry.get(name)  # UnknownPattern lists the built-ins
+        registry.validate(fn, settings, where=f"--mix {fn.__name__}: ")
+        mix[fn.__name__] = dict(settings)
+    return mix
+
+
+def plot(report: Report, path: str) -> None:
+    """PNG: workflow latency p99 and throughput against load, a line per policy (and
+    chat time per output token p99 with chat streams). Needs the `plot` extra."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise RuntimeError(
+            "--plot needs matplotlib: pip install 'corps[plot]' (or pip install matplotlib)"
+        ) from exc
+    panels = [("workflow latency p99 (s)", lambda c: c.latency_s.get("p99")),
+              ("workflows / min", lambda c: c.workflows_per_min)]  # fmt: skip
+    if report.chat:
+        panels.append(("chat TPOT p99 (ms)", lambda c: 1e3 * c.chat_tpot_s.get("p99", 0) or None))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4))
+    policies = list(dict.fromkeys(c.policy for c in report.cells if c.policy != "idle"))
+    for ax, (label, value) in zip(axes, panels, strict=True):
+        for policy in policies:
+            cells = sorted((c for c in report.cells if c.policy == policy), key=lambda c: c.load)
+            points = [(c.load, value(c)) for c in cells if value(c) is not None]
+            ax.plot([x for x, _ in points], [y for _, y in points], marker="o", label=policy)
+        ax.set_xlabel("load (fraction of saturation)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    fig.suptitle(f"corps bench serve: {report.model}, saturation "
+                 f"{report.saturation_per_s * 60:.1f} workflows/min")  # fmt: skip
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

@@ -53,3 +53,57 @@ def test_bad_options_exit_2_before_anything_loads():
         result = runner.invoke(app, ["bench", "serve", *args])
         assert result.exit_code == 2, (args, result.output)
         assert "Traceback" not in result.output
+
+
+def test_a_mix_by_names_or_from_a_file(tmp_path):
+    import pytest
+
+    from corps.cache.errors import InvalidRequest
+
+    assert bs.load_mix("multi-qa, debate") == {"multi_qa": bs.MIX["multi_qa"],
+                                               "debate": bs.MIX["debate"]}  # fmt: skip
+    assert bs.load_mix("map-reduce") == {"map_reduce": {}}  # not in MIX: its defaults
+    js = tmp_path / "mix.json"
+    js.write_text('{"map-reduce": {"chunk_tokens": 64}, "debate": {"rounds": 1}}')
+    assert bs.load_mix(str(js)) == {"map_reduce": {"chunk_tokens": 64}, "debate": {"rounds": 1}}
+    toml = tmp_path / "mix.toml"
+    toml.write_text("[multi_qa]\nmax_tokens = 8\n")
+    assert bs.load_mix(str(toml)) == {"multi_qa": {"max_tokens": 8}}
+    bad = tmp_path / "bad.json"
+    for text, says in (('{"debate": {"rounds": "many"}}', "rounds"), ("[1]", "must map"),
+                       ("{", "not valid json"), ('{"nope": {}}', "no pattern named")):  # fmt: skip
+        bad.write_text(text)
+        with pytest.raises(InvalidRequest, match=says):
+            bs.load_mix(str(bad))
+    with pytest.raises(InvalidRequest, match="no file"):
+        bs.load_mix(str(tmp_path / "missing.toml"))
+
+
+def _report(chat: int) -> bs.Report:
+    cells = [bs.Cell(policy=p, load=x, workflows=10, failed=0, wall_s=1.0,
+                     workflows_per_min=60 * x, tokens_per_s=100.0,
+                     latency_s={"p50": x, "p90": 2 * x, "p99": 3 * x},
+                     chat_tpot_s={"p50": 0.02, "p99": 0.03} if chat else {})
+             for x in (0.5, 1.0) for p in ("fcfs", "workflow")]  # fmt: skip
+    return bs.Report(model="m", mix={}, saturation_per_s=1.0, duration_s=10, chat=chat,
+                     cells=cells)  # fmt: skip
+
+
+def test_the_plot_is_a_png_with_a_line_per_policy(tmp_path):
+    for chat in (0, 2):
+        out = tmp_path / f"serve{chat}.png"
+        bs.plot(_report(chat), str(out))
+        assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bad_mix_or_plot_without_matplotlib_exit_2(monkeypatch):
+    import sys
+
+    result = CliRunner().invoke(app, ["bench", "serve", "--mix", "nope"])
+    assert result.exit_code == 2 and "no pattern named 'nope'" in result.output
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    import importlib.util
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    result = CliRunner().invoke(app, ["bench", "serve", "--plot", "x.png"])
+    assert result.exit_code == 2 and "pip install 'corps[plot]'" in result.output
