@@ -149,7 +149,7 @@ class Cluster:
         config = EngineConfig.of(config)
         if gpus_per_worker and not config.device.startswith("cuda"):
             config = config.model_copy(update=dict(device="cuda"))
-        self.config = config.model_copy(update=dict(trace=None))
+        self.config = config.model_copy(update=dict(trace=None, **_absolute(config)))
         self.size, self.address, self.gpus = workers, address, gpus_per_worker
         cores = os.cpu_count() or 1
         self.threads = threads_per_worker or max(1, cores // workers)
@@ -458,6 +458,17 @@ def _check_reachable(address: str) -> None:
         socket.create_connection((host, int(port)), timeout=5).close()
     except OSError as exc:
         raise ClusterError(f"no Ray cluster answers at {address}: {exc}") from None
+
+
+def _absolute(config: EngineConfig) -> dict[str, Any]:
+    """A model or adapter given as a relative path here, made absolute: a worker's
+    working directory is not the driver's."""
+    out: dict[str, Any] = {}
+    if Path(config.model).exists():
+        out["model"] = str(Path(config.model).resolve())
+    if config.adapter is not None:
+        out["adapter"] = Path(config.adapter).resolve()
+    return out
 
 
 def _workflow_name(workflow: str | Callable[..., Any]) -> str:

@@ -175,3 +175,10 @@ def test_an_address_nothing_answers_at_fails_fast():
         _check_reachable("127.0.0.1:1")
     with pytest.raises(ClusterError, match="bad Ray address"):
         _check_reachable("nowhere")
+
+
+def test_relative_model_paths_are_made_absolute_for_the_workers(tiny_dirs, monkeypatch):
+    monkeypatch.chdir(tiny_dirs["llama"].parent)
+    cluster = Cluster(EngineConfig.of("llama", dtype="float32"), workers=1)
+    assert cluster.config.model == str(tiny_dirs["llama"].resolve())
+    assert Cluster("smollm2-135m", workers=1).config.model == "smollm2-135m"  # an alias stays
