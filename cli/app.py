@@ -343,7 +343,9 @@ def bench_serve(
         except CorpsError as exc:
             _bad(str(exc))
     if plot is not None and importlib.util.find_spec("matplotlib") is None:
-        _bad("--plot needs matplotlib: pip install 'corps[plot]' (or pip install matplotlib)")
+        from corps.cli.plotting import INSTALL
+
+        _bad(INSTALL)
     if not loads or any(x <= 0 for x in loads):
         _bad("--load: positive fractions of saturation, e.g. 0.5,0.8,1.2")
     settings = dict(dtype=dtype, loads=loads, policies=chosen, duration=duration, chat=chat,

@@ -318,15 +318,9 @@ def load_mix(value: str) -> dict[str, dict[str, Any]]:
 def plot(report: Report, path: str) -> None:
     """PNG: workflow latency p99 and throughput against load, a line per policy (and
     chat time per output token p99 with chat streams). Needs the `plot` extra."""
-    try:
-        import matplotlib
+    from corps.cli.plotting import pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:
-        raise RuntimeError(
-            "--plot needs matplotlib: pip install 'corps[plot]' (or pip install matplotlib)"
-        ) from exc
+    plt = pyplot()
     panels = [("workflow latency p99 (s)", lambda c: c.latency_s.get("p99")),
               ("workflows / min", lambda c: c.workflows_per_min)]  # fmt: skip
     if report.chat:

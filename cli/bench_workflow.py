@@ -226,15 +226,9 @@ def ratio_table(report: Report):
 
 def plot(reports: list[Report], path: str) -> None:
     """Bar chart of the ratios with their 95% intervals (needs the `plot` extra)."""
-    try:
-        import matplotlib
+    from corps.cli.plotting import pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:
-        raise RuntimeError(
-            "--plot needs matplotlib: pip install 'corps[plot]' (or pip install matplotlib)"
-        ) from exc
+    plt = pyplot()
     bars = [
         (f"{rep.pattern}\n{name} {m}", by[m])
         for rep in reports
