@@ -24,7 +24,7 @@ from corps.cli.scenario import ScenarioError, Target, parse_sets, resolve
 from corps.engine.adapter import check_adapter_of
 from corps.engine.config import DEFAULT_DTYPE, DEFAULT_MODEL, BadConfig, EngineConfig
 from corps.patterns import registry
-from corps.patterns.result import PatternResult
+from corps.patterns.result import PatternResult, to_json
 
 out = Console()
 err = Console(stderr=True)
@@ -183,7 +183,7 @@ def run(
                 result = anyio.run(_one, tgt, checked[0], config, live)
                 _show(result, tgt)
                 if json_out is not None:
-                    json_out.write_text(_dump(result) + "\n")
+                    json_out.write_text(json.dumps(to_json(result)) + "\n")
             else:
                 failed = anyio.run(_many, tgt, checked, config, concurrency, json_out, live)
                 if failed:
@@ -333,14 +333,8 @@ async def _many(
                 if isinstance(r, Exception):
                     f.write(json.dumps(dict(index=i, error=str(r))) + "\n")
                 else:
-                    f.write(json.dumps(dict(index=i, result=json.loads(_dump(r)))) + "\n")
+                    f.write(json.dumps(dict(index=i, result=to_json(r))) + "\n")
     return failed
-
-
-def _dump(result: Any) -> str:
-    if isinstance(result, PatternResult):
-        return result.model_dump_json(indent=None)
-    return json.dumps(result, default=repr)
 
 
 def _show(result: Any, tgt: Target) -> None:

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from corps.cache.errors import InvalidRequest
 from corps.engine.config import Mode
 from corps.patterns import registry
-from corps.patterns.scoring import REFERENCE_KEYS
+from corps.patterns.scoring import without_references
 from corps.patterns.scripts import BadScript, load_script
 
 
@@ -67,9 +67,7 @@ class Target:
         if not self.builtin:
             return dict(params)
         model = registry.params_model(self.fn)
-        params = {
-            k: v for k, v in params.items() if k not in REFERENCE_KEYS or k in model.model_fields
-        }
+        params = without_references(params, model.model_fields)
         try:
             return dict(model.model_validate(dict(params)))
         except ValidationError as exc:

@@ -34,7 +34,8 @@ class _Waiter:
 
 
 class WorkflowGate:
-    """`async with gate.enter(kind) as ticket: ...; ticket.used(tokens)`."""
+    """`async with gate.enter(kind) as ticket: ...; ticket.used(tokens)`, or
+    `ticket = await gate.admit(kind)` ... `gate.leave(ticket, kind, used)`."""
 
     def __init__(
         self,
@@ -93,7 +94,8 @@ class WorkflowGate:
         self._in[self._tickets] = kind
         return self._tickets
 
-    async def _admit(self, kind: str) -> int:
+    async def admit(self, kind: str) -> int:
+        """Wait until a workflow of `kind` may start; its ticket (give it to `leave`)."""
         if not self._waiting and self._fits(kind):
             return self._let_in(kind)
         waiter = _Waiter(kind)
@@ -110,7 +112,9 @@ class WorkflowGate:
             raise
         return waiter.ticket
 
-    def _leave(self, ticket: int, kind: str, used: int) -> None:
+    def leave(self, ticket: int, kind: str, used: int = 0) -> None:
+        """The workflow of `ticket` ended holding `used` store tokens at its peak (0: it
+        failed, learn nothing); let in whoever fits now."""
         self._in.pop(ticket, None)
         if used > 0:
             self.peaks[kind] = max(self.peaks.get(kind, 0), used)
@@ -136,9 +140,9 @@ class Ticket:
         self.peak = max(self.peak, tokens)
 
     async def __aenter__(self) -> Ticket:
-        self._id = await self.gate._admit(self.kind)
+        self._id = await self.gate.admit(self.kind)
         return self
 
     async def __aexit__(self, exc_type: object, *exc: object) -> None:
         if self._id is not None:  # a failed workflow's peak says little: not learned
-            self.gate._leave(self._id, self.kind, self.peak if exc_type is None else 0)
+            self.gate.leave(self._id, self.kind, self.peak if exc_type is None else 0)

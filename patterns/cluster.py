@@ -40,7 +40,7 @@ from corps.cache.errors import CorpsError, InvalidRequest
 from corps.engine.config import EngineConfig
 from corps.patterns import registry
 from corps.patterns.dispatch import Router, estimate_tokens, prompt_key
-from corps.patterns.scoring import REFERENCE_KEYS
+from corps.patterns.scoring import without_references
 from corps.patterns.worker import EngineWorker
 
 INSTALL = "pip install 'corps[ray]'"
@@ -111,6 +111,25 @@ class _Running:
 
 
 @dataclass
+class _Batch:
+    """One `Cluster.run`'s bookkeeping, per input index."""
+
+    workflow: str
+    ids: list[int | str]
+    params: list[dict[str, Any]]
+    keys: list[str]  # prompt text, for co-location
+    costs: list[int]  # estimated tokens
+    pending: deque[int]
+    attempts: list[int] = field(default_factory=list)
+    passed: list[int] = field(default_factory=list)  # times a later input went first
+    calls: dict[asyncio.Future, _Running] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.attempts = [0] * len(self.ids)
+        self.passed = [0] * len(self.ids)
+
+
+@dataclass
 class _Worker:
     name: str
     actor: Any
@@ -162,7 +181,6 @@ class Cluster:
         self._started_ray = False
         self._workers: dict[str, _Worker] = {}
         self._lost: list[_Worker] = []
-        self._infos: dict[str, dict[str, Any]] = {}  # every worker's pid and host, lost too
         self._spawning: set[asyncio.Task] = set()
         self._count = 0
         self._tmp: tempfile.TemporaryDirectory | None = None
@@ -239,7 +257,6 @@ class Cluster:
             ray.kill(actor)
             raise
         self._workers[name] = worker
-        self._infos[name] = worker.info
         self.router.add(name, self.concurrency)
         return worker
 
@@ -249,6 +266,7 @@ class Cluster:
         await asyncio.gather(*self._spawning, return_exceptions=True)  # each kills its actor
         self._spawning.clear()
         traces: dict[str, str] = {}
+        infos = {w.name: w.info for w in [*self._workers.values(), *self._lost]}
         for w in list(self._workers.values()):
             try:
                 text = await asyncio.wait_for(w.actor.stop.remote(), 60)
@@ -265,7 +283,7 @@ class Cluster:
             from corps.engine.trace_merge import merge
 
             ordered = {n: traces[n] for n in sorted(traces, key=_number)}  # worker-1 first
-            merge(ordered, self.trace, info=self._infos)
+            merge(ordered, self.trace, info=infos)
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
@@ -327,23 +345,21 @@ class Cluster:
         ids = list(ids) if ids is not None else [p.get("id", i) for i, p in enumerate(inputs)]
         params = [_params(name, p) for p in inputs]
         _check_ids(ids, len(inputs))
-        pending = deque(i for i in range(len(inputs)) if ids[i] not in skip)
-        attempts = [0] * len(inputs)
         keys = [prompt_key(p) for p in params]
-        costs = [estimate_tokens(k, decode_budget) for k in keys]
-        calls: dict[asyncio.Future, _Running] = {}
-        self._passed = [0] * len(inputs)
+        b = _Batch(name, ids, params, keys, [estimate_tokens(k, decode_budget) for k in keys],
+                   deque(i for i in range(len(inputs)) if ids[i] not in skip))  # fmt: skip
+        calls = b.calls
         cpu0 = time.process_time()
         try:
-            while pending or calls:
-                self._dispatch(name, params, pending, attempts, keys, costs, calls)
+            while b.pending or calls:
+                self._dispatch(b)
                 if not calls:
                     if not self._spawning:  # nothing runs and no worker is coming
                         cause = "; ".join(self.causes[-3:]) or "no worker"
-                        while pending:
-                            i = pending.popleft()
+                        while b.pending:
+                            i = b.pending.popleft()
                             yield self._end(Outcome(i, ids[i], error=f"no worker left ({cause})",
-                                                    attempts=attempts[i]))  # fmt: skip
+                                                    attempts=b.attempts[i]))  # fmt: skip
                         break
                     await asyncio.wait(self._spawning, return_when=asyncio.FIRST_COMPLETED)
                     self._spawning = {t for t in self._spawning if not t.done()}
@@ -352,7 +368,7 @@ class Cluster:
                 done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
                 self._spawning = {t for t in self._spawning if not t.done()}
                 for fut in done & set(calls):
-                    outcome = self._settle(calls.pop(fut), fut, ids, attempts, pending)
+                    outcome = self._settle(b, calls.pop(fut), fut)
                     if outcome is not None:
                         yield self._end(outcome)
         finally:
@@ -364,50 +380,44 @@ class Cluster:
         self.stats.finished += 1
         return outcome
 
-    def _dispatch(self, name, params, pending, attempts, keys, costs, calls) -> None:
+    def _dispatch(self, b: _Batch) -> None:
         """Start what can start, in order; an input whose prefix's workers are busy lets
         later ones pass it, at most `PASSES` times (then it takes any free worker)."""
         waiting = deque()
-        while pending and self.router.free():
-            i = pending.popleft()
-            worker = self.router.choose(keys[i], wait=self._passed[i] < PASSES)
+        while b.pending and self.router.free():
+            i = b.pending.popleft()
+            worker = self.router.choose(b.keys[i], wait=b.passed[i] < PASSES)
             if worker is None:
-                self._passed[i] += 1
+                b.passed[i] += 1
                 waiting.append(i)
                 continue
-            attempts[i] += 1
+            b.attempts[i] += 1
             self.stats.dispatched += 1
-            self.router.start(worker, keys[i], costs[i])
-            ref = self._workers[worker].actor.run.remote(name, params[i])
-            calls[asyncio.ensure_future(ref)] = _Running(i, worker, costs[i])
-        pending.extendleft(reversed(waiting))  # back in front, in their order
+            self.router.start(worker, b.keys[i], b.costs[i])
+            ref = self._workers[worker].actor.run.remote(b.workflow, b.params[i])
+            b.calls[asyncio.ensure_future(ref)] = _Running(i, worker, b.costs[i])
+        b.pending.extendleft(reversed(waiting))  # back in front, in their order
 
-    def _settle(
-        self, call: _Running, fut: asyncio.Future, ids, attempts, pending
-    ) -> Outcome | None:
+    def _settle(self, b: _Batch, call: _Running, fut: asyncio.Future) -> Outcome | None:
         """The outcome of a finished call, or None if it runs again (its worker died)."""
         self.router.finish(call.worker, call.cost)
-        i = call.index
+        i, n = call.index, b.attempts[call.index]
+        where = dict(worker=call.worker, attempts=n)
         try:
             got = fut.result()
         except self._ray.exceptions.RayActorError as exc:
             self._lose(call.worker, _cause(exc))
-            if attempts[i] > self.retries:
-                return Outcome(
-                    i,
-                    ids[i],
-                    error=f"worker died {attempts[i]} times running it; last: {_cause(exc)}",
-                    worker=call.worker,
-                    attempts=attempts[i],
-                )
+            if n > self.retries:
+                error = f"worker died {n} times running it; last: {_cause(exc)}"
+                return Outcome(i, b.ids[i], error=error, **where)
             self.stats.retries += 1
-            pending.appendleft(i)
+            b.pending.appendleft(i)
             return None
         except Exception as exc:  # the call could not even be made (e.g. bad arguments)
-            return Outcome(i, ids[i], error=_cause(exc), worker=call.worker, attempts=attempts[i])
+            return Outcome(i, b.ids[i], error=_cause(exc), **where)
         if "error" in got:
-            return Outcome(i, ids[i], error=got["error"], worker=call.worker, attempts=attempts[i])
-        return Outcome(i, ids[i], result=got["result"], worker=call.worker, attempts=attempts[i])
+            return Outcome(i, b.ids[i], error=got["error"], **where)
+        return Outcome(i, b.ids[i], result=got["result"], **where)
 
 
 #: How many times an input waiting for the workers holding its prefix lets a later
@@ -498,9 +508,7 @@ def _params(workflow: str, params: dict[str, Any]) -> dict[str, Any]:
         if workflow.endswith(".py"):
             return dict(params)
         raise
-    fields = registry.params_model(fn).model_fields
-    kept = {k: v for k, v in params.items() if k not in REFERENCE_KEYS or k in fields}
-    return registry.validate(fn, kept)
+    return registry.validate(fn, without_references(params, registry.params_model(fn).model_fields))
 
 
 def _check_ids(ids: list, n: int) -> None:

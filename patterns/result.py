@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -54,3 +55,10 @@ class PatternResult(BaseModel):
     @property
     def calls(self) -> int:
         return len(self.messages)
+
+
+def to_json(result: Any) -> Any:
+    """A workflow's result as plain JSON values (a PatternResult's messages as text)."""
+    if isinstance(result, PatternResult):
+        return json.loads(result.model_dump_json())
+    return json.loads(json.dumps(result, default=repr))

@@ -24,13 +24,12 @@ from pydantic import BaseModel, ConfigDict
 from corps.agents import Agent, Runtime
 from corps.cache.handle import Handle
 from corps.cache.visibility import Private
-from corps.engine.admission import Ticket
 from corps.engine.trace import Stage
 from corps.engine.workflow import CURRENT, Objective, Workflow
 from corps.patterns.replay import CURRENT as REPLAY
 from corps.patterns.result import PatternResult
 
-_GATED: contextvars.ContextVar[Ticket | None] = contextvars.ContextVar("gated", default=None)
+_GATED: contextvars.ContextVar[bool] = contextvars.ContextVar("gated", default=False)
 
 
 @contextlib.contextmanager
@@ -130,14 +129,13 @@ class Run:
         self._stage: str | None = None
         self._t0 = time.perf_counter()
         self.replay = REPLAY.get()
-        self._ticket: Ticket | None = None
+        self._ticket: int | None = None  # its pass through the engine's workflow gate
 
     async def __aenter__(self) -> Run:
         gate = self.engine.gate
-        if gate is not None and _GATED.get() is None:  # a run inside a run: already in
-            self._ticket = gate.enter(self.pattern)
-            await self._ticket.__aenter__()  # waits until the store can hold it
-            self._gated = _GATED.set(self._ticket)
+        if gate is not None and not _GATED.get():  # a run inside a run: already in
+            self._ticket = await gate.admit(self.pattern)  # when the store can hold it
+            self._gated = _GATED.set(True)
         self._t0 = time.perf_counter()
         # every call of the run, its agents' included, carries the run as its workflow
         outer = CURRENT.get()  # inside `with engine.workflow(..., objective=...)`: its objective
@@ -147,9 +145,10 @@ class Run:
 
     async def __aexit__(self, *exc_info: Any) -> None:
         CURRENT.reset(self._workflow)
+        held = 0
         try:
-            if self._ticket is not None:  # held at its end: its peak (it frees nothing before)
-                self._ticket.used(self._held())
+            if self._ticket is not None and exc_info[0] is None:  # its peak: it frees nothing
+                held = self._held()  # before its end (a failed run's teaches nothing)
             for name in self.agents:
                 self.rt.stop(name)
             for h in self.messages:
@@ -158,7 +157,7 @@ class Run:
         finally:  # out of the gate whatever happened, so no run waits on this one forever
             if self._ticket is not None:
                 _GATED.reset(self._gated)
-                await self._ticket.__aexit__(*exc_info)
+                self.engine.gate.leave(self._ticket, self.pattern, held)
 
     def _held(self) -> int:
         """Store tokens this run holds now: its messages and its agents' own."""

@@ -15,7 +15,7 @@ scorer returns a bool (correct or not: compared with McNemar's test) or a float
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from corps.cache.errors import InvalidRequest
@@ -25,6 +25,13 @@ from corps.patterns.result import PatternResult
 Score = bool | float
 #: Keys of an input line that are references for scoring, not pattern parameters.
 REFERENCE_KEYS = ("answer", "id")
+
+
+def without_references(line: Mapping[str, Any], takes: Iterable[str] = ()) -> dict[str, Any]:
+    """An input line without its scoring references, but those named in `takes` (the
+    parameters of the pattern it is for)."""
+    keep = set(takes)
+    return {k: v for k, v in line.items() if k not in REFERENCE_KEYS or k in keep}
 
 
 def split_line(line: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

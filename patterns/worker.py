@@ -13,7 +13,6 @@ A workflow's handles never leave its worker: `run` returns the result as JSON
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import socket
 from pathlib import Path
@@ -62,6 +61,7 @@ class EngineWorker:
     async def run(self, workflow: str, params: dict[str, Any]) -> dict[str, Any]:
         """Run one workflow (a built-in pattern's name or a `.py` file's path) on this
         worker's engine: `{"result": ...}` as JSON, or `{"error": "..."}` if it failed."""
+        from corps.patterns.result import to_json
         from corps.patterns.scripts import load_workflow
 
         try:
@@ -78,12 +78,3 @@ class EngineWorker:
             await asyncio.gather(self._serving, return_exceptions=True)
         trace = self.config.trace
         return Path(trace).read_text() if trace is not None and Path(trace).exists() else None
-
-
-def to_json(result: Any) -> Any:
-    """A workflow's result as plain JSON values (a PatternResult's messages as text)."""
-    from corps.patterns.result import PatternResult
-
-    if isinstance(result, PatternResult):
-        return json.loads(result.model_dump_json())
-    return json.loads(json.dumps(result, default=repr))
