@@ -104,12 +104,21 @@ def chat(
     adapter: Annotated[
         Path | None, typer.Option(help="A LoRA adapter directory (PEFT format) to serve with.")
     ] = None,
+    compile: Annotated[
+        bool,
+        typer.Option(
+            help="Capture the one-row decode step with torch.compile: a faster stream after "
+            "a compile of tens of seconds at start (not exact)."
+        ),
+    ] = False,
 ) -> None:
     """Ask one question and stream the answer to the terminal."""
     import anyio
 
     try:  # before loading anything
-        config = EngineConfig.of(model, mode=mode, dtype=dtype, device=device, adapter=adapter)
+        config = EngineConfig.of(
+            model, mode=mode, dtype=dtype, device=device, adapter=adapter, compile=compile
+        )
         check_adapter_of(config, err)
     except BadConfig as exc:
         _bad(exc.for_cli())
@@ -183,6 +192,10 @@ def bench_runner(
     decode_tokens: Annotated[int, typer.Option(min=8)] = 64,
     prefill_tokens: Annotated[int, typer.Option(min=8)] = 512,
     repeats: Annotated[int, typer.Option(min=1, help="Best of this many runs.")] = 3,
+    compile: Annotated[
+        bool,
+        typer.Option(help="Also measure an engine with the captured decode step (compile=True)."),
+    ] = False,
 ) -> None:
     """Single-stream decode and prefill tokens/s: our runner next to HF generate."""
     from corps.cli.bench_runner import main
@@ -194,13 +207,7 @@ def bench_runner(
     except CorpsError as exc:
         _bad(f"--dtypes: {exc}")
     try:
-        main(
-            model,
-            names,
-            decode_tokens,
-            prefill_tokens,
-            repeats,
-        )
+        main(model, names, decode_tokens, prefill_tokens, repeats, compile)
     except CorpsError as exc:
         fail(exc)
 

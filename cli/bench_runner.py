@@ -7,7 +7,9 @@ over a prompt of the given length. Ours goes through the public async API
 Each figure is the best of `repeats` runs, and the runs alternate between the
 two (ours, HF, ours, HF, ...) so that this machine's drift hits both alike.
 The "decode bound" row is what a decode step would reach if it did nothing but
-stream the weights once through our projections: the machine's limit.
+stream the weights once through our projections: the machine's limit. With
+`--compile`, an engine whose lone decode steps run through the captured graph
+(`EngineConfig.compile`) is measured in the same rounds.
 """
 
 from __future__ import annotations
@@ -117,18 +119,37 @@ def measure_hf(path, dtype: torch.dtype, decode_tokens: int, prefill_tokens: int
     return rates(best_of(probes, repeats), decode_tokens, prefill_tokens)
 
 
-def measure(model: str, dtype: str, decode_tokens: int, prefill_tokens: int, repeats: int):
-    """(ours, HF, bound): ours and HF as (decode tok/s, prefill tok/s), run alternately."""
+def measure(
+    model: str,
+    dtype: str,
+    decode_tokens: int,
+    prefill_tokens: int,
+    repeats: int,
+    compile: bool = False,
+):
+    """(ours, HF, bound, compiled): ours and HF as (decode tok/s, prefill tok/s), run
+    alternately; with `compile`, an engine with the captured decode step runs in the
+    same rounds and `compiled` is its (decode tok/s, prefill tok/s), else None."""
+    from contextlib import ExitStack
+
     from anyio.from_thread import start_blocking_portal
 
     from corps.engine.engine import Engine
     from corps.engine.weights import torch_dtype
 
-    with (
-        start_blocking_portal() as portal,
-        portal.wrap_async_context_manager(Engine.open(model, dtype=dtype)) as engine,
-    ):
+    with ExitStack() as stack:
+        portal = stack.enter_context(start_blocking_portal())
+        engine = stack.enter_context(
+            portal.wrap_async_context_manager(Engine.open(model, dtype=dtype))
+        )
         ours = portal.call(ours_probes, engine, decode_tokens, prefill_tokens)
+        who = ["ours", "hf"]
+        if compile:
+            captured = stack.enter_context(
+                portal.wrap_async_context_manager(Engine.open(model, dtype=dtype, compile=True))
+            )
+            compiled = portal.call(ours_probes, captured, decode_tokens, prefill_tokens)
+            who.append("compiled")
         hf = hf_probes(engine.model_path, torch_dtype(dtype), decode_tokens, prefill_tokens)
 
         def on_worker(fn):
@@ -139,28 +160,38 @@ def measure(model: str, dtype: str, decode_tokens: int, prefill_tokens: int, rep
 
         probes = {("ours", k): partial(portal.call, f) for k, f in ours.items()}
         probes |= {("hf", k): on_worker(f) for k, f in hf.items()}  # each round: ours, HF
+        if compile:
+            probes |= {("compiled", k): partial(portal.call, f) for k, f in compiled.items()}
         t = best_of(probes, repeats)
         bound = on_worker(partial(measure_bound, engine.model_path, dtype, repeats))()
-    by = {who: {k: v for (w, k), v in t.items() if w == who} for who in ("ours", "hf")}
-    return (
-        rates(by["ours"], decode_tokens, prefill_tokens),
-        rates(by["hf"], decode_tokens, prefill_tokens),
-        bound,
-    )
+    by = {w: rates({k: v for (x, k), v in t.items() if x == w}, decode_tokens, prefill_tokens)
+          for w in who}  # fmt: skip
+    return by["ours"], by["hf"], bound, by.get("compiled")
 
 
 def main(
-    model: str, dtypes: list[str], decode_tokens: int, prefill_tokens: int, repeats: int
+    model: str,
+    dtypes: list[str],
+    decode_tokens: int,
+    prefill_tokens: int,
+    repeats: int,
+    compile: bool = False,
 ) -> None:
     console = Console()
     table = Table(title=f"engine vs HF generate ({model}, CPU threads={torch.get_num_threads()})")
     for col in ("dtype", "metric", "corps tok/s", "HF tok/s", "ratio"):
         table.add_column(col, justify="right")
     for dtype in dtypes:
-        ours, hf, bound = measure(model, dtype, decode_tokens, prefill_tokens, repeats)
+        ours, hf, bound, compiled = measure(
+            model, dtype, decode_tokens, prefill_tokens, repeats, compile
+        )
         names = (f"decode ({decode_tokens} tok)", f"prefill ({prefill_tokens} tok)")
         for name, o, h in zip(names, ours, hf, strict=True):
             table.add_row(dtype, name, f"{o:.1f}", f"{h:.1f}", f"{o / h:.2f}x")
+        if compiled is not None:
+            o, h = compiled[0], hf[0]
+            table.add_row(dtype, f"{names[0]}, compiled step", f"{o:.1f}", f"{h:.1f}",
+                          f"{o / h:.2f}x")  # fmt: skip
         table.add_row(
             dtype,
             "decode bound: weights only",
@@ -168,6 +199,9 @@ def main(
             f"{hf[0]:.1f}",
             f"{bound / hf[0]:.2f}x",
         )
+        for name, rate in (("eager", ours[0]), ("compiled step", (compiled or [None])[0])):
+            if rate is not None:
+                console.print(f"{dtype}: decode {name} at {rate / bound:.2f} of the bound")
     console.print(table)
 
 

@@ -101,6 +101,13 @@ def run(
         Path | None,
         typer.Option(help="A LoRA adapter directory (PEFT format, e.g. corps distill --out)."),
     ] = None,
+    compile: Annotated[
+        bool,
+        typer.Option(
+            help="Capture the lone one-row decode step with torch.compile: faster single "
+            "streams after a compile of tens of seconds when the engine opens (not exact).",
+        ),
+    ] = False,
     live: Annotated[
         bool | None,
         typer.Option(
@@ -161,6 +168,7 @@ def run(
             otel=otel_endpoint,
             policy=policy,
             adapter=adapter,
+            compile=compile,
         )
         check_adapter_of(config, err)
         if otel_endpoint is not None:

@@ -53,7 +53,25 @@ def build_executor(cfg: EngineConfig, console: Console | None = None) -> Executo
             attention=attention,
             jump_forward=cfg.jump_forward,
         )
+        if cfg.compile:
+            _compile_step(core, console)
     return core
+
+
+def _compile_step(core: Core, console: Console | None) -> None:
+    """Capture the lone one-row decode step (`EngineConfig.compile`), saying so."""
+    from corps.engine.compiled_step import CompiledDecode
+
+    if core.runner.attention.name != "torch" or core.context_mode == "store":
+        raise InvalidRequest(
+            "compile=True needs the torch attention backend and contexts='copy' "
+            f"(this engine has {core.runner.attention.name!r} and {core.context_mode!r})"
+        )
+    if console is not None:
+        console.print("[dim]compiling the one-row decode step (torch.compile, once per engine)[/]")
+    compiled = CompiledDecode(core.runner.w, core.store, core.arena)
+    compiled.warm()
+    core.runner.compiled = compiled
 
 
 def _weight_format(

@@ -385,6 +385,7 @@ class Core:
     def stats(self) -> EngineStats:
         memory = self.memory
         radix = self.prefixes.radix if self.prefixes is not None else None
+        graph = self.runner.compiled
         return EngineStats(
             mode=self.mode,
             capacity=self.store.capacity,
@@ -409,6 +410,8 @@ class Core:
             layers=self.store.k.shape[0],
             weight_bytes=self.runner.w.nbytes,
             forward_s=self.forward_seconds,
+            compiled_steps=sum(graph.steps.values()) if graph else 0,
+            step_compile_s=graph.compile_seconds if graph else 0.0,
         )
 
     # ---- planning ----

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +19,9 @@ from corps.engine.attention import (
     split_step,
 )
 from corps.engine.weights import Weights
+
+if TYPE_CHECKING:
+    from corps.engine.compiled_step import CompiledDecode
 
 
 @dataclass(frozen=True)
@@ -53,10 +57,14 @@ class ModelRunner:
         self.scale = self.spec.head_dim**-0.5
         # decode steps read a context once for its readers when that saves this many keys
         self.group_min_saved: int | None = GROUP_MIN_SAVED
+        # lone one-row steps through a captured graph (EngineConfig.compile), else None
+        self.compiled: CompiledDecode | None = None
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> Tensor:
         """Encode the batch, write its K/V to the store and views, return logits (N, V)."""
+        if self.compiled is not None and (parts := self.compiled.parts(batch)) is not None:
+            return self.compiled.forward(batch, *parts)
         spec, w = self.spec, self.w
         x = w.embed[batch.input_ids].to(w.dtype)  # (T, E)
         split = split_step(

@@ -43,6 +43,10 @@ class EngineStats:
     # header) or a finished turn's footer; the rest only decoded. What a workflow could
     # save by encoding less.
     encode_step_s: float = 0.0
+    # compile=True: lone one-row steps run through the captured graph, and the
+    # seconds capturing it took when the engine opened (corps.engine.compiled_step)
+    compiled_steps: int = 0
+    step_compile_s: float = 0.0
     constraints_compiled: int = 0  # distinct constraints compiled (each once per engine)
     constraint_compile_s: float = 0.0  # seconds they took, all together
     tokens_jumped: int = 0  # tokens constraints forced, appended without a step each

@@ -29,3 +29,12 @@ def test_the_command_measures_ours_and_hf_side_by_side(tiny_dirs):
     assert result.exit_code == 0, result.output
     for row in ("decode (8 tok)", "prefill (8 tok)", "decode bound: weights only"):
         assert row in result.output
+
+
+def test_compile_adds_the_captured_step_measured_in_the_same_rounds(tiny_dirs):
+    args = ["bench", "runner", "-m", str(tiny_dirs["llama"]), "--dtypes", "float32"]
+    args += ["--decode-tokens", "8", "--prefill-tokens", "8", "--repeats", "1", "--compile"]
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "decode (8 tok), compiled step" in result.output
+    assert "float32: decode compiled step at" in result.output

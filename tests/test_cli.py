@@ -44,6 +44,18 @@ def test_chat_streams_the_models_answer(tiny_dirs):
     assert want and result.output == want + "\n"
 
 
+def test_chat_compile_streams_the_eager_answer(tiny_dirs):
+    import anyio
+
+    want = anyio.run(_greedy_answer, tiny_dirs["llama"], "hello world", 12)
+    args = ["chat", "hello world", "--model", str(tiny_dirs["llama"]), "--max-tokens", "12"]
+    result = runner.invoke(app, [*args, "--compile"])
+    assert result.exit_code == 0, result.output
+    assert want and result.output.endswith(want + "\n")
+    result = runner.invoke(app, [*args, "--compile", "--mode", "hf"])
+    assert result.exit_code == 2 and "compile" in result.output
+
+
 # ---- corps run / corps scenarios ----
 
 EXAMPLES = Path(__file__).parent.parent / "examples"

@@ -1,0 +1,150 @@
+"""A lone decode step captured whole by torch.compile (`EngineConfig.compile`).
+
+A one-row step of one call spends a third of its time outside the products: about
+70 small eager ops per layer (norms, RoPE, casts, attention), each a few
+microseconds of dispatch. Captured as one graph, inductor fuses them into a few
+C++ loops around the same product kernels. Only that step is captured: one call,
+one new token, its view read from the view arena as one slice (`contiguous`) or as
+a shared context beside its own tokens. Every other step runs eagerly, unchanged.
+
+The graph is pure: it reads the view's keys and values as they are and returns the
+new token's keys and values; they are written to the store and the view after it,
+in two copies for all layers. The current token's own key is attended as a third
+part beside the view's, the parts' softmax merged exactly as `attend_parts` does.
+
+Rounding differs from the eager step (inductor fuses the norms and casts), so this
+is off by default and not exact in float32. Its sizes are symbolic: one graph per
+layout, traced on sizes that differ from each other and from 0 and 1, so no later
+size can need another; at run time the guards are skipped
+(`skip_guard_eval_unsafe`) because nothing they check can change.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from corps.cache.arena import ViewArena
+from corps.cache.kv import KVStore
+from corps.engine.runner import ForwardBatch, layer_mlp, layer_qkv, rms_norm
+from corps.engine.weights import Weights
+
+#: The fewest keys a part may have: dynamo would specialise a graph on 0 and 1.
+MIN_PART = 2
+
+
+class CompiledDecode:
+    """One-row steps of one call through a graph captured per view layout."""
+
+    def __init__(self, weights: Weights, store: KVStore, arena: ViewArena) -> None:
+        self.w = weights
+        self.store = store
+        self.arena = arena  # views' keys are slices of it: the graphs assume its strides
+        self._graphs: dict[int, Callable] = {}  # parts (1 or 2) -> compiled forward
+        self.compile_seconds = 0.0
+        self.steps = {1: 0, 2: 0}  # steps through each graph, by parts read
+
+    def parts(self, batch: ForwardBatch) -> tuple[list[Tensor], list[Tensor]] | None:
+        """The keys and values (L, Hkv, n, D) the step's call reads, one tensor per
+        part, when the step is a lone one-row step this class serves; else None."""
+        if len(batch.spans) != 1 or batch.input_ids.shape[0] != 1:
+            return None
+        view = batch.spans[0].view
+        if view.contiguous:
+            n = view.length
+            return ([view.k[:, :, :n]], [view.v[:, :, :n]]) if n >= MIN_PART else None
+        ctx, m = view.ctx, view.own_length
+        if ctx is None or ctx.in_store or ctx.length < MIN_PART or m < MIN_PART:
+            return None
+        return [ctx.k, view.own_k[:, :, :m]], [ctx.v, view.own_v[:, :, :m]]
+
+    def forward(self, batch: ForwardBatch, ks: list[Tensor], vs: list[Tensor]) -> Tensor:
+        """Encode the step's token, write its K/V to the store and the view, return
+        the logits of `batch.logit_rows` (N, V); `ks`, `vs` are `parts(batch)`."""
+        x, cos, sin = self._inputs(batch.input_ids, batch.positions)
+        graph = self._graphs[len(ks)]  # `warm` made both
+        with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+            logits, new = graph(x, cos, sin, ks, vs)  # (1, V), (L, 3, Hkv, D)
+        slot = int(batch.slots[0])
+        self.store.k[:, slot] = new[:, 1]  # unrotated key, (L, Hkv, D)
+        self.store.v[:, slot] = new[:, 2]
+        view = batch.spans[0].view
+        m = view.own_length
+        view.own_k[:, :, m] = new[:, 0]  # rotated key
+        view.own_v[:, :, m] = new[:, 2]
+        view.advance(1)
+        self.steps[len(ks)] += 1
+        return logits[batch.logit_rows]  # (N, V)
+
+    def warm(self) -> float:
+        """Trace and compile both layouts now, on throwaway tensors; the seconds it
+        took. Part lengths are the only symbolic sizes; they are traced at lengths
+        that differ from each other, so the graphs assume nothing about them."""
+        t0 = time.perf_counter()
+        for lengths in ((7,), (11, 13)):
+            graph = torch.compile(self._eager, fullgraph=True)
+            with torch.inference_mode():  # as `forward` runs: the graphs assume it
+                x, cos, sin = self._inputs(torch.zeros(1, dtype=torch.long, device=self.w.device))
+                ks = [self.arena.k[:, :, :n] for n in lengths]  # read only; (L, Hkv, n, D)
+                vs = [self.arena.v[:, :, :n] for n in lengths]
+                for p in ks + vs:
+                    torch._dynamo.mark_dynamic(p, 2)
+                graph(x, cos, sin, ks, vs)
+            self._graphs[len(lengths)] = graph
+        self.compile_seconds += time.perf_counter() - t0
+        return self.compile_seconds
+
+    def _inputs(self, ids: Tensor, positions: Tensor | None = None):
+        """The token's embedding (1, E) and its RoPE tables (1, 1, D) each."""
+        w = self.w
+        positions = ids if positions is None else positions
+        cos = w.rope.cos[positions].unsqueeze(1)
+        return w.embed[ids].to(w.dtype), cos, w.rope.sin[positions].unsqueeze(1)
+
+    def _eager(
+        self, x: Tensor, cos: Tensor, sin: Tensor, ks: list[Tensor], vs: list[Tensor]
+    ) -> tuple[Tensor, Tensor]:
+        """The step as one function: logits (1, V) and, per layer, the new token's
+        rotated key, key and value stacked (L, 3, Hkv, D)."""
+        w, spec = self.w, self.w.spec
+        hq, hkv, d = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        scale = d**-0.5
+        new = []
+        for i, lw in enumerate(w.layers):
+            q, k_rot, k, v = layer_qkv(
+                x, lw.input_norm, lw.qkv, lw.q_norm, lw.k_norm, cos, sin, hq, hkv,
+                spec.rms_norm_eps,
+            )  # fmt: skip
+            attn = attend_one(q, k_rot, v, [p[i] for p in ks], [p[i] for p in vs], scale)
+            x = layer_mlp(
+                x, attn, lw.o, lw.post_norm, lw.gate_up, lw.down, spec.rms_norm_eps
+            )  # (1, E)
+            new.append(torch.stack([k_rot[0], k[0], v[0]]))  # (3, Hkv, D)
+        h = rms_norm(x, w.final_norm, spec.rms_norm_eps)
+        return w.lm_head(h), torch.stack(new)
+
+
+def attend_one(
+    q: Tensor, k_new: Tensor, v_new: Tensor, ks: list[Tensor], vs: list[Tensor], scale: float
+) -> Tensor:
+    """One query q (1, Hq, D) over parts of keys and values (Hkv, n_i, D) and its
+    own new key and value (1, Hkv, D), all visible; the parts' softmax merged
+    exactly (a shared maximum, summed numerators and normalisers). (1, Hq D)."""
+    hq, d = q.shape[1:]
+    hkv = k_new.shape[1]
+    qg = q.view(hkv, hq // hkv, d) * scale  # (Hkv, G, D)
+    scores = [torch.bmm(qg, k.transpose(1, 2)) for k in ks]  # (Hkv, G, n_i) each
+    own = (qg * k_new.view(hkv, 1, d)).sum(-1, keepdim=True)  # (Hkv, G, 1)
+    top = own
+    for s in scores:
+        top = torch.maximum(top, s.amax(-1, keepdim=True))  # (Hkv, G, 1)
+    e_own = torch.exp(own - top)
+    num, den = e_own * v_new.view(hkv, 1, d), e_own  # (Hkv, G, D), (Hkv, G, 1)
+    for s, v in zip(scores, vs, strict=True):
+        e = torch.exp(s - top)
+        num = num + torch.bmm(e, v)
+        den = den + e.sum(-1, keepdim=True)
+    return (num / den).reshape(1, hq * d)

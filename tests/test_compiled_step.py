@@ -1,0 +1,81 @@
+"""The captured one-row decode step (corps.engine.compiled_step) against the eager one."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from corps.cache.errors import InvalidRequest
+from corps.engine.config import BadConfig, EngineConfig
+
+from conftest import open_tiny
+
+
+async def _workflow(engine) -> list:
+    """A lone decode over a fresh context (its view one slice), then two decodes over
+    one context at once, the longer one going on alone after the shorter ends (its
+    view a shared context beside its own tokens); every token's logprob kept."""
+    system = await engine.prefill("you are a careful solver", role="system")
+    question = await engine.prefill("what is seven times six", role="user", parents=[system])
+    lone = await engine.decode(parents=[system, question], max_tokens=12, ignore_eos=True,
+                               logprobs=True)  # fmt: skip
+    async with anyio.create_task_group() as tg:
+        out = {}
+
+        async def one(name: str, n: int, delay: int) -> None:
+            for _ in range(delay):  # let the first start alone, so the second joins it
+                await anyio.lowlevel.checkpoint()
+            out[name] = await engine.decode(
+                parents=[system, lone], max_tokens=n, ignore_eos=True, logprobs=True
+            )
+
+        tg.start_soon(one, "short", 4, 0)
+        tg.start_soon(one, "long", 16, 3)
+    return [lone, out["short"], out["long"]]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "llama-sink"])
+async def test_compiled_step_gives_the_eager_tokens_and_logprobs(tiny_dirs, arch):
+    async with open_tiny(tiny_dirs, arch) as eager:
+        want = await _workflow(eager)
+    async with open_tiny(tiny_dirs, arch, compile=True) as compiled:
+        got = await _workflow(compiled)
+        graph = compiled._core.runner.compiled
+        stats = compiled.stats()
+    for a, b in zip(want, got, strict=True):
+        assert b.tokens == a.tokens
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) <= 1e-4
+    # both layouts went through their graph: the lone decode's single slice, and the
+    # long decode alone over the context it had shared
+    assert graph.steps[1] > 0 and graph.steps[2] > 0
+    assert stats.compiled_steps == graph.steps[1] + graph.steps[2]
+    assert stats.step_compile_s > 0
+
+
+async def test_compiled_engine_stores_what_it_encodes(tiny_dirs):
+    """A message decoded through the graph reads back as the eager engine's: a later
+    call over it (a prefill, eager) gets the same logprobs."""
+
+    async def follow_up(engine) -> tuple:
+        system = await engine.prefill("hello world", role="system")
+        reply = await engine.decode(parents=[system], max_tokens=10, ignore_eos=True)
+        after = await engine.decode(
+            parents=[system, reply], max_tokens=3, ignore_eos=True, logprobs=True
+        )
+        return reply.tokens, after.logprobs
+
+    async with open_tiny(tiny_dirs) as eager:
+        want = await follow_up(eager)
+    async with open_tiny(tiny_dirs, compile=True) as compiled:
+        got = await follow_up(compiled)
+    assert got[0] == want[0]
+    assert max(abs(x - y) for x, y in zip(want[1], got[1], strict=True)) <= 1e-4
+
+
+def test_compile_is_refused_where_it_cannot_apply(tiny_dirs):
+    with pytest.raises(BadConfig, match="compile"):
+        EngineConfig.of(mode="hf", compile=True)
+    with pytest.raises(BadConfig, match="compile"):
+        EngineConfig.of(device="cuda", compile=True)
+    with pytest.raises(InvalidRequest, match="contexts='copy'"):
+        open_tiny(tiny_dirs, compile=True, contexts="store", attention="torch")
