@@ -22,6 +22,7 @@ size can need another; at run time the guards are skipped
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -46,11 +47,12 @@ class CompiledDecode:
         self._graphs: dict[int, Callable] = {}  # parts (1 or 2) -> compiled forward
         self.compile_seconds = 0.0
         self.steps = {1: 0, 2: 0}  # steps through each graph, by parts read
+        self.disabled: str | None = None  # why the graphs stopped being used, if they did
 
     def parts(self, batch: ForwardBatch) -> tuple[list[Tensor], list[Tensor]] | None:
         """The keys and values (L, Hkv, n, D) the step's call reads, one tensor per
         part, when the step is a lone one-row step this class serves; else None."""
-        if len(batch.spans) != 1 or batch.input_ids.shape[0] != 1:
+        if self.disabled or len(batch.spans) != 1 or batch.input_ids.shape[0] != 1:
             return None
         view = batch.spans[0].view
         if view.contiguous:
@@ -61,13 +63,27 @@ class CompiledDecode:
             return None
         return [ctx.k, view.own_k[:, :, :m]], [ctx.v, view.own_v[:, :, :m]]
 
-    def forward(self, batch: ForwardBatch, ks: list[Tensor], vs: list[Tensor]) -> Tensor:
+    def forward(self, batch: ForwardBatch, ks: list[Tensor], vs: list[Tensor]) -> Tensor | None:
         """Encode the step's token, write its K/V to the store and the view, return
-        the logits of `batch.logit_rows` (N, V); `ks`, `vs` are `parts(batch)`."""
+        the logits of `batch.logit_rows` (N, V); `ks`, `vs` are `parts(batch)`.
+
+        None, with nothing written, if the graph refused the inputs (dynamo found
+        it would need another graph: an assumption of `warm` broke); the graphs
+        are then given up, with a warning, and every step runs eagerly."""
         x, cos, sin = self._inputs(batch.input_ids, batch.positions)
         graph = self._graphs[len(ks)]  # `warm` made both
-        with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
-            logits, new = graph(x, cos, sin, ks, vs)  # (1, V), (L, 3, Hkv, D)
+        try:
+            with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+                logits, new = graph(x, cos, sin, ks, vs)  # (1, V), (L, 3, Hkv, D)
+        except RuntimeError as exc:  # a recompile refused: nothing was written
+            self.disabled = str(exc).splitlines()[0]
+            warnings.warn(
+                f"compile=True: the captured decode step refused a step ({self.disabled}); "
+                "decoding eagerly from now on",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return None
         slot = int(batch.slots[0])
         self.store.k[:, slot] = new[:, 1]  # unrotated key, (L, Hkv, D)
         self.store.v[:, slot] = new[:, 2]
@@ -77,7 +93,7 @@ class CompiledDecode:
         view.own_v[:, :, m] = new[:, 2]
         view.advance(1)
         self.steps[len(ks)] += 1
-        return logits[batch.logit_rows]  # (N, V)
+        return logits if batch.logit_rows.numel() == 1 else logits[batch.logit_rows]  # (N, V)
 
     def warm(self) -> float:
         """Trace and compile both layouts now, on throwaway tensors; the seconds it

@@ -64,7 +64,9 @@ class ModelRunner:
     def forward(self, batch: ForwardBatch) -> Tensor:
         """Encode the batch, write its K/V to the store and views, return logits (N, V)."""
         if self.compiled is not None and (parts := self.compiled.parts(batch)) is not None:
-            return self.compiled.forward(batch, *parts)
+            logits = self.compiled.forward(batch, *parts)
+            if logits is not None:
+                return logits
         spec, w = self.spec, self.w
         x = w.embed[batch.input_ids].to(w.dtype)  # (T, E)
         split = split_step(

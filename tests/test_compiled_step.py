@@ -79,3 +79,23 @@ def test_compile_is_refused_where_it_cannot_apply(tiny_dirs):
         EngineConfig.of(device="cuda", compile=True)
     with pytest.raises(InvalidRequest, match="contexts='copy'"):
         open_tiny(tiny_dirs, compile=True, contexts="store", attention="torch")
+
+
+async def test_a_step_the_graph_refuses_runs_eagerly_and_the_graphs_are_given_up(tiny_dirs):
+    """If dynamo ever wanted another graph (an assumption of `warm` broken), the step
+    runs eagerly with nothing written twice, and so does every later one."""
+    async with open_tiny(tiny_dirs) as eager:
+        want = await _workflow(eager)
+    async with open_tiny(tiny_dirs, compile=True) as compiled:
+        graph = compiled._core.runner.compiled
+
+        def refuse(*args):
+            raise RuntimeError("Recompilation triggered with skip_guard_eval_unsafe stance.")
+
+        graph._graphs = {1: refuse, 2: refuse}
+        with pytest.warns(RuntimeWarning, match="decoding eagerly"):
+            got = await _workflow(compiled)
+        assert graph.disabled and graph.steps == {1: 0, 2: 0}
+        compiled.check()
+    for a, b in zip(want, got, strict=True):
+        assert b.tokens == a.tokens and b.logprobs == a.logprobs
