@@ -308,6 +308,27 @@ def bench_constrained(
     _report(report, bc.tables(report), json_out)
 
 
+@bench_app.command("mapreduce")
+def bench_mapreduce(
+    model: ModelOpt = "smollm2-135m",
+    dtype: DtypeOpt = DEFAULT_DTYPE,
+    repeat: Annotated[
+        int,
+        typer.Option(min=1, help="The sample document this many times over (~2.7k tokens each)."),
+    ] = 2,
+    chunk_tokens: Annotated[int, typer.Option(min=16, help="Tokens per map chunk.")] = 512,
+    max_tokens: Annotated[int, typer.Option(min=1, help="Tokens per summary.")] = 48,
+    rounds: Annotated[int, typer.Option(min=1, help="Timed runs per configuration.")] = 3,
+) -> None:
+    """A latency-sensitive map-reduce: its map stage as a task group vs per-call latency caps."""
+    from corps.cli.bench_mapreduce import main
+
+    try:
+        main(model, dtype, repeat, chunk_tokens, max_tokens, rounds)
+    except CorpsError as exc:
+        fail(exc)
+
+
 @bench_app.command("serve")
 def bench_serve(
     load: Annotated[

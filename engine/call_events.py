@@ -30,6 +30,7 @@ def queued_event(rec: Recorder, job: Job) -> CallQueued:
         workflow=job.workflow.name if job.workflow is not None else None,
         group=job.group,
         objective=job.objective,
+        critical=job.critical,
     )
 
 

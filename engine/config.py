@@ -119,6 +119,12 @@ class EngineConfig(BaseModel):
       "fcfs" (first come, first served), "workflow" (earlier workflows first, task
       groups whole) or "objective" (latency calls first, the batch bounded beside
       them).
+    - `deduce_objectives`: in a workflow whose objective is "latency", the calls of
+      a task group of two or more (a map stage, proposals, voters) are latency but
+      not critical: admitted first and whole, without bounding the batch; calls
+      made alone are critical (`corps.engine.submit.deduce_objective`). False:
+      every call of such a workflow bounds the batch, as per-call latency
+      targets would.
     - `adapter`: a LoRA adapter directory in PEFT's format (`corps distill --out`, or
       peft's save_pretrained) merged into the weights at load, in every mode and dtype.
     - `admission`: workflow-level admission (`corps.engine.admission`): a pattern's
@@ -158,6 +164,7 @@ class EngineConfig(BaseModel):
     compile: bool = False
     admission: bool = True
     policy: PolicyName = "fcfs"
+    deduce_objectives: bool = True
     adapter: Path | None = None
 
     @field_validator(

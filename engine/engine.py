@@ -82,6 +82,7 @@ class Engine:
             core.table, mode=core.mode, policy=cfg.leak_policy, recorder=self.recorder
         )
         self._submit = Submitter(core, self._sched, self._guard, self.recorder)
+        self._submit.deduce = cfg.deduce_objectives
         self._model_name = cfg.model
         self._trace_file = self.trace_to(cfg.trace) if cfg.trace is not None else None
         self.otel: LiveSpans | None = self._send_spans(cfg) if cfg.otel is not None else None

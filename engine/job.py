@@ -44,6 +44,10 @@ class Job:
     # what scheduling policies read (corps.engine.policies, corps.engine.workflow)
     workflow: Workflow | None = None  # the workflow it was made in
     objective: str = "throughput"
+    # a latency call that bounds the batch while it runs (`objective` policy): one made
+    # alone, or asked latency itself; a task group of a latency workflow is latency
+    # (admitted first) but not critical: the group's completion is what counts
+    critical: bool = False
     group: int = 0  # its task group: calls submitted together (its own id alone)
 
     def figures(self) -> CallFigures:

@@ -17,11 +17,14 @@ objective (`corps.engine.workflow`).
   the same throughput); a task group is admitted whole; a call that has waited
   `aging_s` goes first whatever its workflow, so nothing starves.
 - `objective`: latency calls first (and first in each step's prefill budget);
-  while any latency call waits or runs, throughput calls are admitted only
-  while fewer than `latency_batch` calls run, and while one runs a step encodes
-  at most `latency_prefill` prompt tokens beside the decodes: both bound the
-  step and so the latency calls' time per token; throughput calls fill the
-  rest, as in `workflow`, and age like it.
+  while any critical latency call waits or runs, throughput calls are admitted
+  only while fewer than `latency_batch` calls run, and while one runs a step
+  encodes at most `latency_prefill` prompt tokens beside the decodes: both bound
+  the step and so the critical calls' time per token; throughput calls fill the
+  rest, as in `workflow`, and age like it. A latency call is critical unless it
+  is one of a latency workflow's task groups (`corps.engine.submit.deduce_objective`):
+  such a group goes first but leaves the batch open, since what counts is when
+  the whole group ends.
 """
 
 from __future__ import annotations
@@ -132,8 +135,8 @@ class ObjectiveFirst(WorkflowFirst):
     def may_admit(self, group, running, waiting, now: float) -> bool:
         if group[0].objective == "latency":
             return True
-        latency = any(j.objective == "latency" for j in [*running, *waiting])
-        if not latency or now - group[0].submitted >= self.aging_s:  # aged: not held back
+        critical = any(j.critical for j in [*running, *waiting])
+        if not critical or now - group[0].submitted >= self.aging_s:  # aged: not held back
             return True
         return len(running) + len(group) <= self.latency_batch
 
@@ -141,9 +144,9 @@ class ObjectiveFirst(WorkflowFirst):
         return sorted(running, key=lambda j: (j.objective != "latency", _started([j])))
 
     def step_budget(self, running: Sequence[Any], budget: int) -> int:
-        """Beside running latency calls: every decode's token, and at most
-        `latency_prefill` prompt tokens (their own prompts go first, step_order)."""
-        if not any(j.objective == "latency" for j in running):
+        """Beside running critical calls: every decode's token, and at most
+        `latency_prefill` prompt tokens (latency prompts go first, step_order)."""
+        if not any(j.critical for j in running):
             return budget
         return min(budget, len(running) + self.latency_prefill)
 

@@ -363,6 +363,7 @@ class Scheduler:
             mean_batch_size=n.calls_in_steps / n.steps if n.steps else 0.0,
             queue_depth=self.queue_depth() + len(self._held),
             tokens_per_s=n.tokens_sampled / n.step_seconds if n.step_seconds else 0.0,
+            tokens_sampled=n.tokens_sampled,
             mean_ttft_s=n.ttft_sum / n.ttft_n if n.ttft_n else math.nan,
             overhead=1 - n.forward_seconds / n.step_seconds if n.step_seconds else 0.0,
             step_s=n.step_seconds,

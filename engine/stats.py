@@ -21,6 +21,7 @@ class EngineStats:
     mean_batch_size: float = 0.0  # calls per step
     queue_depth: int = 0  # calls waiting to be admitted
     tokens_per_s: float = 0.0  # tokens sampled per second of stepping
+    tokens_sampled: int = 0  # tokens decodes sampled (or were forced to) since the engine opened
     mean_ttft_s: float = float("nan")  # mean time from submit to first token
     overhead: float = 0.0  # share of step time spent outside the forward
     leaks: int = 0  # leaks recorded since the engine started (policies allow and warn)

@@ -23,9 +23,29 @@ from corps.engine.pending import Pending
 from corps.engine.requests import DecodeRequest, PrefillRequest
 from corps.engine.scheduler import Scheduler
 from corps.engine.trace import Recorder
-from corps.engine.workflow import CURRENT
+from corps.engine.workflow import CURRENT, Workflow
 
 Request = PrefillRequest | DecodeRequest
+
+
+def deduce_objective(
+    asked: str | None, wf: Workflow | None, size: int, deduce: bool = True
+) -> tuple[str, bool]:
+    """A call's (objective, critical): its own objective (or its agent's) if given;
+    else its workflow's ("throughput" outside any). A latency call is critical (it
+    bounds the batch beside it, `objective` policy) unless it came in a task group
+    of two or more of a latency workflow and `deduce`: Parrot's deduction, with
+    what is known when the call arrives (a workflow's later calls are not): the
+    calls made alone (a workflow's last steps and what they wait on) are
+    latency-critical, and a group (a map stage, proposals, voters) is scheduled
+    for its completion, admitted whole at a latency workflow's priority with the
+    batch left open."""
+    if asked is not None:
+        return asked, asked == "latency"
+    objective = wf.objective if wf is not None else "throughput"
+    if objective != "latency":
+        return objective, False
+    return objective, not (deduce and size >= 2)
 
 
 class Submitter:
@@ -34,25 +54,32 @@ class Submitter:
     def __init__(self, core: Executor, sched: Scheduler, guard: Guard, recorder: Recorder) -> None:
         self.core, self.sched, self.guard, self.recorder = core, sched, guard, recorder
         self.ids = itertools.count(1)  # call ids in traces
+        self.deduce = True  # deduce which calls of a latency workflow are critical
 
-    async def job(self, request: Request, cid: int | None = None, group: int | None = None) -> Job:
+    async def job(
+        self, request: Request, cid: int | None = None, group: int | None = None, size: int = 1
+    ) -> Job:
         """Check access and the leak policy, re-encode if needed, pin parents: a Job
-        (in task group `group`, else a group of its own)."""
+        (in task group `group` of `size` calls, else a group of its own)."""
         cid = cid or next(self.ids)
         request, missing, leaks = self.guard.check(request, call_id=cid)
         if missing:
             request = await self.guard.reencode(request, self._prefill_internal)
-        job = self.pinned_job(request, cid, group)
+        job = self.pinned_job(request, cid, group, size)
         job.leaks = leaks
         return job
 
-    def pinned_job(self, request, cid: int, group: int | None = None) -> Job:
+    def pinned_job(self, request, cid: int, group: int | None = None, size: int = 1) -> Job:
         """A job whose parents are pinned from now until it ends: a `free` in between
-        waits for it instead of failing it. `cid` is its call id in traces."""
+        waits for it instead of failing it. `cid` is its call id in traces; `size`
+        the calls of its task group (`deduce_objective`)."""
         pins = self.core.pin(request.parents)
         wf = CURRENT.get()
-        objective = request.objective or (wf.objective if wf is not None else "throughput")
-        job = Job(request, id=cid, workflow=wf, objective=objective, group=group or cid)
+        objective, critical = deduce_objective(request.objective, wf, size, self.deduce)
+        job = Job(
+            request, id=cid, workflow=wf, objective=objective, critical=critical,
+            group=group or cid,
+        )  # fmt: skip
         job.on_end, job.orphan = partial(self._job_ended, pins), self.core.free
         if self.recorder.on:
             self.recorder.emit(queued_event(self.recorder, job))
@@ -94,7 +121,7 @@ class Submitter:
         try:
             group = None  # one task group: the first call's id
             for request in requests:
-                jobs.append(await self.job(request, group=group))
+                jobs.append(await self.job(request, group=group, size=len(requests)))
                 jobs[-1].want_logits = want_logits
                 group = jobs[0].id
             for job in jobs:  # no yield between them while there is room: one step

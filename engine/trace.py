@@ -61,6 +61,7 @@ class CallQueued(_Event):
     workflow: str | None = None  # the workflow it was made in (corps.engine.workflow)
     group: int | None = None  # its task group: the id of the first call submitted with it
     objective: str | None = None  # "latency" or "throughput"
+    critical: bool | None = None  # a latency call that bounds the batch (objective policy)
 
 
 class FirstToken(_Event):

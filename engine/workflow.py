@@ -8,7 +8,9 @@ waits on each token: chat, the last steps of an interactive workflow) or
 "throughput" (a data set run, the default); a call's own `objective=` or its
 agent's overrides it. Calls submitted together (one `decode_many`, one
 `prefill_many`, an agent's fused turns) form a task group, which the `workflow`
-and `objective` policies admit whole.
+and `objective` policies admit whole. In a latency workflow, a call made alone
+is latency-critical and a task group's calls are not
+(`corps.engine.submit.deduce_objective`).
 """
 
 from __future__ import annotations

@@ -19,11 +19,12 @@ from corps.engine.workflow import Workflow
 _groups = itertools.count(10_000)
 
 
-def job(t, group=None, wf=None, objective="throughput", size=1, name=""):
+def job(t, group=None, wf=None, objective="throughput", size=1, name="", critical=None):
     return SimpleNamespace(
         submitted=t, group=group if group is not None else next(_groups), workflow=wf,
         objective=objective, request=SimpleNamespace(size=size), want_logits=False,
         cancelled=False, call=None, admitted=None, error=None, name=name,
+        critical=objective == "latency" if critical is None else critical,
     )  # fmt: skip
 
 
@@ -78,6 +79,23 @@ def test_objective_puts_latency_first_and_bounds_the_batch_beside_it():
     assert p.step_budget([bulk[0], chat], 512) == 2 + p.latency_prefill  # a small step
     assert p.step_budget(bulk, 512) == 512  # no latency call running: the whole budget
     assert Fcfs().step_budget([chat], 512) == WorkflowFirst().step_budget([chat], 512) == 512
+
+
+def test_a_latency_task_group_goes_first_but_leaves_the_batch_open():
+    """A latency workflow's map stage (latency, not critical) is admitted ahead of
+    throughput work and whole, and neither holds throughput calls back nor bounds
+    the step's prompt tokens; a critical call (its reduce) does both."""
+    policy = ObjectiveFirst(aging_s=100, latency_batch=2, latency_prefill=16)
+    maps = [job(5.0 + i / 10, group=7, objective="latency", critical=False, name=f"map{i}")
+            for i in range(3)]  # fmt: skip
+    bulk = job(1.0, name="bulk")
+    assert names(policy.order([bulk, *maps], now=6)) == [["map0", "map1", "map2"], ["bulk"]]
+    assert policy.may_admit([bulk], running=maps, waiting=[], now=6)
+    assert policy.step_budget(maps, 512) == 512
+    reduce = job(7.0, objective="latency", name="reduce")  # made alone: critical
+    assert not policy.may_admit([bulk], running=[reduce, *maps], waiting=[], now=7)
+    assert policy.step_budget([reduce, *maps], 512) == 4 + 16
+    assert policy.step_order([bulk, reduce]) == [reduce, bulk]
 
 
 def test_make_names_every_policy():
