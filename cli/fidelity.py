@@ -301,6 +301,13 @@ def distill(
     dropout: Annotated[float, typer.Option(min=0.0, max=0.9)] = 0.05,
     lr: Annotated[float, typer.Option(min=0.0)] = 3e-4,
     batch: Annotated[int, typer.Option(min=1, help="Traces per optimizer step.")] = 4,
+    schedule: Annotated[
+        str,
+        typer.Option(
+            help="Learning rate over the steps: constant (default), linear (down to 0 at "
+            "the last step) or cosine."
+        ),
+    ] = "constant",
     objective: Annotated[
         str,
         typer.Option(
@@ -332,7 +339,9 @@ def distill(
             )
         lines = lines[: train + val]
         base, chor = _config(model, "baseline", dtype), _config(model, "choreographed", dtype)
-        settings = dist.Settings(epochs, rank, alpha, dropout, lr, batch, seed, objective)
+        settings = dist.Settings(
+            epochs, rank, alpha, dropout, lr, batch, seed, objective, schedule=schedule
+        )
     except BadConfig as exc:
         _exit(exc.for_cli())
     except (CorpsError, ValueError) as exc:

@@ -18,6 +18,7 @@ every prefill and decode of the workflow (`corps.engine.differentiable`).
 from __future__ import annotations
 
 import json
+import math
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -135,6 +136,7 @@ def gap_table(replayer: DifferentiableReplay, traces: Sequence[Trace]) -> list[R
 
 
 OBJECTIVES = ("distribution", "tokens")
+SCHEDULES = ("constant", "linear", "cosine")
 
 
 @dataclass(frozen=True)
@@ -152,12 +154,29 @@ class Settings:
     # the cross-entropy to the baseline's whole next-token distribution at each of those
     # positions (the same optimum, far less variance; see DifferentiableReplay.run)
     objective: str = "distribution"
+    # the learning rate over the run's optimizer steps: "constant" (lr throughout),
+    # "linear" (from lr down to 0 at the last step) or "cosine" (lr to 0, half a cosine)
+    schedule: str = "constant"
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
             raise ValueError(
                 f"objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}"
             )
+        if self.schedule not in SCHEDULES:
+            raise ValueError(
+                f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}"
+            )
+
+
+def lr_factor(schedule: str, step: int, steps: int) -> float:
+    """The learning rate's factor before optimizer step `step` (0-based) of `steps`."""
+    done = step / steps if steps else 0.0
+    if schedule == "linear":
+        return 1.0 - done
+    if schedule == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * done))
+    return 1.0
 
 
 @dataclass
@@ -246,6 +265,9 @@ def distill(
     rng = random.Random(settings.seed)
     steps = settings.epochs * -(-len(order) // settings.batch)
     step = 0
+    decay = torch.optim.lr_scheduler.LambdaLR(
+        optim, lambda i: lr_factor(settings.schedule, i, steps)
+    )
     for epoch in range(1, settings.epochs + 1):
         model.train()
         rng.shuffle(order)
@@ -261,6 +283,7 @@ def distill(
                 (loss / n).backward()
                 total += loss.item()
             optim.step()
+            decay.step()
             step, nll, tokens = step + 1, nll + total, tokens + n
             if on_step is not None:
                 on_step(step, steps, total / n, tokens / (time.perf_counter() - t0))

@@ -130,3 +130,12 @@ async def test_on_a_chain_the_soft_loss_is_the_baselines_entropy(tiny_dirs, tmp_
 def test_an_unknown_objective_is_refused():
     with pytest.raises(ValueError, match="objective must be one of distribution, tokens"):
         distill.Settings(objective="kl")
+
+
+def test_learning_rate_schedules_by_hand():
+    assert [distill.lr_factor("constant", i, 4) for i in range(4)] == [1.0] * 4
+    assert [distill.lr_factor("linear", i, 4) for i in range(4)] == [1.0, 0.75, 0.5, 0.25]
+    cos = [distill.lr_factor("cosine", i, 4) for i in range(4)]
+    assert cos == pytest.approx([1.0, 0.5 + 0.5 * 2**-0.5, 0.5, 0.5 - 0.5 * 2**-0.5])
+    with pytest.raises(ValueError, match="schedule must be one of constant, linear, cosine"):
+        distill.Settings(schedule="step")
