@@ -53,6 +53,7 @@ def build_executor(cfg: EngineConfig, console: Console | None = None) -> Executo
             attention=attention,
             jump_forward=cfg.jump_forward,
         )
+        core.kernel_choice = choice
         if cfg.compile:
             _compile_step(core, console)
     return core

@@ -42,6 +42,7 @@ from corps.engine.requests import DecodeRequest, PrefillRequest
 from corps.engine.runner import ModelRunner
 from corps.engine.sampler import Sampler
 from corps.engine.stats import EngineStats
+from corps.engine.tuning import KernelChoice
 from corps.engine.weights import Weights
 
 #: Longest piece of one call's prompt encoded in a single forward step.
@@ -84,6 +85,8 @@ class Core:
             raise InvalidRequest(f"contexts must be one of {', '.join(CONTEXTS)}, got {contexts!r}")
         spec = weights.spec
         self.mode = mode
+        # the product kernels measured on this CPU (dtype auto), set by the builder
+        self.kernel_choice: KernelChoice | None = None
         # the dtype name the engine was opened with ("mixed" is float32 weights)
         self.precision = precision or str(weights.dtype).removeprefix("torch.")
         self.model_path = model_path

@@ -28,6 +28,7 @@ from corps.engine.executor import Executor
 from corps.engine.graph import MessageGraph, Node
 from corps.engine.otel import LiveSpans, check_available
 from corps.engine.pending import Pending
+from corps.engine.policies import LATENCY_SLOWDOWN
 from corps.engine.policies import make as make_policy
 from corps.engine.requests import (
     DecodeArgs,
@@ -45,11 +46,20 @@ from corps.engine.stats import EngineStats
 from corps.engine.stream import StreamCalls, TextStream
 from corps.engine.submit import Submitter
 from corps.engine.trace import Freed, Header, Recorder, TraceFile, version
+from corps.engine.tuning import rows_within
 from corps.engine.workflow import Objective, workflow
 
 Request = PrefillRequest | DecodeRequest
 
 __all__ = ["Engine"]
+
+
+def _policy_settings(policy: str, core: Executor) -> dict[str, Any]:
+    """The objective policy's step bound from this CPU's measured kernels, if any."""
+    choice = getattr(core, "kernel_choice", None)
+    if policy != "objective" or choice is None:
+        return {}
+    return dict(latency_rows=rows_within(choice, LATENCY_SLOWDOWN))
 
 
 class Engine:
@@ -75,7 +85,7 @@ class Engine:
             step_tokens=cfg.step_tokens,
             recorder=self.recorder,
             max_running=cfg.max_running,
-            policy=make_policy(cfg.policy),
+            policy=make_policy(cfg.policy, **_policy_settings(cfg.policy, core)),
         )
         self._tg: anyio.abc.TaskGroup | None = None
         self._guard = Guard(

@@ -21,7 +21,10 @@ objective (`corps.engine.workflow`).
   only while fewer than `latency_batch` calls run, and while one runs a step
   encodes at most `latency_prefill` prompt tokens beside the decodes: both bound
   the step and so the critical calls' time per token; throughput calls fill the
-  rest, as in `workflow`, and age like it. A latency call is critical unless it
+  rest, as in `workflow`, and age like it. Where the engine measured its
+  kernels (dtype auto on a CPU), both bounds are one: a step beside critical
+  calls holds as many rows as keep its products within `LATENCY_SLOWDOWN` of a
+  lone decode's (`latency_rows`). A latency call is critical unless it
   is one of a latency workflow's task groups (`corps.engine.submit.deduce_objective`):
   such a group goes first but leaves the batch open, since what counts is when
   the whole group ends.
@@ -41,6 +44,10 @@ LATENCY_BATCH = 8  # calls running at most beside latency calls (objective)
 #: Prompt tokens a step may encode beside running latency calls (objective): a 512-token
 #: prefill chunk in the same step multiplies its time, which every latency call waits.
 LATENCY_PREFILL = 64
+#: Where the engine measured its product kernels (dtype auto on a CPU), a step beside
+#: critical calls holds as many rows as keep its products within this factor of one
+#: row's (`tuning.rows_within`), decodes and prompt tokens together.
+LATENCY_SLOWDOWN = 1.5
 
 
 class Policy(Protocol):
@@ -125,6 +132,9 @@ class ObjectiveFirst(WorkflowFirst):
 
     latency_batch: int = LATENCY_BATCH
     latency_prefill: int = LATENCY_PREFILL
+    # rows a step may hold beside critical calls, from measured kernel timings
+    # (`Engine.open` sets it where it has them); None: the two bounds above
+    latency_rows: int | None = None
     name = "objective"
 
     def _key(self, group: Sequence[Any], now: float) -> tuple:
@@ -138,16 +148,21 @@ class ObjectiveFirst(WorkflowFirst):
         critical = any(j.critical for j in [*running, *waiting])
         if not critical or now - group[0].submitted >= self.aging_s:  # aged: not held back
             return True
-        return len(running) + len(group) <= self.latency_batch
+        cap = self.latency_batch if self.latency_rows is None else self.latency_rows
+        return len(running) + len(group) <= cap
 
     def step_order(self, running: list[Any]) -> list[Any]:
         return sorted(running, key=lambda j: (j.objective != "latency", _started([j])))
 
     def step_budget(self, running: Sequence[Any], budget: int) -> int:
         """Beside running critical calls: every decode's token, and at most
-        `latency_prefill` prompt tokens (latency prompts go first, step_order)."""
+        `latency_prefill` prompt tokens (latency prompts go first, step_order), or
+        with `latency_rows`, at most that many rows in all (never fewer than one
+        per running call)."""
         if not any(j.critical for j in running):
             return budget
+        if self.latency_rows is not None:
+            return min(budget, max(len(running), self.latency_rows))
         return min(budget, len(running) + self.latency_prefill)
 
 

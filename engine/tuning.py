@@ -77,6 +77,19 @@ class KernelChoice:
         return frozenset(self.kernels)
 
 
+def rows_within(choice: KernelChoice, slowdown: float) -> int:
+    """The most rows (a bucket) whose step's products, at the kernels `choice`
+    uses, take at most `slowdown` times one row's: what a step may hold beside a
+    latency-critical decode (`corps.engine.policies`). The products alone are the
+    conservative measure: a step's fixed cost only shrinks the ratio."""
+    one = choice.timings.get(choice.kernel_for(1), {}).get(1, math.inf)
+    rows = 1
+    for b in choice.buckets:
+        if choice.timings.get(choice.kernel_for(b), {}).get(b, math.inf) <= slowdown * one:
+            rows = b
+    return rows
+
+
 def choose(timings: Timings, allowed: Sequence[str], buckets=ROW_BUCKETS) -> KernelChoice:
     """The fastest allowed kernel per bucket (ties: the earlier in KERNELS)."""
     picks = []

@@ -184,3 +184,14 @@ def test_every_call_is_admitted_and_groups_are_never_split(policy, arrivals):
         for _, j in pending:
             by_group.setdefault(j.group, set()).add(started[j.name])
         assert all(len(ticks) == 1 for ticks in by_group.values())  # whole, at once
+
+
+def test_a_measured_row_bound_replaces_both_fixed_bounds_beside_critical_calls():
+    policy = ObjectiveFirst(aging_s=100, latency_batch=8, latency_prefill=64, latency_rows=4)
+    chat = job(5.0, objective="latency", name="chat")
+    bulk = [job(1.0 + i, name=f"bulk{i}") for i in range(4)]
+    assert policy.step_budget([chat], 512) == 4  # chat's token and 3 prompt tokens
+    assert policy.step_budget([chat, *bulk], 512) == 5  # never below one per running call
+    assert policy.step_budget(bulk, 512) == 512  # no critical call: the whole budget
+    assert policy.may_admit([bulk[0]], running=[chat, bulk[1]], waiting=[], now=6)
+    assert not policy.may_admit([bulk[0]], running=[chat, *bulk[1:]], waiting=[], now=6)
