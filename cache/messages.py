@@ -51,6 +51,18 @@ class Message:
     view_of: int | None = None  # a clean re-encoding (leak_policy="reencode"): of which message
     view_for: str | None = None  # ... and for which reader
     figures: CallFigures = field(default_factory=CallFigures)
+    # preemption (`corps.engine.memory`): how its tokens went through the model (tokens
+    # per forward step, in order), so an evicted encoding is recomputed step for step
+    spans: tuple[int, ...] = ()
+    evicted: bool = False  # its encoding was dropped for room; recomputed when read
+    read_at: int = 0  # when a call last pinned it (the memory's tick): least recent yields
+    started: float = 0.0  # when the workflow that made it started (a policy's victim order)
+
+    @property
+    def recomputable(self) -> bool:
+        """Whether its encoding can be dropped and made again from its parents: an
+        encoded prefill or decode whose steps were recorded (not the sink, not text)."""
+        return self.kind in ("prefill", "decode") and sum(self.spans) == len(self.tokens) > 0
 
 
 class MessageTable:

@@ -466,6 +466,13 @@ def bench_soak(
     admission: Annotated[
         bool, typer.Option(help="Workflow-level admission (off: every workflow starts at once).")
     ] = True,
+    evict: Annotated[
+        bool,
+        typer.Option(
+            help="Preemption: with the store full, drop encodings no call reads and "
+            "recompute them when read (off: such a call fails)."
+        ),
+    ] = True,
     model: ModelOpt = "smollm2-135m",
     dtype: DtypeOpt = DEFAULT_DTYPE,
     json_out: Annotated[str | None, typer.Option("--json", help="Write the report here.")] = None,
@@ -490,6 +497,7 @@ def bench_soak(
                 capacity=capacity,
                 dtype=dtype,
                 admission=admission,
+                evict=evict,
                 progress=lambda n: bar.update(task, completed=n),
             )
         )

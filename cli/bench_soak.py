@@ -80,6 +80,8 @@ class SoakReport(BaseModel):
     records_end: int  # message records the engine still holds
     leaks: int
     dead_letters: int
+    evicted: int = 0  # messages whose encodings were dropped for room (preemption)
+    recomputed: int = 0  # tokens of dropped encodings made again when read
 
 
 def rss_mb() -> float:
@@ -210,6 +212,7 @@ async def soak(
     capacity: int | None = None,
     dtype: str = DEFAULT_DTYPE,
     admission: bool = True,
+    evict: bool = True,
     progress: Callable[[int], None] | None = None,
 ) -> SoakReport:
     """Run the soak; `progress(n)` is called after each of the n workflows ends."""
@@ -226,7 +229,7 @@ async def soak(
     done_at: list[float] = []
     marks: dict[str, float] = {}
     peak = dict(store=0, rss=0.0)
-    opened = Engine.open(model, dtype=dtype, capacity=capacity, admission=admission)
+    opened = Engine.open(model, dtype=dtype, capacity=capacity, admission=admission, evict=evict)
     async with opened as engine:
         async with Runtime(engine) as rt:
             state = _Soak(engine, rt, rng, max_tokens)
@@ -305,6 +308,8 @@ async def soak(
         records_end=stats.records,
         leaks=stats.leaks,
         dead_letters=dead,
+        evicted=stats.messages_evicted,
+        recomputed=stats.tokens_recomputed,
     )
 
 
@@ -366,4 +371,5 @@ def table(r: SoakReport):
         "records held at the end / leaks / dead letters",
         f"{r.records_end} / {r.leaks} / {r.dead_letters}",
     )
+    t.add_row("encodings evicted / tokens recomputed", f"{r.evicted} / {r.recomputed}")
     return t

@@ -131,6 +131,12 @@ class EngineConfig(BaseModel):
       run starts only when the store can hold it beside the runs in flight (True,
       the default), so many workflows at once wait rather than fail with
       CacheFullError; False starts every run at once.
+    - `evict`: preemption (choreographed mode): when a call cannot get store slots
+      and nothing running will give any back, the encodings of messages no
+      running call reads are dropped, in the policy's order, and recomputed
+      from their parents when a call reads them again (`corps.engine.memory`):
+      the call runs instead of failing with CacheFullError (True, the default).
+      False: it fails.
     - `compile`: capture a lone call's one-row decode step as one graph with
       torch.compile (`corps.engine.compiled_step`): about a quarter less time per
       token for one stream on a CPU, at a one-off compile when the engine opens
@@ -163,6 +169,7 @@ class EngineConfig(BaseModel):
     jump_forward: bool = True
     compile: bool = False
     admission: bool = True
+    evict: bool = True
     policy: PolicyName = "fcfs"
     deduce_objectives: bool = True
     adapter: Path | None = None

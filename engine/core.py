@@ -35,7 +35,7 @@ from corps.engine.config import CONTEXTS, MODES
 from corps.engine.errors import InvalidRequest
 from corps.engine.grammars import Grammars
 from corps.engine.grammars import apply as apply_masks
-from corps.engine.memory import Memory
+from corps.engine.memory import Memory, Victims
 from corps.engine.planner import Call, CallPlan, Planner
 from corps.engine.register import own_tokens, register
 from corps.engine.requests import DecodeRequest, PrefillRequest
@@ -144,6 +144,7 @@ class Core:
         self.tokens_encoded = 0
         self.tokens_reused = 0
         self.tokens_jumped = 0  # tokens constraints forced, appended without sampling
+        self.tokens_recomputed = 0  # tokens of evicted encodings made again (`restore`)
         self.jump_forward = jump_forward
         self.forward_seconds = 0.0  # time spent in the model's forward
         self.sink = self._make_sink()
@@ -158,6 +159,7 @@ class Core:
         *,
         want_logits: bool = False,
         hold: bool = False,
+        evict: Victims | None = None,
     ) -> Call | None:
         """Check and plan a call, reserve its slots and gather its view. Atomic.
 
@@ -165,7 +167,14 @@ class Core:
         HOLD_MIN_SHARED or more uncached tokens with a running call's prompt: admit
         it again after a step, and it reuses that encoding instead of repeating it
         (`PrefixSharing.waits`).
+
+        Parents whose encodings were evicted are recomputed first (`restore`); with
+        `evict` (a victim order), encodings no running call reads may be dropped to
+        make room (`Memory.evict`). A call that fails leaves every message as it was
+        but for parents already recomputed, which keep their (identical) encodings.
         """
+        if self.mode == "choreographed":
+            self.restore(request.parents, evict)
         if isinstance(request, DecodeRequest):
             call = self.planner.decode(request)
             if request.sampling.constraint is not None:
@@ -182,7 +191,7 @@ class Core:
         prompt = len(call.plan.prefix) if baseline else len(call.ctx_slots) + len(call.feed)
         self.memory.check_fits(call, prompt, _generated_max(call))
         try:
-            self.memory.reserve(call, _generated_max(call))
+            self.memory.reserve(call, _generated_max(call), evict)
             self.memory.gather(call, len(call.feed) + _generated_max(call))
         except BaseException:
             self.abort(call)
@@ -231,10 +240,16 @@ class Core:
         for c in calls:
             if c.pending is None and c.fed < len(c.feed) and left > 0:
                 n = min(len(c.feed) - c.fed, PREFILL_CHUNK, left)
+                if c.replay:  # a recompute: in the steps the message was first encoded in
+                    n = c.replay[len(c.spans)]
+                    if n > left:
+                        continue
                 plan.append((c, c.fed, n))
                 left -= n
         if not plan:
             return out
+        for c, _, n in plan:
+            c.spans.append(n)
         out.encoded = any(start >= 0 or c.finishing for c, start, _ in plan)
         # constrained calls' masks are computed on another thread while the forward runs
         constrained = [c for c, start, n in plan if c.matcher is not None and samples(c, start, n)]
@@ -343,6 +358,85 @@ class Core:
         out.tokens += [(c, t) for t in forced]
         return self.sampler.stops(c, forced[-1])
 
+    # ---- preemption: recomputing evicted encodings ----
+
+    def restore(self, parents: Sequence[Handle], evict: Victims | None = None) -> None:
+        """Recompute the encodings of evicted messages among `parents` (and of any
+        message without one that they were encoded over) before a call reads them.
+        Parents are pinned meanwhile, so making room for one never drops another."""
+        own = [h for h in parents if isinstance(h, Handle) and h.table is self.table]
+        msgs = [m for h in own if (m := self.table.find(h.id)) is not None]
+        if not any(m.evicted and not m.freed for m in msgs):
+            return
+        with self.memory.lock:
+            for m in msgs:
+                m.pins += 1
+        made: list[Message] = []
+        try:
+            for m in msgs:
+                if m.evicted and not m.freed:
+                    self._recompute(m, evict, made)
+        finally:
+            self.memory.unpin(msgs)
+            self.memory.release_unread(made)
+
+    def _recompute(self, m: Message, evict: Victims | None, made: list[Message]) -> None:
+        """Encode m again over its parents (recomputed first where they have no
+        encoding), step for step as it was first encoded; `made` collects freed
+        messages recomputed only to be read."""
+        held: list[Message] = []
+        try:
+            for pid in m.parents:
+                p = self.table.get(pid)
+                if not p.slots:
+                    self._recompute(p, evict, made)
+                with self.memory.lock:
+                    p.pins += 1
+                held.append(p)
+            call = self._replay_call(m)
+            try:
+                self.memory.reserve(call, 0, evict)
+                self.memory.gather(call, len(call.feed))
+                while not call.done:
+                    out = self.step([call], None)
+                    if out.failed:
+                        raise out.failed[0][1]
+            except BaseException:
+                self.abort(call)
+                raise
+            with self.memory.lock:
+                m.slots, call.slots = call.slots, []
+                m.evicted = False
+            self.memory.unpin_call(call)
+            self.memory.drop_view(call)
+            self.tokens_recomputed += len(m.tokens)
+            if m.freed:
+                made.append(m)
+        finally:
+            self.memory.unpin(held)
+
+    def _replay_call(self, m: Message) -> Call:
+        """A call that encodes m's tokens again over its parents at their offsets."""
+        parents = tuple(self.table.get(p) for p in m.parents)
+        ctx_slots = list(self.planner.sink_slots)
+        ctx_pos = list(range(len(ctx_slots)))
+        for p, start in zip(parents, m.parent_offsets, strict=True):
+            ctx_slots += p.slots
+            ctx_pos += range(start, start + len(p.tokens))
+        plan = CallPlan(
+            kind="prefill",
+            role=m.role,
+            offset=m.offset,
+            parents=m.parents,
+            parent_offsets=m.parent_offsets,
+            owner=m.owner,
+            visibility=m.visibility,
+            own=len(m.tokens),
+            prefix=list(m.tokens),
+            pinned=parents,
+        )
+        return Call(plan, ctx_slots, ctx_pos, list(m.tokens), m.offset, replay=m.spans)
+
     def finish(self, c: Call) -> Handle:
         """Register a done call's message and return its handle."""
         assert c.done, "finish() needs a call whose step machine is done"
@@ -415,6 +509,9 @@ class Core:
             forward_s=self.forward_seconds,
             compiled_steps=sum(graph.steps.values()) if graph else 0,
             step_compile_s=graph.compile_seconds if graph else 0.0,
+            messages_evicted=memory.messages_evicted,
+            tokens_evicted=memory.tokens_evicted,
+            tokens_recomputed=self.tokens_recomputed,
         )
 
     # ---- planning ----

@@ -86,6 +86,7 @@ class Engine:
             recorder=self.recorder,
             max_running=cfg.max_running,
             policy=make_policy(cfg.policy, **_policy_settings(cfg.policy, core)),
+            evict=cfg.evict,
         )
         self._tg: anyio.abc.TaskGroup | None = None
         self._guard = Guard(

@@ -4,7 +4,7 @@ baseline modes, over our KV store) and `HFExecutor` (transformers `generate`).""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -33,9 +33,11 @@ class Executor(Protocol):
         *,
         want_logits: bool = False,
         hold: bool = False,
+        evict: Callable[[list[Message]], list[Message]] | None = None,
     ) -> Call | None:
         """Check and plan a call and take what it needs; atomic. None: admit it again
-        after a step (it waits for a running call's prefix)."""
+        after a step (it waits for a running call's prefix). `evict`: the order in which
+        encodings no running call reads may be dropped to make room (None: never)."""
 
     def step(self, calls: Sequence[Call], budget: int | None):
         """One step over the running calls; returns a `StepOutput`."""

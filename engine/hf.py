@@ -77,8 +77,10 @@ class HFExecutor:
         *,
         want_logits: bool = False,
         hold: bool = False,
+        evict: object = None,
     ) -> Call:
-        """Plan a call; a prefill that wants no logits stores its text and runs nothing."""
+        """Plan a call; a prefill that wants no logits stores its text and runs nothing
+        (no store here: nothing to evict)."""
         plan = self.planner.decode if isinstance(request, DecodeRequest) else self.planner.prefill
         call = plan(request)
         call.want_logits = want_logits

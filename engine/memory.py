@@ -6,12 +6,23 @@ pinned while it runs, so a `free` in between waits for it. A failed call gives
 everything back (`rollback`), so the store is as if it never ran. The baseline's
 cached prefixes (`PrefixSharing`) own slots too: they are evicted when the store
 runs short.
+
+Preemption (choreographed mode): when a call cannot get slots and nothing running
+will give any back, the scheduler admits it again with a victim order (`Victims`,
+the policy's choice): the encodings of live messages that no running call reads
+are dropped (`evict`), least wanted first, until the call fits. Such a message
+stays readable (text, tokens, provenance); the next call that names it as a
+parent recomputes its encoding first (`Core.restore`), by running its tokens
+through the model again in the steps it was first encoded in, over the same
+parents at the same offsets: the same K/V, bit for bit in float32 when those
+steps had the same rows.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from typing import TypeAlias
 
 from corps.cache.arena import ViewArena
 from corps.cache.context import ContextPool
@@ -23,6 +34,9 @@ from corps.cache.rope import RopeTables
 from corps.engine.attention.views import open_view
 from corps.engine.planner import Call
 from corps.engine.prefixes import PrefixSharing
+
+#: Orders eviction candidates, first to go first (a scheduling policy's `victims`).
+Victims: TypeAlias = Callable[[list[Message]], list[Message]]
 
 
 class Memory:
@@ -49,6 +63,9 @@ class Memory:
         self.own_view_tokens = 0  # tokens of admitted calls' own view parts
         self.view_tokens_peak = 0
         self.scratch_tokens_peak = 0
+        self.tick = 0  # counts pins: a message's read_at says when a call last read it
+        self.messages_evicted = 0
+        self.tokens_evicted = 0
 
     # ---- reserving and giving back ----
 
@@ -63,19 +80,21 @@ class Memory:
                 f"lower max_tokens or open the engine with a larger capacity / memory_budget"
             )
 
-    def reserve(self, c: Call, generated: int) -> None:
+    def reserve(self, c: Call, generated: int, evict: Victims | None = None) -> None:
         """Pin c's parents, reuse a cached prefix (baseline) and reserve slots for its
-        feed and the `generated` tokens it may add."""
+        feed and the `generated` tokens it may add; with `evict`, drop encodings no
+        running call reads if that is what it takes."""
         with self.lock:
+            self.tick += 1
             for p in c.plan.pinned:
                 p.pins += 1
+                p.read_at = self.tick
             c.pins_held = True
             if self.prefixes is not None:
                 self.prefixes.match(c)
             n = len(c.feed)
-            got = self.alloc(
-                n + generated, f"a {n}-token {c.plan.kind} call (+{generated} to generate)"
-            )
+            request = f"a {n}-token {c.plan.kind} call (+{generated} to generate)"
+            got = self.alloc(n + generated, request, evict)
             c.slots, c.spare = got[:n], got[n:]
 
     def gather(self, c: Call, extra: int) -> None:
@@ -96,12 +115,36 @@ class Memory:
             self.view_tokens_peak = max(self.view_tokens_peak, self.view_tokens)
             self.scratch_tokens_peak = max(self.scratch_tokens_peak, self.scratch_tokens)
 
-    def alloc(self, n: int, request: str) -> list[int]:
+    def alloc(self, n: int, request: str, evict: Victims | None = None) -> list[int]:
         with self.lock:
             short = n - self.store.free_slots
             if short > 0 and self.prefixes is not None:
                 self.store.release(self.prefixes.evict(short))
+                short = n - self.store.free_slots
+            if short > 0 and evict is not None:
+                self.evict(short, evict)
             return self.store.alloc(n, request=request)
+
+    def evict(self, n: int, order: Victims) -> int:
+        """Drop the encodings of live, unpinned, recomputable messages, first in
+        `order` first, until n slots are free; none if they cannot make n. Returns the
+        slots freed."""
+        with self.lock:
+            candidates = [m for m in self.table.all() if _evictable(m)]
+            victims, got = [], 0
+            for m in order(candidates):
+                if got >= n:
+                    break
+                victims.append(m)
+                got += len(m.slots)
+            if got < n:
+                return 0
+            for m in victims:
+                self.release(m)
+                m.evicted = True
+            self.messages_evicted += len(victims)
+            self.tokens_evicted += got
+            return got
 
     def next_slots(self, c: Call, n: int) -> None:
         """n more store slots for the call's next tokens: its reservation first."""
@@ -173,6 +216,14 @@ class Memory:
         self.store.release(msg.slots)
         msg.slots = []
 
+    def release_unread(self, msgs: Sequence[Message]) -> None:
+        """Give back the slots of freed messages recomputed only to be read (`Core.restore`)
+        that no call pins any more."""
+        with self.lock:
+            for m in msgs:
+                if m.freed and m.pins == 0 and m.slots:
+                    self.release(m)
+
     # ---- figures ----
 
     @property
@@ -215,9 +266,20 @@ class Memory:
         for msg in self.table.all():
             require(msg.pins == 0, f"message {msg.id} still pinned while idle")
             require(not msg.freed or not msg.slots, f"freed message {msg.id} still holds slots")
+            require(not msg.evicted or not msg.slots, f"evicted message {msg.id} holds slots")
             owned += msg.slots
         if self.prefixes is not None:
             owned += self.prefixes.check_idle()
         self.store.check(owned)
         self.arena.check_idle()
         require(self.view_tokens == 0, f"{self.view_tokens} view tokens still held while idle")
+
+
+def _evictable(m: Message) -> bool:
+    """A live encoding no call reads now, which its record can make again."""
+    return not m.freed and not m.pins and bool(m.slots) and m.recomputable
+
+
+def least_recent(candidates: list[Message]) -> list[Message]:
+    """The default victim order: messages no call has read for longest first."""
+    return sorted(candidates, key=lambda m: m.read_at)

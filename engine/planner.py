@@ -86,6 +86,8 @@ class Call:
     greedy: list[int] = field(default_factory=list)  # sampling.logprobs: argmax per position
     matcher: Any = None  # a constrained decode's grammar state (llguidance)
     finish_reason: str | None = None  # why a decode stopped (see Sampler.stops)
+    spans: list[int] = field(default_factory=list)  # tokens it encoded in each step
+    replay: tuple[int, ...] = ()  # a recompute: the spans its feed must be encoded in
 
 
 class Planner:

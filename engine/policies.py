@@ -28,6 +28,13 @@ objective (`corps.engine.workflow`).
   is one of a latency workflow's task groups (`corps.engine.submit.deduce_objective`):
   such a group goes first but leaves the batch open, since what counts is when
   the whole group ends.
+
+When the store is full and nothing running will give memory back, a call is
+admitted by evicting encodings no running call reads (`corps.engine.memory`);
+the policy orders the candidates (`victims`): `fcfs` drops the least recently
+read first; `workflow` and `objective` drop those of the workflow that started
+last first (it yields to the ones ahead of it, as in admission), least recently
+read first within a workflow.
 """
 
 from __future__ import annotations
@@ -67,6 +74,9 @@ class Policy(Protocol):
     def step_budget(self, running: Sequence[Any], budget: int) -> int:
         """Tokens the next step may run (of the engine's `budget`)."""
 
+    def victims(self, candidates: list[Any]) -> list[Any]:
+        """Messages whose encodings may be evicted, in the order they should go."""
+
 
 class Fcfs:
     """First come, first served, call by call."""
@@ -85,6 +95,9 @@ class Fcfs:
     def step_budget(self, running: Sequence[Any], budget: int) -> int:
         return budget
 
+    def victims(self, candidates: list[Any]) -> list[Any]:
+        return sorted(candidates, key=lambda m: m.read_at)
+
 
 def groups_of(waiting: Sequence[Any]) -> list[list[Any]]:
     """Calls bucketed by task group, each in submission order, groups by first arrival."""
@@ -96,8 +109,12 @@ def groups_of(waiting: Sequence[Any]) -> list[list[Any]]:
 
 def _started(group: Sequence[Any]) -> float:
     """When the group's workflow started (its first call, outside any workflow)."""
-    wf = group[0].workflow
-    return wf.started if wf is not None else group[0].submitted
+    return started(group[0])
+
+
+def started(job: Any) -> float:
+    """When a call's workflow started (the call's own submission, outside any)."""
+    return job.workflow.started if job.workflow is not None else job.submitted
 
 
 @dataclass
@@ -124,6 +141,10 @@ class WorkflowFirst:
 
     def step_budget(self, running: Sequence[Any], budget: int) -> int:
         return budget
+
+    def victims(self, candidates: list[Any]) -> list[Any]:
+        """The latest-started workflow's messages first: it yields to earlier ones."""
+        return sorted(candidates, key=lambda m: (-m.started, m.read_at))
 
 
 @dataclass

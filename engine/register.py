@@ -41,6 +41,7 @@ def register(
             logprobs=tuple(c.logprobs),
             greedy=tuple(c.greedy),
             complete=complete,
+            spans=tuple(c.spans),
             value=constraint.parse(c.text) if constraint is not None and complete else None,
         )
     )

@@ -21,6 +21,11 @@ prefix with a running call's prompt is held until that prefix is encoded and
 cached (one step per 512-token chunk), then reuses it instead of encoding it
 again, as SGLang does for requests that arrive together.
 
+Preemption: a call that cannot get memory while nothing running could give
+any back evicts the encodings of messages no running call reads, in the
+policy's order (`Policy.victims`); they are recomputed when read again
+(`corps.engine.memory`, `Core.restore`).
+
 Cancellation: a cancelled waiter marks its job; between steps the loop aborts
 it, which rolls back its partial tokens and frees its slots.
 Shutdown (`close`) aborts queued and running jobs with `EngineClosed`.
@@ -41,7 +46,7 @@ from corps.cache.errors import CacheFullError, StoreTooSmall
 from corps.engine.errors import EngineBusy, EngineClosed
 from corps.engine.executor import Executor
 from corps.engine.job import Job
-from corps.engine.policies import Fcfs, Policy
+from corps.engine.policies import Fcfs, Policy, started
 from corps.engine.trace import ErrorEvent, FirstToken, Recorder, Step
 
 #: Event-loop turns the idle loop waits for more arrivals before its first step.
@@ -70,11 +75,15 @@ class Scheduler:
         recorder: Recorder | None = None,
         max_running: int = 256,
         policy: Policy | None = None,
+        evict: bool = True,
     ) -> None:
         if queue_size < 1 or step_tokens < 1 or max_running < 1:
             raise ValueError("queue_size, step_tokens and max_running must be >= 1")
         self.max_running = max_running
         self.policy: Policy = policy or Fcfs()
+        # preemption: a call nothing running could make room for may evict encodings
+        # no running call reads, in the policy's order (False: it fails, CacheFullError)
+        self.evict = evict
         self.core = core
         self.rec = recorder or Recorder()
         self.step_tokens = step_tokens
@@ -267,18 +276,37 @@ class Scheduler:
             if job.error is None:
                 try:
                     job.handle = self.core.finish(job.call)
+                    self._stamp(job)
                 except Exception as exc:
                     self.core.abort(job.call)
                     job.error = exc
             self._finished.append(job)
 
+    def _stamp(self, job: Job) -> None:
+        """Note on the new message when its workflow started (the policy's victim order)."""
+        msg = self.core.table.find(job.handle.id)
+        if msg is not None:
+            msg.started = started(job)
+
+    def _admit_call(self, job: Job, alone: bool):
+        """`core.admit` for one job; if the store is full and nothing running will give
+        memory back (`alone`), again with eviction in the policy's order."""
+        try:
+            return self.core.admit(job.request, want_logits=job.want_logits, hold=True)
+        except CacheFullError as exc:
+            if not alone or not self.evict or isinstance(exc, StoreTooSmall):
+                raise
+        victims = getattr(self.policy, "victims", Fcfs().victims)
+        return self.core.admit(job.request, want_logits=job.want_logits, hold=True, evict=victims)
+
     def _admit(self, arrived: list[Job], t0: float) -> None:
         """Admit waiting jobs as the policy orders them, a task group at a time.
 
         Admission is head of line: a group whose memory cannot be had now waits
-        (with every group behind it) while running calls may give memory back; it
-        fails with CacheFullError only if nothing is running that could. A group is
-        admitted whole or not at all (the calls it got are given back).
+        (with every group behind it) while running calls may give memory back; if
+        nothing is running that could, it evicts encodings no call reads (`evict`),
+        and fails with CacheFullError only if that cannot make room either. A group
+        is admitted whole or not at all (the calls it got are given back).
         """
         self._held = []
         live = []
@@ -307,7 +335,7 @@ class Scheduler:
         taken: list[Job] = []
         for job in group:
             try:
-                call = self.core.admit(job.request, want_logits=job.want_logits, hold=True)
+                call = self._admit_call(job, alone=not (self._running or taken))
             except CacheFullError as exc:
                 if isinstance(exc, StoreTooSmall) or not (self._running or taken):
                     job.error = exc  # could never fit, or nothing running will make room

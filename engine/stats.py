@@ -54,6 +54,11 @@ class EngineStats:
     spans_sent: int = 0  # otel=URL: spans the collector took (calls; the run root at close)
     spans_dropped: int = 0  # otel=URL: spans it did not take (down, refused); never an error
     policy: str = "fcfs"  # the scheduling policy (corps.engine.policies)
+    # preemption (choreographed): encodings dropped for room, and tokens made again when
+    # a call read an evicted message (corps.engine.memory)
+    messages_evicted: int = 0
+    tokens_evicted: int = 0
+    tokens_recomputed: int = 0
 
     @property
     def prefix_hit_rate(self) -> float:

@@ -356,3 +356,43 @@ def test_mixed_steps_batch_decodes_and_prefill_chunks_and_agree_with_alone(tiny_
     handles = [core.finish(c) for c in calls]
     assert [h.tokens for h in handles[:4]] == alone_dec
     assert (torch.cat(calls[4].logits) - alone_pre).abs().max().item() <= 1e-5
+
+
+# ---- preemption: an evicted encoding is made again, bit for bit (float32) ----
+
+
+def _kv(core, msg):
+    slots = torch.tensor(msg.slots)
+    return core.store.k[:, slots].clone(), core.store.v[:, slots].clone()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "llama-sink"])
+async def test_an_evicted_encoding_is_recomputed_bit_for_bit(tiny_dirs, arch):
+    """Prefills and a decode (its steps replayed: header, then a token a step, then its
+    last token with the footer), over a parent that was freed meanwhile (made again
+    only to be read, then given back)."""
+    from corps.engine.memory import least_recent
+
+    async with open_tiny(tiny_dirs, arch) as engine:
+        core = engine._core
+        sys_ = await engine.prefill("You answer in one word. " * 4, role="system")
+        q = await engine.prefill("What colour is the sky?", parents=[sys_], offsets=[3])
+        a = await engine.decode(parents=[sys_, q], max_tokens=12, ignore_eos=True)
+        msgs = [core.table.get(h.id) for h in (sys_, q, a)]
+        before = [_kv(core, m) for m in msgs]
+        assert msgs[2].spans[1:-1] == (1,) * (len(msgs[2].spans) - 2)  # a token a step
+        used = core.store.used_slots
+        assert core.memory.evict(sum(len(m.slots) for m in msgs), least_recent) > 0
+        assert all(m.evicted and not m.slots for m in msgs)
+        engine.free(sys_)  # its record stays: q and a were encoded over it
+        core.restore([a])
+        assert not msgs[1].evicted and not msgs[2].evicted
+        assert not msgs[0].slots  # made again only to be read, and given back
+        for m, (k, v) in zip(msgs[1:], before[1:], strict=True):
+            k2, v2 = _kv(core, m)
+            assert torch.equal(k, k2) and torch.equal(v, v2)
+        assert core.store.used_slots == used - len(msgs[0].tokens)
+        stats = engine.stats()
+        assert stats.tokens_recomputed == sum(len(m.tokens) for m in msgs)
+        assert stats.messages_evicted == 3
+        core.check()

@@ -93,3 +93,41 @@ def test_check_finds_a_slot_with_two_owners():
     mem.store.release(a.slots[:1])  # a bug: the slot is free and still a's
     with pytest.raises(BrokenInvariant, match="also free"):
         mem.check()
+
+
+# ---- preemption: evicting encodings no call reads ----
+
+
+def _recorded(mem: Memory, n: int) -> Message:
+    """A message whose steps were recorded (so it can be made again)."""
+    m = _message(mem, n)
+    m.spans = (n,)
+    return m
+
+
+def test_evict_drops_least_recent_unpinned_live_encodings_until_enough():
+    mem = _memory(capacity=32)
+    old, pinned, freed_m, new = (_recorded(mem, 4) for _ in range(4))
+    old.read_at, new.read_at = 1, 5
+    pinned.pins = 1
+    mem.free(freed_m)
+    from corps.engine.memory import least_recent
+
+    assert mem.evict(3, least_recent) == 4  # one message is enough: the older one
+    assert old.evicted and not old.slots and new.slots and not new.evicted
+    assert pinned.slots and not pinned.evicted  # read by a running call
+    assert mem.messages_evicted == 1 and mem.tokens_evicted == 4
+    pinned.pins = 0
+    mem.check()
+
+
+def test_evict_takes_nothing_if_it_cannot_make_enough_room():
+    mem = _memory(capacity=32)
+    a, b = _recorded(mem, 4), _recorded(mem, 4)
+    unrecorded = _message(mem, 4)  # no spans: its encoding could not be made again
+    free = mem.store.free_slots
+    from corps.engine.memory import least_recent
+
+    assert mem.evict(9, least_recent) == 0
+    assert mem.store.free_slots == free and a.slots and b.slots and unrecorded.slots
+    assert not (a.evicted or b.evicted)

@@ -195,3 +195,14 @@ def test_a_measured_row_bound_replaces_both_fixed_bounds_beside_critical_calls()
     assert policy.step_budget(bulk, 512) == 512  # no critical call: the whole budget
     assert policy.may_admit([bulk[0]], running=[chat, bulk[1]], waiting=[], now=6)
     assert not policy.may_admit([bulk[0]], running=[chat, *bulk[1:]], waiting=[], now=6)
+
+
+def test_victims_fcfs_least_recently_read_first_workflow_latest_started_first():
+    m = lambda name, started, read_at: SimpleNamespace(  # noqa: E731
+        name=name, started=started, read_at=read_at
+    )
+    msgs = [m("old-wf-recent", 1.0, 9), m("new-wf", 5.0, 7), m("old-wf-stale", 1.0, 2)]
+    assert [v.name for v in Fcfs().victims(msgs)] == ["old-wf-stale", "new-wf", "old-wf-recent"]
+    for policy in (WorkflowFirst(), ObjectiveFirst()):
+        order = [v.name for v in policy.victims(msgs)]
+        assert order == ["new-wf", "old-wf-stale", "old-wf-recent"]

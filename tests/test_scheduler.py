@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import anyio
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from corps.cache.errors import CacheFullError
 from corps.engine.errors import InvalidRequest
 from corps.engine.scheduler import EngineBusy, EngineClosed, Scheduler
 
@@ -305,3 +308,92 @@ async def test_baseline_encodes_a_prompt_shared_by_concurrent_calls_once(tiny_di
         assert shared >= 3 * prompt  # the three followers read the leader's encoding
         alone = [await engine.decode(**k) for k in kw]
         assert [v.tokens for v in voters] == [a.tokens for a in alone]
+
+
+# ---- preemption: a full store evicts what no call reads instead of failing ----
+
+
+async def _crowd(engine):
+    """Two ~50-token messages, then a long decode that does not fit beside both, then a
+    call over the first message (whose encoding the decode's admission dropped)."""
+    a = await engine.prefill("alpha beta gamma delta " * 2)
+    b = await engine.prefill("one two three four five " * 2)
+    long = await engine.decode(parents=[b], max_tokens=90, ignore_eos=True)
+    back = await engine.decode(parents=[a], max_tokens=8, ignore_eos=True)
+    return long.text, back.text, a.length
+
+
+async def test_a_full_store_evicts_and_recomputes_instead_of_failing(tiny_dirs):
+    async with open_tiny(tiny_dirs, "llama", capacity=4096) as roomy:
+        want = await _crowd(roomy)
+    async with open_tiny(tiny_dirs, "llama", capacity=180, evict=False) as strict:
+        with pytest.raises(CacheFullError):
+            await _crowd(strict)
+    async with open_tiny(tiny_dirs, "llama", capacity=180) as tight:
+        got = await _crowd(tight)
+        assert got == want  # the same tokens: the same encodings
+        stats = tight.stats()
+        assert stats.messages_evicted >= 1 and stats.tokens_recomputed >= got[2]
+        tight._core.check()
+
+
+WORDS = ["red", "sky", "two", "cat", "run", "blue", "sun", "four"]
+
+
+@st.composite
+def _workloads(draw):
+    """Prefills of a few words, decodes over up to two earlier messages, frees."""
+    ops, live = [], 0
+    for _ in range(draw(st.integers(6, 20))):
+        kind = draw(
+            st.sampled_from(["prefill", "decode", "decode", "free"] if live else ["prefill"])
+        )
+        if kind == "prefill":
+            ops.append(("prefill", " ".join(draw(st.lists(st.sampled_from(WORDS), max_size=3)))))
+            live += 1
+        elif kind == "decode":
+            parents = draw(st.lists(st.integers(0, live - 1), max_size=2, unique=True))
+            ops.append(("decode", parents, draw(st.integers(1, 8))))
+            live += 1
+        else:
+            ops.append(("free", draw(st.integers(0, live - 1))))
+    return ops
+
+
+async def _play(engine, ops) -> list[str]:
+    """Run ops one at a time (every step alone: recomputes are exact); decodes' texts."""
+    made, texts = [], []
+    await engine.prefill("filler " * 4)  # never read again: the first to yield
+    for op in ops:
+        if op[0] == "prefill":
+            made.append(await engine.prefill(op[1] or "."))
+        elif op[0] == "decode":
+            parents = [made[i] for i in op[1] if made[i] is not None]
+            h = await engine.decode(parents=parents, max_tokens=op[2], ignore_eos=True)
+            made.append(h)
+            texts.append(h.text)
+        elif made[op[1]] is not None:
+            engine.free(made[op[1]])
+            made[op[1]] = None
+    return texts
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(ops=_workloads())
+def test_any_workload_on_a_tight_store_decodes_what_a_roomy_one_does(tiny_dirs, ops):
+    """The oracle is the same workload on a store that never fills: eviction and
+    recompute change nothing a caller sees, and the bookkeeping stays exact."""
+
+    async def both():
+        async with open_tiny(tiny_dirs, "llama-sink", capacity=4096) as roomy:
+            want = await _play(roomy, ops)
+        async with open_tiny(tiny_dirs, "llama-sink", capacity=72) as tight:
+            got = await _play(tight, ops)
+            tight._core.check()
+            assert tight.stats().messages_evicted >= 1  # the filler, at least
+        return want, got
+
+    want, got = anyio.run(both)
+    assert got == want
