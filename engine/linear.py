@@ -51,7 +51,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from corps.engine.tuning import KernelChoice, layouts, product
+from corps.engine.tuning import KernelChoice, layouts, packed_product, product
 
 #: In mixed precision, products of at most this many rows use the float16 weights
 #: (one row only where the bfloat16 weights are prepacked: see `Linear.few_rows`).
@@ -110,8 +110,7 @@ class Linear:
         elif self.few is not None and rows <= self.few_rows:  # mixed: float16 gemv
             y = F.linear(x.to(self.few.dtype), self.few).to(x.dtype)  # (M, N)
         elif self.packed:  # mixed: oneDNN's bfloat16 gemm on the prepacked W
-            xb = x.to(torch.bfloat16)
-            y = torch.ops.mkldnn._linear_pointwise(xb, self.w, None, "none", [], "").to(x.dtype)
+            y = packed_product(x.to(torch.bfloat16), self.w).to(x.dtype)
         elif self.w.dtype != x.dtype:  # mixed: a bfloat16 gemm, cast in and out
             y = F.linear(x.to(self.w.dtype), self.w).to(x.dtype)  # (M, N)
         else:

@@ -99,3 +99,26 @@ async def test_a_step_the_graph_refuses_runs_eagerly_and_the_graphs_are_given_up
         compiled.check()
     for a, b in zip(want, got, strict=True):
         assert b.tokens == a.tokens and b.logprobs == a.logprobs
+
+
+async def test_a_step_over_prepacked_bfloat16_weights_compiles(tiny_dirs, tmp_path, monkeypatch):
+    """dtype auto where one row's fastest kernel is oneDNN's prepacked bfloat16 (an Intel
+    Xeon with AMX chose it): inductor lowers that op only over frozen weights, so the
+    graph calls it as an opaque op (`tuning.packed_product`) and gives eager's tokens."""
+    from test_tuning import fake
+
+    from corps.engine import tuning
+
+    if "bfloat16-packed" not in tuning.available():
+        pytest.skip("oneDNN's prepacked bfloat16 linear is not available in this torch")
+    packed = {b: "bfloat16-packed" for b in tuning.ROW_BUCKETS}
+    monkeypatch.setenv("CORPS_HOME", str(tmp_path))
+    monkeypatch.setattr("corps.engine.build.measure", lambda *a, **k: fake(packed))
+    async with open_tiny(tiny_dirs, "qwen2", dtype="auto") as eager:
+        want = await _workflow(eager)
+    async with open_tiny(tiny_dirs, "qwen2", dtype="auto", compile=True) as compiled:
+        got = await _workflow(compiled)
+        assert compiled._core.runner.w.layers[0].qkv.kernel_for(1) == "bfloat16-packed"
+        assert compiled.stats().compiled_steps > 0
+    for a, b in zip(want, got, strict=True):
+        assert b.tokens == a.tokens
