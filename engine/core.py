@@ -37,6 +37,7 @@ from corps.engine.grammars import Grammars
 from corps.engine.grammars import apply as apply_masks
 from corps.engine.memory import Memory, Victims
 from corps.engine.planner import Call, CallPlan, Planner
+from corps.engine.recompute import restore
 from corps.engine.register import own_tokens, register
 from corps.engine.requests import DecodeRequest, PrefillRequest
 from corps.engine.runner import ModelRunner
@@ -170,8 +171,9 @@ class Core:
 
         Parents whose encodings were evicted are recomputed first (`restore`); with
         `evict` (a victim order), encodings no running call reads may be dropped to
-        make room (`Memory.evict`). A call that fails leaves every message as it was
-        but for parents already recomputed, which keep their (identical) encodings.
+        make room (`Memory.evict`). A call that fails leaves every message readable as
+        it was: parents it recomputed keep their (identical) encodings, and encodings
+        it evicted stay evicted (recomputed when read).
         """
         if self.mode == "choreographed":
             self.restore(request.parents, evict)
@@ -358,84 +360,12 @@ class Core:
         out.tokens += [(c, t) for t in forced]
         return self.sampler.stops(c, forced[-1])
 
-    # ---- preemption: recomputing evicted encodings ----
+    # ---- preemption ----
 
     def restore(self, parents: Sequence[Handle], evict: Victims | None = None) -> None:
-        """Recompute the encodings of evicted messages among `parents` (and of any
-        message without one that they were encoded over) before a call reads them.
-        Parents are pinned meanwhile, so making room for one never drops another."""
-        own = [h for h in parents if isinstance(h, Handle) and h.table is self.table]
-        msgs = [m for h in own if (m := self.table.find(h.id)) is not None]
-        if not any(m.evicted and not m.freed for m in msgs):
-            return
-        with self.memory.lock:
-            for m in msgs:
-                m.pins += 1
-        made: list[Message] = []
-        try:
-            for m in msgs:
-                if m.evicted and not m.freed:
-                    self._recompute(m, evict, made)
-        finally:
-            self.memory.unpin(msgs)
-            self.memory.release_unread(made)
-
-    def _recompute(self, m: Message, evict: Victims | None, made: list[Message]) -> None:
-        """Encode m again over its parents (recomputed first where they have no
-        encoding), step for step as it was first encoded; `made` collects freed
-        messages recomputed only to be read."""
-        held: list[Message] = []
-        try:
-            for pid in m.parents:
-                p = self.table.get(pid)
-                if not p.slots:
-                    self._recompute(p, evict, made)
-                with self.memory.lock:
-                    p.pins += 1
-                held.append(p)
-            call = self._replay_call(m)
-            try:
-                self.memory.reserve(call, 0, evict)
-                self.memory.gather(call, len(call.feed))
-                while not call.done:
-                    out = self.step([call], None)
-                    if out.failed:
-                        raise out.failed[0][1]
-            except BaseException:
-                self.abort(call)
-                raise
-            with self.memory.lock:
-                m.slots, call.slots = call.slots, []
-                m.evicted = False
-            self.memory.unpin_call(call)
-            self.memory.drop_view(call)
-            self.tokens_recomputed += len(m.tokens)
-            if m.freed:
-                made.append(m)
-        finally:
-            self.memory.unpin(held)
-
-    def _replay_call(self, m: Message) -> Call:
-        """A call that encodes m's tokens again over its parents at their offsets."""
-        parents = tuple(self.table.get(p) for p in m.parents)
-        ctx_slots = list(self.planner.sink_slots)
-        ctx_pos = list(range(len(ctx_slots)))
-        for p, start in zip(parents, m.parent_offsets, strict=True):
-            ctx_slots += p.slots
-            ctx_pos += range(start, start + len(p.tokens))
-        plan = CallPlan(
-            kind="prefill",
-            role=m.role,
-            offset=m.offset,
-            parents=m.parents,
-            parent_offsets=m.parent_offsets,
-            owner=m.owner,
-            visibility=m.visibility,
-            own=len(m.tokens),
-            prefix=list(m.tokens),
-            pinned=parents,
-        )
-        return Call(plan, ctx_slots, ctx_pos, list(m.tokens), m.offset, replay=m.spans)
+        """Recompute the encodings of evicted messages among `parents` before a call
+        reads them (`corps.engine.recompute`)."""
+        restore(self, parents, evict)
 
     def finish(self, c: Call) -> Handle:
         """Register a done call's message and return its handle."""

@@ -12,7 +12,7 @@ will give any back, the scheduler admits it again with a victim order (`Victims`
 the policy's choice): the encodings of live messages that no running call reads
 are dropped (`evict`), least wanted first, until the call fits. Such a message
 stays readable (text, tokens, provenance); the next call that names it as a
-parent recomputes its encoding first (`Core.restore`), by running its tokens
+parent recomputes its encoding first (`corps.engine.recompute`), by running its tokens
 through the model again in the steps it was first encoded in, over the same
 parents at the same offsets: the same K/V, bit for bit in float32 when those
 steps had the same rows.
@@ -217,7 +217,7 @@ class Memory:
         msg.slots = []
 
     def release_unread(self, msgs: Sequence[Message]) -> None:
-        """Give back the slots of freed messages recomputed only to be read (`Core.restore`)
+        """Give back the slots of freed messages recomputed only to be read (`corps.engine.recompute`)
         that no call pins any more."""
         with self.lock:
             for m in msgs:

@@ -24,7 +24,7 @@ again, as SGLang does for requests that arrive together.
 Preemption: a call that cannot get memory while nothing running could give
 any back evicts the encodings of messages no running call reads, in the
 policy's order (`Policy.victims`); they are recomputed when read again
-(`corps.engine.memory`, `Core.restore`).
+(`corps.engine.memory`, `corps.engine.recompute`).
 
 Cancellation: a cancelled waiter marks its job; between steps the loop aborts
 it, which rolls back its partial tokens and frees its slots.
