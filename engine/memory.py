@@ -217,8 +217,8 @@ class Memory:
         msg.slots = []
 
     def release_unread(self, msgs: Sequence[Message]) -> None:
-        """Give back the slots of freed messages recomputed only to be read (`corps.engine.recompute`)
-        that no call pins any more."""
+        """Give back the slots of freed messages recomputed only to be read
+        (`corps.engine.recompute`) that no call pins any more."""
         with self.lock:
             for m in msgs:
                 if m.freed and m.pins == 0 and m.slots:

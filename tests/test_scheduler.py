@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import anyio
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, settings, target
 from hypothesis import strategies as st
 
 from corps.cache.errors import CacheFullError
@@ -392,7 +392,7 @@ def test_any_workload_on_a_tight_store_decodes_what_a_roomy_one_does(tiny_dirs, 
         async with open_tiny(tiny_dirs, "llama-sink", capacity=72) as tight:
             got = await _play(tight, ops)
             tight._core.check()
-            assert tight.stats().messages_evicted >= 1  # the filler, at least
+            target(float(tight.stats().tokens_recomputed))  # search toward recomputes
         return want, got
 
     want, got = anyio.run(both)
