@@ -8,6 +8,7 @@ nothing, so a rejected call leaves the store exactly as it was.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -147,12 +148,9 @@ class Planner:
         parents = [self.live(p) for p in req.parents]
         sink = len(self.fmt.sink)
         placed = place([len(p.tokens) for p in parents], req.offsets, req.new_offset, sink=sink)
-        ctx_slots: list[int] = list(self.sink_slots)
-        ctx_pos: list[int] = list(range(len(ctx_slots)))
         for p, start in zip(parents, placed.starts, strict=True):
             check_limit(start + len(p.tokens) - 1, self.max_positions, f"parent {p.id}")
-            ctx_slots += p.slots
-            ctx_pos += range(start, start + len(p.tokens))
+        ctx_slots, ctx_pos = self.context(parents, placed.starts)
         prompt, starts, offset = list(tokens), placed.starts, placed.new_offset
         feed, feed_start = tokens, offset
         if self.mode != "choreographed":  # baseline and hf render one causal prompt
@@ -176,6 +174,18 @@ class Planner:
             **decode,
         )
         return Call(plan, ctx_slots, ctx_pos, feed, feed_start, text=text)
+
+    def context(
+        self, parents: Sequence[Message], starts: Sequence[int]
+    ) -> tuple[list[int], list[int]]:
+        """A choreographed call's context: the sink and its parents' store slots, and
+        the positions it gives them (each parent from its start)."""
+        ctx_slots: list[int] = list(self.sink_slots)
+        ctx_pos: list[int] = list(range(len(ctx_slots)))
+        for p, start in zip(parents, starts, strict=True):
+            ctx_slots += p.slots
+            ctx_pos += range(start, start + len(p.tokens))
+        return ctx_slots, ctx_pos
 
     def _check_vocab(self, tokens: list[int]) -> None:
         vocab = self.vocab_size

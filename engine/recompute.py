@@ -88,11 +88,7 @@ def replay_call(core: Core, m: Message) -> Call:
     """A call that encodes m's tokens again over its parents at their offsets, in
     the steps it was first encoded in."""
     parents = tuple(core.table.get(p) for p in m.parents)
-    ctx_slots = list(core.planner.sink_slots)
-    ctx_pos = list(range(len(ctx_slots)))
-    for p, start in zip(parents, m.parent_offsets, strict=True):
-        ctx_slots += p.slots
-        ctx_pos += range(start, start + len(p.tokens))
+    ctx_slots, ctx_pos = core.planner.context(parents, m.parent_offsets)
     plan = CallPlan(
         kind="prefill",
         role=m.role,
