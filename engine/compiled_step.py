@@ -22,6 +22,7 @@ size can need another; at run time the guards are skipped
 from __future__ import annotations
 
 import time
+import types
 import warnings
 from collections.abc import Callable
 
@@ -101,7 +102,7 @@ class CompiledDecode:
         that differ from each other, so the graphs assume nothing about them."""
         t0 = time.perf_counter()
         for lengths in ((7,), (11, 13)):
-            graph = torch.compile(self._eager, fullgraph=True)
+            graph = torch.compile(_own_code(self._eager), fullgraph=True)
             with torch.inference_mode():  # as `forward` runs: the graphs assume it
                 x, cos, sin = self._inputs(torch.zeros(1, dtype=torch.long, device=self.w.device))
                 ks = [self.arena.k[:, :, :n] for n in lengths]  # read only; (L, Hkv, n, D)
@@ -141,6 +142,21 @@ class CompiledDecode:
             new.append(torch.stack([k_rot[0], k[0], v[0]]))  # (3, Hkv, D)
         h = rms_norm(x, w.final_norm, spec.rms_norm_eps)
         return w.lm_head(h), torch.stack(new)
+
+
+def _own_code(method: Callable) -> Callable:
+    """`method` bound to a copy of its function with a code object of its own.
+
+    dynamo keeps compiled graphs on the code object, guarded on types, shapes,
+    dtypes and kernel names (not on which engine), and refuses a ninth graph for
+    one code object (its recompile limit, 8). Every engine compiles `_eager`, so
+    a process that had opened compiled engines of four models or precisions (two
+    graphs each, kept after they closed) could not open a fifth. With a code
+    object of its own, an engine's graphs are its own and die with it."""
+    fn = method.__func__
+    code = fn.__code__.replace()  # equal, not the same object
+    copy = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    return types.MethodType(copy, method.__self__)
 
 
 def attend_one(

@@ -122,3 +122,18 @@ async def test_a_step_over_prepacked_bfloat16_weights_compiles(tiny_dirs, tmp_pa
         assert compiled.stats().compiled_steps > 0
     for a, b in zip(want, got, strict=True):
         assert b.tokens == a.tokens
+
+
+async def test_a_process_opens_compiled_engines_of_many_models_and_precisions(tiny_dirs):
+    """dynamo keeps the graphs of a code object (guarded on shapes, dtypes and kernel
+    names, so engines of other models or precisions add their own) and refuses a
+    ninth: engines of five configurations, two graphs each, open one after the
+    other in one process, each with its graphs."""
+    configs = [("llama", "float32"), ("llama", "bfloat16"), ("llama", "mixed")]
+    configs += [("qwen3", "float32"), ("qwen3", "bfloat16")]
+    for arch, dtype in configs:
+        async with open_tiny(tiny_dirs, arch, dtype=dtype, compile=True, capacity=512) as engine:
+            q = await engine.prefill("hello there")
+            await engine.decode(parents=[q], max_tokens=6, ignore_eos=True)
+            assert engine._core.runner.compiled.disabled is None
+            assert engine.stats().compiled_steps > 0

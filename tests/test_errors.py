@@ -22,8 +22,8 @@ def snapshot(engine):
     )
 
 
-def small(tiny_dirs):
-    return open_tiny(tiny_dirs, "llama", capacity=200)
+def small(tiny_dirs, **kwargs):
+    return open_tiny(tiny_dirs, "llama", capacity=200, **kwargs)
 
 
 async def test_bad_inputs_raise_typed_errors_and_change_nothing(tiny_dirs):
@@ -79,14 +79,27 @@ async def test_a_call_that_could_never_fit_fails_before_running(tiny_dirs):
             await engine.prefill(list(range(5, 250)), frame=False)
 
 
-async def test_a_full_store_with_nothing_running_fails_at_once(tiny_dirs):
-    async with small(tiny_dirs) as engine:
+async def test_a_full_store_with_nothing_running_fails_at_once_without_eviction(tiny_dirs):
+    async with small(tiny_dirs, evict=False) as engine:
         kept = await engine.prefill(list(range(5, 105)), frame=False)
         await engine.prefill(list(range(5, 85)), frame=False)  # 180 of 200 slots used
         before = snapshot(engine)
         with pytest.raises(CacheFullError, match="slots needed"):  # fits an empty store
             await engine.decode(parents=[kept], max_tokens=20, ignore_eos=True)
         assert snapshot(engine) == before
+
+
+async def test_a_full_store_with_nothing_running_evicts_what_no_call_reads(tiny_dirs):
+    """With eviction (the default) the same call runs: the unread message's encoding
+    goes (its handle still reads), the parent's stays."""
+    async with small(tiny_dirs) as engine:
+        kept = await engine.prefill(list(range(5, 105)), frame=False)
+        other = await engine.prefill(list(range(5, 85)), frame=False)
+        reply = await engine.decode(parents=[kept], max_tokens=20, ignore_eos=True)
+        assert len(reply.generated) == 20 and other.tokens == list(range(5, 85))
+        stats = engine.stats()
+        assert stats.messages_evicted == 1 and stats.tokens_evicted == 80
+        engine.check()
 
 
 async def test_calls_wait_for_memory_instead_of_failing_mid_generation(tiny_dirs):
