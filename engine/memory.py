@@ -191,6 +191,12 @@ class Memory:
                 m.pins += 1
             return msgs
 
+    def hold(self, msgs: Sequence[Message]) -> None:
+        """Pin messages already looked up (`unpin` gives them back)."""
+        with self.lock:
+            for m in msgs:
+                m.pins += 1
+
     def unpin(self, msgs: Sequence[Message]) -> None:
         with self.lock:
             for m in msgs:
@@ -278,8 +284,3 @@ class Memory:
 def _evictable(m: Message) -> bool:
     """A live encoding no call reads now, which its record can make again."""
     return not m.freed and not m.pins and bool(m.slots) and m.recomputable
-
-
-def least_recent(candidates: list[Message]) -> list[Message]:
-    """The default victim order: messages no call has read for longest first."""
-    return sorted(candidates, key=lambda m: m.read_at)

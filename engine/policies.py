@@ -96,7 +96,12 @@ class Fcfs:
         return budget
 
     def victims(self, candidates: list[Any]) -> list[Any]:
-        return sorted(candidates, key=lambda m: m.read_at)
+        return least_recent(candidates)
+
+
+def least_recent(candidates: list[Any]) -> list[Any]:
+    """Messages no call has read for longest first (the default victim order)."""
+    return sorted(candidates, key=lambda m: m.read_at)
 
 
 def groups_of(waiting: Sequence[Any]) -> list[list[Any]]:

@@ -34,9 +34,7 @@ def restore(core: Core, parents: Sequence[Handle], evict: Victims | None = None)
     if not any(m.evicted and not m.freed for m in msgs):
         return
     memory = core.memory
-    with memory.lock:
-        for m in msgs:
-            m.pins += 1
+    memory.hold(msgs)
     made: list[Message] = []
     try:
         for m in msgs:
@@ -58,8 +56,7 @@ def _recompute(core: Core, m: Message, evict: Victims | None, made: list[Message
             p = core.table.get(pid)
             if not p.slots:
                 _recompute(core, p, evict, made)
-            with memory.lock:
-                p.pins += 1
+            memory.hold([p])
             held.append(p)
         call = replay_call(core, m)
         try:

@@ -46,7 +46,7 @@ from corps.cache.errors import CacheFullError, StoreTooSmall
 from corps.engine.errors import EngineBusy, EngineClosed
 from corps.engine.executor import Executor
 from corps.engine.job import Job
-from corps.engine.policies import Fcfs, Policy, started
+from corps.engine.policies import Fcfs, Policy, least_recent, started
 from corps.engine.trace import ErrorEvent, FirstToken, Recorder, Step
 
 #: Event-loop turns the idle loop waits for more arrivals before its first step.
@@ -296,7 +296,7 @@ class Scheduler:
         except CacheFullError as exc:
             if not alone or not self.evict or isinstance(exc, StoreTooSmall):
                 raise
-        victims = getattr(self.policy, "victims", Fcfs().victims)
+        victims = getattr(self.policy, "victims", least_recent)
         return self.core.admit(job.request, want_logits=job.want_logits, hold=True, evict=victims)
 
     def _admit(self, arrived: list[Job], t0: float) -> None:

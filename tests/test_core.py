@@ -371,7 +371,7 @@ async def test_an_evicted_encoding_is_recomputed_bit_for_bit(tiny_dirs, arch):
     """Prefills and a decode (its steps replayed: header, then a token a step, then its
     last token with the footer), over a parent that was freed meanwhile (made again
     only to be read, then given back)."""
-    from corps.engine.memory import least_recent
+    from corps.engine.policies import least_recent
 
     async with open_tiny(tiny_dirs, arch) as engine:
         core = engine._core
