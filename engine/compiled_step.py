@@ -3,7 +3,9 @@
 A one-row step of one call spends a third of its time outside the products: about
 70 small eager ops per layer (norms, RoPE, casts, attention), each a few
 microseconds of dispatch. Captured as one graph, inductor fuses them into a few
-C++ loops around the same product kernels. Only that step is captured: one call,
+C++ loops around the products, which run over weights frozen into the graph
+(`corps.engine.step_module`) through inductor's own packed kernels. Only that
+step is captured: one call,
 one new token, its view read from the view arena as one slice (`contiguous`) or as
 a shared context beside its own tokens. Every other step runs eagerly, unchanged.
 
@@ -32,6 +34,7 @@ from torch import Tensor
 from corps.cache.arena import ViewArena
 from corps.cache.kv import KVStore
 from corps.engine.runner import ForwardBatch, layer_mlp, layer_qkv, rms_norm
+from corps.engine.step_module import StepWeights, frozen_compile_config
 from corps.engine.weights import Weights
 
 #: The fewest keys a part may have: dynamo would specialise a graph on 0 and 1.
@@ -43,6 +46,7 @@ class CompiledDecode:
 
     def __init__(self, weights: Weights, store: KVStore, arena: ViewArena) -> None:
         self.w = weights
+        self.frozen = StepWeights(weights)  # what the graphs read, folded in as constants
         self.store = store
         self.arena = arena  # views' keys are slices of it: the graphs assume its strides
         self._graphs: dict[int, Callable] = {}  # parts (1 or 2) -> compiled forward
@@ -103,7 +107,7 @@ class CompiledDecode:
         t0 = time.perf_counter()
         for lengths in ((7,), (11, 13)):
             graph = torch.compile(_own_code(self._eager), fullgraph=True)
-            with torch.inference_mode():  # as `forward` runs: the graphs assume it
+            with torch.inference_mode(), frozen_compile_config():  # inference: as `forward`
                 x, cos, sin = self._inputs(torch.zeros(1, dtype=torch.long, device=self.w.device))
                 ks = [self.arena.k[:, :, :n] for n in lengths]  # read only; (L, Hkv, n, D)
                 vs = [self.arena.v[:, :, :n] for n in lengths]
@@ -126,7 +130,7 @@ class CompiledDecode:
     ) -> tuple[Tensor, Tensor]:
         """The step as one function: logits (1, V) and, per layer, the new token's
         rotated key, key and value stacked (L, 3, Hkv, D)."""
-        w, spec = self.w, self.w.spec
+        w, spec = self.frozen, self.w.spec
         hq, hkv, d = spec.num_heads, spec.num_kv_heads, spec.head_dim
         scale = d**-0.5
         new = []

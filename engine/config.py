@@ -138,11 +138,11 @@ class EngineConfig(BaseModel):
       the call runs instead of failing with CacheFullError (True, the default).
       False: it fails.
     - `compile`: capture a lone call's one-row decode step as one graph with
-      torch.compile (`corps.engine.compiled_step`): about a quarter less time per
-      token for one stream on a CPU, at a one-off compile when the engine opens
-      (tens of seconds the first time on a machine, less once inductor's cache
-      holds it). Rounding differs from the eager step (not exact in float32), so
-      off by default; CPU, torch attention backend.
+      torch.compile (`corps.engine.compiled_step`), its weights frozen in: a
+      quarter to a third less time per token for one stream on a CPU, at a
+      compile of about a minute for SmolLM2-135M each time the engine opens, and
+      one more copy of the weights. Rounding differs from the eager step (not
+      exact in float32), so off by default; CPU, torch attention backend.
     - `jump_forward`: when a decode's constraint allows exactly one continuation
       for several tokens (a JSON key, punctuation), append them without sampling
       and encode them together in the next step (True); False samples each one.

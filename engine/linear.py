@@ -187,3 +187,23 @@ def _onednn_linear_works() -> bool:
     except (RuntimeError, AttributeError, NotImplementedError):
         return False
     return bool(torch.equal(y, F.linear(x, w)))
+
+
+def unpack_onednn(packed: Tensor, in_features: int) -> Tensor:
+    """W (N, K) bfloat16 back from its blocked layout (`onednn_pack`), exactly: the
+    product of the identity with W has one non-zero term per sum. (N, K)."""
+    eye = torch.eye(in_features, dtype=torch.bfloat16, device=packed.device)  # (K, K)
+    wt = torch.ops.mkldnn._linear_pointwise(eye, packed, None, "none", [], "")  # (K, N)
+    return wt.t().contiguous()
+
+
+def one_row_weight(proj: Linear | TunedLinear) -> Tensor:
+    """The plain (N, K) weight of the kernel `proj` uses for one row, in that
+    kernel's dtype: a view of a layout kept, or an unpacked copy of a blocked one."""
+    if isinstance(proj, TunedLinear):
+        kernel = proj.kernel_for(1)
+        w = proj.layouts[kernel]
+        if kernel == "float32-t":
+            return w.t()  # (N, K) view of W^T
+        return unpack_onednn(w, proj.in_features) if kernel == "bfloat16-packed" else w
+    return proj.w if proj.few is None else proj.few  # mixed: the float16 gemv, 1 row

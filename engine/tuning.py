@@ -142,22 +142,9 @@ def product(kernel: str, x: Tensor, w: Tensor) -> Tensor:
 
 def packed_product(x: Tensor, w: Tensor) -> Tensor:
     """x (M, K) bfloat16 times W held in oneDNN's blocked layout (`onednn_pack`):
-    (M, N) bfloat16. Inside a torch.compile graph it is an opaque op: inductor lowers
-    oneDNN's linear only over frozen weights (graph constants), and a captured step
-    takes its weights as inputs (`corps.engine.compiled_step`)."""
-    if torch.compiler.is_compiling():
-        return torch.ops.corps.packed_linear(x, w)
+    (M, N) bfloat16. Eager only: a captured step reads plain weights that inductor
+    packs itself (`corps.engine.step_module`)."""
     return torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
-
-
-@torch.library.custom_op("corps::packed_linear", mutates_args=())
-def _packed_linear(x: Tensor, w: Tensor) -> Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
-
-
-@_packed_linear.register_fake
-def _(x: Tensor, w: Tensor) -> Tensor:
-    return x.new_empty(x.shape[0], w.shape[0])  # (M, N)
 
 
 def step_shapes(spec: ModelSpec) -> list[tuple[int, int, int]]:

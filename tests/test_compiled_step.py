@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import anyio
 import pytest
+import torch
 
 from corps.cache.errors import InvalidRequest
 from corps.engine.config import BadConfig, EngineConfig
@@ -103,8 +104,8 @@ async def test_a_step_the_graph_refuses_runs_eagerly_and_the_graphs_are_given_up
 
 async def test_a_step_over_prepacked_bfloat16_weights_compiles(tiny_dirs, tmp_path, monkeypatch):
     """dtype auto where one row's fastest kernel is oneDNN's prepacked bfloat16 (an Intel
-    Xeon with AMX chose it): inductor lowers that op only over frozen weights, so the
-    graph calls it as an opaque op (`tuning.packed_product`) and gives eager's tokens."""
+    Xeon with AMX chose it): the graph reads the plain weight unpacked from the blocked
+    layout, frozen, which inductor packs its own way, and gives eager's tokens."""
     from test_tuning import fake
 
     from corps.engine import tuning
@@ -116,9 +117,13 @@ async def test_a_step_over_prepacked_bfloat16_weights_compiles(tiny_dirs, tmp_pa
     monkeypatch.setattr("corps.engine.build.measure", lambda *a, **k: fake(packed))
     async with open_tiny(tiny_dirs, "qwen2", dtype="auto") as eager:
         want = await _workflow(eager)
+    counters = torch._dynamo.utils.counters  # its "inductor" entry may be replaced
+    packs = counters["inductor"]["mkldnn_linear_weight_pack_matcher_count"]
     async with open_tiny(tiny_dirs, "qwen2", dtype="auto", compile=True) as compiled:
         got = await _workflow(compiled)
         assert compiled._core.runner.w.layers[0].qkv.kernel_for(1) == "bfloat16-packed"
+        # inductor froze the weights and packed them for its own oneDNN linears
+        assert counters["inductor"]["mkldnn_linear_weight_pack_matcher_count"] > packs
         assert compiled.stats().compiled_steps > 0
     for a, b in zip(want, got, strict=True):
         assert b.tokens == a.tokens

@@ -6,8 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from corps.engine import linear
-from corps.engine.linear import FEW_ROWS, Linear
+from corps.engine import linear, tuning
+from corps.engine.linear import FEW_ROWS, Linear, TunedLinear
+from corps.engine.tuning import KERNELS, ROW_BUCKETS, KernelChoice
 
 
 def test_float32_keeps_both_layouts_and_both_agree():
@@ -72,3 +73,36 @@ def test_the_onednn_probe_agrees_with_this_torch():
     works = linear._onednn_linear_works()
     packed = linear.onednn_pack(torch.randn(8, 8).bfloat16())
     assert (packed is not None) == works
+
+
+@pytest.mark.skipif(not linear._onednn_linear_works(), reason="no oneDNN linear in this torch")
+def test_a_blocked_weight_unpacks_to_itself_exactly():
+    w = torch.randn(40, 24, generator=torch.Generator().manual_seed(3)).bfloat16()
+    packed = linear.onednn_pack(w)
+    back = linear.unpack_onednn(packed, 24)
+    assert back.shape == (40, 24) and back.is_contiguous() and torch.equal(back, w)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_one_row_weight_is_what_the_one_row_kernel_multiplies_by(kernel):
+    """The plain weight a captured step freezes gives the kernel's own product."""
+    if kernel not in tuning.available():
+        pytest.skip(f"{kernel} is not available in this torch")
+    g = torch.Generator().manual_seed(4)
+    w, x = torch.randn(40, 24, generator=g), torch.randn(1, 24, generator=g)
+    choice = KernelChoice(ROW_BUCKETS, (kernel,) * len(ROW_BUCKETS))
+    proj = TunedLinear.of(w, None, choice)
+    plain = linear.one_row_weight(proj)
+    assert plain.shape == (40, 24)
+    want = proj(x)  # (1, 40) float32
+    got = F.linear(x.to(plain.dtype), plain).float()
+    if kernel in tuning.EXACT:
+        torch.testing.assert_close(got, want)  # x @ W^T and F.linear may sum apart
+    else:
+        assert torch.equal(got, want)
+
+
+def test_one_row_weight_of_mixed_and_float32_projections():
+    w = torch.randn(16, 24, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(linear.one_row_weight(Linear.of(w)), w)
+    assert torch.equal(linear.one_row_weight(Linear.of(w, mixed=True)), w.half())

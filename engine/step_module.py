@@ -1,0 +1,69 @@
+"""The lone decode step's weights as frozen parameters of one `torch.nn.Module`.
+
+`corps.engine.compiled_step` captures a one-row decode step with torch.compile.
+Inductor turns a module's parameters into graph constants when compiled under
+`torch._inductor.config.freezing` with gradients off, and only over constants
+does it lower a CPU linear to its own prepacked oneDNN (bfloat16, float16) or MKL
+(float32) kernels, called from its generated code with no Python per projection.
+So the graph reads each projection through a `StepProjection` holding the plain
+(N, K) weight of the kernel our eager step uses for one row (`one_row_weight`),
+and inductor packs it its own way. The eager layouts stay where they are: every
+other step still runs on them.
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from corps.engine.linear import Linear, TunedLinear, one_row_weight
+from corps.engine.weights import Weights
+
+
+def _frozen(t: Tensor) -> nn.Parameter:
+    return nn.Parameter(t, requires_grad=False)  # shares t's storage
+
+
+class StepProjection(nn.Module):
+    """x (M, K) -> (M, N) in x's dtype, through W in the one-row kernel's dtype."""
+
+    def __init__(self, proj: Linear | TunedLinear) -> None:
+        super().__init__()
+        self.weight = _frozen(one_row_weight(proj))  # (N, K)
+        self.bias = None if proj.b is None else _frozen(proj.b)  # (N,)
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = F.linear(x.to(self.weight.dtype), self.weight).to(x.dtype)
+        return y if self.bias is None else y + self.bias
+
+
+class StepLayer(nn.Module):
+    """One decoder layer's weights: norms and the four fused projections."""
+
+    def __init__(self, lw) -> None:  # lw: LayerWeights
+        super().__init__()
+        self.input_norm = _frozen(lw.input_norm)  # (E,)
+        self.post_norm = _frozen(lw.post_norm)  # (E,)
+        self.q_norm = None if lw.q_norm is None else _frozen(lw.q_norm)  # (D,)
+        self.k_norm = None if lw.k_norm is None else _frozen(lw.k_norm)  # (D,)
+        self.qkv = StepProjection(lw.qkv)
+        self.o = StepProjection(lw.o)
+        self.gate_up = StepProjection(lw.gate_up)
+        self.down = StepProjection(lw.down)
+
+
+class StepWeights(nn.Module):
+    """Every weight a one-row step reads after the embedding lookup."""
+
+    def __init__(self, w: Weights) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(StepLayer(lw) for lw in w.layers)
+        self.final_norm = _frozen(w.final_norm)  # (E,)
+        self.lm_head = StepProjection(w.lm_head)
+
+
+def frozen_compile_config():
+    """The inductor settings the step is compiled under: parameters as constants."""
+    import torch._inductor.config as inductor
+
+    return inductor.patch(freezing=True)
