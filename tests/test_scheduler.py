@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import anyio
 import pytest
-from hypothesis import HealthCheck, given, settings, target
+from hypothesis import HealthCheck, assume, given, settings, target
 from hypothesis import strategies as st
 
 from corps.cache.errors import CacheFullError
@@ -360,22 +360,50 @@ def _workloads(draw):
     return ops
 
 
-async def _play(engine, ops) -> list[str]:
-    """Run ops one at a time (every step alone: recomputes are exact); decodes' texts."""
-    made, texts = [], []
+async def _play(engine, ops, sizes: list[int] | None = None) -> tuple[list[str], list[int]]:
+    """Run ops one at a time (every step alone: recomputes are exact); the decodes'
+    texts, and each message's tokens.
+
+    `sizes`: each message's tokens as the roomy run made them. A decode that fails
+    for room is then rejected (the example, not the engine) if its working set, all
+    messages its parents were encoded over transitively and its own tokens, cannot
+    fit in the store at once: no eviction order could have run it."""
+    made, texts, over, lens = [], [], [], []  # over: each message's parents (in made)
     await engine.prefill("filler " * 4)  # never read again: the first to yield
     for op in ops:
         if op[0] == "prefill":
             made.append(await engine.prefill(op[1] or "."))
+            over.append([])
+            lens.append(len(made[-1].tokens))
         elif op[0] == "decode":
             parents = [made[i] for i in op[1] if made[i] is not None]
-            h = await engine.decode(parents=parents, max_tokens=op[2], ignore_eos=True)
+            try:
+                h = await engine.decode(parents=parents, max_tokens=op[2], ignore_eos=True)
+            except CacheFullError:
+                if sizes is not None:
+                    need = _closure([i for i in op[1] if made[i] is not None], over)
+                    own = sizes[len(made)]
+                    # fits (the store's sink slot too): the engine should have run it
+                    assume(1 + sum(sizes[i] for i in need) + own <= engine.stats().capacity)
+                raise
             made.append(h)
+            over.append([i for i in op[1] if made[i] is not None])
+            lens.append(len(h.tokens))
             texts.append(h.text)
         elif made[op[1]] is not None:
             engine.free(made[op[1]])
             made[op[1]] = None
-    return texts
+    return texts, lens
+
+
+def _closure(start: list[int], over: list[list[int]]) -> set[int]:
+    seen, todo = set(), list(start)
+    while todo:
+        i = todo.pop()
+        if i not in seen:
+            seen.add(i)
+            todo.extend(over[i])
+    return seen
 
 
 @settings(
@@ -388,12 +416,49 @@ def test_any_workload_on_a_tight_store_decodes_what_a_roomy_one_does(tiny_dirs, 
 
     async def both():
         async with open_tiny(tiny_dirs, "llama-sink", capacity=4096) as roomy:
-            want = await _play(roomy, ops)
+            want, sizes = await _play(roomy, ops)
         async with open_tiny(tiny_dirs, "llama-sink", capacity=72) as tight:
-            got = await _play(tight, ops)
+            got, _ = await _play(tight, ops, sizes)
             tight._core.check()
             target(float(tight.stats().tokens_recomputed))  # search toward recomputes
         return want, got
 
     want, got = anyio.run(both)
     assert got == want
+
+
+async def test_calls_a_policy_leaves_out_of_a_step_wait_and_decode_what_they_would(tiny_dirs):
+    """`objective` with a learnt cost that lets one throughput call beside a critical
+    one: the others sit steps out, keep their place, and decode what they do alone."""
+    from corps.engine.step_cost import StepCost
+
+    async with open_tiny(tiny_dirs, "qwen3", policy="objective") as engine:
+        qs = await engine.prefill_many([dict(message=p) for p in PROMPTS])
+        kws = [dict(parents=[q], max_tokens=10, ignore_eos=True) for q in qs]
+        alone = [await engine.decode(**kw) for kw in kws]
+        cost = StepCost()
+        for calls in (1, 2, 3):  # each call doubles a step: only one fits beside a chat
+            cost.observe(calls, calls, 0.01 * calls)
+        engine.policy.cost = cost
+        engine.policy.observe = lambda *step: None  # the cost stays as set
+        chosen = []
+        step_calls = engine.policy.step_calls
+        engine.policy.step_calls = lambda order: chosen.append(step_calls(order)) or (chosen[-1])
+        got = {}
+
+        async def bulk(i: int) -> None:
+            got[i] = await engine.decode(**kws[i])
+
+        async def chat() -> None:
+            await anyio.sleep(0.01)
+            with engine.workflow("chat", objective="latency"):
+                got["chat"] = await engine.decode(**{**kws[0], "max_tokens": 20})
+
+        async with anyio.create_task_group() as tg:
+            for i in range(len(kws)):
+                tg.start_soon(bulk, i)
+            tg.start_soon(chat)
+        assert [got[i].tokens for i in range(len(kws))] == [a.tokens for a in alone]
+        assert got["chat"].generated[:10] == alone[0].generated
+        assert any(len(c) == 2 for c in chosen)  # the chat and one bulk call, others waited
+        engine.check()
