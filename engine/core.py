@@ -59,6 +59,9 @@ class StepOutput:
     tokens: list[tuple[Call, int]] = field(default_factory=list)
     failed: list[tuple[Call, BaseException]] = field(default_factory=list)
     encoded: bool = False  # it ran a prompt chunk or a turn's footer, not only decodes
+    calls: int = 0  # calls the forward ran rows of
+    rows: int = 0  # rows (tokens) the forward encoded
+    chunks: int = 0  # calls of those that encoded a prompt chunk (not one token)
 
 
 class Core:
@@ -252,6 +255,8 @@ class Core:
             return out
         for c, _, n in plan:
             c.spans.append(n)
+        out.calls, out.rows = len(plan), sum(n for _, _, n in plan)
+        out.chunks = sum(start >= 0 for _, start, _ in plan)
         out.encoded = any(start >= 0 or c.finishing for c, start, _ in plan)
         # constrained calls' masks are computed on another thread while the forward runs
         constrained = [c for c, start, n in plan if c.matcher is not None and samples(c, start, n)]

@@ -28,7 +28,7 @@ from corps.engine.executor import Executor
 from corps.engine.graph import MessageGraph, Node
 from corps.engine.otel import LiveSpans, check_available
 from corps.engine.pending import Pending
-from corps.engine.policies import LATENCY_SLOWDOWN
+from corps.engine.policies import LATENCY_SLOWDOWN, Policy
 from corps.engine.policies import make as make_policy
 from corps.engine.requests import (
     DecodeArgs,
@@ -247,6 +247,13 @@ class Engine:
     @property
     def mode(self) -> str:
         return self._core.mode
+
+    @property
+    def policy(self) -> Policy:
+        """The batching loop's scheduling policy (`corps.engine.policies`): its name,
+        and for `objective` its bounds and what it has learnt of the step cost
+        (`policy.cost`); set its fields before the first call to change them."""
+        return self._sched.policy
 
     @property
     def leak_policy(self) -> str:

@@ -50,6 +50,18 @@ class Job:
     critical: bool = False
     group: int = 0  # its task group: calls submitted together (its own id alone)
 
+    @property
+    def rows(self) -> int:
+        """Rows the call brings to its next step: its token when decoding, else the
+        rest of its prompt up to a chunk (policies bound steps by it; 1 before it is
+        admitted)."""
+        from corps.engine.core import PREFILL_CHUNK  # core imports what imports this
+
+        call = self.call
+        if call is None or call.pending is not None:
+            return 1
+        return max(1, min(PREFILL_CHUNK, len(call.feed) - call.fed))
+
     def figures(self) -> CallFigures:
         """What this call cost (its message keeps it: `Handle.tokens_encoded`, ...)."""
         call = self.call

@@ -24,7 +24,14 @@ objective (`corps.engine.workflow`).
   rest, as in `workflow`, and age like it. Where the engine measured its
   kernels (dtype auto on a CPU), both bounds are one: a step beside critical
   calls holds as many rows as keep its products within `LATENCY_SLOWDOWN` of a
-  lone decode's (`latency_rows`). A latency call is critical unless it
+  lone decode's (`latency_rows`). Once the loop has learnt what its steps cost
+  (`corps.engine.step_cost`, from the steps it ran: products, attention and
+  per-call work alike), that replaces both: beside critical calls a step
+  advances the latency calls and, oldest workflow first, as many throughput
+  calls (at least one) and prompt tokens (latency prompts first) as keep its
+  predicted time within `STEP_SLOWDOWN` of the latency calls' step alone
+  (`step_bound`, `step_calls`, `step_budget`); the other running calls
+  sit that step out, keeping their place and memory. A latency call is critical unless it
   is one of a latency workflow's task groups (`corps.engine.submit.deduce_objective`):
   such a group goes first but leaves the batch open, since what counts is when
   the whole group ends.
@@ -40,10 +47,11 @@ read first within a workflow.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, get_args
 
 from corps.engine.config import PolicyName
+from corps.engine.step_cost import StepCost
 
 POLICIES: tuple[str, ...] = get_args(PolicyName)
 AGING_S = 5.0  # seconds a call waits before it goes first under any policy
@@ -55,6 +63,11 @@ LATENCY_PREFILL = 64
 #: critical calls holds as many rows as keep its products within this factor of one
 #: row's (`tuning.rows_within`), decodes and prompt tokens together.
 LATENCY_SLOWDOWN = 1.5
+#: Once the engine has learnt what its steps cost (`corps.engine.step_cost`), a step
+#: beside critical calls is kept within this factor of their step alone: their time
+#: per token also holds the loop's fixed cost and the steps' spread, so this sits
+#: below the 1.5x a user would accept.
+STEP_SLOWDOWN = 1.3
 
 
 class Policy(Protocol):
@@ -71,8 +84,17 @@ class Policy(Protocol):
     def step_order(self, running: list[Any]) -> list[Any]:
         """The running calls in the order they share a step's prefill budget."""
 
+    def step_calls(self, order: list[Any]) -> list[Any]:
+        """Of the running calls in `step_order`, those the next step advances (the
+        others keep their place and wait a step)."""
+
     def step_budget(self, running: Sequence[Any], budget: int) -> int:
-        """Tokens the next step may run (of the engine's `budget`)."""
+        """Tokens the next step may run (of the engine's `budget`), for the calls
+        `step_calls` chose."""
+
+    def observe(self, calls: int, rows: int, seconds: float, chunks: int = 0) -> None:
+        """A step ran `calls` calls over `rows` rows in `seconds`, `chunks` of the
+        calls encoding prompt chunks."""
 
     def victims(self, candidates: list[Any]) -> list[Any]:
         """Messages whose encodings may be evicted, in the order they should go."""
@@ -92,8 +114,14 @@ class Fcfs:
     def step_order(self, running: list[Any]) -> list[Any]:
         return running
 
+    def step_calls(self, order: list[Any]) -> list[Any]:
+        return order
+
     def step_budget(self, running: Sequence[Any], budget: int) -> int:
         return budget
+
+    def observe(self, calls: int, rows: int, seconds: float, chunks: int = 0) -> None:
+        pass
 
     def victims(self, candidates: list[Any]) -> list[Any]:
         return least_recent(candidates)
@@ -144,8 +172,14 @@ class WorkflowFirst:
     def step_order(self, running: list[Any]) -> list[Any]:
         return sorted(running, key=lambda j: (_started([j]), j.submitted))
 
+    def step_calls(self, order: list[Any]) -> list[Any]:
+        return order
+
     def step_budget(self, running: Sequence[Any], budget: int) -> int:
         return budget
+
+    def observe(self, calls: int, rows: int, seconds: float, chunks: int = 0) -> None:
+        pass
 
     def victims(self, candidates: list[Any]) -> list[Any]:
         """The latest-started workflow's messages first: it yields to earlier ones."""
@@ -161,6 +195,10 @@ class ObjectiveFirst(WorkflowFirst):
     # rows a step may hold beside critical calls, from measured kernel timings
     # (`Engine.open` sets it where it has them); None: the two bounds above
     latency_rows: int | None = None
+    # what a step costs, learnt from the steps run (None: do not learn, use the bounds
+    # above); once it predicts, it bounds the steps beside critical calls instead
+    cost: StepCost | None = field(default_factory=StepCost)
+    step_slowdown: float = STEP_SLOWDOWN
     name = "objective"
 
     def _key(self, group: Sequence[Any], now: float) -> tuple:
@@ -180,16 +218,77 @@ class ObjectiveFirst(WorkflowFirst):
     def step_order(self, running: list[Any]) -> list[Any]:
         return sorted(running, key=lambda j: (j.objective != "latency", _started([j])))
 
+    def step_calls(self, order: list[Any]) -> list[Any]:
+        """Beside running critical calls, once the step cost is learnt: every latency
+        call, then throughput calls in order (a row each) while the step's predicted
+        seconds stay within `step_bound`, and never fewer than one (so they never
+        starve). Otherwise every call."""
+        bound = self.step_bound(order)
+        latency = [j for j in order if j.objective == "latency"]
+        if bound is None or len(latency) == len(order):
+            return order
+        own = sum(_rows(j) for j in latency)
+        chosen = list(latency)
+        for j in order:
+            if j.objective == "latency":
+                continue
+            calls = [*chosen, j]
+            rows = own + len(calls) - len(latency)
+            if len(chosen) > len(latency) and self._predict(calls, rows) > bound:
+                break
+            chosen.append(j)
+        return chosen
+
     def step_budget(self, running: Sequence[Any], budget: int) -> int:
-        """Beside running critical calls: every decode's token, and at most
+        """Beside running critical calls: once the step cost is learnt, the latency
+        calls' rows, every other call's token, and prompt tokens while the step's
+        predicted seconds stay within `step_bound`; before that, at most
         `latency_prefill` prompt tokens (latency prompts go first, step_order), or
-        with `latency_rows`, at most that many rows in all (never fewer than one
-        per running call)."""
+        with `latency_rows`, at most that many rows in all. Never fewer than one row
+        per call."""
         if not any(j.critical for j in running):
             return budget
+        n = len(running)
+        bound = self.step_bound(running)
+        if bound is not None:
+            a, b, c, d = self.cost.coefficients()  # type: ignore[union-attr]
+            room = bound - a - b * n - d * _chunks(running)
+            own = sum(_rows(j) for j in running if j.objective == "latency")
+            least = own + sum(j.objective != "latency" for j in running)
+            return min(budget, max(least, int(room / c) if c > 0 else budget))
         if self.latency_rows is not None:
-            return min(budget, max(len(running), self.latency_rows))
-        return min(budget, len(running) + self.latency_prefill)
+            return min(budget, max(n, self.latency_rows))
+        return min(budget, n + self.latency_prefill)
+
+    def step_bound(self, running: Sequence[Any]) -> float | None:
+        """Seconds a step may take beside the running critical calls: `step_slowdown`
+        times the predicted step of the latency calls alone (their tokens and prompt
+        chunks). None when no critical call runs or the step cost is not learnt yet."""
+        if not any(j.critical for j in running):
+            return None
+        latency = [j for j in running if j.objective == "latency"]
+        alone = self._predict(latency, sum(_rows(j) for j in latency))
+        return None if alone is None else self.step_slowdown * alone
+
+    def observe(self, calls: int, rows: int, seconds: float, chunks: int = 0) -> None:
+        if self.cost is not None:
+            self.cost.observe(calls, rows, seconds, chunks)
+
+    def _predict(self, calls: Sequence[Any], rows: int) -> float | None:
+        """Predicted seconds of a step running `calls` over `rows` rows."""
+        if self.cost is None or not calls:
+            return None
+        return self.cost.predict(len(calls), rows, _chunks(calls))
+
+
+def _rows(job: Any) -> int:
+    """Rows a running call brings to the next step (1 where it cannot say)."""
+    return getattr(job, "rows", 1)
+
+
+def _chunks(jobs: Sequence[Any]) -> int:
+    """Calls of `jobs` that bring a prompt chunk (more than one row) to the next step."""
+    return sum(_rows(j) > 1 for j in jobs)
 
 
 def make(name: str, **settings: Any) -> Policy:

@@ -254,12 +254,15 @@ class Scheduler:
         """Worker thread: admit new jobs, run one fused step, finish what is done."""
         self._admit(self._held + new, t0)
         by_call = {id(j.call): j for j in self._running}
-        order = self.policy.step_order(list(self._running))
+        order = self.policy.step_calls(self.policy.step_order(list(self._running)))
         active = [j.call for j in order if not j.call.done]
         if active:
             try:
                 budget = self.policy.step_budget(order, self.step_tokens)
+                t_step = time.perf_counter()
                 out = self.core.step(active, budget=budget)
+                seconds = time.perf_counter() - t_step
+                self.policy.observe(out.calls, out.rows, seconds, out.chunks)
             except Exception as exc:  # the forward failed: fail this step's jobs, go on
                 for call in active:
                     self.core.abort(call)

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from corps.cache.errors import CacheFullError
 from corps.engine.policies import Fcfs, ObjectiveFirst, WorkflowFirst, make
 from corps.engine.scheduler import Scheduler
+from corps.engine.step_cost import StepCost
 from corps.engine.workflow import Workflow
 
 _groups = itertools.count(10_000)
@@ -206,3 +207,66 @@ def test_victims_fcfs_least_recently_read_first_workflow_latest_started_first():
     for policy in (WorkflowFirst(), ObjectiveFirst()):
         order = [v.name for v in policy.victims(msgs)]
         assert order == ["new-wf", "old-wf-stale", "old-wf-recent"]
+
+
+def _learnt(a: float, b: float, c: float) -> StepCost:
+    cost = StepCost()
+    for calls, rows in [(1, 1), (2, 2), (4, 68), (8, 8), (3, 200)]:
+        cost.observe(calls, rows, a + b * calls + c * rows)
+    return cost
+
+
+def test_a_learnt_step_cost_picks_the_calls_that_run_beside_critical_ones():
+    """a + b calls + c rows with step_slowdown 1.5: chat alone 0.022 s, so a step may hold
+    calls while 0.020 + 0.002 n <= 0.033: six, the chat and the first five in order."""
+    policy = ObjectiveFirst(aging_s=100, cost=_learnt(0.020, 0.002, 0.0), step_slowdown=1.5)
+    chat = job(5.0, objective="latency", name="chat")
+    bulk = [job(float(i), name=f"b{i}") for i in range(10)]
+    order = policy.step_order([*bulk, chat])
+    assert [j.name for j in policy.step_calls(order)] == ["chat", "b0", "b1", "b2", "b3", "b4"]
+    assert policy.step_calls(bulk) == bulk  # no latency call: every call
+    group = job(5.0, objective="latency", critical=False, name="map")
+    assert policy.step_calls([group, *bulk]) == [group, *bulk]  # not critical: batch open
+
+
+def test_a_learnt_cost_never_starves_throughput_calls_and_bounds_the_rows():
+    slow = ObjectiveFirst(aging_s=100, cost=_learnt(0.020, 0.050, 0.0), step_slowdown=1.5)
+    chat = job(5.0, objective="latency", name="chat")
+    bulk = [job(float(i), name=f"b{i}") for i in range(3)]
+    assert [j.name for j in slow.step_calls([chat, *bulk])] == ["chat", "b0"]
+    rows = ObjectiveFirst(aging_s=100, cost=_learnt(0.020, 0.0, 0.001), step_slowdown=1.5)
+    # alone: 0.021 s; 0.0315 s allows 11 rows; never fewer than one per call
+    assert rows.step_budget([chat, bulk[0]], 512) == 11
+    assert rows.step_budget([chat, *bulk], 2) == 2
+    assert rows.step_budget(bulk, 512) == 512
+
+
+def test_the_fixed_bounds_hold_until_the_cost_is_learnt():
+    policy = ObjectiveFirst(aging_s=100, latency_prefill=64)
+    chat, bulk = job(5.0, objective="latency"), job(1.0)
+    assert policy.step_budget([chat, bulk], 512) == 2 + 64
+    policy.observe(1, 1, 0.02)
+    policy.observe(2, 2, 0.03)  # learnt: a step of (n, n) costs 0.01 + 0.01 n
+    assert policy.step_budget([chat, bulk], 512) < 2 + 64
+    assert ObjectiveFirst(cost=None).step_calls([chat, bulk]) == [chat, bulk]
+
+
+def test_the_learnt_bound_is_the_latency_calls_step_alone_their_prompts_included():
+    """a + c rows, c = 1 ms a row: the two chats' step alone (a token and a 30-token
+    prompt) takes 0.051 s, so a step beside them may take 0.0765 s: 56 rows, of which
+    the bulk call's prompt gets what the chats leave (24), not its 400."""
+    policy = ObjectiveFirst(aging_s=100, cost=_learnt(0.020, 0.0, 0.001), step_slowdown=1.5)
+    talking = job(5.0, objective="latency", name="talking")
+    arriving = job(6.0, objective="latency", name="arriving")
+    arriving.rows = 30  # its prompt
+    bulk = job(1.0, name="bulk")
+    bulk.rows = 400
+    assert policy.step_bound([bulk]) is None  # nothing critical: no bound
+    assert policy.step_bound([talking, arriving, bulk]) == pytest.approx(0.0765, rel=1e-3)
+    order = policy.step_order([bulk, arriving, talking])
+    assert [j.name for j in order][-1] == "bulk"  # latency prompts first in the budget
+    assert policy.step_budget(order, 512) in (55, 56)  # 56, less the fit's rounding
+    # 10 ms a call, no slack: the bulk call's own cost leaves room for 21 rows, but the
+    # step never holds less than the chats' rows and the bulk call's token
+    tight = ObjectiveFirst(aging_s=100, cost=_learnt(0.020, 0.010, 0.001), step_slowdown=1.0)
+    assert tight.step_budget(order, 512) == 32

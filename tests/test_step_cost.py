@@ -1,0 +1,79 @@
+"""engine/step_cost.py: the online fit of a step's seconds on its calls and rows,
+against the exact linear model it must recover and a brute-force least squares."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from corps.engine.step_cost import StepCost, _nonnegative_fit
+
+
+def test_nothing_is_predicted_before_steps_of_two_sizes():
+    cost = StepCost()
+    assert cost.predict(1, 1) is None
+    for _ in range(5):
+        cost.observe(1, 1, 0.02)
+    assert not cost.ready and cost.coefficients() is None
+    cost.observe(4, 4, 0.03)
+    assert cost.ready and cost.predict(1, 1) == pytest.approx(0.02, rel=1e-3)
+
+
+def test_steps_that_ran_nothing_are_ignored():
+    cost = StepCost()
+    for calls, rows, s in [(0, 0, 0.01), (1, 0, 0.01), (2, 2, 0.0), (2, 2, float("nan"))]:
+        cost.observe(calls, rows, s)
+    cost.observe(2, 9, 0.01, chunks=3)  # more chunks than calls
+    assert not cost.ready
+
+
+def test_an_exact_linear_cost_is_recovered():
+    cost = StepCost()
+    steps = [(1, 1, 0), (2, 2, 0), (4, 68, 1), (8, 8, 0), (3, 200, 2), (16, 16, 0), (1, 64, 1)]
+    for calls, rows, chunks in steps:
+        cost.observe(calls, rows, 0.017 + 0.001 * calls + 0.0005 * rows + 0.004 * chunks, chunks)
+    assert cost.coefficients() == pytest.approx((0.017, 0.001, 0.0005, 0.004), rel=1e-3)
+
+
+def test_a_cost_falling_with_calls_is_fit_with_no_negative_coefficient():
+    cost = StepCost()
+    for calls in (1, 2, 3, 4):
+        cost.observe(calls, calls, 0.05 - 0.01 * calls)
+    assert all(x >= 0 for x in cost.coefficients())
+
+
+def test_older_steps_weigh_less():
+    cost = StepCost(decay=0.9)
+    for _ in range(200):  # the machine was slow
+        cost.observe(1, 1, 0.1)
+        cost.observe(2, 2, 0.2)
+    for _ in range(200):  # it is fast now
+        cost.observe(1, 1, 0.01)
+        cost.observe(2, 2, 0.02)
+    assert cost.predict(1, 1) == pytest.approx(0.01, rel=1e-3)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 32), st.integers(0, 512), st.floats(1e-3, 1.0)),
+        min_size=3,
+        max_size=30,
+    )
+)
+def test_the_fit_is_the_best_nonnegative_least_squares(steps):
+    """Brute force: no nonnegative (a, b, c) on a grid around it fits better."""
+    x = np.array([[1.0, c, c + r, min(c, r)] for c, r, _ in steps])  # rows >= calls
+    y = np.array([s for _, _, s in steps])
+    xx, xy = (x.T @ x).tolist(), (x.T @ y).tolist()
+    theta = np.array(_nonnegative_fit(xx, xy))
+    assert (theta >= 0).all()
+    loss = float(np.sum((x @ theta - y) ** 2))
+    for a in np.linspace(0, 1, 11):
+        for b in np.linspace(0, 0.1, 11):
+            for c in np.linspace(0, 0.01, 6):
+                for d in np.linspace(0, 0.05, 6):
+                    other = float(np.sum((x @ np.array([a, b, c, d]) - y) ** 2))
+                    assert loss <= other * (1 + 1e-6) + 1e-9
