@@ -43,6 +43,7 @@ from corps.engine.requests import (
 from corps.engine.scheduler import Scheduler
 from corps.engine.select import By, Selection, check_by, choose, option_of, scored
 from corps.engine.stats import EngineStats
+from corps.engine.step_cost import StepCost
 from corps.engine.stream import StreamCalls, TextStream
 from corps.engine.submit import Submitter
 from corps.engine.trace import Freed, Header, Recorder, TraceFile, version
@@ -55,11 +56,16 @@ __all__ = ["Engine"]
 
 
 def _policy_settings(policy: str, core: Executor) -> dict[str, Any]:
-    """The objective policy's step bound from this CPU's measured kernels, if any."""
+    """The objective policy's step bounds from this CPU's measured kernels, if any:
+    the rows a step holds before it has learnt its cost, and the measured products'
+    seconds as the step cost's measure of rows."""
     choice = getattr(core, "kernel_choice", None)
     if policy != "objective" or choice is None:
         return {}
-    return dict(latency_rows=rows_within(choice, LATENCY_SLOWDOWN))
+    return dict(
+        latency_rows=rows_within(choice, LATENCY_SLOWDOWN),
+        cost=StepCost(products=choice.products),
+    )
 
 
 class Engine:

@@ -49,6 +49,7 @@ class Job:
     # (admitted first) but not critical: the group's completion is what counts
     critical: bool = False
     group: int = 0  # its task group: calls submitted together (its own id alone)
+    skipped: int = 0  # steps in a row the policy left it out of (`objective`)
 
     @property
     def rows(self) -> int:

@@ -28,10 +28,11 @@ objective (`corps.engine.workflow`).
   (`corps.engine.step_cost`, from the steps it ran: products, attention and
   per-call work alike), that replaces both: beside critical calls a step
   advances the latency calls and, oldest workflow first, as many throughput
-  calls (at least one) and prompt tokens (latency prompts first) as keep its
+  calls and prompt tokens (latency prompts first) as keep its
   predicted time within `STEP_SLOWDOWN` of the latency calls' step alone
   (`step_bound`, `step_calls`, `step_budget`); the other running calls
-  sit that step out, keeping their place and memory. A latency call is critical unless it
+  sit that step out, keeping their place and memory (never more than
+  `STARVE_STEPS` steps in a row). A latency call is critical unless it
   is one of a latency workflow's task groups (`corps.engine.submit.deduce_objective`):
   such a group goes first but leaves the batch open, since what counts is when
   the whole group ends.
@@ -68,6 +69,9 @@ LATENCY_SLOWDOWN = 1.5
 #: per token also holds the loop's fixed cost and the steps' spread, so this sits
 #: below the 1.5x a user would accept.
 STEP_SLOWDOWN = 1.3
+#: Beside critical calls a throughput call may sit out at most this many steps in a
+#: row (about a chat reply's worth), then it runs in the next whatever it costs.
+STARVE_STEPS = 64
 
 
 class Policy(Protocol):
@@ -199,6 +203,7 @@ class ObjectiveFirst(WorkflowFirst):
     # above); once it predicts, it bounds the steps beside critical calls instead
     cost: StepCost | None = field(default_factory=StepCost)
     step_slowdown: float = STEP_SLOWDOWN
+    starve_steps: int = STARVE_STEPS
     name = "objective"
 
     def _key(self, group: Sequence[Any], now: float) -> tuple:
@@ -221,21 +226,27 @@ class ObjectiveFirst(WorkflowFirst):
     def step_calls(self, order: list[Any]) -> list[Any]:
         """Beside running critical calls, once the step cost is learnt: every latency
         call, then throughput calls in order (a row each) while the step's predicted
-        seconds stay within `step_bound`, and never fewer than one (so they never
-        starve). Otherwise every call."""
+        seconds stay within `step_bound`; a throughput call left out of `starve_steps`
+        steps in a row runs in the next whatever it costs, so none starves.
+        Otherwise every call."""
         bound = self.step_bound(order)
         latency = [j for j in order if j.objective == "latency"]
         if bound is None or len(latency) == len(order):
+            for j in order:
+                j.skipped = 0
             return order
         own = sum(_rows(j) for j in latency)
         chosen = list(latency)
+        full = False
         for j in order:
             if j.objective == "latency":
                 continue
             calls = [*chosen, j]
-            rows = own + len(calls) - len(latency)
-            if len(chosen) > len(latency) and self._predict(calls, rows) > bound:
-                break
+            full = full or self._predict(calls, own + len(calls) - len(latency)) > bound
+            if full and getattr(j, "skipped", 0) < self.starve_steps:
+                j.skipped = getattr(j, "skipped", 0) + 1
+                continue
+            j.skipped = 0
             chosen.append(j)
         return chosen
 
@@ -251,11 +262,10 @@ class ObjectiveFirst(WorkflowFirst):
         n = len(running)
         bound = self.step_bound(running)
         if bound is not None:
-            a, b, c, d = self.cost.coefficients()  # type: ignore[union-attr]
-            room = bound - a - b * n - d * _chunks(running)
             own = sum(_rows(j) for j in running if j.objective == "latency")
             least = own + sum(j.objective != "latency" for j in running)
-            return min(budget, max(least, int(room / c) if c > 0 else budget))
+            fits = self.cost.max_rows(n, _chunks(running), bound, budget)  # type: ignore[union-attr]
+            return min(budget, max(least, fits or 0))
         if self.latency_rows is not None:
             return min(budget, max(n, self.latency_rows))
         return min(budget, n + self.latency_prefill)

@@ -4,19 +4,25 @@ The `objective` policy bounds what runs beside a latency-critical call so that
 the call's time per token stays within a factor of what it would be alone. The
 products' timings (`corps.engine.tuning`) see only the weights: on a CPU a
 step's time also grows with each call it carries (its attention over its own
-view, its planning and sampling) and with each prompt token. So the loop reports
+view, its planning and sampling) and with each prompt chunk. So the loop reports
 every step it runs, and this model fits
 
-    seconds = a + b * calls + c * rows + d * chunks
+    seconds = a + b * calls + c * P(rows) + d * chunks
 
 (chunks: the calls that encode a prompt chunk rather than one token) by least
 squares over the recent steps (older ones weigh less), each coefficient >= 0.
+P(rows) is the rows themselves, or where the engine timed its product kernels
+(dtype auto on a CPU) their measured seconds for that many rows
+(`KernelChoice.products`): a step's products are not linear in its rows there
+(one row may run a gemv twice as fast as two rows' gemm), and a line through
+them would misjudge exactly the small steps a latency call runs in.
 It predicts nothing until it has seen steps of at least two sizes, and refits
 every `REFIT` steps (the fit is a few hundred microseconds of Python).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import combinations
 
@@ -27,7 +33,7 @@ DECAY = 0.995
 RIDGE = 1e-9
 #: Steps observed between two fits.
 REFIT = 16
-N = 4  # features: 1, calls, rows, chunks
+N = 4  # features: 1, calls, P(rows), chunks
 
 
 @dataclass
@@ -35,6 +41,8 @@ class StepCost:
     """An online least-squares fit of a step's seconds on its calls and rows."""
 
     decay: float = DECAY
+    #: P(rows): what a step's rows cost (None: the rows themselves)
+    products: Callable[[int], float] | None = None
     _xx: list[list[float]] = field(default_factory=lambda: [[0.0] * N for _ in range(N)])
     _xy: list[float] = field(default_factory=lambda: [0.0] * N)
     _sizes: set[tuple[int, int, int]] = field(default_factory=set)
@@ -46,7 +54,7 @@ class StepCost:
         of the calls encoding prompt chunks."""
         if calls < 1 or rows < calls or not 0 <= chunks <= calls or not seconds > 0:
             return
-        x = (1.0, float(calls), float(rows), float(chunks))
+        x = (1.0, float(calls), self._p(rows), float(chunks))
         for i in range(N):
             self._xy[i] = self.decay * self._xy[i] + x[i] * seconds
             for k in range(N):
@@ -63,7 +71,7 @@ class StepCost:
         return len(self._sizes) >= 2
 
     def coefficients(self) -> tuple[float, ...] | None:
-        """(a, b, c, d) in seconds, each >= 0; None before steps of two sizes."""
+        """(a, b, c, d), each >= 0 (c per unit of P); None before steps of two sizes."""
         if not self.ready:
             return None
         if self._coef is None:
@@ -77,7 +85,25 @@ class StepCost:
         if coef is None:
             return None
         a, b, c, d = coef
-        return a + b * calls + c * rows + d * chunks
+        return a + b * calls + c * self._p(rows) + d * chunks
+
+    def max_rows(self, calls: int, chunks: int, seconds: float, most: int) -> int | None:
+        """The most rows (<= `most`) a step of `calls` calls and `chunks` chunks may
+        hold within `seconds` (P taken as rising with rows); 0 if not even one row
+        fits; None before `ready`."""
+        if self.predict(calls, 1, chunks) is None:
+            return None
+        lo, hi = 0, most  # predict(lo) fits (lo = 0 by convention), find the last that does
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.predict(calls, mid, chunks) <= seconds:  # type: ignore[operator]
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def _p(self, rows: int) -> float:
+        return float(rows) if self.products is None else self.products(rows)
 
 
 def _nonnegative_fit(xx: list[list[float]], xy: list[float]) -> tuple[float, ...]:

@@ -76,6 +76,25 @@ class KernelChoice:
     def used(self) -> frozenset[str]:
         return frozenset(self.kernels)
 
+    def products(self, rows: int) -> float:
+        """Seconds of a step's products over `rows` rows at the kernels chosen: the
+        kernel of `rows`' bucket, its timings interpolated linearly between the
+        buckets around `rows` (beyond the last, in proportion to it)."""
+        kernel = self.kernel_for(rows)
+        times = self.timings.get(kernel, {})
+        known = [(b, times[b]) for b in self.buckets if math.isfinite(times.get(b, math.inf))]
+        if not known:
+            return float(rows)  # no timing: rows as the measure
+        below = [(b, t) for b, t in known if b <= rows]
+        above = [(b, t) for b, t in known if b >= rows]
+        if not above:
+            b, t = below[-1]
+            return t * rows / b
+        if not below:
+            return above[0][1]
+        (b0, t0), (b1, t1) = below[-1], above[0]
+        return t0 if b1 == b0 else t0 + (t1 - t0) * (rows - b0) / (b1 - b0)
+
 
 def rows_within(choice: KernelChoice, slowdown: float) -> int:
     """The most rows (a bucket) whose step's products, at the kernels `choice`

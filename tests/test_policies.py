@@ -230,10 +230,15 @@ def test_a_learnt_step_cost_picks_the_calls_that_run_beside_critical_ones():
 
 
 def test_a_learnt_cost_never_starves_throughput_calls_and_bounds_the_rows():
-    slow = ObjectiveFirst(aging_s=100, cost=_learnt(0.020, 0.050, 0.0), step_slowdown=1.5)
+    slow = ObjectiveFirst(
+        aging_s=100, cost=_learnt(0.020, 0.050, 0.0), step_slowdown=1.5, starve_steps=2
+    )
     chat = job(5.0, objective="latency", name="chat")
     bulk = [job(float(i), name=f"b{i}") for i in range(3)]
-    assert [j.name for j in slow.step_calls([chat, *bulk])] == ["chat", "b0"]
+    steps = [[j.name for j in slow.step_calls([chat, *bulk])] for _ in range(4)]
+    # none fits beside the chat; left out of two steps in a row, they run in the third
+    assert steps == [["chat"], ["chat"], ["chat", "b0", "b1", "b2"], ["chat"]]
+    assert slow.step_calls(bulk) == bulk  # nothing critical: every call
     rows = ObjectiveFirst(aging_s=100, cost=_learnt(0.020, 0.0, 0.001), step_slowdown=1.5)
     # alone: 0.021 s; 0.0315 s allows 11 rows; never fewer than one per call
     assert rows.step_budget([chat, bulk[0]], 512) == 11

@@ -429,7 +429,8 @@ def test_any_workload_on_a_tight_store_decodes_what_a_roomy_one_does(tiny_dirs, 
 
 async def test_calls_a_policy_leaves_out_of_a_step_wait_and_decode_what_they_would(tiny_dirs):
     """`objective` with a learnt cost that lets one throughput call beside a critical
-    one: the others sit steps out, keep their place, and decode what they do alone."""
+    one: the others sit steps out (at most three in a row), keep their place, and
+    decode what they do alone."""
     from corps.engine.step_cost import StepCost
 
     async with open_tiny(tiny_dirs, "qwen3", policy="objective") as engine:
@@ -440,6 +441,8 @@ async def test_calls_a_policy_leaves_out_of_a_step_wait_and_decode_what_they_wou
         for calls in (1, 2, 3):  # each call doubles a step: only one fits beside a chat
             cost.observe(calls, calls, 0.01 * calls)
         engine.policy.cost = cost
+        engine.policy.step_slowdown = 2.0  # the chat's step and one more call's
+        engine.policy.starve_steps = 3
         engine.policy.observe = lambda *step: None  # the cost stays as set
         chosen = []
         step_calls = engine.policy.step_calls
@@ -461,4 +464,5 @@ async def test_calls_a_policy_leaves_out_of_a_step_wait_and_decode_what_they_wou
         assert [got[i].tokens for i in range(len(kws))] == [a.tokens for a in alone]
         assert got["chat"].generated[:10] == alone[0].generated
         assert any(len(c) == 2 for c in chosen)  # the chat and one bulk call, others waited
+        assert any(len(c) > 2 for c in chosen)  # ... until they had waited three steps
         engine.check()

@@ -156,3 +156,15 @@ async def test_an_auto_engine_follows_the_choice_and_stays_within_the_bound(
         exact = await engine.decode(parents=[q], max_tokens=4, ignore_eos=True)
     assert len(auto.generated) == len(exact.generated) == 4
     assert list((tmp_path / "kernels").glob("*.json"))  # cached for the next load
+
+
+def test_a_choices_products_interpolate_its_kernels_timings_between_buckets():
+    timings = {"float16": {1: 0.010, 2: 0.015, 4: math.inf}, "packed": {1: 1.0, 2: 1.0, 4: 0.014}}
+    timings["packed"][8] = 0.016
+    choice = KernelChoice((1, 2, 4, 8), ("float16", "float16", "packed", "packed"), timings)
+    assert choice.products(1) == 0.010
+    assert choice.products(2) == 0.015
+    assert choice.products(3) == pytest.approx(0.5 * (1.0 + 0.014))  # packed's own timings
+    assert choice.products(6) == pytest.approx(0.015)
+    assert choice.products(16) == pytest.approx(0.032)  # beyond the last: in proportion
+    assert KernelChoice((1,), ("float32",)).products(5) == 5.0  # untimed: the rows
