@@ -26,6 +26,10 @@ any back evicts the encodings of messages no running call reads, in the
 policy's order (`Policy.victims`); they are recomputed when read again
 (`corps.engine.memory`, `corps.engine.recompute`).
 
+Successors: after a step that ended a latency-critical call, the loop lets the
+event loop run a few turns (bounded in turns, never in time) before the next
+step, so that the workflow's next call, usually made at once, is in it.
+
 Cancellation: a cancelled waiter marks its job; between steps the loop aborts
 it, which rolls back its partial tokens and frees its slots.
 Shutdown (`close`) aborts queued and running jobs with `EngineClosed`.
@@ -49,7 +53,8 @@ from corps.engine.job import Job
 from corps.engine.policies import Fcfs, Policy, least_recent, started
 from corps.engine.trace import ErrorEvent, FirstToken, Recorder, Step
 
-#: Event-loop turns the idle loop waits for more arrivals before its first step.
+#: Event-loop turns the idle loop waits for more arrivals before its first step, and
+#: the loop waits after a step that ended a latency-critical call (for its successor).
 GATHER_TURNS = 8
 
 
@@ -95,6 +100,7 @@ class Scheduler:
         self._finished: list[Job] = []
         self._tokens: list[tuple[Job, int]] = []
         self._encoded = False  # the last step encoded (StepOutput.encoded), for its timing
+        self._linger = False  # the last step ended a critical call: wait for its successor
         self._closing = False
         self._dead: BaseException | None = None
         self.started = False
@@ -187,6 +193,15 @@ class Scheduler:
                 await anyio.lowlevel.checkpoint()
                 if not self._drain(new):
                     break
+        elif self._linger:
+            # a critical call just ended: its workflow's next call (a chat's reply after
+            # its prompt, an agent's next turn) is a few hops away; without this wait the
+            # next step starts without it, unbounded, and it waits that whole step
+            for _ in range(GATHER_TURNS):
+                await anyio.lowlevel.checkpoint()
+                if self._drain(new):
+                    break
+        self._linger = False
         self._drain(new)
         return new
 
@@ -234,6 +249,7 @@ class Scheduler:
             rec.emit(self._step_event(t0, now))
         for job in self._finished:
             job.end()
+        self._linger = any(j.critical and j.error is None for j in self._finished)
         self._tokens, self._finished, self._encoded = [], [], False
         if self.after_step is not None:
             self.after_step()

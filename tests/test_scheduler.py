@@ -466,3 +466,48 @@ async def test_calls_a_policy_leaves_out_of_a_step_wait_and_decode_what_they_wou
         assert any(len(c) == 2 for c in chosen)  # the chat and one bulk call, others waited
         assert any(len(c) > 2 for c in chosen)  # ... until they had waited three steps
         engine.check()
+
+
+@pytest.mark.parametrize("linger", [True, False])
+async def test_a_critical_calls_successor_joins_the_next_step(tiny_dirs, tmp_path, linger):
+    """In a latency workflow a prompt's reply, asked as soon as the prompt is encoded,
+    is queued before the loop starts its next step (the loop waits a few event-loop
+    turns after a step that ended a critical call), though other calls keep it busy.
+    Without that wait (linger=False: the check fails) the next step starts first."""
+    import json
+
+    from corps.engine import scheduler as sched
+
+    trace = tmp_path / "t.jsonl"
+    async with open_tiny(tiny_dirs, "qwen3", policy="objective", trace=trace) as engine:
+        if not linger:
+            turns, sched.GATHER_TURNS = sched.GATHER_TURNS, 0
+        try:
+            q = await engine.prefill(PROMPTS[1])
+            got = {}
+
+            async def bulk() -> None:
+                got["bulk"] = await engine.decode(parents=[q], max_tokens=40, ignore_eos=True)
+
+            async def chat() -> None:
+                await anyio.sleep(0.02)
+                with engine.workflow("chat", objective="latency"):
+                    p = await engine.prefill(PROMPTS[2])
+                    got["reply"] = await engine.decode(parents=[p], max_tokens=4)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(bulk)
+                tg.start_soon(chat)
+        finally:
+            if not linger:
+                sched.GATHER_TURNS = turns
+    events = [json.loads(line) for line in trace.read_text().splitlines()]
+    reply = got["reply"].id
+    made = {e["message"]: e["call"] for e in events if e["type"] == "end" and e.get("message")}
+    call = made[reply]
+    prompt = next(e["call"] for e in events if e["type"] == "queued" and e["call"] < call
+                  and e["kind"] == "prefill" and e.get("critical"))  # fmt: skip
+    ended = next(e["t"] for e in events if e["type"] == "end" and e["call"] == prompt)
+    queued = next(e["t"] for e in events if e["type"] == "queued" and e["call"] == call)
+    next_step = min(e["t"] for e in events if e["type"] == "step" and e["t"] > ended)
+    assert got["bulk"].generated and (queued < next_step) == linger
