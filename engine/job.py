@@ -11,6 +11,7 @@ import anyio
 
 from corps.cache.handle import Handle
 from corps.cache.messages import CallFigures
+from corps.engine.core import PREFILL_CHUNK
 from corps.engine.errors import CallCancelled
 from corps.engine.planner import Call
 from corps.engine.workflow import Workflow
@@ -56,8 +57,6 @@ class Job:
         """Rows the call brings to its next step: its token when decoding, else the
         rest of its prompt up to a chunk (policies bound steps by it; 1 before it is
         admitted)."""
-        from corps.engine.core import PREFILL_CHUNK  # core imports what imports this
-
         call = self.call
         if call is None or call.pending is not None:
             return 1
