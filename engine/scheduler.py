@@ -101,6 +101,7 @@ class Scheduler:
         self._tokens: list[tuple[Job, int]] = []
         self._encoded = False  # the last step encoded (StepOutput.encoded), for its timing
         self._linger = False  # the last step ended a critical call: wait for its successor
+        self._shape = (0, 0, 0.0)  # the last step's rows, calls stepped, admission seconds
         self._closing = False
         self._dead: BaseException | None = None
         self.started = False
@@ -264,11 +265,15 @@ class Scheduler:
             store_used=used,
             capacity=capacity,
             queue=self.queue_depth() + len(self._held),
+            rows=self._shape[0],
+            stepped=self._shape[1],
+            admit_s=self._shape[2],
         )
 
     def _step_sync(self, new: list[Job], t0: float) -> None:
         """Worker thread: admit new jobs, run one fused step, finish what is done."""
         self._admit(self._held + new, t0)
+        self._shape = (0, 0, time.perf_counter() - t0)
         by_call = {id(j.call): j for j in self._running}
         order = self.policy.step_calls(self.policy.step_order(list(self._running)))
         active = [j.call for j in order if not j.call.done]
@@ -279,6 +284,7 @@ class Scheduler:
                 out = self.core.step(active, budget=budget)
                 seconds = time.perf_counter() - t_step
                 self.policy.observe(out.calls, out.rows, seconds, out.chunks)
+                self._shape = (out.rows, out.calls, self._shape[2])
             except Exception as exc:  # the forward failed: fail this step's jobs, go on
                 for call in active:
                     self.core.abort(call)

@@ -135,6 +135,10 @@ class Step(_Event):
     store_used: int
     capacity: int
     queue: int
+    rows: int = 0  # rows the step planned: decodes, prompt chunks, footers
+    stepped: int = 0  # calls it ran rows of (a policy may leave running ones out)
+    admit_s: float = 0.0  # of `dur`, before the forward: the thread hop and admitting
+    # new calls (planning, gathering contexts, recomputing evicted parents)
 
 
 class ActorEvent(_Event):

@@ -511,3 +511,20 @@ async def test_a_critical_calls_successor_joins_the_next_step(tiny_dirs, tmp_pat
     queued = next(e["t"] for e in events if e["type"] == "queued" and e["call"] == call)
     next_step = min(e["t"] for e in events if e["type"] == "step" and e["t"] > ended)
     assert got["bulk"].generated and (queued < next_step) == linger
+
+
+async def test_step_events_say_what_each_step_ran(tiny_dirs, tmp_path):
+    """Step events carry the rows and calls the step ran and its time before the forward."""
+    from corps.engine.trace_file import Trace
+
+    trace = tmp_path / "t.jsonl"
+    async with open_tiny(tiny_dirs, "llama", trace=trace) as engine:
+        q = await engine.prefill(PROMPTS[3])
+        kws = [dict(parents=[q], max_tokens=5, ignore_eos=True, seed=i) for i in range(3)]
+        await engine.decode_many(kws)
+        encoded = engine.stats().tokens_encoded
+    steps = Trace.load(trace).steps
+    assert steps and all(s.rows >= s.stepped >= 1 for s in steps)
+    assert all(0 <= s.admit_s <= s.dur for s in steps)
+    assert max(s.stepped for s in steps) == 3  # the three decodes in one step
+    assert sum(s.rows for s in steps) >= encoded  # twins' rows are copied, not encoded
