@@ -111,7 +111,17 @@ class Scheduler:
     # ---- submitting (event loop) ----
 
     async def submit(self, job: Job) -> None:
+        """Queue `job`, waiting for room only when the queue is full. With room it is
+        queued at once, with no yield first: a yield lets the loop plan its next step
+        without a call that was already made (and traced as queued)."""
         self._check_open()
+        try:
+            self._send.send_nowait(job)
+            return
+        except anyio.WouldBlock:
+            pass
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            raise self._closed_error() from None
         try:
             await self._send.send(job)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):

@@ -528,3 +528,25 @@ async def test_step_events_say_what_each_step_ran(tiny_dirs, tmp_path):
     assert all(0 <= s.admit_s <= s.dur for s in steps)
     assert max(s.stepped for s in steps) == 3  # the three decodes in one step
     assert sum(s.rows for s in steps) >= encoded  # twins' rows are copied, not encoded
+
+
+async def test_a_call_with_room_is_queued_before_its_caller_yields():
+    """`submit` puts a job in the queue with no yield first when there is room, so the
+    loop cannot plan a step without a call that was already made; a full queue waits."""
+    from corps.engine.job import Job
+
+    sched = Scheduler(core=None, queue_size=1)  # type: ignore[arg-type]  # no loop runs
+    sched.started = True
+    seen = []
+
+    async def other() -> None:  # runs at the submitter's first yield
+        seen.append(sched.queue_depth())
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(other)
+        await sched.submit(Job(request=None))
+        await anyio.lowlevel.checkpoint()
+        assert seen == [1]
+        with anyio.move_on_after(0.05) as scope:  # full: it waits for room
+            await sched.submit(Job(request=None))
+        assert scope.cancelled_caught and sched.queue_depth() == 1
