@@ -104,7 +104,21 @@ class Policy(Protocol):
         """Messages whose encodings may be evicted, in the order they should go."""
 
 
-class Fcfs:
+class _Unbounded:
+    """Steps as the loop plans them: every running call, the engine's whole budget,
+    nothing learnt from the steps run."""
+
+    def step_calls(self, order: list[Any]) -> list[Any]:
+        return order
+
+    def step_budget(self, running: Sequence[Any], budget: int) -> int:
+        return budget
+
+    def observe(self, calls: int, rows: int, seconds: float, chunks: int = 0) -> None:
+        pass
+
+
+class Fcfs(_Unbounded):
     """First come, first served, call by call."""
 
     name = "fcfs"
@@ -117,15 +131,6 @@ class Fcfs:
 
     def step_order(self, running: list[Any]) -> list[Any]:
         return running
-
-    def step_calls(self, order: list[Any]) -> list[Any]:
-        return order
-
-    def step_budget(self, running: Sequence[Any], budget: int) -> int:
-        return budget
-
-    def observe(self, calls: int, rows: int, seconds: float, chunks: int = 0) -> None:
-        pass
 
     def victims(self, candidates: list[Any]) -> list[Any]:
         return least_recent(candidates)
@@ -155,7 +160,7 @@ def started(job: Any) -> float:
 
 
 @dataclass
-class WorkflowFirst:
+class WorkflowFirst(_Unbounded):
     """Earlier workflows first; task groups whole; aged calls first of all."""
 
     aging_s: float = AGING_S
@@ -175,15 +180,6 @@ class WorkflowFirst:
 
     def step_order(self, running: list[Any]) -> list[Any]:
         return sorted(running, key=lambda j: (_started([j]), j.submitted))
-
-    def step_calls(self, order: list[Any]) -> list[Any]:
-        return order
-
-    def step_budget(self, running: Sequence[Any], budget: int) -> int:
-        return budget
-
-    def observe(self, calls: int, rows: int, seconds: float, chunks: int = 0) -> None:
-        pass
 
     def victims(self, candidates: list[Any]) -> list[Any]:
         """The latest-started workflow's messages first: it yields to earlier ones."""

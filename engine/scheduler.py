@@ -47,6 +47,7 @@ import anyio.lowlevel
 import anyio.to_thread
 
 from corps.cache.errors import CacheFullError, StoreTooSmall
+from corps.engine.core import StepOutput
 from corps.engine.errors import EngineBusy, EngineClosed
 from corps.engine.executor import Executor
 from corps.engine.job import Job
@@ -99,9 +100,9 @@ class Scheduler:
         self._incoming: list[Job] = []
         self._finished: list[Job] = []
         self._tokens: list[tuple[Job, int]] = []
-        self._encoded = False  # the last step encoded (StepOutput.encoded), for its timing
+        self._out = StepOutput()  # what the last step ran (its timing, its trace event)
+        self._admit_s = 0.0  # of the last step, seconds before the forward
         self._linger = False  # the last step ended a critical call: wait for its successor
-        self._shape = (0, 0, 0.0)  # the last step's rows, calls stepped, admission seconds
         self._closing = False
         self._dead: BaseException | None = None
         self.started = False
@@ -241,7 +242,7 @@ class Scheduler:
         self._incoming = []
         now = time.perf_counter()
         self.n.step_seconds += now - t0
-        if self._encoded:
+        if self._out.encoded:
             self.n.encode_seconds += now - t0
         self.n.forward_seconds += self.core.forward_seconds - forward0
         rec = self.rec
@@ -261,7 +262,7 @@ class Scheduler:
         for job in self._finished:
             job.end()
         self._linger = any(j.critical and j.error is None for j in self._finished)
-        self._tokens, self._finished, self._encoded = [], [], False
+        self._tokens, self._finished, self._out = [], [], StepOutput()
         if self.after_step is not None:
             self.after_step()
 
@@ -275,15 +276,15 @@ class Scheduler:
             store_used=used,
             capacity=capacity,
             queue=self.queue_depth() + len(self._held),
-            rows=self._shape[0],
-            stepped=self._shape[1],
-            admit_s=self._shape[2],
+            rows=self._out.rows,
+            stepped=self._out.calls,
+            admit_s=self._admit_s,
         )
 
     def _step_sync(self, new: list[Job], t0: float) -> None:
         """Worker thread: admit new jobs, run one fused step, finish what is done."""
         self._admit(self._held + new, t0)
-        self._shape = (0, 0, time.perf_counter() - t0)
+        self._admit_s = time.perf_counter() - t0
         by_call = {id(j.call): j for j in self._running}
         order = self.policy.step_calls(self.policy.step_order(list(self._running)))
         active = [j.call for j in order if not j.call.done]
@@ -294,7 +295,6 @@ class Scheduler:
                 out = self.core.step(active, budget=budget)
                 seconds = time.perf_counter() - t_step
                 self.policy.observe(out.calls, out.rows, seconds, out.chunks)
-                self._shape = (out.rows, out.calls, self._shape[2])
             except Exception as exc:  # the forward failed: fail this step's jobs, go on
                 for call in active:
                     self.core.abort(call)
@@ -303,7 +303,7 @@ class Scheduler:
                 for call, exc in out.failed:
                     by_call[id(call)].error = exc
                 self._tokens = [(by_call[id(c)], tok) for c, tok in out.tokens]
-                self._encoded = out.encoded
+                self._out = out
                 self.n.steps += 1
                 self.n.calls_in_steps += len(active)
         for job in [j for j in self._running if j.call.done]:
