@@ -652,7 +652,7 @@ def _cpu_kernels(model: str, remeasure: bool) -> None:
     choice = tuning.choose_fastest(timings)
     exact = tuning.choose(timings, tuning.EXACT)
     table = bk.cpu_table(timings, choice, cpu=tuning.cpu_name(), cache=str(path), exact=exact)
-    Console(width=max(120, Console().width)).print(table)
+    Console(width=max(150, Console().width)).print(table)
     if fresh:
         Console().print("[dim](timed now; later loads read the cache)[/]")
 

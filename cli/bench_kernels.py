@@ -221,9 +221,10 @@ def cpu_table(timings, choice, *, cpu: str, cache: str, exact) -> Any:
 
     buckets = choice.buckets
     t = Table(title=f"product kernels on {cpu} (ms per step's products; bold: dtype=auto)")
-    t.add_column("kernel")
+    wide = max(map(len, timings), default=8)  # kernel names are never cut
+    t.add_column("kernel", no_wrap=True, min_width=wide)
     for b in buckets:
-        t.add_column(f"{b} rows", justify="right")
+        t.add_column(f"{b} rows", justify="right", no_wrap=True, min_width=wide)
     for kernel, by_rows in timings.items():
         cells = []
         for b in buckets:

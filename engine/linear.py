@@ -51,7 +51,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from corps.engine.tuning import KernelChoice, layouts, packed_product, product
+from corps.engine.tuning import PACKED, KernelChoice, layouts, packed_product, product
 
 #: In mixed precision, products of at most this many rows use the float16 weights
 #: (one row only where the bfloat16 weights are prepacked: see `Linear.few_rows`).
@@ -165,34 +165,40 @@ def fast_bfloat16(device: torch.device) -> bool:
 
 
 def onednn_pack(w: Tensor) -> Tensor | None:
-    """W (N, K) bfloat16 in oneDNN's blocked layout for any row count, or None where
-    this torch or device has no working oneDNN linear (then `F.linear` takes W)."""
-    if w.device.type != "cpu" or not _onednn_linear_works():
+    """W (N, K) bfloat16 or float32 in oneDNN's blocked layout for any row count, or
+    None where this torch or device has no working oneDNN linear of that dtype (then
+    `F.linear` takes W)."""
+    if w.device.type != "cpu" or not _onednn_linear_works(w.dtype):
         return None
     return torch.ops.mkldnn._reorder_linear_weight(w, None)
 
 
 @functools.cache
-def _onednn_linear_works() -> bool:
-    """Probe once per process: oneDNN's prepacked bfloat16 linear exists here and
-    gives what `F.linear` gives (these are torch's private ops, used by inductor)."""
+def _onednn_linear_works(dtype: torch.dtype) -> bool:
+    """Probe once per process and dtype: oneDNN's prepacked linear exists here and
+    gives what `F.linear` gives (these are torch's private ops, used by inductor):
+    bit for bit in bfloat16, to float32 rounding in float32 (sums may be ordered
+    differently)."""
     if not torch.backends.mkldnn.is_available():
         return False
     g = torch.Generator().manual_seed(0)
-    w = torch.randn(48, 32, generator=g).to(torch.bfloat16)
-    x = torch.randn(5, 32, generator=g).to(torch.bfloat16)
+    w = torch.randn(48, 32, generator=g).to(dtype)
+    x = torch.randn(5, 32, generator=g).to(dtype)
     try:
         packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
         y = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
     except (RuntimeError, AttributeError, NotImplementedError):
         return False
-    return bool(torch.equal(y, F.linear(x, w)))
+    ref = F.linear(x, w)
+    if dtype == torch.bfloat16:
+        return bool(torch.equal(y, ref))
+    return y.shape == ref.shape and bool(torch.allclose(y, ref, rtol=1e-5, atol=1e-5))
 
 
 def unpack_onednn(packed: Tensor, in_features: int) -> Tensor:
-    """W (N, K) bfloat16 back from its blocked layout (`onednn_pack`), exactly: the
-    product of the identity with W has one non-zero term per sum. (N, K)."""
-    eye = torch.eye(in_features, dtype=torch.bfloat16, device=packed.device)  # (K, K)
+    """W (N, K) back from its blocked layout (`onednn_pack`), in its dtype, exactly:
+    the product of the identity with W has one non-zero term per sum. (N, K)."""
+    eye = torch.eye(in_features, dtype=packed.dtype, device=packed.device)  # (K, K)
     wt = torch.ops.mkldnn._linear_pointwise(eye, packed, None, "none", [], "")  # (K, N)
     return wt.t().contiguous()
 
@@ -205,5 +211,5 @@ def one_row_weight(proj: Linear | TunedLinear) -> Tensor:
         w = proj.layouts[kernel]
         if kernel == "float32-t":
             return w.t()  # (N, K) view of W^T
-        return unpack_onednn(w, proj.in_features) if kernel == "bfloat16-packed" else w
+        return unpack_onednn(w, proj.in_features) if kernel in PACKED else w
     return proj.w if proj.few is None else proj.few  # mixed: the float16 gemv, 1 row

@@ -15,8 +15,13 @@ Candidates (activations stay float32; only the weights' format changes):
 
 - `float32-t`: float32 W stored transposed, `x @ W^T` (exact);
 - `float32`: float32 `F.linear` (exact);
+- `float32-packed`: float32 W in oneDNN's blocked layout (exact; where oneDNN works);
 - `float16`, `bfloat16`: 16-bit W, x cast in and the result cast out;
 - `bfloat16-packed`: bfloat16 W in oneDNN's blocked layout (where oneDNN works).
+
+"Exact" kernels compute in float32 (their sums may be ordered differently, so they
+agree with `F.linear` to float32 rounding, not bit for bit). `dtype="float32"` on a
+CPU chooses among them the same way, from the same timings.
 
 The precision bound of "auto" is that of 16-bit weights (the `mixed` dtype):
 float32 everywhere else, and logits within 16-bit rounding of float32 (tested:
@@ -45,9 +50,11 @@ from corps.engine.spec import ModelSpec
 #: smallest bucket >= r (the largest beyond it).
 ROW_BUCKETS = (1, 2, 4, 8, 16, 64, 512)
 #: Every candidate kernel, in the order the table prints them.
-KERNELS = ("float32-t", "float32", "float16", "bfloat16", "bfloat16-packed")
-#: Kernels whose results are float32's own.
-EXACT = ("float32-t", "float32")
+KERNELS = ("float32-t", "float32", "float32-packed", "float16", "bfloat16", "bfloat16-packed")
+#: Kernels that compute in float32 (what dtype="float32" chooses among).
+EXACT = ("float32-t", "float32", "float32-packed")
+#: Kernels reading W in oneDNN's blocked layout, and the dtype it is held in.
+PACKED = {"float32-packed": torch.float32, "bfloat16-packed": torch.bfloat16}
 #: A 16-bit kernel slower than this many times the best timed before it at a bucket
 #: of at least GIVE_UP_ROWS rows is not timed at larger buckets (a float16 gemm of
 #: 512 rows on a CPU without float16 units takes seconds). Below that, a kernel slow
@@ -125,9 +132,12 @@ def available(device: torch.device | str = "cpu") -> tuple[str, ...]:
     """The candidates this torch can run here."""
     from corps.engine.linear import onednn_pack  # (linear imports this module)
 
-    probe = torch.zeros(16, 16, dtype=torch.bfloat16, device=device)
-    packed = onednn_pack(probe) is not None
-    return tuple(k for k in KERNELS if k != "bfloat16-packed" or packed)
+    def works(kernel: str) -> bool:
+        if kernel not in PACKED:
+            return True
+        return onednn_pack(torch.zeros(16, 16, dtype=PACKED[kernel], device=device)) is not None
+
+    return tuple(k for k in KERNELS if works(k))
 
 
 def layouts(w: Tensor, kernels: frozenset[str] | set[str]) -> dict[str, Tensor]:
@@ -143,8 +153,9 @@ def layouts(w: Tensor, kernels: frozenset[str] | set[str]) -> dict[str, Tensor]:
         out["float16"] = w.to(torch.float16)
     if "bfloat16" in kernels:
         out["bfloat16"] = w.to(torch.bfloat16)
-    if "bfloat16-packed" in kernels:
-        out["bfloat16-packed"] = onednn_pack(w.to(torch.bfloat16))
+    for kernel, dtype in PACKED.items():
+        if kernel in kernels:
+            out[kernel] = onednn_pack(w.to(dtype))
     return out
 
 
@@ -154,16 +165,18 @@ def product(kernel: str, x: Tensor, w: Tensor) -> Tensor:
         return x @ w
     if kernel == "float32":
         return F.linear(x, w)
+    if kernel == "float32-packed":
+        return packed_product(x, w)
     if kernel == "bfloat16-packed":
         return packed_product(x.to(torch.bfloat16), w).to(x.dtype)
     return F.linear(x.to(w.dtype), w).to(x.dtype)  # float16 / bfloat16
 
 
-def packed_product(x: Tensor, w: Tensor) -> Tensor:
-    """x (M, K) bfloat16 times W held in oneDNN's blocked layout (`onednn_pack`):
-    (M, N) bfloat16. Eager only: a captured step reads plain weights that inductor
-    packs itself (`corps.engine.step_module`)."""
-    return torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
+def packed_product(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
+    """x (M, K) times W held in oneDNN's blocked layout (`onednn_pack`), plus b (N,)
+    if given, all in W's dtype (float32 or bfloat16): (M, N) in that dtype. A captured
+    step calls it only for float32 (`corps.engine.step_module`)."""
+    return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
 
 
 def step_shapes(spec: ModelSpec) -> list[tuple[int, int, int]]:
@@ -317,11 +330,17 @@ def auto_choice(spec: ModelSpec, cache_dir: Path, **kw) -> KernelChoice:
 def weight_format(
     dtype: str, spec: ModelSpec, device: str, cache_dir: Path, **kw
 ) -> tuple[bool, KernelChoice | None]:
-    """How `dtype` holds the projections' weights: (mixed, measured choice). "auto" on a
-    CPU is the choice measured here; elsewhere "auto" is "mixed"; other dtypes neither."""
+    """How `dtype` holds the projections' weights: (mixed, measured choice). On a CPU,
+    "auto" is the fastest choice measured here and "float32" the fastest among the
+    float32 kernels (`EXACT`), from the same timings; elsewhere "auto" is "mixed" and
+    "float32" plain float32; other dtypes neither."""
+    on_cpu = str(device).startswith("cpu")
+    if dtype == "float32" and on_cpu:
+        timings, _, _ = cached_timings(spec, cache_dir, **kw)
+        return False, choose(timings, [k for k in EXACT if k in timings])
     if dtype != "auto":
         return dtype == "mixed", None
-    if not str(device).startswith("cpu"):
+    if not on_cpu:
         return True, None
     return False, auto_choice(spec, cache_dir, **kw)
 

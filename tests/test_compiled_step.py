@@ -129,6 +129,30 @@ async def test_a_step_over_prepacked_bfloat16_weights_compiles(tiny_dirs, tmp_pa
         assert b.tokens == a.tokens
 
 
+async def test_a_float32_step_over_onednn_packed_weights_compiles(tiny_dirs, tmp_path, monkeypatch):
+    """dtype float32 where oneDNN's packed float32 kernel is fastest (the Zen 4 EPYC
+    chose it for every row count): the graph calls oneDNN on the eager layout, frozen,
+    and gives eager's tokens."""
+    from test_tuning import fake
+
+    from corps.engine import tuning
+
+    if "float32-packed" not in tuning.available():
+        pytest.skip("oneDNN's packed float32 linear is not available in this torch")
+    packed = {b: "float32-packed" for b in tuning.ROW_BUCKETS}
+    monkeypatch.setenv("CORPS_HOME", str(tmp_path))
+    monkeypatch.setattr("corps.engine.build.measure", lambda *a, **k: fake(packed))
+    async with open_tiny(tiny_dirs, "qwen2", dtype="float32") as eager:
+        assert eager._core.runner.w.layers[0].qkv.kernel_for(3) == "float32-packed"
+        want = await _workflow(eager)
+    async with open_tiny(tiny_dirs, "qwen2", dtype="float32", compile=True) as compiled:
+        got = await _workflow(compiled)
+        assert compiled._core.runner.compiled.frozen.layers[0].qkv.packed
+        assert compiled.stats().compiled_steps > 0
+    for a, b in zip(want, got, strict=True):
+        assert b.tokens == a.tokens
+
+
 async def test_a_process_opens_compiled_engines_of_many_models_and_precisions(tiny_dirs):
     """dynamo keeps the graphs of a code object (guarded on shapes, dtypes and kernel
     names, so engines of other models or precisions add their own) and refuses a

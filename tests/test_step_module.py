@@ -18,7 +18,7 @@ def _weights(tiny_hf, tiny_dirs, arch: str, **kwargs):
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
-@pytest.mark.parametrize("one_row", ["float32-t", "float16", "bfloat16-packed"])
+@pytest.mark.parametrize("one_row", ["float32-t", "float32-packed", "float16", "bfloat16-packed"])
 def test_each_projection_gives_the_eager_one_row_product(tiny_hf, tiny_dirs, arch, one_row):
     if one_row not in tuning.available():
         pytest.skip(f"{one_row} is not available in this torch")
@@ -33,9 +33,11 @@ def test_each_projection_gives_the_eager_one_row_product(tiny_hf, tiny_dirs, arc
         x = torch.randn(1, eager.in_features, generator=g)  # (1, K)
         torch.testing.assert_close(step(x), eager(x), rtol=1e-5, atol=1e-5)
     assert frozen.layers[0].qkv.weight.dtype == {
-        "float32-t": torch.float32, "float16": torch.float16,
-        "bfloat16-packed": torch.bfloat16,
+        "float32-t": torch.float32, "float32-packed": torch.float32,
+        "float16": torch.float16, "bfloat16-packed": torch.bfloat16,
     }[one_row]  # fmt: skip
+    # float32-packed: the graph reads the eager layout itself (oneDNN, not MKL)
+    assert frozen.layers[0].qkv.packed == (one_row == "float32-packed")
     assert (frozen.layers[0].q_norm is None) == (arch != "qwen3")
     assert (frozen.layers[0].qkv.bias is None) == (arch != "qwen2")
 
