@@ -386,8 +386,8 @@ def distill(
                 def on_epoch(e: dist.Epoch) -> None:
                     loss = "" if e.train_loss is None else f"train loss {e.train_loss:.3f}, "
                     steps.console.print(
-                        f"epoch {e.epoch}: {loss}validation gap {e.val_gap:.4f} nats/token "
-                        f"({e.seconds:.0f} s)", highlight=False,
+                        f"epoch {e.epoch}: {loss}validation gap {e.val_gap:.4f} nats/token, "
+                        f"training gap {e.train_gap:.4f} ({e.seconds:.0f} s)", highlight=False,
                     )  # fmt: skip
 
                 report = dist.distill(
@@ -398,13 +398,14 @@ def distill(
             _exit(str(exc), 1)
     t = Table(title=f"{name}: validation gap (choreographed - baseline, nats/token)",
               title_justify="left")  # fmt: skip
-    for col in ("epoch", "train loss", "val gap", "val top-1 agree", "seconds", "tok/s"):
+    cols = ("epoch", "train loss", "train gap", "val gap", "val top-1 agree", "seconds", "tok/s")
+    for col in cols:
         t.add_column(col, justify="right")
     for e in report.epochs:
         agree = e.val[-1]["agreement"]
         mark = " *" if e.epoch == report.best_epoch else ""
-        t.add_row(f"{e.epoch}{mark}", _f(e.train_loss), _f(e.val_gap), _f(agree),
-                  _f(e.seconds, 1), _f(e.tokens_per_s, 0))  # fmt: skip
+        t.add_row(f"{e.epoch}{mark}", _f(e.train_loss), _f(e.train_gap), _f(e.val_gap),
+                  _f(agree), _f(e.seconds, 1), _f(e.tokens_per_s, 0))  # fmt: skip
     out.print(t)
     cut = 1 - report.after / report.before if report.before > 0 else float("nan")
     out.print(

@@ -11,8 +11,10 @@ every prefill and decode of the workflow (`corps.engine.differentiable`).
   finishes (a later call with the same file skips the inputs already there).
 - `distill` trains: each epoch goes over the training traces in a seeded order,
   in batches; the validation gap (choreographed minus baseline log-loss per token,
-  `corps.patterns.fidelity`) is measured before training and after each epoch, and
-  the adapter of the best epoch is saved in PEFT's format.
+  `corps.patterns.fidelity`) is measured before training and after each epoch,
+  beside the same gap on as many training traces (whether the adapter fits what it
+  saw but not new traces), and the adapter of the best epoch is saved in PEFT's
+  format.
 """
 
 from __future__ import annotations
@@ -187,6 +189,10 @@ class Epoch:
     val: list[dict[str, Any]]  # fidelity rows per role
     seconds: float = 0.0
     tokens_per_s: float | None = None
+    # the gap on as many training traces as there are validation ones (the first):
+    # far below val_gap means the adapter fits its traces and fails to generalise
+    # (too few traces); close to it, that training has not fit them yet
+    train_gap: float | None = None
 
 
 @dataclass
@@ -248,11 +254,14 @@ def distill(
         total_params=sum(p.numel() for p in model.parameters()),
     )
 
+    probe = list(train[: len(val)])  # training traces whose gap is measured too
+
     def validate(epoch: int, loss: float | None, seconds: float, tps: float | None) -> None:
         model.eval()
         rows = gap_table(replayer, val)
+        fit = gap_table(replayer, probe)[-1].gap
         report.epochs.append(
-            Epoch(epoch, loss, rows[-1].gap, [r.as_dict() for r in rows], seconds, tps)
+            Epoch(epoch, loss, rows[-1].gap, [r.as_dict() for r in rows], seconds, tps, fit)
         )
         if on_epoch is not None:
             on_epoch(report.epochs[-1])

@@ -93,7 +93,17 @@ async def test_a_seeded_distillation_lowers_the_held_out_gap_and_peft_loads_it(t
     assert len(steps) == 12 and steps[-1][:2] == (12, 12)
     assert report.before > 0 and report.after < report.before
     assert [e.epoch for e in report.epochs] == [0, 1, 2, 3]
+    # the training gap: the first 4 training traces (as many as validation ones),
+    # scored by the untrained model at epoch 0, and fitted by training
+    from corps.engine.differentiable import DifferentiableReplay
+    from corps.engine.weights import load_hf
+
+    untrained = DifferentiableReplay(load_hf(tiny_dirs["llama"], dtype=torch.float32))
+    want = distill.gap_table(untrained, traces[:4])[-1].gap
+    assert report.epochs[0].train_gap == pytest.approx(want, abs=1e-6)
+    assert report.epochs[-1].train_gap < report.epochs[0].train_gap
     saved = json.loads((out / "distill.json").read_text())
+    assert saved["epochs"][0]["train_gap"] == report.epochs[0].train_gap
     assert saved["best_epoch"] == report.best_epoch > 0
     assert 0 < report.trainable_params < report.total_params
 
