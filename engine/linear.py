@@ -1,6 +1,10 @@
 """A projection y = x W^T + b whose weight layout follows the fastest CPU kernel.
 
-float32 (the default precision, exact against transformers). Measured on an AVX2
+Engines on a CPU in `auto` or `float32` build `TunedLinear`s from kernels timed on
+the machine (`corps.engine.tuning`); `Linear` holds the fixed rules below, for
+`mixed`, GPUs, and weights built without a measured choice.
+
+float32 (exact against transformers). Measured on an AVX2
 CPU (MKL, 2 threads, SmolLM2-135M, every projection of one forward step, best of 5):
 
     rows      1     2     3     4     8    16    64   512   (ms per step)
