@@ -25,6 +25,7 @@ from typing import Any
 from rich.console import Console
 
 from corps.cli.trace_view import ALL, Filter, Timeline, overview
+from corps.engine.trace import Step
 from corps.engine.trace_file import CallRec, Trace
 
 
@@ -58,10 +59,14 @@ def perfetto(trace: Trace) -> dict[str, Any]:
                 lane_of[c.id] = (pid, tid)
                 events += _call_events(c, tid, now=now, pid=pid)
     events += _flows(trace, lane_of, now)
+    if trace.steps:  # the loop's steps on a track of their own, tid 0, per engine
+        for pid in pids.values():
+            events.append(_meta("thread_name", 0, "engine loop", pid=pid))
     for s, proc in zip(trace.steps, trace.step_processes, strict=True):
         ts, pid = _us(s.t), pids.get(proc, 1)
         events.append(_counter("store tokens", ts, pid, used=s.store_used, capacity=s.capacity))
         events.append(_counter("batch", ts, pid, calls=s.calls, queued=s.queue))
+        events.append(_step_slice(s, ts, pid))
     for lk in trace.leaks:
         events.append(
             dict(ph="i", s="g", pid=1, tid=0, ts=_us(lk.t), name="leak", args=dict(lk.model_dump()))
@@ -71,6 +76,16 @@ def perfetto(trace: Trace) -> dict[str, Any]:
             dict(ph="i", s="g", pid=1, tid=0, ts=_us(e.t), name="error", args=dict(e.model_dump()))
         )
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": h.model_dump()}
+
+
+#: The step event's fields a step slice carries as its args.
+STEP_ARGS = {"calls", "stepped", "rows", "sampled", "queue", "admit_s", "evicted", "recomputed"}
+
+
+def _step_slice(s: Step, ts: float, pid: int) -> dict[str, Any]:
+    """One step of the batching loop as a slice: its width, admission and preemption."""
+    args = s.model_dump(include=STEP_ARGS)
+    return dict(ph="X", pid=pid, tid=0, ts=ts, dur=_us(s.dur), name="step", cat="step", args=args)
 
 
 def _meta(kind: str, tid: int, name: str | None, pid: int = 1, **args: Any) -> dict[str, Any]:

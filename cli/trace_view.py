@@ -18,6 +18,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from corps.engine.trace import Step
 from corps.engine.trace_file import CallRec, Trace, names_of
 
 #: How the timeline draws each phase of a call.
@@ -552,6 +553,45 @@ def totals(trace: Trace, flt: Filter = ALL) -> Table:
     return table
 
 
+def steps(trace: Trace) -> Table | None:
+    """The batching loop's steps per engine (a merged trace's workers apart): how long
+    they took, how wide they were, and how much of them was admission. None when the
+    trace recorded no steps."""
+    by_engine: dict[str | None, list[Step]] = defaultdict(list)
+    for st, proc in zip(trace.steps, trace.step_processes, strict=True):
+        by_engine[proc].append(st)
+    if not by_engine:
+        return None
+    table = Table(box=box.SIMPLE_HEAD, title="steps", padding=(0, 0, 0, 1), pad_edge=False)
+    table.add_column("engine", no_wrap=True)
+    cols = ("steps", "ms p50/p99/max", "rows avg/max", "calls avg/max", "left out", "admit")
+    for col in (*cols, "queue max", "evicted/recomputed"):
+        table.add_column(col, justify="right", no_wrap=True)
+    for proc, sts in by_engine.items():
+        durs = [st.dur * 1000 for st in sts]
+        busy_s = sum(st.dur for st in sts)
+        table.add_row(
+            proc or "engine",
+            str(len(sts)),
+            f"{_pct(durs, 0.5):.1f}/{_pct(durs, 0.99):.1f}/{max(durs):.1f}",
+            f"{sum(st.rows for st in sts) / len(sts):.1f}/{max(st.rows for st in sts)}",
+            f"{sum(st.calls for st in sts) / len(sts):.1f}/{max(st.calls for st in sts)}",
+            str(sum(1 for st in sts if st.stepped < st.calls and st.rows)),
+            f"{sum(st.admit_s for st in sts) / busy_s:.0%}" if busy_s else "-",
+            str(max(st.queue for st in sts)),
+            f"{sum(st.evicted for st in sts)}/{sum(st.recomputed for st in sts)}",
+        )
+    table.caption_justify = "left"
+    table.caption = (
+        "left out: steps that ran rows of fewer calls than were running (a policy "
+        "kept some out to bound the step).  admit: share of step time before the "
+        "forward (thread hop, admitting calls, recomputing evicted parents).  "
+        "evicted/recomputed: tokens whose encodings were dropped to make room, "
+        "and made again to be read"
+    )
+    return table
+
+
 def busy(cs: Iterable[CallRec], now: float) -> float:
     """Seconds during which at least one of `cs` was queued or running."""
     total, reached = 0.0, float("-inf")
@@ -607,6 +647,8 @@ def overview(trace: Trace, flt: Filter = ALL, limit: int = 40) -> Iterator:
     """Everything `corps trace view FILE` shows, in order."""
     yield header(trace)
     yield totals(trace, flt)
+    if (table := steps(trace)) is not None:
+        yield table
     yield Timeline(trace, flt)
     yield lineage(trace, flt, limit)
     yield graph(trace, flt, limit)

@@ -409,6 +409,10 @@ class Core:
         """(store slots used, store capacity), for the loop's step events."""
         return self.store.used_slots, self.store.capacity
 
+    def preempted(self) -> tuple[int, int]:
+        """(tokens evicted, tokens recomputed) so far, for the loop's step events."""
+        return self.memory.tokens_evicted, self.tokens_recomputed
+
     def close(self) -> None:
         """Give the KV memory's tensors back (the engine closed)."""
         self.memory.drop()

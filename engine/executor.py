@@ -64,5 +64,8 @@ class Executor(Protocol):
     def occupancy(self) -> tuple[int, int]:
         """(store slots used, store capacity)."""
 
+    def preempted(self) -> tuple[int, int]:
+        """(tokens evicted, tokens recomputed) since the executor opened."""
+
     def close(self) -> None:
         """Give memory back (the engine closed)."""

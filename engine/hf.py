@@ -155,6 +155,9 @@ class HFExecutor:
     def occupancy(self) -> tuple[int, int]:
         return 0, 0
 
+    def preempted(self) -> tuple[int, int]:
+        return 0, 0  # transformers' own cache: nothing evicted
+
     def close(self) -> None:
         """Nothing held beyond the model (it goes with the engine)."""
 

@@ -107,6 +107,7 @@ class Scheduler:
         self._dead: BaseException | None = None
         self.started = False
         self.n = _Counters()
+        self._preempted = (0, 0)  # the core's (evicted, recomputed) at the last step event
         self.after_step: Callable[[], None] | None = None  # the engine's sweep (event loop)
 
     # ---- submitting (event loop) ----
@@ -268,6 +269,8 @@ class Scheduler:
 
     def _step_event(self, t0: float, now: float) -> Step:
         used, capacity = self.core.occupancy()
+        preempted, self._preempted = self._preempted, self.core.preempted()
+        evicted, recomputed = (b - a for a, b in zip(preempted, self._preempted, strict=True))
         return Step(
             t=self.rec.rel(t0),
             dur=now - t0,
@@ -279,6 +282,8 @@ class Scheduler:
             rows=self._out.rows,
             stepped=self._out.calls,
             admit_s=self._admit_s,
+            evicted=evicted,
+            recomputed=recomputed,
         )
 
     def _step_sync(self, new: list[Job], t0: float) -> None:

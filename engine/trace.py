@@ -139,6 +139,8 @@ class Step(_Event):
     stepped: int = 0  # calls it ran rows of (a policy may leave running ones out)
     admit_s: float = 0.0  # of `dur`, before the forward: the thread hop and admitting
     # new calls (planning, gathering contexts, recomputing evicted parents)
+    evicted: int = 0  # tokens whose encodings the step's admission evicted (preemption)
+    recomputed: int = 0  # tokens of evicted encodings it made again to be read
 
 
 class ActorEvent(_Event):

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from corps.cache.errors import CacheFullError
 from corps.engine.errors import InvalidRequest
 from corps.engine.scheduler import EngineBusy, EngineClosed, Scheduler
+from corps.engine.trace_file import Trace
 
 from conftest import open_tiny
 
@@ -323,18 +324,24 @@ async def _crowd(engine):
     return long.text, back.text, a.length
 
 
-async def test_a_full_store_evicts_and_recomputes_instead_of_failing(tiny_dirs):
+async def test_a_full_store_evicts_and_recomputes_instead_of_failing(tiny_dirs, tmp_path):
     async with open_tiny(tiny_dirs, "llama", capacity=4096) as roomy:
         want = await _crowd(roomy)
     async with open_tiny(tiny_dirs, "llama", capacity=180, evict=False) as strict:
         with pytest.raises(CacheFullError):
             await _crowd(strict)
-    async with open_tiny(tiny_dirs, "llama", capacity=180) as tight:
+    path = tmp_path / "tight.jsonl"
+    async with open_tiny(tiny_dirs, "llama", capacity=180, trace=path) as tight:
         got = await _crowd(tight)
         assert got == want  # the same tokens: the same encodings
         stats = tight.stats()
         assert stats.messages_evicted >= 1 and stats.tokens_recomputed >= got[2]
         tight._core.check()
+    # the trace's step events say which steps evicted and recomputed, and how much
+    steps = Trace.load(path).steps
+    assert sum(s.evicted for s in steps) == stats.tokens_evicted > 0
+    assert sum(s.recomputed for s in steps) == stats.tokens_recomputed > 0
+    assert sum(1 for s in steps if s.evicted) < len(steps)  # only where it happened
 
 
 WORDS = ["red", "sky", "two", "cat", "run", "blue", "sun", "four"]

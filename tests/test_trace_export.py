@@ -44,10 +44,16 @@ def test_perfetto_export_is_valid_for_every_pattern(traces, key):
     events = doc["traceEvents"]
     threads = {e["args"]["name"]: e["tid"] for e in events if e["name"] == "thread_name"}
     agents = {names_of(trace)(c.agent) for c in trace.calls.values()}
+    assert threads.pop("engine loop") == 0  # the loop's steps have a track of their own
     assert {name.split(" (")[0] for name in threads} == agents  # lanes of each agent
     calls = [e for e in events if e.get("cat") == "call" and e["ph"] in "Xb"]
     assert sorted(e["args"]["call"] for e in calls) == sorted(trace.calls)
     assert any(e["ph"] == "C" and e["name"] == "store tokens" for e in events)
+    steps = [e for e in events if e.get("cat") == "step"]
+    assert len(steps) == len(trace.steps) > 0
+    for e, st in zip(steps, trace.steps, strict=True):
+        assert (e["ph"], e["tid"], e["ts"], e["dur"]) == ("X", 0, tx._us(st.t), tx._us(st.dur))
+        assert e["args"]["rows"] == st.rows and e["args"]["stepped"] == st.stepped
 
 
 def _enclosing_call(events: list[dict], tid: int, ts: float) -> int:

@@ -152,3 +152,41 @@ def test_task_groups_show_which_calls_were_submitted_together(traces):
     assert len({groups[c] for c in proposers}) == 1
     text = render(tv.lineage(trace), width=160)
     assert groups[proposers[0]] in text
+
+
+def test_steps_summarise_the_loop_per_engine(traces):
+    """Durations, widths, calls a policy left out and the admission share, per engine
+    (a merged trace's workers apart), computed from the step events."""
+    from corps.engine.trace import Step
+
+    trace = Trace.load(traces["debate"])
+    base = dict(sampled=1, store_used=10, capacity=100)
+    trace.steps = [
+        Step(t=0.0, dur=0.010, calls=2, queue=1, rows=2, stepped=2, admit_s=0.001, **base),
+        Step(
+            t=0.1,
+            dur=0.030,
+            calls=3,
+            queue=4,
+            rows=9,
+            stepped=1,
+            admit_s=0.002,
+            **base,
+            evicted=12,
+            recomputed=5,
+        ),
+        Step(t=0.2, dur=0.020, calls=1, queue=0, rows=1, stepped=1, admit_s=0.003, **base),
+        Step(t=0.3, dur=0.050, calls=5, queue=7, rows=40, stepped=5, admit_s=0.0, **base),
+    ]
+    trace.step_processes = [None, None, None, "worker-2"]
+    text = render(tv.steps(trace), width=200)
+    rows = {line.split()[0]: line.split() for line in text.splitlines() if line.strip()}
+    # engine: 3 steps, ms p50 20 / p99 30 / max 30, rows 4.0 avg / 9 max, calls 2.0 / 3,
+    # one step left a running call out, admission 6 of 60 ms, queue at most 4,
+    # 12 tokens evicted and 5 recomputed
+    want = ["3", "20.0/30.0/30.0", "4.0/9", "2.0/3", "1", "10%", "4", "12/5"]
+    assert rows["engine"][1:] == want
+    want = ["1", "50.0/50.0/50.0", "40.0/40", "5.0/5", "0", "0%", "7", "0/0"]
+    assert rows["worker-2"][1:] == want
+    trace.steps, trace.step_processes = [], []
+    assert tv.steps(trace) is None  # a trace without steps shows no table
