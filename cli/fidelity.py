@@ -316,6 +316,13 @@ def distill(
             "tokens, the paper's; same optimum, more variance)."
         ),
     ] = "distribution",
+    targets: Annotated[
+        str,
+        typer.Option(
+            help="The projections that get LoRA weights: all (default), attention "
+            "(q/k/v/o), mlp (gate/up/down), or comma-separated module names."
+        ),
+    ] = "all",
     set_: Sets = None,
     seed: Seed = 0,
     traces: Annotated[
@@ -340,8 +347,9 @@ def distill(
         lines = lines[: train + val]
         base, chor = _config(model, "baseline", dtype), _config(model, "choreographed", dtype)
         settings = dist.Settings(
-            epochs, rank, alpha, dropout, lr, batch, seed, objective, schedule=schedule
-        )
+            epochs, rank, alpha, dropout, lr, batch, seed, objective, schedule=schedule,
+            targets=dist.targets_of(targets),
+        )  # fmt: skip
     except BadConfig as exc:
         _exit(exc.for_cli())
     except (CorpsError, ValueError) as exc:

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from corps.engine.adapter import TARGETS
 from corps.engine.differentiable import DifferentiableReplay
 from corps.engine.graph import MessageGraph
 from corps.patterns import fidelity
@@ -159,8 +160,15 @@ class Settings:
     # the learning rate over the run's optimizer steps: "constant" (lr throughout),
     # "linear" (from lr down to 0 at the last step) or "cosine" (lr to 0, half a cosine)
     schedule: str = "constant"
+    # the projections that get LoRA weights (module names; `targets_of` reads "attention")
+    targets: tuple[str, ...] = TARGETS
 
     def __post_init__(self) -> None:
+        unknown = [t for t in self.targets if t not in TARGETS]
+        if unknown or not self.targets:
+            raise ValueError(
+                f"targets must be some of {', '.join(TARGETS)}, got {', '.join(self.targets)!r}"
+            )
         if self.objective not in OBJECTIVES:
             raise ValueError(
                 f"objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}"
@@ -169,6 +177,24 @@ class Settings:
             raise ValueError(
                 f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}"
             )
+
+
+#: What `--targets` may name besides module names.
+TARGET_SETS = {
+    "all": TARGETS,
+    "attention": ("q_proj", "k_proj", "v_proj", "o_proj"),
+    "mlp": ("gate_proj", "up_proj", "down_proj"),
+}
+
+
+def targets_of(text: str) -> tuple[str, ...]:
+    """ "all", "attention", "mlp" or comma-separated module names -> module names."""
+    names: list[str] = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        for name in TARGET_SETS.get(part, (part,)):
+            if name not in names:
+                names.append(name)
+    return tuple(names)
 
 
 def lr_factor(schedule: str, step: int, steps: int) -> float:
@@ -243,6 +269,7 @@ def distill(
     model = trainable(
         load_hf(model_path, dtype=torch.float32),
         rank=settings.rank, alpha=settings.alpha, dropout=settings.dropout,
+        targets=settings.targets,
     )  # fmt: skip
     replayer = DifferentiableReplay(model)
     params = [p for p in model.parameters() if p.requires_grad]

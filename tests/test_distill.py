@@ -137,6 +137,15 @@ async def test_on_a_chain_the_soft_loss_is_the_baselines_entropy(tiny_dirs, tmp_
     assert out.soft_loss().item() == pytest.approx(-(rows.exp() * rows).sum().item(), rel=1e-4)
 
 
+def test_targets_name_sets_or_modules():
+    assert distill.targets_of("attention") == ("q_proj", "k_proj", "v_proj", "o_proj")
+    assert distill.targets_of("mlp, q_proj,mlp") == ("gate_proj", "up_proj", "down_proj", "q_proj")
+    assert distill.targets_of("all") == distill.Settings().targets
+    for bad in ("attn", ""):
+        with pytest.raises(ValueError, match="targets must be some of"):
+            distill.Settings(targets=distill.targets_of(bad))
+
+
 def test_an_unknown_objective_is_refused():
     with pytest.raises(ValueError, match="objective must be one of distribution, tokens"):
         distill.Settings(objective="kl")

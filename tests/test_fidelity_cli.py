@@ -43,10 +43,14 @@ def test_fidelity_eval_and_distill_end_to_end(tiny_dirs, tmp_path, pairs):
 
     out = tmp_path / "adapter"
     dist = _invoke("distill", "multi-qa", "--inputs", pairs, "--train", 4, "--val", 2,
-                   "--epochs", 1, "--rank", 2, "--alpha", 4, "--out", out, *common)  # fmt: skip
+                   "--epochs", 1, "--rank", 2, "--alpha", 4, "--targets", "attention",
+                   "--out", out, *common)  # fmt: skip
     assert dist.exit_code == 0, dist.output
     assert "validation gap" in dist.output and "kept epoch" in dist.output
+    assert "training gap" in dist.output and "train gap" in dist.output
     assert (out / "adapter_config.json").exists() and (out / "traces.jsonl").exists()
+    config = json.loads((out / "adapter_config.json").read_text())
+    assert set(config["target_modules"]) == {"q_proj", "k_proj", "v_proj", "o_proj"}
 
     fid2 = _invoke("fidelity", "multi-qa", "--inputs", pairs, "--n", 2, "--adapter", out,
                    *common)  # fmt: skip
@@ -76,6 +80,8 @@ def test_bad_inputs_are_one_line_and_exit_2(tiny_dirs, tmp_path, pairs):
         (["eval", "multi-qa", "--inputs", pairs, "--configs", "hf"], "baseline or choreographed"),
         (["distill", "multi-qa", "--inputs", pairs, "--train", 8, "--val", 2, "--out", tmp_path],
          "needs 10"),
+        (["distill", "multi-qa", "--inputs", pairs, "--train", 1, "--val", 1, "--out", tmp_path,
+          "--targets", "attn"], "targets must be some of q_proj"),
     ]  # fmt: skip
     for args, says in cases:
         r = _invoke(*args, "--model", model)
