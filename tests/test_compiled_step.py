@@ -102,19 +102,25 @@ async def test_a_step_the_graph_refuses_runs_eagerly_and_the_graphs_are_given_up
         assert b.tokens == a.tokens and b.logprobs == a.logprobs
 
 
-async def test_a_step_over_prepacked_bfloat16_weights_compiles(tiny_dirs, tmp_path, monkeypatch):
-    """dtype auto where one row's fastest kernel is oneDNN's prepacked bfloat16 (an Intel
-    Xeon with AMX chose it): the graph reads the plain weight unpacked from the blocked
-    layout, frozen, which inductor packs its own way, and gives eager's tokens."""
+def _a_machine_where_fastest_is(kernel: str, home, monkeypatch) -> None:
+    """Engines opened from now on find `kernel` timed fastest at every row count (in a
+    fresh $CORPS_HOME); skips where this torch cannot run it."""
     from test_tuning import fake
 
     from corps.engine import tuning
 
-    if "bfloat16-packed" not in tuning.available():
-        pytest.skip("oneDNN's prepacked bfloat16 linear is not available in this torch")
-    packed = {b: "bfloat16-packed" for b in tuning.ROW_BUCKETS}
-    monkeypatch.setenv("CORPS_HOME", str(tmp_path))
-    monkeypatch.setattr("corps.engine.build.measure", lambda *a, **k: fake(packed))
+    if kernel not in tuning.available():
+        pytest.skip(f"{kernel} is not available in this torch")
+    timings = fake({b: kernel for b in tuning.ROW_BUCKETS})
+    monkeypatch.setenv("CORPS_HOME", str(home))
+    monkeypatch.setattr("corps.engine.build.measure", lambda *a, **k: timings)
+
+
+async def test_a_step_over_prepacked_bfloat16_weights_compiles(tiny_dirs, tmp_path, monkeypatch):
+    """dtype auto where one row's fastest kernel is oneDNN's prepacked bfloat16 (an Intel
+    Xeon with AMX chose it): the graph reads the plain weight unpacked from the blocked
+    layout, frozen, which inductor packs its own way, and gives eager's tokens."""
+    _a_machine_where_fastest_is("bfloat16-packed", tmp_path, monkeypatch)
     async with open_tiny(tiny_dirs, "qwen2", dtype="auto") as eager:
         want = await _workflow(eager)
     counters = torch._dynamo.utils.counters  # its "inductor" entry may be replaced
@@ -133,15 +139,7 @@ async def test_a_float32_step_over_onednn_packed_weights_compiles(tiny_dirs, tmp
     """dtype float32 where oneDNN's packed float32 kernel is fastest (the Zen 4 EPYC
     chose it for every row count): the graph calls oneDNN on the eager layout, frozen,
     and gives eager's tokens."""
-    from test_tuning import fake
-
-    from corps.engine import tuning
-
-    if "float32-packed" not in tuning.available():
-        pytest.skip("oneDNN's packed float32 linear is not available in this torch")
-    packed = {b: "float32-packed" for b in tuning.ROW_BUCKETS}
-    monkeypatch.setenv("CORPS_HOME", str(tmp_path))
-    monkeypatch.setattr("corps.engine.build.measure", lambda *a, **k: fake(packed))
+    _a_machine_where_fastest_is("float32-packed", tmp_path, monkeypatch)
     async with open_tiny(tiny_dirs, "qwen2", dtype="float32") as eager:
         assert eager._core.runner.w.layers[0].qkv.kernel_for(3) == "float32-packed"
         want = await _workflow(eager)

@@ -160,23 +160,19 @@ def test_steps_summarise_the_loop_per_engine(traces):
     from corps.engine.trace import Step
 
     trace = Trace.load(traces["debate"])
-    base = dict(sampled=1, store_used=10, capacity=100)
+
+    def step(t, ms, calls, queue, rows, stepped, admit_ms, evicted=0, recomputed=0) -> Step:
+        return Step(
+            t=t, dur=ms / 1000, calls=calls, sampled=1, store_used=10, capacity=100,
+            queue=queue, rows=rows, stepped=stepped, admit_s=admit_ms / 1000,
+            evicted=evicted, recomputed=recomputed,
+        )  # fmt: skip
+
     trace.steps = [
-        Step(t=0.0, dur=0.010, calls=2, queue=1, rows=2, stepped=2, admit_s=0.001, **base),
-        Step(
-            t=0.1,
-            dur=0.030,
-            calls=3,
-            queue=4,
-            rows=9,
-            stepped=1,
-            admit_s=0.002,
-            **base,
-            evicted=12,
-            recomputed=5,
-        ),
-        Step(t=0.2, dur=0.020, calls=1, queue=0, rows=1, stepped=1, admit_s=0.003, **base),
-        Step(t=0.3, dur=0.050, calls=5, queue=7, rows=40, stepped=5, admit_s=0.0, **base),
+        step(0.0, 10, calls=2, queue=1, rows=2, stepped=2, admit_ms=1),
+        step(0.1, 30, calls=3, queue=4, rows=9, stepped=1, admit_ms=2, evicted=12, recomputed=5),
+        step(0.2, 20, calls=1, queue=0, rows=1, stepped=1, admit_ms=3),
+        step(0.3, 50, calls=5, queue=7, rows=40, stepped=5, admit_ms=0),
     ]
     trace.step_processes = [None, None, None, "worker-2"]
     text = render(tv.steps(trace), width=200)
