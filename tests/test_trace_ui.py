@@ -57,6 +57,7 @@ async def test_the_other_tabs_hold_totals_graph_and_problems(traces):
     app = TraceApp(Trace.load(traces["prisoners_dilemma"]))
     async with app.run_test(size=(160, 50)):
         assert "critical path" in shown(app, "totals")
+        assert "left out" in shown(app, "totals")  # the steps table, below the totals
         assert "message graph" in shown(app, "graph")
         assert "leak" in shown(app, "problems")
 
