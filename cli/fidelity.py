@@ -323,6 +323,14 @@ def distill(
             "(q/k/v/o), mlp (gate/up/down), or comma-separated module names."
         ),
     ] = "all",
+    scope: Annotated[
+        str,
+        typer.Option(
+            help="Which calls the adapter applies to: all (default), or rewired (only "
+            "calls whose context choreography rewired: parents encoded apart, moved, or "
+            "over context the call does not read; chain calls keep the base model)."
+        ),
+    ] = "all",
     set_: Sets = None,
     seed: Seed = 0,
     traces: Annotated[
@@ -348,7 +356,7 @@ def distill(
         base, chor = _config(model, "baseline", dtype), _config(model, "choreographed", dtype)
         settings = dist.Settings(
             epochs, rank, alpha, dropout, lr, batch, seed, objective, schedule=schedule,
-            targets=dist.targets_of(targets),
+            targets=dist.targets_of(targets), scope=scope,
         )  # fmt: skip
     except BadConfig as exc:
         _exit(exc.for_cli())

@@ -6,6 +6,14 @@ with the Hugging Face model's module names, exactly as `peft` saves them, so
 corps serves an adapter trained elsewhere with peft. `Engine.open(adapter=DIR)`
 merges it into the weights when they load (in float32, before the engine's
 precision path casts them), so serving with an adapter costs nothing per token.
+
+An adapter trained with `scope="rewired"` (`corps distill --scope rewired`) says so
+in a file of ours beside peft's (`corps_adapter.json`, which peft ignores): it is
+meant only for calls whose context choreography rewired (`corps.cache.rewired`).
+The engine then keeps it apart from the weights and adds its low-rank product to
+those calls' rows only (`corps.engine.lora`); every other call runs the base
+model exactly. peft itself knows nothing of scopes: `PeftModel.from_pretrained`
+applies such an adapter to everything.
 """
 
 from __future__ import annotations
@@ -17,6 +25,10 @@ from pathlib import Path
 from corps.engine.errors import BadAdapter
 
 FILES = ("adapter_config.json", "adapter_model.safetensors")
+#: Our own file in an adapter directory: {"scope": "all" | "rewired"}.
+SCOPE_FILE = "corps_adapter.json"
+#: Which calls an adapter applies to: every call, or those whose context is rewired.
+SCOPES = ("all", "rewired")
 #: The projections distillation adapts by default: attention and MLP (the paper).
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -51,6 +63,33 @@ def read_adapter_config(path: str | Path) -> dict:
     return json.loads((Path(path).expanduser() / FILES[0]).read_text())
 
 
+def read_scope(path: str | Path) -> str:
+    """The adapter's scope: "all" unless its directory says otherwise (`SCOPE_FILE`);
+    BadAdapter if that file is unreadable or names no scope we know."""
+    file = Path(path).expanduser() / SCOPE_FILE
+    if not file.is_file():
+        return "all"
+    try:
+        scope = json.loads(file.read_text()).get("scope", "all")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise BadAdapter(f"adapter {str(path)!r}: unreadable {SCOPE_FILE} ({exc})") from None
+    if scope not in SCOPES:
+        raise BadAdapter(
+            f"adapter {str(path)!r}: {SCOPE_FILE} names scope {scope!r}; "
+            f"corps knows {', '.join(SCOPES)}"
+        )
+    return scope
+
+
+def write_scope(path: str | Path, scope: str) -> None:
+    """Record the adapter's scope in its directory (only when it is not "all")."""
+    file = Path(path) / SCOPE_FILE
+    if scope == "all":
+        file.unlink(missing_ok=True)
+    else:
+        file.write_text(json.dumps({"scope": scope}) + "\n")
+
+
 def check_fits(hf, path: str | Path) -> None:
     """BadAdapter unless every tensor of the adapter at `path` names a module of `hf`
     (a loaded transformers model) with matching shapes and the config's rank."""
@@ -58,6 +97,11 @@ def check_fits(hf, path: str | Path) -> None:
 
     config = read_adapter_config(path)
     rank = config.get("r")
+    if read_scope(path) == "rewired" and config.get("use_dora"):
+        raise BadAdapter(
+            f"adapter {str(path)!r}: a DoRA adapter cannot be kept apart from the weights "
+            f"(scope 'rewired' in {SCOPE_FILE}); corps serves it with scope 'all' only"
+        )
     modules = dict(hf.named_modules())
     with safe_open(str(Path(path).expanduser() / FILES[1]), framework="pt") as f:
         names = list(f.keys())
@@ -70,6 +114,11 @@ def check_fits(hf, path: str | Path) -> None:
                 raise BadAdapter(
                     f"adapter {str(path)!r} adapts {module!r}, which this model does not have: "
                     f"it was trained for another architecture"
+                )
+            if read_scope(path) == "rewired" and module.rsplit(".", 1)[-1] not in TARGETS:
+                raise BadAdapter(
+                    f"adapter {str(path)!r} adapts {module!r}; an adapter of scope "
+                    f"'rewired' may adapt only {', '.join(TARGETS)}"
                 )
             shape = tuple(f.get_slice(name).get_shape())
             out_f, in_f = target.weight.shape
@@ -112,6 +161,21 @@ def merge(hf, path: str | Path):
         warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")
         adapted = PeftModel.from_pretrained(hf, str(Path(path).expanduser()))
     return adapted.merge_and_unload()
+
+
+def apart(hf, path: str | Path):
+    """`hf` (a float32 transformers model) as it was, and the adapter at `path`'s
+    factors by module name (`corps.engine.lora.factors_of`), not merged."""
+    from peft import PeftModel
+
+    from corps.engine.lora import factors_of
+
+    check_fits(hf, path)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")
+        adapted = PeftModel.from_pretrained(hf, str(Path(path).expanduser()))
+    factors = factors_of(adapted)
+    return adapted.unload(), factors
 
 
 def trainable(hf, *, rank: int = 64, alpha: int = 32, dropout: float = 0.05, targets=TARGETS):

@@ -63,7 +63,7 @@ def build_batch(plan: list[PlanEntry], device: torch.device) -> Batch:
             mine = feed_rows(c, start, n, t)
             if key is not None:
                 leaders[key] = (c, mine)
-        spans.append(SeqSpan(t, t + n, c.view))
+        spans.append(SeqSpan(t, t + n, c.view, c.adapted))
         c.encoded += n
         rows += mine
         counts.append(len(mine))

@@ -7,7 +7,7 @@ from rich.console import Console
 
 from corps.cache.errors import InvalidRequest
 from corps.cache.kv import KVStore
-from corps.engine.adapter import check_for_model
+from corps.engine.adapter import check_for_model, read_scope
 from corps.engine.attention import select_backend
 from corps.engine.config import DEFAULT_MAX_CAPACITY, DEFAULT_MEMORY_BUDGET, EngineConfig
 from corps.engine.core import Core
@@ -35,7 +35,10 @@ def build_executor(cfg: EngineConfig, console: Console | None = None) -> Executo
     if cfg.mode == "hf":  # reference: transformers generate, one call at a time
         from corps.engine.hf import HFExecutor
 
-        hf = load_hf(path, dtype=dtype, adapter=cfg.adapter).to(cfg.device)
+        # it re-encodes every prompt as text: no context is rewired, so an adapter of
+        # scope "rewired" never applies
+        merged = cfg.adapter if cfg.adapter and read_scope(cfg.adapter) == "all" else None
+        hf = load_hf(path, dtype=dtype, adapter=merged).to(cfg.device)
         core = HFExecutor(hf, tokenizer, spec, model_path=path, precision=cfg.dtype)
     else:
         mixed, choice = _weight_format(cfg, spec, console)

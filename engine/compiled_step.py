@@ -59,6 +59,8 @@ class CompiledDecode:
         part, when the step is a lone one-row step this class serves; else None."""
         if self.disabled or len(batch.spans) != 1 or batch.input_ids.shape[0] != 1:
             return None
+        if batch.spans[0].adapted:  # the graph holds the base weights only
+            return None
         view = batch.spans[0].view
         if view.contiguous:
             n = view.length

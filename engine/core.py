@@ -28,6 +28,7 @@ from corps.cache.errors import CacheFullError
 from corps.cache.handle import Handle
 from corps.cache.kv import KVStore
 from corps.cache.messages import Message, MessageTable
+from corps.cache.rewired import rewired
 from corps.engine.attention import AttentionBackend, select_backend
 from corps.engine.batch import PlanEntry, build_batch, logit_rows, long_tensor, samples
 from corps.engine.chat import ChatFormat
@@ -187,6 +188,7 @@ class Core:
         else:
             call = self.planner.prefill(request)
         call.want_logits = want_logits
+        call.adapted = self.adapted(call.plan)
         if self.prefixes is not None and not call.plan.is_decode and not want_logits:
             call.done = call.text_only = True  # a baseline prefill stores its text only
             return call
@@ -379,6 +381,14 @@ class Core:
         self.memory.drop_view(c)
         self.memory.release_spare(c)
         return handle
+
+    def adapted(self, plan: CallPlan) -> bool:
+        """Whether an adapter kept apart (scope "rewired", `corps.engine.lora`) applies
+        to a call of this plan: a choreographed call whose context is rewired."""
+        if self.runner.w.lora is None or self.mode != "choreographed" or plan.kind == "sink":
+            return False
+        start = len(self.fmt.sink)
+        return rewired(plan.offset, plan.parents, plan.parent_offsets, self.table.get, start)
 
     def abort(self, c: Call) -> None:
         """Give back everything a call holds; the store is as if it never ran."""

@@ -19,7 +19,9 @@ never read each other, whether the engine ran them in one step or not, so
 encoding them one after the other gives what the engine computed in parallel.
 
 The result is each decode's log-probabilities of its sampled tokens, equal to the
-engine's `logprobs=True` in float32 (tests check <= 1e-4).
+engine's `logprobs=True` in float32 (tests check <= 1e-4). With `scope="rewired"`
+a peft model's adapter is on only for the messages whose context choreography
+rewired (`corps.cache.rewired`), as the engine serves such an adapter.
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from corps.cache.rewired import rewired
 from corps.cache.rope import rotate_half
+from corps.engine.adapter import SCOPES
 from corps.engine.graph import MessageGraph, Node
 
 
@@ -66,9 +70,15 @@ class ReplayOutput:
 class DifferentiableReplay:
     """Recomputes a workflow's encodings with `model`, differentiably (see module)."""
 
-    def __init__(self, model) -> None:
+    def __init__(self, model, *, scope: str = "all") -> None:
+        """`scope`: which calls a peft model's adapter applies to: "all", or "rewired"
+        (only calls whose context choreography rewired, `corps.cache.rewired`; the
+        others run the base model, as the engine serves such an adapter)."""
+        if scope not in SCOPES:
+            raise ValueError(f"scope must be one of {', '.join(SCOPES)}, got {scope!r}")
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         self.model = model
+        self.scope = scope
         self.inv_freq = base.model.rotary_emb.inv_freq  # (D/2,)
         self.device = base.model.embed_tokens.weight.device
 
@@ -79,7 +89,10 @@ class DifferentiableReplay:
         at each of a decode's positions (`baseline_logprobs`, without gradient) to the
         replay's: the same target as the sampled tokens' log-loss in expectation, with
         far less variance (distillation's `objective="distribution"`)."""
-        sink = self._encode(list(graph.sink), [], 0, None)[1] if graph.sink else None
+        sink = None
+        if graph.sink:  # the sink reads nothing: a chain, so the base model's under "rewired"
+            with self._base() if self.scope == "rewired" else nullcontext():
+                sink = self._encode(list(graph.sink), [], 0, None)[1]
         enc: dict[int, Encoding] = {}
         out = ReplayOutput({}, {})
         for node in graph.nodes:
@@ -87,7 +100,8 @@ class DifferentiableReplay:
             ctx += [
                 (enc[p], start) for p, start in zip(node.parents, node.parent_offsets, strict=True)
             ]
-            logits, enc[node.id] = self._encode(list(node.tokens), ctx, node.offset, node)
+            with self._adapted(graph, node):
+                logits, enc[node.id] = self._encode(list(node.tokens), ctx, node.offset, node)
             if node.generated:
                 targets = torch.tensor(node.targets, device=self.device)  # (n,)
                 logp = torch.log_softmax(logits.float(), dim=-1)  # (n, V)
@@ -98,6 +112,21 @@ class DifferentiableReplay:
                     out.soft[node.id] = -(p * logp).sum()
         return out
 
+    def _adapted(self, graph: MessageGraph, node: Node):
+        """A context in which `node` is encoded: the adapter off for a chain call
+        under scope "rewired", else as it is."""
+        lookup = graph.by_id.__getitem__
+        if self.scope == "all":
+            return nullcontext()
+        if rewired(node.offset, node.parents, node.parent_offsets, lookup, len(graph.sink)):
+            return nullcontext()
+        return self._base()
+
+    def _base(self):
+        """The adapter off (a plain model has none)."""
+        off = getattr(self.model, "disable_adapter", None)
+        return off() if off is not None else nullcontext()
+
     def baseline_logprobs(self, graph: MessageGraph, node: Node) -> Tensor:
         """The baseline's log-softmax rows (n, V) at a decode's sampled positions: the
         base model (a peft model's adapter off) over the rendered prompt, the sink then
@@ -106,8 +135,7 @@ class DifferentiableReplay:
         ids = prompt + list(node.tokens)
         start = len(prompt) + node.generated_from - 1
         rows = torch.arange(start, start + node.generated, device=self.device)
-        off = self.model.disable_adapter() if hasattr(self.model, "disable_adapter") else None
-        with torch.no_grad(), off if off is not None else nullcontext():
+        with torch.no_grad(), self._base():
             logits = self.model(
                 input_ids=torch.tensor([ids], device=self.device), logits_to_keep=rows
             ).logits[0]

@@ -68,6 +68,7 @@ class Call:
     cached: int = 0  # baseline: leading feed tokens whose slots the radix tree owns now
     pins_held: bool = False
     slots: list[int] = field(default_factory=list)  # slots taken for feed + generated
+    adapted: bool = False  # an adapter kept apart applies to its rows (`Core.adapted`)
     spare: list[int] = field(default_factory=list)  # reserved for tokens not generated yet
     generated: list[int] = field(default_factory=list)
     view: CallView | None = None

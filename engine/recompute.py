@@ -98,4 +98,6 @@ def replay_call(core: Core, m: Message) -> Call:
         prefix=list(m.tokens),
         pinned=parents,
     )
-    return Call(plan, ctx_slots, ctx_pos, list(m.tokens), m.offset, replay=m.spans)
+    call = Call(plan, ctx_slots, ctx_pos, list(m.tokens), m.offset, replay=m.spans)
+    call.adapted = core.adapted(plan)  # as when it was first encoded
+    return call

@@ -68,6 +68,8 @@ class ModelRunner:
             if logits is not None:
                 return logits
         spec, w = self.spec, self.w
+        if w.lora is not None:  # the rows an adapter kept apart applies to, or None
+            w.lora.rows = adapted_rows(batch)
         x = w.embed[batch.input_ids].to(w.dtype)  # (T, E)
         split = split_step(
             self.attention, batch.spans, batch.input_ids.device, self.group_min_saved
@@ -97,6 +99,12 @@ class ModelRunner:
             span.view.advance(span.end - span.start)
         h = rms_norm(x[batch.logit_rows], w.final_norm, spec.rms_norm_eps)
         return w.lm_head(h)  # (N, V)
+
+
+def adapted_rows(batch: ForwardBatch) -> Tensor | None:
+    """The rows (R,) of the batch's adapted spans, or None when it has none."""
+    rows = [r for s in batch.spans if s.adapted for r in range(s.start, s.end)]
+    return torch.tensor(rows, device=batch.input_ids.device) if rows else None
 
 
 def layer_qkv(x, norm, qkv_proj, q_norm, k_norm, cos, sin, hq: int, hkv: int, eps: float):

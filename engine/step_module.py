@@ -34,6 +34,7 @@ class StepProjection(nn.Module):
 
     def __init__(self, proj: Linear | TunedLinear) -> None:
         super().__init__()
+        proj = getattr(proj, "plain", proj)  # an adapter kept apart: its base projection
         # oneDNN's float32 layout as it is, else the plain weight inductor packs itself
         self.packed = isinstance(proj, TunedLinear) and proj.kernel_for(1) == "float32-packed"
         w = proj.layouts["float32-packed"] if self.packed else one_row_weight(proj)

@@ -11,6 +11,7 @@ from torch import Tensor
 from corps.cache.rope import RopeTables
 from corps.engine.errors import ModelNotFound, UnsupportedModel
 from corps.engine.linear import Linear, TunedLinear
+from corps.engine.lora import RowGate, gated
 from corps.engine.spec import ModelSpec
 from corps.engine.tuning import KernelChoice
 
@@ -38,6 +39,8 @@ class Weights:
     final_norm: Tensor  # (E,)
     lm_head: Linear  # E -> V (its weight is the embedding itself when tied)
     rope: RopeTables
+    # an adapter of scope "rewired" kept apart: which rows of a step it applies to
+    lora: RowGate | None = None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -108,11 +111,17 @@ def load_weights(
     `mixed`: projections keep 16-bit weights and pick float16 or bfloat16 by row
     count (see `corps.engine.linear`); everything else stays in `dtype`.
     `choice`: projections use the kernels measured fastest here (`dtype="auto"`).
-    `adapter`: a LoRA adapter directory merged into the weights first (`load_hf`)."""
+    `adapter`: a LoRA adapter directory merged into the weights first (`load_hf`),
+    or, for an adapter of scope "rewired", kept apart (`corps.engine.lora.gated`)."""
+    from corps.engine.adapter import apart, read_scope
 
     spec = read_spec(path)
-    hf = load_hf(path, dtype=dtype, adapter=adapter)
-    return weights_from_hf(hf, spec, device=device, mixed=mixed, choice=choice)
+    if adapter is None or read_scope(adapter) == "all":
+        hf = load_hf(path, dtype=dtype, adapter=adapter)
+        return weights_from_hf(hf, spec, device=device, mixed=mixed, choice=choice)
+    hf, factors = apart(load_hf(path, dtype=torch.float32), adapter)
+    w = weights_from_hf(hf.to(dtype), spec, device=device, mixed=mixed, choice=choice)
+    return gated(w, factors)
 
 
 def load_hf(path: str | Path, *, dtype: torch.dtype, adapter: str | Path | None = None):

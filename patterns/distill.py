@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from corps.engine.adapter import TARGETS
+from corps.engine.adapter import SCOPES, TARGETS
 from corps.engine.differentiable import DifferentiableReplay
 from corps.engine.graph import MessageGraph
 from corps.patterns import fidelity
@@ -162,8 +162,13 @@ class Settings:
     schedule: str = "constant"
     # the projections that get LoRA weights (module names; `targets_of` reads "attention")
     targets: tuple[str, ...] = TARGETS
+    # which calls the adapter applies to: "all", or "rewired" (only calls whose context
+    # choreography rewired, `corps.cache.rewired`; chain calls keep the base model)
+    scope: str = "all"
 
     def __post_init__(self) -> None:
+        if self.scope not in SCOPES:
+            raise ValueError(f"scope must be one of {', '.join(SCOPES)}, got {self.scope!r}")
         unknown = [t for t in self.targets if t not in TARGETS]
         if unknown or not self.targets:
             raise ValueError(
@@ -260,7 +265,7 @@ def distill(
     (epoch 0: none trained; then `out` holds an adapter that changes nothing), save it
     to `out` (PEFT's format) with `distill.json`. `on_step(step, steps, loss, tok/s)`
     after each optimizer step, `on_epoch(epoch)` after each validation."""
-    from corps.engine.adapter import trainable
+    from corps.engine.adapter import trainable, write_scope
     from corps.engine.weights import load_hf
 
     if not train:
@@ -271,7 +276,7 @@ def distill(
         rank=settings.rank, alpha=settings.alpha, dropout=settings.dropout,
         targets=settings.targets,
     )  # fmt: skip
-    replayer = DifferentiableReplay(model)
+    replayer = DifferentiableReplay(model, scope=settings.scope)
     params = [p for p in model.parameters() if p.requires_grad]
     optim = torch.optim.AdamW(params, lr=settings.lr, weight_decay=0.0)
     out = Path(out)
@@ -295,6 +300,7 @@ def distill(
         if rows[-1].gap <= report.epochs[report.best_epoch].val_gap:
             report.best_epoch = epoch
             model.save_pretrained(str(out))
+            write_scope(out, settings.scope)
 
     validate(0, None, 0.0, None)
     order = list(train)

@@ -252,3 +252,44 @@ def shared_views(extra: int = 1, head_dim: int = 64):
         s, p = torch.tensor(slots, dtype=torch.long), torch.tensor(pos, dtype=torch.long)
         views.append(open_view(store, rope, s, p, extra, arena, pool=pool))
     return arena, pool, views, g
+
+
+def peft_adapter(model_dir, out, *, rank: int = 4, seed: int = 0):
+    """An adapter made with peft alone, its B not zero (so it changes the model)."""
+    torch.manual_seed(seed)
+    from corps.engine.adapter import trainable
+
+    lora = trainable(hf_model(model_dir), rank=rank, alpha=8, dropout=0.0)
+    with torch.no_grad():
+        for name, p in lora.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)
+    lora.save_pretrained(str(out))
+    return lora.eval()
+
+
+LOGPROBS = dict(logprobs=True, temperature=1.0, max_tokens=5, ignore_eos=True)
+
+
+async def choreographed_workflow(engine, seed: int = 0):
+    """Repositioning, overlapping parents, parallel siblings and shared contexts."""
+    system = await engine.prefill("you are a helpful assistant", role="system")
+    at = system.offset + system.length
+    q1, q2 = await engine.prefill_many(
+        [
+            dict(message="what is two plus two", parents=[system], new_offset=at),
+            dict(message="name a colour", parents=[system], new_offset=at),
+        ]
+    )  # both at the same offset: they overlap
+    end = at + max(q1.length, q2.length)
+    # siblings decoded in one step over the same parents (a shared context)
+    a1, a2 = await engine.decode_many(
+        [
+            dict(parents=[system, q1], offsets=[None, at], new_offset=end, seed=seed, **LOGPROBS),
+            dict(parents=[system, q1, q2], offsets=[None, at, at], new_offset=end,
+                 seed=seed + 1, **LOGPROBS),
+        ]
+    )  # fmt: skip
+    # a later call reads them in another order, moved elsewhere (repositioning)
+    final = await engine.decode(parents=[q2, a2, a1], header="so:", seed=seed + 2, **LOGPROBS)
+    return [system, q1, q2, a1, a2, final]

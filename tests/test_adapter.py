@@ -7,29 +7,17 @@ import json
 import pytest
 import torch
 
-from corps.engine.adapter import check_fits, read_adapter_config, trainable
+from corps.engine.adapter import check_fits, read_adapter_config
 from corps.engine.config import BadConfig, EngineConfig
 from corps.engine.errors import BadAdapter
 
 from conftest import open_tiny
-from helpers import hf_model
-
-
-def _peft_adapter(model_dir, out, *, rank: int = 4, seed: int = 0):
-    """An adapter made with peft alone, its B not zero (so it changes the model)."""
-    torch.manual_seed(seed)
-    lora = trainable(hf_model(model_dir), rank=rank, alpha=8, dropout=0.0)
-    with torch.no_grad():
-        for name, p in lora.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.05)
-    lora.save_pretrained(str(out))
-    return lora.eval()
+from helpers import hf_model, peft_adapter
 
 
 @pytest.mark.parametrize("mode", ["choreographed", "baseline", "hf"])
 async def test_a_peft_adapter_served_by_corps_gives_peft_logits(tiny_dirs, tmp_path, mode):
-    lora = _peft_adapter(tiny_dirs["qwen2"], tmp_path / "a")
+    lora = peft_adapter(tiny_dirs["qwen2"], tmp_path / "a")
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == [
         "README.md", "adapter_config.json", "adapter_model.safetensors"
     ]  # fmt: skip
@@ -49,7 +37,7 @@ async def test_a_peft_adapter_served_by_corps_gives_peft_logits(tiny_dirs, tmp_p
 
 
 async def test_an_adapter_serves_in_the_16_bit_paths(tiny_dirs, tmp_path):
-    _peft_adapter(tiny_dirs["llama"], tmp_path / "a")
+    peft_adapter(tiny_dirs["llama"], tmp_path / "a")
     for dtype in ("auto", "bfloat16"):
         async with open_tiny(tiny_dirs, "llama", adapter=tmp_path / "a", dtype=dtype) as e:
             q = await e.prefill("hello")
@@ -62,7 +50,7 @@ def test_bad_adapters_fail_in_one_clear_line_before_loading(tiny_dirs, tmp_path)
     (tmp_path / "empty").mkdir()
     with pytest.raises(BadConfig, match=r"has no adapter_config\.json, adapter_model\.safetensors"):
         EngineConfig.of(adapter=tmp_path / "empty")
-    _peft_adapter(tiny_dirs["llama"], tmp_path / "ia3")
+    peft_adapter(tiny_dirs["llama"], tmp_path / "ia3")
     cfg = json.loads((tmp_path / "ia3" / "adapter_config.json").read_text())
     (tmp_path / "ia3" / "adapter_config.json").write_text(json.dumps({**cfg, "peft_type": "IA3"}))
     with pytest.raises(BadAdapter, match="holds a 'IA3' adapter; corps serves LoRA"):
@@ -70,20 +58,20 @@ def test_bad_adapters_fail_in_one_clear_line_before_loading(tiny_dirs, tmp_path)
 
 
 def test_an_adapter_for_another_model_or_rank_is_refused(tiny_dirs, tmp_path):
-    _peft_adapter(tiny_dirs["llama"], tmp_path / "r4", rank=4)
+    peft_adapter(tiny_dirs["llama"], tmp_path / "r4", rank=4)
     cfg_path = tmp_path / "r4" / "adapter_config.json"
     cfg_path.write_text(json.dumps({**json.loads(cfg_path.read_text()), "r": 8}))
     with pytest.raises(BadAdapter, match=r"rank 8 in adapter_config.json"):
         check_fits(hf_model(tiny_dirs["llama"]), tmp_path / "r4")
     other = hf_model(tiny_dirs["llama"])
     other.model.layers = other.model.layers[:1]  # an architecture with fewer layers
-    _peft_adapter(tiny_dirs["llama"], tmp_path / "l")
+    peft_adapter(tiny_dirs["llama"], tmp_path / "l")
     with pytest.raises(BadAdapter, match="which this model does not have"):
         check_fits(other, tmp_path / "l")
 
 
 async def test_an_engine_with_a_bad_adapter_loads_nothing(tiny_dirs, tmp_path):
-    _peft_adapter(tiny_dirs["llama"], tmp_path / "r4")
+    peft_adapter(tiny_dirs["llama"], tmp_path / "r4")
     cfg_path = tmp_path / "r4" / "adapter_config.json"
     cfg_path.write_text(json.dumps({**json.loads(cfg_path.read_text()), "r": 8}))
     with pytest.raises(BadAdapter, match="rank 8"):

@@ -9,38 +9,13 @@ from corps.engine.differentiable import DifferentiableReplay
 from corps.engine.graph import MessageGraph
 
 from conftest import open_tiny
-
-LOGPROBS = dict(logprobs=True, temperature=1.0, max_tokens=5, ignore_eos=True)
-
-
-async def _workflow(engine, seed: int = 0):
-    """Repositioning, overlapping parents, parallel siblings and shared contexts."""
-    system = await engine.prefill("you are a helpful assistant", role="system")
-    at = system.offset + system.length
-    q1, q2 = await engine.prefill_many(
-        [
-            dict(message="what is two plus two", parents=[system], new_offset=at),
-            dict(message="name a colour", parents=[system], new_offset=at),
-        ]
-    )  # both at the same offset: they overlap
-    end = at + max(q1.length, q2.length)
-    # siblings decoded in one step over the same parents (a shared context)
-    a1, a2 = await engine.decode_many(
-        [
-            dict(parents=[system, q1], offsets=[None, at], new_offset=end, seed=seed, **LOGPROBS),
-            dict(parents=[system, q1, q2], offsets=[None, at, at], new_offset=end,
-                 seed=seed + 1, **LOGPROBS),
-        ]
-    )  # fmt: skip
-    # a later call reads them in another order, moved elsewhere (repositioning)
-    final = await engine.decode(parents=[q2, a2, a1], header="so:", seed=seed + 2, **LOGPROBS)
-    return [system, q1, q2, a1, a2, final]
+from helpers import choreographed_workflow
 
 
 @pytest.mark.parametrize("arch", ["llama", "llama-sink", "qwen3", "qwen2"])
 async def test_the_replay_gives_the_engines_log_probabilities(tiny_dirs, tiny_hf, arch):
     async with open_tiny(tiny_dirs, arch) as engine:
-        handles = await _workflow(engine)
+        handles = await choreographed_workflow(engine)
         graph = engine.graph(handles[-1:], pattern="test")  # its ancestors come with it
     assert [n.id for n in graph.nodes] == [h.id for h in handles]
     assert graph.meta == {"pattern": "test"} and graph.sink == tuple(engine.chat.sink)
@@ -55,7 +30,7 @@ async def test_gradients_flow_through_every_parent_encoding(tiny_dirs, tiny_hf):
     """The loss of the last decode alone reaches the weights through its parents:
     zeroing the parents' contribution (no context) changes the gradient."""
     async with open_tiny(tiny_dirs, "llama") as engine:
-        handles = await _workflow(engine)
+        handles = await choreographed_workflow(engine)
         graph = engine.graph(handles)
     hf = tiny_hf["llama"]
     embed = hf.model.embed_tokens.weight
@@ -92,7 +67,7 @@ async def test_the_teacher_is_the_baseline_engines_distribution(tiny_dirs, tiny_
     """`teacher=True` scores each decode against the baseline's next-token
     distribution: at the sampled tokens it is what a baseline engine computes."""
     async with open_tiny(tiny_dirs, "llama-sink") as engine:
-        handles = await _workflow(engine)
+        handles = await choreographed_workflow(engine)
         graph = engine.graph(handles)
     async with open_tiny(tiny_dirs, "llama-sink", mode="baseline") as engine:
         system, q1, _q2 = [await engine.prefill(t, role=r) for t, r in (

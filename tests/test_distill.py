@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from corps.agents import Runtime
-from corps.engine.adapter import trainable
+from corps.engine.adapter import read_scope, trainable
 from corps.engine.differentiable import DifferentiableReplay
 from corps.patterns import distill
 
@@ -118,6 +118,33 @@ async def test_a_seeded_distillation_lowers_the_held_out_gap_and_peft_loads_it(t
         rows = torch.log_softmax(peft_model(torch.tensor([ids])).logits[0].double(), -1)[-4:-1]
     want = [float(r[t]) for r, t in zip(rows, [7, 8, 9], strict=True)]
     assert list(h.logprobs) == pytest.approx(want, abs=1e-4)
+
+
+async def test_an_adapter_of_scope_rewired_leaves_chain_calls_alone(tiny_dirs, tmp_path):
+    traces, _ = await _traces(tiny_dirs, [BLOCKED] * 8 + [CHAIN], tmp_path / "t.jsonl")
+    out = tmp_path / "adapter"
+    settings = distill.Settings(
+        epochs=2, rank=4, alpha=8, dropout=0.0, lr=3e-3, batch=2, scope="rewired"
+    )
+    report = distill.distill(tiny_dirs["llama"], traces[:6], traces[6:8], out, settings)
+    assert report.after < report.before  # the rewired calls' gap is what it trains on
+    assert read_scope(out) == "rewired"
+    chain = traces[8].graph
+    from peft import PeftModel
+
+    from corps.engine.weights import load_hf
+
+    adapted = PeftModel.from_pretrained(hf_model(tiny_dirs["llama"]), str(out)).eval()
+    plain = load_hf(tiny_dirs["llama"], dtype=torch.float32)
+    with torch.no_grad():
+        got = DifferentiableReplay(adapted, scope="rewired").run(chain).logprobs
+        want = DifferentiableReplay(plain).run(chain).logprobs
+        everywhere = DifferentiableReplay(adapted).run(chain).logprobs  # peft's own way
+    for k in want:
+        assert torch.equal(got[k], want[k])
+        assert (everywhere[k] - want[k]).abs().max() > 1e-4
+    with pytest.raises(ValueError, match="scope must be one of all, rewired"):
+        distill.Settings(scope="some")
 
 
 def test_distilling_nothing_is_refused(tiny_dirs, tmp_path):

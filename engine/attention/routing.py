@@ -30,6 +30,7 @@ class SeqSpan:
     start: int
     end: int
     view: CallView
+    adapted: bool = False  # the rows take an adapter kept apart (`corps.engine.lora`)
 
 
 def split_step(

@@ -1,0 +1,138 @@
+"""An adapter kept apart from the weights, applied to some rows of a step only.
+
+An adapter of scope "rewired" (`corps.engine.adapter`) is for the calls whose
+context choreography rewired (`corps.cache.rewired`): a step may hold rows of such
+calls beside rows of chain calls, which must run the base model exactly. So it is
+not merged: each adapted projection becomes a `GatedLoRA`, the base projection
+(any kernel, untouched) plus the adapter's low-rank product, added to the rows the
+step's `RowGate` names (the runner sets them from the step's spans). The product
+runs in float32 whatever the weights' precision; its cost is two thin matmuls
+over the adapted rows (rank 64: ~2% of a projection's multiply-adds).
+
+The fused projections (q, k, v stacked; gate and up stacked) take their members'
+factors stacked: A (sum of ranks, K) and B (N, sum of ranks), block-diagonal with
+each member's B (scaling folded in) in its output rows; a member without adapter
+weights gets no block.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+#: Each fused projection of ours and the Hugging Face modules it stacks, in order.
+FUSED = {
+    "qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "o": ("self_attn.o_proj",),
+    "gate_up": ("mlp.gate_proj", "mlp.up_proj"),
+    "down": ("mlp.down_proj",),
+}
+
+
+class RowGate:
+    """The rows (R,) of the step being run that the adapter applies to, or None."""
+
+    def __init__(self) -> None:
+        self.rows: Tensor | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Factors:
+    """One HF module's adapter: y += (x @ a.T) @ b.T, scaling folded into b."""
+
+    a: Tensor  # (r, K) float32
+    b: Tensor  # (N, r) float32
+
+
+class GatedLoRA:
+    """`base` (a projection: x (M, K) -> (M, N)) plus a low-rank delta on the gate's rows."""
+
+    def __init__(self, base, a: Tensor, b: Tensor, gate: RowGate) -> None:
+        self.plain = base  # the projection as the base model has it
+        self.a = a  # (R, K) float32
+        self.b = b  # (N, R) float32
+        self.gate = gate
+
+    def __call__(self, x: Tensor) -> Tensor:
+        y = self.plain(x)  # (M, N)
+        rows = self.gate.rows
+        if rows is None:
+            return y
+        delta = (x.index_select(0, rows).to(self.a.dtype) @ self.a.T) @ self.b.T  # (R, N)
+        return y.index_add(0, rows, delta.to(y.dtype))
+
+    @property
+    def weight_bytes(self) -> int:
+        extra = sum(t.numel() * t.element_size() for t in (self.a, self.b))
+        return self.plain.weight_bytes + extra
+
+    def __getattr__(self, name: str):
+        return getattr(self.plain, name)  # in_features, b, layouts, ... of the base
+
+
+def stacked(members: Sequence[Factors | None], sizes: Sequence[int]) -> tuple[Tensor, Tensor]:
+    """A (sum r, K) and block-diagonal B (sum N, sum r) of a fused projection whose
+    members have output sizes `sizes` (a member None: no adapter there)."""
+    present = [(i, f) for i, f in enumerate(members) if f is not None]
+    ranks = [f.a.shape[0] for _, f in present]
+    a = torch.cat([f.a for _, f in present])  # (R, K)
+    b = torch.zeros(sum(sizes), sum(ranks), dtype=a.dtype, device=a.device)  # (N, R)
+    col = 0
+    for (i, f), r in zip(present, ranks, strict=True):
+        row = sum(sizes[:i])
+        b[row : row + sizes[i], col : col + r] = f.b
+        col += r
+    return a, b
+
+
+def gated(weights, factors: Mapping[str, Factors]):
+    """`weights` (corps.engine.weights.Weights) with every projection the adapter
+    touches wrapped in a `GatedLoRA` over one shared `RowGate` (`weights.lora`).
+    `factors` by HF module name ("model.layers.3.self_attn.q_proj")."""
+    gate = RowGate()
+    layers = []
+    for i, lw in enumerate(weights.layers):
+        changes = {}
+        for ours, modules in FUSED.items():
+            members = [factors.get(f"model.layers.{i}.{m}") for m in modules]
+            if all(f is None for f in members):
+                continue
+            sizes = [_out_size(f, m, weights.spec) for f, m in zip(members, modules, strict=True)]
+            a, b = stacked(members, sizes)
+            device = weights.device
+            changes[ours] = GatedLoRA(getattr(lw, ours), a.to(device), b.to(device), gate)
+        layers.append(dataclasses.replace(lw, **changes))
+    return dataclasses.replace(weights, layers=tuple(layers), lora=gate)
+
+
+def _out_size(f: Factors | None, module: str, spec) -> int:
+    """A member's output features (from its factors, or the model's spec)."""
+    if f is not None:
+        return f.b.shape[0]
+    d = spec.head_dim
+    return {
+        "self_attn.q_proj": spec.num_heads * d,
+        "self_attn.k_proj": spec.num_kv_heads * d,
+        "self_attn.v_proj": spec.num_kv_heads * d,
+        "mlp.gate_proj": spec.intermediate_size,
+        "mlp.up_proj": spec.intermediate_size,
+    }[module]
+
+
+def factors_of(peft_model) -> dict[str, Factors]:
+    """Every LoRA layer's factors of a loaded peft model (adapter "default"), by the
+    HF model's module name, scaling folded into B; in float32."""
+    out = {}
+    for name, module in peft_model.base_model.model.named_modules():
+        a = getattr(module, "lora_A", None)
+        if a is None or "default" not in a:
+            continue
+        scale = module.scaling["default"]
+        out[name] = Factors(
+            a["default"].weight.detach().float().clone(),
+            (module.lora_B["default"].weight.detach().float() * scale).clone(),
+        )
+    return out

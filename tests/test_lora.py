@@ -1,0 +1,104 @@
+"""An adapter kept apart (corps.engine.lora): scope "rewired", served and replayed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from corps.engine.adapter import SCOPE_FILE, read_scope, write_scope
+from corps.engine.differentiable import DifferentiableReplay
+from corps.engine.errors import BadAdapter
+from corps.engine.lora import Factors, stacked
+
+from conftest import open_tiny
+from helpers import LOGPROBS, choreographed_workflow, hf_model, peft_adapter
+
+
+def test_stacked_factors_give_each_members_product_in_its_rows():
+    torch.manual_seed(0)
+    q = Factors(torch.randn(2, 6), torch.randn(4, 2))
+    v = Factors(torch.randn(3, 6), torch.randn(5, 3))
+    a, b = stacked([q, None, v], [4, 2, 5])  # k has no adapter
+    x = torch.randn(7, 6)
+    got = (x @ a.T) @ b.T  # (7, 11)
+    want = torch.cat([(x @ q.a.T) @ q.b.T, torch.zeros(7, 2), (x @ v.a.T) @ v.b.T], dim=1)
+    assert torch.allclose(got, want, atol=1e-6)
+
+
+@pytest.mark.parametrize("arch", ["llama", "llama-sink", "qwen2"])
+async def test_an_adapter_of_scope_rewired_applies_to_rewired_calls_only(tiny_dirs, tmp_path, arch):
+    lora = peft_adapter(tiny_dirs[arch], tmp_path / "a")
+    write_scope(tmp_path / "a", "rewired")
+    async with open_tiny(tiny_dirs, arch, adapter=tmp_path / "a") as engine:
+        handles = await choreographed_workflow(engine)
+        system, q1 = handles[:2]
+        chain = await engine.decode(parents=[system, q1], seed=9, **LOGPROBS)
+        graph = engine.graph([*handles, chain])
+    decodes = [*handles[3:], chain]
+    served = DifferentiableReplay(lora, scope="rewired").run(graph)
+    base = DifferentiableReplay(hf_model(tiny_dirs[arch])).run(graph)
+    for h in decodes:  # the engine computes what the replay under the same scope does
+        assert served.logprobs[h.id].tolist() == pytest.approx(list(h.logprobs), abs=1e-4)
+    # chain calls ran the base model (the first answer too: its question is the longer,
+    # so it sits right after it); the rewired ones (over both questions, or moved) not
+    a1, a2, final = handles[3:]
+    assert q1.length > handles[2].length
+    for h in (chain, a1):
+        assert base.logprobs[h.id].tolist() == pytest.approx(list(h.logprobs), abs=1e-5)
+    for h in (a2, final):
+        assert (base.logprobs[h.id] - torch.tensor(h.logprobs)).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("mode", ["baseline", "hf"])
+async def test_in_baseline_modes_no_call_is_rewired(tiny_dirs, tmp_path, mode):
+    peft_adapter(tiny_dirs["llama"], tmp_path / "a")
+    write_scope(tmp_path / "a", "rewired")
+    got = []
+    for adapter in (tmp_path / "a", None):
+        async with open_tiny(tiny_dirs, "llama", adapter=adapter, mode=mode) as engine:
+            q = await engine.prefill("hello world")
+            h = await engine.decode(parents=[q], force=[7, 8, 9], logprobs=True)
+            got.append(list(h.logprobs))
+    assert got[0] == pytest.approx(got[1], abs=1e-5)
+
+
+async def test_the_compiled_step_leaves_adapted_calls_to_the_eager_step(tiny_dirs, tmp_path):
+    peft_adapter(tiny_dirs["llama"], tmp_path / "a")
+    write_scope(tmp_path / "a", "rewired")
+
+    async def run(engine):
+        handles = await choreographed_workflow(engine)
+        system, q1 = handles[:2]
+        return [*handles[3:], await engine.decode(parents=[system, q1], seed=9, **LOGPROBS)]
+
+    async with open_tiny(tiny_dirs, "llama", adapter=tmp_path / "a") as eager:
+        handles = await run(eager)
+    async with open_tiny(tiny_dirs, "llama", adapter=tmp_path / "a", compile=True) as engine:
+        again = await run(engine)
+        assert engine.stats().compiled_steps > 0  # the lone chain call's steps
+    for a, b in zip(handles, again, strict=True):
+        assert list(b.logprobs) == pytest.approx(list(a.logprobs), abs=1e-4)
+
+
+def test_the_scope_file(tmp_path):
+    peft_dir = tmp_path / "a"
+    peft_dir.mkdir()
+    assert read_scope(peft_dir) == "all"
+    write_scope(peft_dir, "rewired")
+    assert read_scope(peft_dir) == "rewired"
+    write_scope(peft_dir, "all")
+    assert not (peft_dir / SCOPE_FILE).exists()
+    (peft_dir / SCOPE_FILE).write_text('{"scope": "some"}')
+    with pytest.raises(BadAdapter, match="names scope 'some'"):
+        read_scope(peft_dir)
+    (peft_dir / SCOPE_FILE).write_text("{")
+    with pytest.raises(BadAdapter, match="unreadable"):
+        read_scope(peft_dir)
+
+
+async def test_a_bad_scope_file_fails_before_loading(tiny_dirs, tmp_path):
+    peft_adapter(tiny_dirs["llama"], tmp_path / "a")
+    (tmp_path / "a" / SCOPE_FILE).write_text('{"scope": "nowhere"}')
+    with pytest.raises(BadAdapter, match="nowhere"):
+        async with open_tiny(tiny_dirs, "llama", adapter=tmp_path / "a"):
+            pass
