@@ -51,16 +51,22 @@ def random_ids(vocab: int, n: int) -> list[int]:
     return torch.randint(min(100, vocab // 2), min(1000, vocab), (n,)).tolist()
 
 
-async def ours_probes(engine, decode_tokens: int, prefill_tokens: int) -> dict[str, Probe]:
-    """Our decode of N and of 1 token, and one prefill, as coroutine functions."""
+async def ours_probes(
+    engine, decode_tokens: int, prefill_tokens: int, *, rewired: bool = False
+) -> dict[str, Probe]:
+    """Our decode of N and of 1 token, and one prefill, as coroutine functions.
+    `rewired`: each reads the prompt and a second one encoded apart (a context
+    choreography rewired, `corps.cache.rewired`), where by default they read the
+    prompt alone or nothing (a chain)."""
     q = await engine.prefill(PROMPT)
+    parents = [q, await engine.prefill(PROMPT)] if rewired else [q]
     ids = random_ids(len(engine.tokenizer), prefill_tokens)
 
     async def decode(n: int) -> None:
-        engine.free(await engine.decode(parents=[q], max_tokens=n, ignore_eos=True))
+        engine.free(await engine.decode(parents=parents, max_tokens=n, ignore_eos=True))
 
     async def prefill() -> None:
-        engine.free(await engine.prefill(ids, frame=False))
+        engine.free(await engine.prefill(ids, frame=False, parents=parents if rewired else ()))
 
     return dict(
         decode_n=partial(decode, decode_tokens), decode_1=partial(decode, 1), prefill=prefill

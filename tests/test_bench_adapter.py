@@ -5,7 +5,7 @@ from __future__ import annotations
 from typer.testing import CliRunner
 
 from corps.cli.app import app
-from corps.engine.adapter import trainable
+from corps.engine.adapter import trainable, write_scope
 
 from helpers import hf_model
 
@@ -21,6 +21,21 @@ def test_the_bench_prints_base_and_adapter_side_by_side(tiny_dirs, tmp_path):
     assert r.exit_code == 0, r.output
     assert "merged adapter vs base" in r.output and "adapter / base" in r.output
     assert "decode (8 tok)" in r.output and "prefill (16 tok)" in r.output
+
+
+def test_an_adapter_kept_apart_is_timed_on_chain_and_rewired_calls(tiny_dirs, tmp_path):
+    trainable(hf_model(tiny_dirs["llama"]), rank=2, alpha=4).save_pretrained(str(tmp_path / "a"))
+    write_scope(tmp_path / "a", "rewired")
+    r = CliRunner(env={"COLUMNS": "200"}).invoke(
+        app,
+        ["bench", "adapter", str(tmp_path / "a"), "--model", str(tiny_dirs["llama"]),
+         "--dtype", "float32", "--decode-tokens", "8", "--prefill-tokens", "16",
+         "--repeats", "1"],
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert "adapter kept apart (scope rewired) vs base" in r.output
+    for row in ("decode (8 tok, chain calls)", "prefill (16 tok, rewired calls)"):
+        assert row in r.output
 
 
 def test_a_missing_adapter_is_one_line(tiny_dirs, tmp_path):
