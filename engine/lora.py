@@ -69,8 +69,10 @@ class GatedLoRA:
         extra = sum(t.numel() * t.element_size() for t in (self.a, self.b))
         return self.plain.weight_bytes + extra
 
-    def __getattr__(self, name: str):
-        return getattr(self.plain, name)  # in_features, b, layouts, ... of the base
+    def __getattr__(self, name: str):  # in_features, b, layouts, ... of the base
+        if name == "plain" or name.startswith("__"):  # not set yet (copy, pickle)
+            raise AttributeError(name)
+        return getattr(self.plain, name)
 
 
 def stacked(members: Sequence[Factors | None], sizes: Sequence[int]) -> tuple[Tensor, Tensor]:

@@ -102,3 +102,22 @@ async def test_a_bad_scope_file_fails_before_loading(tiny_dirs, tmp_path):
     with pytest.raises(BadAdapter, match="nowhere"):
         async with open_tiny(tiny_dirs, "llama", adapter=tmp_path / "a"):
             pass
+
+
+def test_a_gated_projection_reads_as_its_base_and_adds_only_on_the_gates_rows():
+    import copy
+
+    from corps.engine.linear import Linear
+    from corps.engine.lora import GatedLoRA, RowGate
+
+    torch.manual_seed(0)
+    base = Linear.of(torch.randn(5, 4), None, mixed=False)
+    gate = RowGate()
+    g = GatedLoRA(base, torch.randn(2, 4), torch.randn(5, 2), gate)
+    x = torch.randn(3, 4)
+    assert torch.equal(g(x), base(x)) and g.in_features == base.in_features
+    gate.rows = torch.tensor([1])
+    y = g(x)
+    assert torch.equal(y[[0, 2]], base(x)[[0, 2]])
+    assert torch.allclose(y[1], base(x)[1] + (x[1] @ g.a.T) @ g.b.T, atol=1e-6)
+    assert copy.copy(g).plain is base
