@@ -33,10 +33,16 @@ FUSED = {
 
 
 class RowGate:
-    """The rows (R,) of the step being run that the adapter applies to, or None."""
+    """The rows (R,) of the step being run that the adapter applies to, or None;
+    `every`: they are all of the step's rows (no gather or scatter needed)."""
 
     def __init__(self) -> None:
         self.rows: Tensor | None = None
+        self.every = False
+
+    def set(self, rows: Tensor | None, total: int) -> None:
+        self.rows = rows
+        self.every = rows is not None and rows.numel() == total
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +67,9 @@ class GatedLoRA:
         rows = self.gate.rows
         if rows is None:
             return y
+        if self.gate.every:  # every row: no gather, one fused multiply-add
+            low = x.to(self.a.dtype) @ self.a.T  # (M, R)
+            return torch.addmm(y.to(self.b.dtype), low, self.b.T).to(y.dtype)
         delta = (x.index_select(0, rows).to(self.a.dtype) @ self.a.T) @ self.b.T  # (R, N)
         return y.index_add(0, rows, delta.to(y.dtype))
 

@@ -69,7 +69,7 @@ class ModelRunner:
                 return logits
         spec, w = self.spec, self.w
         if w.lora is not None:  # the rows an adapter kept apart applies to, or None
-            w.lora.rows = adapted_rows(batch)
+            w.lora.set(adapted_rows(batch), batch.input_ids.shape[0])
         x = w.embed[batch.input_ids].to(w.dtype)  # (T, E)
         split = split_step(
             self.attention, batch.spans, batch.input_ids.device, self.group_min_saved

@@ -116,8 +116,10 @@ def test_a_gated_projection_reads_as_its_base_and_adds_only_on_the_gates_rows():
     g = GatedLoRA(base, torch.randn(2, 4), torch.randn(5, 2), gate)
     x = torch.randn(3, 4)
     assert torch.equal(g(x), base(x)) and g.in_features == base.in_features
-    gate.rows = torch.tensor([1])
+    gate.set(torch.tensor([1]), 3)
     y = g(x)
     assert torch.equal(y[[0, 2]], base(x)[[0, 2]])
     assert torch.allclose(y[1], base(x)[1] + (x[1] @ g.a.T) @ g.b.T, atol=1e-6)
+    gate.set(torch.tensor([0, 1, 2]), 3)  # every row: the fused path, same numbers
+    assert gate.every and torch.allclose(g(x), base(x) + (x @ g.a.T) @ g.b.T, atol=1e-6)
     assert copy.copy(g).plain is base
