@@ -97,7 +97,8 @@ def check_fits(hf, path: str | Path) -> None:
 
     config = read_adapter_config(path)
     rank = config.get("r")
-    if read_scope(path) == "rewired" and config.get("use_dora"):
+    kept_apart = read_scope(path) == "rewired"
+    if kept_apart and config.get("use_dora"):
         raise BadAdapter(
             f"adapter {str(path)!r}: a DoRA adapter cannot be kept apart from the weights "
             f"(scope 'rewired' in {SCOPE_FILE}); corps serves it with scope 'all' only"
@@ -115,7 +116,7 @@ def check_fits(hf, path: str | Path) -> None:
                     f"adapter {str(path)!r} adapts {module!r}, which this model does not have: "
                     f"it was trained for another architecture"
                 )
-            if read_scope(path) == "rewired" and module.rsplit(".", 1)[-1] not in TARGETS:
+            if kept_apart and module.rsplit(".", 1)[-1] not in TARGETS:
                 raise BadAdapter(
                     f"adapter {str(path)!r} adapts {module!r}; an adapter of scope "
                     f"'rewired' may adapt only {', '.join(TARGETS)}"
