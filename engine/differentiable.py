@@ -115,9 +115,9 @@ class DifferentiableReplay:
     def _adapted(self, graph: MessageGraph, node: Node):
         """A context in which `node` is encoded: the adapter off for a chain call
         under scope "rewired", else as it is."""
-        lookup = graph.by_id.__getitem__
         if self.scope == "all":
             return nullcontext()
+        lookup = graph.by_id.__getitem__
         if rewired(node.offset, node.parents, node.parent_offsets, lookup, len(graph.sink)):
             return nullcontext()
         return self._base()
