@@ -267,7 +267,9 @@ def test_mixed_precision_engine_agrees_with_float32_within_16_bit_rounding(tiny_
     ref = one_row["float32"]
     assert (one_row["mixed"] - ref).abs().max() <= 0.005 * ref.abs().max()
     assert not torch.equal(one_row["mixed"], ref)
-    assert sizes["mixed"] < 0.8 * sizes["float32"]  # 4 or 6 bytes per weight, not 8
+    # mixed: 4 bytes a projection weight (two 16-bit layouts) and a float16 embedding;
+    # float32: 4 or 8 (one layout or two, by the kernels measured on this CPU)
+    assert sizes["mixed"] < sizes["float32"]
 
 
 # ---- constrained decoding ----
