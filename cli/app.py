@@ -168,7 +168,8 @@ def bench_adapter(
     prefill_tokens: Annotated[int, typer.Option(min=8)] = 512,
     repeats: Annotated[int, typer.Option(min=1, help="Best of this many runs.")] = 5,
 ) -> None:
-    """Decode and prefill tokens/s with a merged adapter beside the base model."""
+    """Decode and prefill tokens/s with an adapter beside the base model (for one of
+    scope rewired: on chain and on rewired calls, with and without its merged copy)."""
     from corps.cli.bench_adapter import main
 
     try:

@@ -43,7 +43,14 @@ def build_executor(cfg: EngineConfig, console: Console | None = None) -> Executo
     else:
         mixed, choice = _weight_format(cfg, spec, console)
         weights = load_weights(
-            path, dtype=dtype, device=cfg.device, mixed=mixed, choice=choice, adapter=cfg.adapter
+            path,
+            dtype=dtype,
+            device=cfg.device,
+            mixed=mixed,
+            choice=choice,
+            adapter=cfg.adapter,
+            # only choreographed calls read rewired contexts
+            adapter_copy=cfg.adapter_copy and cfg.mode == "choreographed",
         )
         core = Core(
             weights,

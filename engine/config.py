@@ -127,6 +127,15 @@ class EngineConfig(BaseModel):
       targets would.
     - `adapter`: a LoRA adapter directory in PEFT's format (`corps distill --out`, or
       peft's save_pretrained) merged into the weights at load, in every mode and dtype.
+      An adapter of scope "rewired" (`corps distill --scope rewired`) is kept apart
+      and applies only to the calls whose context choreography rewired
+      (`corps.engine.lora`).
+    - `adapter_copy`: for an adapter of scope "rewired", also hold the adapted
+      projections with the adapter merged in (one more copy of them): a step whose
+      rows are all rewired calls then costs what the base model's does, and only
+      steps mixing rewired and chain calls add the adapter's low-rank product
+      (True, the default). False: every rewired row pays for the product, with
+      no second copy of the weights.
     - `admission`: workflow-level admission (`corps.engine.admission`): a pattern's
       run starts only when the store can hold it beside the runs in flight (True,
       the default), so many workflows at once wait rather than fail with
@@ -173,6 +182,7 @@ class EngineConfig(BaseModel):
     policy: PolicyName = "fcfs"
     deduce_objectives: bool = True
     adapter: Path | None = None
+    adapter_copy: bool = True
 
     @field_validator(
         "attention",

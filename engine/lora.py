@@ -56,19 +56,23 @@ class Factors:
 
 
 class GatedLoRA:
-    """`base` (a projection: x (M, K) -> (M, N)) plus a low-rank delta on the gate's rows."""
+    """`base` (a projection: x (M, K) -> (M, N)) plus a low-rank delta on the gate's rows;
+    `merged`: base + b @ a as one projection, for steps whose rows are all adapted."""
 
-    def __init__(self, base, a: Tensor, b: Tensor, gate: RowGate) -> None:
+    def __init__(self, base, a: Tensor, b: Tensor, gate: RowGate, merged=None) -> None:
         self.plain = base  # the projection as the base model has it
         self.a = a  # (R, K) float32
         self.b = b  # (N, R) float32
         self.gate = gate
+        self.merged = merged
 
     def __call__(self, x: Tensor) -> Tensor:
         y = self.plain(x)  # (M, N)
         rows = self.gate.rows
         if rows is None:
             return y
+        if self.gate.every and self.merged is not None:  # every row: the merged weights
+            return self.merged(x)
         if self.gate.every:  # every row: no gather, one fused multiply-add
             low = x.to(self.a.dtype) @ self.a.T  # (M, R)
             return torch.addmm(y.to(self.b.dtype), low, self.b.T).to(y.dtype)
@@ -78,7 +82,8 @@ class GatedLoRA:
     @property
     def weight_bytes(self) -> int:
         extra = sum(t.numel() * t.element_size() for t in (self.a, self.b))
-        return self.plain.weight_bytes + extra
+        copy = 0 if self.merged is None else self.merged.weight_bytes
+        return self.plain.weight_bytes + extra + copy
 
     def __getattr__(self, name: str):  # in_features, b, layouts, ... of the base
         if name == "plain" or name.startswith("__"):  # not set yet (copy, pickle)
@@ -101,13 +106,16 @@ def stacked(members: Sequence[Factors | None], sizes: Sequence[int]) -> tuple[Te
     return a, b
 
 
-def gated(weights, factors: Mapping[str, Factors]):
+def gated(weights, factors: Mapping[str, Factors], merged=None):
     """`weights` (corps.engine.weights.Weights) with every projection the adapter
     touches wrapped in a `GatedLoRA` over one shared `RowGate` (`weights.lora`).
-    `factors` by HF module name ("model.layers.3.self_attn.q_proj")."""
+    `factors` by HF module name ("model.layers.3.self_attn.q_proj"); `merged`: the
+    same model's Weights with the adapter merged in, whose projections the
+    `GatedLoRA`s use for steps of adapted rows only (None: the low-rank product)."""
     gate = RowGate()
     layers = []
     for i, lw in enumerate(weights.layers):
+        copy = None if merged is None else merged.layers[i]
         changes = {}
         for ours, modules in FUSED.items():
             members = [factors.get(f"model.layers.{i}.{m}") for m in modules]
@@ -116,7 +124,8 @@ def gated(weights, factors: Mapping[str, Factors]):
             sizes = [_out_size(f, m, weights.spec) for f, m in zip(members, modules, strict=True)]
             a, b = stacked(members, sizes)
             device = weights.device
-            changes[ours] = GatedLoRA(getattr(lw, ours), a.to(device), b.to(device), gate)
+            whole = None if copy is None else getattr(copy, ours)
+            changes[ours] = GatedLoRA(getattr(lw, ours), a.to(device), b.to(device), gate, whole)
         layers.append(dataclasses.replace(lw, **changes))
     return dataclasses.replace(weights, layers=tuple(layers), lora=gate)
 
@@ -133,6 +142,19 @@ def _out_size(f: Factors | None, module: str, spec) -> int:
         "mlp.gate_proj": spec.intermediate_size,
         "mlp.up_proj": spec.intermediate_size,
     }[module]
+
+
+def merge_into(hf, factors: Mapping[str, Factors]):
+    """A copy of `hf` (a float32 transformers model) with every module's weight
+    plus its factors' product b @ a."""
+    import copy
+
+    out = copy.deepcopy(hf)
+    with torch.no_grad():
+        for name, f in factors.items():
+            weight = out.get_submodule(name).weight  # (N, K)
+            weight += (f.b @ f.a).to(weight.dtype)
+    return out
 
 
 def factors_of(peft_model) -> dict[str, Factors]:

@@ -11,7 +11,7 @@ from torch import Tensor
 from corps.cache.rope import RopeTables
 from corps.engine.errors import ModelNotFound, UnsupportedModel
 from corps.engine.linear import Linear, TunedLinear
-from corps.engine.lora import RowGate, gated
+from corps.engine.lora import RowGate, gated, merge_into
 from corps.engine.spec import ModelSpec
 from corps.engine.tuning import KernelChoice
 
@@ -105,6 +105,7 @@ def load_weights(
     mixed: bool = False,
     choice: KernelChoice | None = None,
     adapter: str | Path | None = None,
+    adapter_copy: bool = True,
 ) -> Weights:
     """Load an HF checkpoint with transformers and keep its tensors in our fused layout.
 
@@ -112,7 +113,8 @@ def load_weights(
     count (see `corps.engine.linear`); everything else stays in `dtype`.
     `choice`: projections use the kernels measured fastest here (`dtype="auto"`).
     `adapter`: a LoRA adapter directory merged into the weights first (`load_hf`),
-    or, for an adapter of scope "rewired", kept apart (`corps.engine.lora.gated`)."""
+    or, for an adapter of scope "rewired", kept apart (`corps.engine.lora.gated`),
+    with a merged copy of the projections it adapts when `adapter_copy`."""
     from corps.engine.adapter import apart, read_scope
 
     spec = read_spec(path)
@@ -120,8 +122,13 @@ def load_weights(
         hf = load_hf(path, dtype=dtype, adapter=adapter)
         return weights_from_hf(hf, spec, device=device, mixed=mixed, choice=choice)
     hf, factors = apart(load_hf(path, dtype=torch.float32), adapter)
+    merged = None
+    if adapter_copy:
+        whole = merge_into(hf, factors).to(dtype)
+        merged = weights_from_hf(whole, spec, device=device, mixed=mixed, choice=choice)
+        del whole
     w = weights_from_hf(hf.to(dtype), spec, device=device, mixed=mixed, choice=choice)
-    return gated(w, factors)
+    return gated(w, factors, merged)
 
 
 def load_hf(path: str | Path, *, dtype: torch.dtype, adapter: str | Path | None = None):

@@ -27,6 +27,7 @@ def _bench(tiny_dirs, tmp_path, scope: str = "all"):
 def test_the_bench_prints_base_and_adapter_side_by_side(tiny_dirs, tmp_path):
     r = _bench(tiny_dirs, tmp_path)
     assert "merged adapter vs base" in r.output and "adapter / base" in r.output
+    assert "no copy" not in r.output
     assert "decode (8 tok)" in r.output and "prefill (16 tok)" in r.output
 
 
@@ -35,6 +36,7 @@ def test_an_adapter_kept_apart_is_timed_on_chain_and_rewired_calls(tiny_dirs, tm
     assert "adapter kept apart (scope rewired) vs base" in r.output
     for row in ("decode (8 tok, chain calls)", "prefill (16 tok, rewired calls)"):
         assert row in r.output
+    assert "no copy / base" in r.output
 
 
 def test_a_missing_adapter_is_one_line(tiny_dirs, tmp_path):

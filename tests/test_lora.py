@@ -25,11 +25,17 @@ def test_stacked_factors_give_each_members_product_in_its_rows():
     assert torch.allclose(got, want, atol=1e-6)
 
 
-@pytest.mark.parametrize("arch", ["llama", "llama-sink", "qwen2"])
-async def test_an_adapter_of_scope_rewired_applies_to_rewired_calls_only(tiny_dirs, tmp_path, arch):
+@pytest.mark.parametrize(
+    "arch, copy", [("llama", True), ("llama", False), ("llama-sink", True), ("qwen2", True)]
+)
+async def test_an_adapter_of_scope_rewired_applies_to_rewired_calls_only(
+    tiny_dirs, tmp_path, arch, copy
+):
+    # copy: the lone rewired call's steps run on the merged weights (the siblings'
+    # shared step, one chain row and one rewired, always adds the low-rank product)
     lora = peft_adapter(tiny_dirs[arch], tmp_path / "a")
     write_scope(tmp_path / "a", "rewired")
-    async with open_tiny(tiny_dirs, arch, adapter=tmp_path / "a") as engine:
+    async with open_tiny(tiny_dirs, arch, adapter=tmp_path / "a", adapter_copy=copy) as engine:
         handles = await choreographed_workflow(engine)
         system, q1 = handles[:2]
         chain = await engine.decode(parents=[system, q1], seed=9, **LOGPROBS)
@@ -47,6 +53,21 @@ async def test_an_adapter_of_scope_rewired_applies_to_rewired_calls_only(tiny_di
         assert base.logprobs[h.id].tolist() == pytest.approx(list(h.logprobs), abs=1e-5)
     for h in (a2, final):
         assert (base.logprobs[h.id] - torch.tensor(h.logprobs)).abs().max() > 1e-3
+
+
+async def test_the_merged_copy_is_held_in_choreographed_mode_only(tiny_dirs, tmp_path):
+    peft_adapter(tiny_dirs["llama"], tmp_path / "a")
+    write_scope(tmp_path / "a", "rewired")
+    held = {}
+    for mode, copy in (("choreographed", True), ("choreographed", False), ("baseline", True)):
+        kw = dict(adapter=tmp_path / "a", adapter_copy=copy, mode=mode)
+        async with open_tiny(tiny_dirs, "llama", **kw) as engine:
+            held[mode, copy] = engine.stats().weight_bytes
+    async with open_tiny(tiny_dirs, "llama") as engine:
+        bare = engine.stats().weight_bytes
+    factors = held["choreographed", False] - bare  # the factors only
+    assert 0 < factors < held["choreographed", True] - held["choreographed", False]
+    assert held["baseline", True] == held["choreographed", False]
 
 
 @pytest.mark.parametrize("mode", ["baseline", "hf"])
@@ -123,3 +144,22 @@ def test_a_gated_projection_reads_as_its_base_and_adds_only_on_the_gates_rows():
     gate.set(torch.tensor([0, 1, 2]), 3)  # every row: the fused path, same numbers
     assert gate.every and torch.allclose(g(x), base(x) + (x @ g.a.T) @ g.b.T, atol=1e-6)
     assert copy.copy(g).plain is base
+
+
+def test_a_gated_projection_with_a_merged_copy_uses_it_for_steps_of_adapted_rows_only():
+    from corps.engine.linear import Linear
+    from corps.engine.lora import GatedLoRA, RowGate
+
+    torch.manual_seed(0)
+    w, a, b = torch.randn(5, 4), torch.randn(2, 4), torch.randn(5, 2)
+    base, merged = Linear.of(w, None, mixed=False), Linear.of(w + b @ a, None, mixed=False)
+    gate = RowGate()
+    g = GatedLoRA(base, a, b, gate, merged)
+    x = torch.randn(3, 4)
+    assert torch.equal(g(x), base(x))
+    gate.set(torch.tensor([0, 2]), 3)  # some rows: base plus the product on them
+    assert torch.equal(g(x)[1], base(x)[1])
+    assert torch.allclose(g(x)[[0, 2]], merged(x)[[0, 2]], atol=1e-5)
+    gate.set(torch.tensor([0, 1, 2]), 3)  # every row: the merged projection itself
+    assert torch.equal(g(x), merged(x))
+    assert g.weight_bytes == base.weight_bytes + merged.weight_bytes + 4 * (8 + 10)
