@@ -67,12 +67,12 @@ class GatedLoRA:
         self.merged = merged
 
     def __call__(self, x: Tensor) -> Tensor:
-        y = self.plain(x)  # (M, N)
         rows = self.gate.rows
-        if rows is None:
-            return y
         if self.gate.every and self.merged is not None:  # every row: the merged weights
             return self.merged(x)
+        y = self.plain(x)  # (M, N)
+        if rows is None:
+            return y
         if self.gate.every:  # every row: no gather, one fused multiply-add
             low = x.to(self.a.dtype) @ self.a.T  # (M, R)
             return torch.addmm(y.to(self.b.dtype), low, self.b.T).to(y.dtype)

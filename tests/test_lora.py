@@ -162,4 +162,7 @@ def test_a_gated_projection_with_a_merged_copy_uses_it_for_steps_of_adapted_rows
     assert torch.allclose(g(x)[[0, 2]], merged(x)[[0, 2]], atol=1e-5)
     gate.set(torch.tensor([0, 1, 2]), 3)  # every row: the merged projection itself
     assert torch.equal(g(x), merged(x))
+    ran = []
+    counted = GatedLoRA(lambda x: ran.append(x) or base(x), a, b, gate, merged)
+    assert torch.equal(counted(x), merged(x)) and not ran  # not the base's product too
     assert g.weight_bytes == base.weight_bytes + merged.weight_bytes + 4 * (8 + 10)
