@@ -17,6 +17,7 @@ from rich.table import Table
 from corps.cache.errors import CorpsError
 from corps.cli import fidelity as fidelity_cli
 from corps.cli import run as run_cli
+from corps.cli.run import CompileGemmsOpt
 from corps.cli.trace_cmd import trace_app
 from corps.engine.adapter import check_adapter_of
 from corps.engine.config import DEFAULT_DTYPE, BadConfig, EngineConfig
@@ -111,13 +112,20 @@ def chat(
             "a compile of tens of seconds at start (not exact)."
         ),
     ] = False,
+    compile_gemms: CompileGemmsOpt = "library",
 ) -> None:
     """Ask one question and stream the answer to the terminal."""
     import anyio
 
     try:  # before loading anything
         config = EngineConfig.of(
-            model, mode=mode, dtype=dtype, device=device, adapter=adapter, compile=compile
+            model,
+            mode=mode,
+            dtype=dtype,
+            device=device,
+            adapter=adapter,
+            compile=compile,
+            compile_gemms=compile_gemms,
         )
         check_adapter_of(config, err)
     except BadConfig as exc:
@@ -197,18 +205,31 @@ def bench_runner(
         bool,
         typer.Option(help="Also measure an engine with the captured decode step (compile=True)."),
     ] = False,
+    compile_gemms: Annotated[
+        str,
+        typer.Option(
+            help="With --compile: comma-separated products of the captured step to measure, "
+            "one engine each: library (oneDNN/MKL) and/or autotune (inductor's own, timed)."
+        ),
+    ] = "library",
 ) -> None:
     """Single-stream decode and prefill tokens/s: our runner next to HF generate."""
     from corps.cli.bench_runner import main
 
     names = [d.strip() for d in dtypes.split(",") if d.strip()]
+    gemms = [g.strip() for g in compile_gemms.split(",") if g.strip()] if compile else []
     try:
         for name in names:
             EngineConfig.of(dtype=name)
     except CorpsError as exc:
         _bad(f"--dtypes: {exc}")
     try:
-        main(model, names, decode_tokens, prefill_tokens, repeats, compile)
+        for g in gemms:
+            EngineConfig.of(compile=True, compile_gemms=g)
+    except BadConfig as exc:
+        _bad(f"--compile-gemms: {exc}")
+    try:
+        main(model, names, decode_tokens, prefill_tokens, repeats, gemms)
     except CorpsError as exc:
         fail(exc)
 

@@ -9,14 +9,16 @@ two (ours, HF, ours, HF, ...) so that this machine's drift hits both alike.
 The "decode bound" row is what a decode step would reach if it did nothing but
 stream the weights once through our projections: the machine's limit. With
 `--compile`, an engine whose lone decode steps run through the captured graph
-(`EngineConfig.compile`) is measured in the same rounds.
+(`EngineConfig.compile`) is measured in the same rounds, one per value of
+`--compile-gemms` (`EngineConfig.compile_gemms`: the library's products, or
+inductor's autotuned ones).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 
 import anyio
@@ -73,8 +75,10 @@ async def ours_probes(
     )
 
 
-def measure_bound(path, dtype: str, repeats: int) -> float:
-    """tok/s if a decode step did nothing but stream the weights through our projections."""
+def measure_bound(path, dtype: str, repeats: int, gemms: str | None = None) -> float:
+    """tok/s if a decode step did nothing but stream the weights through our projections;
+    `gemms` (`EngineConfig.compile_gemms`): through the products a captured step
+    would run (every projection in one graph, compiled as `compile=True` compiles)."""
     from corps.engine.models import corps_home
     from corps.engine.tuning import weight_format
     from corps.engine.weights import load_weights, read_spec, torch_dtype
@@ -83,12 +87,39 @@ def measure_bound(path, dtype: str, repeats: int) -> float:
     w = load_weights(path, dtype=torch_dtype(dtype), device="cpu", mixed=mixed, choice=choice)
     projs = [p for lw in w.layers for p in (lw.qkv, lw.o, lw.gate_up, lw.down)] + [w.lm_head]
     xs = [torch.randn(1, p.in_features, dtype=w.dtype) for p in projs]
+    if gemms is not None:
+        return 1 / best_of({"stream": _compiled_stream(projs, xs, gemms)}, repeats + 2)["stream"]
 
     def stream() -> None:
         for p, x in zip(projs, xs, strict=True):
             p(x)
 
     return 1 / best_of({"stream": stream}, repeats + 2)["stream"]
+
+
+def _compiled_stream(projs, xs, gemms: str) -> Callable[[], None]:
+    """The projections (1, K) -> (1, N) as one graph over frozen weights, compiled now."""
+    from torch import nn
+
+    from corps.engine.step_module import StepProjection, frozen_compile_config
+
+    class Stream(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.projs = nn.ModuleList(StepProjection(p) for p in projs)
+
+        def forward(self, xs: list[torch.Tensor]) -> list[torch.Tensor]:
+            return [p(x) for p, x in zip(self.projs, xs, strict=True)]
+
+    graph = torch.compile(Stream().eval(), fullgraph=True)
+    with torch.inference_mode(), frozen_compile_config(gemms):
+        graph(xs)  # compiles
+
+    def stream() -> None:
+        with torch.inference_mode():
+            graph(xs)
+
+    return stream
 
 
 def hf_probes(path, dtype: torch.dtype, decode_tokens: int, prefill_tokens: int):
@@ -131,11 +162,13 @@ def measure(
     decode_tokens: int,
     prefill_tokens: int,
     repeats: int,
-    compile: bool = False,
+    compile: Sequence[str] = (),
 ):
-    """(ours, HF, bound, compiled): ours and HF as (decode tok/s, prefill tok/s), run
-    alternately; with `compile`, an engine with the captured decode step runs in the
-    same rounds and `compiled` is its (decode tok/s, prefill tok/s), else None."""
+    """(ours, HF, bounds, compiled): ours and HF as (decode tok/s, prefill tok/s), run
+    alternately; for each of `compile` (`EngineConfig.compile_gemms` values) an
+    engine with the captured decode step runs in the same rounds, and `compiled`
+    maps each to its (decode tok/s, prefill tok/s). `bounds`: `measure_bound` by
+    gemms, None for the eager kernels."""
     from contextlib import ExitStack
 
     from anyio.from_thread import start_blocking_portal
@@ -148,14 +181,16 @@ def measure(
         engine = stack.enter_context(
             portal.wrap_async_context_manager(Engine.open(model, dtype=dtype))
         )
-        ours = portal.call(ours_probes, engine, decode_tokens, prefill_tokens)
-        who = ["ours", "hf"]
-        if compile:
+        made = portal.call(ours_probes, engine, decode_tokens, prefill_tokens)
+        probes = {("ours", k): partial(portal.call, f) for k, f in made.items()}
+        for gemms in compile:
             captured = stack.enter_context(
-                portal.wrap_async_context_manager(Engine.open(model, dtype=dtype, compile=True))
+                portal.wrap_async_context_manager(
+                    Engine.open(model, dtype=dtype, compile=True, compile_gemms=gemms)
+                )
             )
-            compiled = portal.call(ours_probes, captured, decode_tokens, prefill_tokens)
-            who.append("compiled")
+            made = portal.call(ours_probes, captured, decode_tokens, prefill_tokens)
+            probes |= {(gemms, k): partial(portal.call, f) for k, f in made.items()}
         hf = hf_probes(engine.model_path, torch_dtype(dtype), decode_tokens, prefill_tokens)
 
         def on_worker(fn):
@@ -164,15 +199,15 @@ def measure(
             spinning on two cores slowed whichever ran second by up to 2x."""
             return partial(portal.call, anyio.to_thread.run_sync, fn)
 
-        probes = {("ours", k): partial(portal.call, f) for k, f in ours.items()}
-        probes |= {("hf", k): on_worker(f) for k, f in hf.items()}  # each round: ours, HF
-        if compile:
-            probes |= {("compiled", k): partial(portal.call, f) for k, f in compiled.items()}
+        probes |= {("hf", k): on_worker(f) for k, f in hf.items()}  # each round: all of them
         t = best_of(probes, repeats)
-        bound = on_worker(partial(measure_bound, engine.model_path, dtype, repeats))()
+        bounds = {
+            g: on_worker(partial(measure_bound, engine.model_path, dtype, repeats, g))()
+            for g in (None, *compile)
+        }
     by = {w: rates({k: v for (x, k), v in t.items() if x == w}, decode_tokens, prefill_tokens)
-          for w in who}  # fmt: skip
-    return by["ours"], by["hf"], bound, by.get("compiled")
+          for w in ("ours", "hf", *compile)}  # fmt: skip
+    return by["ours"], by["hf"], bounds, {g: by[g] for g in compile}
 
 
 def main(
@@ -181,33 +216,33 @@ def main(
     decode_tokens: int,
     prefill_tokens: int,
     repeats: int,
-    compile: bool = False,
+    compile: Sequence[str] = (),
 ) -> None:
     console = Console()
     table = Table(title=f"engine vs HF generate ({model}, CPU threads={torch.get_num_threads()})")
     for col in ("dtype", "metric", "corps tok/s", "HF tok/s", "ratio"):
         table.add_column(col, justify="right")
     for dtype in dtypes:
-        ours, hf, bound, compiled = measure(
+        ours, hf, bounds, compiled = measure(
             model, dtype, decode_tokens, prefill_tokens, repeats, compile
         )
         names = (f"decode ({decode_tokens} tok)", f"prefill ({prefill_tokens} tok)")
         for name, o, h in zip(names, ours, hf, strict=True):
             table.add_row(dtype, name, f"{o:.1f}", f"{h:.1f}", f"{o / h:.2f}x")
-        if compiled is not None:
-            o, h = compiled[0], hf[0]
-            table.add_row(dtype, f"{names[0]}, compiled step", f"{o:.1f}", f"{h:.1f}",
-                          f"{o / h:.2f}x")  # fmt: skip
-        table.add_row(
-            dtype,
-            "decode bound: weights only",
-            f"{bound:.1f}",
-            f"{hf[0]:.1f}",
-            f"{bound / hf[0]:.2f}x",
-        )
-        for name, rate in (("eager", ours[0]), ("compiled step", (compiled or [None])[0])):
-            if rate is not None:
-                console.print(f"{dtype}: decode {name} at {rate / bound:.2f} of the bound")
+        for gemms, (o, _) in compiled.items():
+            table.add_row(dtype, f"{names[0]}, compiled step ({gemms} gemms)", f"{o:.1f}",
+                          f"{hf[0]:.1f}", f"{o / hf[0]:.2f}x")  # fmt: skip
+        for gemms, bound in bounds.items():
+            how = "" if gemms is None else f", in a graph ({gemms} gemms)"
+            table.add_row(dtype, f"decode bound: weights only{how}", f"{bound:.1f}",
+                          f"{hf[0]:.1f}", f"{bound / hf[0]:.2f}x")  # fmt: skip
+        console.print(f"{dtype}: decode eager at {ours[0] / bounds[None]:.2f} of the bound")
+        for g, (rate, _) in compiled.items():
+            own, eager = rate / bounds[g], rate / bounds[None]
+            console.print(
+                f"{dtype}: decode compiled step ({g} gemms) at {own:.2f} of the bound of "
+                f"its own products, {eager:.2f} of the eager kernels' bound"
+            )
     console.print(table)
 
 

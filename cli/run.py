@@ -30,6 +30,16 @@ out = Console()
 err = Console(stderr=True)
 
 
+CompileGemmsOpt = Annotated[
+    str,
+    typer.Option(
+        help="With --compile: the captured step's products. library (oneDNN/MKL) or "
+        "autotune (inductor's own C++ kernels timed against the library's per shape: "
+        "faster on some CPUs, a longer compile)."
+    ),
+]
+
+
 def _exit(message: str, code: int) -> None:
     err.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
     raise typer.Exit(code)
@@ -108,6 +118,7 @@ def run(
             "streams after a compile of tens of seconds when the engine opens (not exact).",
         ),
     ] = False,
+    compile_gemms: CompileGemmsOpt = "library",
     live: Annotated[
         bool | None,
         typer.Option(
@@ -169,6 +180,7 @@ def run(
             policy=policy,
             adapter=adapter,
             compile=compile,
+            compile_gemms=compile_gemms,
         )
         check_adapter_of(config, err)
         if otel_endpoint is not None:

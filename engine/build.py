@@ -65,11 +65,11 @@ def build_executor(cfg: EngineConfig, console: Console | None = None) -> Executo
         )
         core.kernel_choice = choice
         if cfg.compile:
-            _compile_step(core, console)
+            _compile_step(core, console, cfg.compile_gemms)
     return core
 
 
-def _compile_step(core: Core, console: Console | None) -> None:
+def _compile_step(core: Core, console: Console | None, gemms: str = "library") -> None:
     """Capture the lone one-row decode step (`EngineConfig.compile`), saying so."""
     from corps.engine.compiled_step import CompiledDecode
 
@@ -80,7 +80,7 @@ def _compile_step(core: Core, console: Console | None) -> None:
         )
     if console is not None:
         console.print("[dim]compiling the one-row decode step (torch.compile, once per engine)[/]")
-    compiled = CompiledDecode(core.runner.w, core.store, core.arena)
+    compiled = CompiledDecode(core.runner.w, core.store, core.arena, gemms=gemms)
     compiled.warm()
     core.runner.compiled = compiled
 

@@ -5,19 +5,24 @@ A one-row step of one call spends a third of its time outside the products: abou
 microseconds of dispatch. Captured as one graph, inductor fuses them into a few
 C++ loops around the products, which run over weights frozen into the graph
 (`corps.engine.step_module`) through inductor's own packed kernels. Only that
-step is captured: one call,
-one new token, its view read from the view arena as one slice (`contiguous`) or as
-a shared context beside its own tokens. Every other step runs eagerly, unchanged.
+step is captured: one call, one new token, its view read from the view arena in
+two parts, either a shared context beside the call's own tokens, or a view that
+is one slice (`contiguous`) cut in two before its last `MIN_PART` keys. One graph
+serves both: the compile, which dominates opening such an engine, happens once.
+Every other step runs eagerly, unchanged.
 
 The graph is pure: it reads the view's keys and values as they are and returns the
 new token's keys and values; they are written to the store and the view after it,
 in two copies for all layers. The current token's own key is attended as a third
 part beside the view's, the parts' softmax merged exactly as `attend_parts` does.
 
-Rounding differs from the eager step (inductor fuses the norms and casts), so this
-is off by default and not exact in float32. Its sizes are symbolic: one graph per
-layout, traced on sizes that differ from each other and from 0 and 1, so no later
-size can need another; at run time the guards are skipped
+Which kernels run the products is `EngineConfig.compile_gemms` ("library": oneDNN
+or MKL; "autotune": inductor's own C++ GEMMs where it times them faster here,
+`step_module.frozen_compile_config`). Rounding differs from the eager step
+(inductor fuses the norms and casts), so this is off by default and not exact in
+float32. Its sizes are symbolic: the graph is
+traced on part lengths that differ from each other and from 0 and 1, so no later
+length can need another; at run time the guards are skipped
 (`skip_guard_eval_unsafe`) because nothing they check can change.
 """
 
@@ -39,46 +44,58 @@ from corps.engine.weights import Weights
 
 #: The fewest keys a part may have: dynamo would specialise a graph on 0 and 1.
 MIN_PART = 2
+#: The kinds of view the graph reads, in `CompiledDecode.steps`.
+SLICE, SHARED = "slice", "shared"
 
 
 class CompiledDecode:
-    """One-row steps of one call through a graph captured per view layout."""
+    """One-row steps of one call through one captured graph."""
 
-    def __init__(self, weights: Weights, store: KVStore, arena: ViewArena) -> None:
+    def __init__(
+        self, weights: Weights, store: KVStore, arena: ViewArena, gemms: str = "library"
+    ) -> None:
         self.w = weights
-        self.frozen = StepWeights(weights)  # what the graphs read, folded in as constants
+        self.gemms = gemms  # EngineConfig.compile_gemms
+        self.frozen = StepWeights(weights)  # what the graph reads, folded in as constants
         self.store = store
-        self.arena = arena  # views' keys are slices of it: the graphs assume its strides
-        self._graphs: dict[int, Callable] = {}  # parts (1 or 2) -> compiled forward
+        self.arena = arena  # views' keys are slices of it: the graph assumes its strides
+        self._graph: Callable | None = None  # the compiled forward, once `warm` ran
         self.compile_seconds = 0.0
-        self.steps = {1: 0, 2: 0}  # steps through each graph, by parts read
-        self.disabled: str | None = None  # why the graphs stopped being used, if they did
+        self.steps = {SLICE: 0, SHARED: 0}  # steps through the graph, by kind of view
+        self.disabled: str | None = None  # why the graph stopped being used, if it did
 
-    def parts(self, batch: ForwardBatch) -> tuple[list[Tensor], list[Tensor]] | None:
-        """The keys and values (L, Hkv, n, D) the step's call reads, one tensor per
-        part, when the step is a lone one-row step this class serves; else None."""
+    def parts(self, batch: ForwardBatch) -> tuple[list[Tensor], list[Tensor], str] | None:
+        """The keys and values (L, Hkv, n, D) the step's call reads, in two parts, and
+        the kind of view, when the step is a lone one-row step this class serves;
+        else None."""
         if self.disabled or len(batch.spans) != 1 or batch.input_ids.shape[0] != 1:
             return None
         if batch.spans[0].adapted:  # the graph holds the base weights only
             return None
         view = batch.spans[0].view
-        if view.contiguous:
+        if view.contiguous:  # one slice, read as two
             n = view.length
-            return ([view.k[:, :, :n]], [view.v[:, :, :n]]) if n >= MIN_PART else None
+            if n < 2 * MIN_PART:
+                return None
+            cut = n - MIN_PART
+            ks = [view.k[:, :, :cut], view.k[:, :, cut:n]]
+            return ks, [view.v[:, :, :cut], view.v[:, :, cut:n]], SLICE
         ctx, m = view.ctx, view.own_length
         if ctx is None or ctx.in_store or ctx.length < MIN_PART or m < MIN_PART:
             return None
-        return [ctx.k, view.own_k[:, :, :m]], [ctx.v, view.own_v[:, :, :m]]
+        return [ctx.k, view.own_k[:, :, :m]], [ctx.v, view.own_v[:, :, :m]], SHARED
 
-    def forward(self, batch: ForwardBatch, ks: list[Tensor], vs: list[Tensor]) -> Tensor | None:
+    def forward(
+        self, batch: ForwardBatch, ks: list[Tensor], vs: list[Tensor], kind: str
+    ) -> Tensor | None:
         """Encode the step's token, write its K/V to the store and the view, return
-        the logits of `batch.logit_rows` (N, V); `ks`, `vs` are `parts(batch)`.
+        the logits of `batch.logit_rows` (N, V); `ks`, `vs`, `kind` are `parts(batch)`.
 
         None, with nothing written, if the graph refused the inputs (dynamo found
-        it would need another graph: an assumption of `warm` broke); the graphs
-        are then given up, with a warning, and every step runs eagerly."""
+        it would need another graph: an assumption of `warm` broke); the graph
+        is then given up, with a warning, and every step runs eagerly."""
         x, cos, sin = self._inputs(batch.input_ids, batch.positions)
-        graph = self._graphs[len(ks)]  # `warm` made both
+        graph = self._graph  # `warm` made it
         try:
             with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
                 logits, new = graph(x, cos, sin, ks, vs)  # (1, V), (L, 3, Hkv, D)
@@ -99,24 +116,23 @@ class CompiledDecode:
         view.own_k[:, :, m] = new[:, 0]  # rotated key
         view.own_v[:, :, m] = new[:, 2]
         view.advance(1)
-        self.steps[len(ks)] += 1
+        self.steps[kind] += 1
         return logits if batch.logit_rows.numel() == 1 else logits[batch.logit_rows]  # (N, V)
 
     def warm(self) -> float:
-        """Trace and compile both layouts now, on throwaway tensors; the seconds it
-        took. Part lengths are the only symbolic sizes; they are traced at lengths
-        that differ from each other, so the graphs assume nothing about them."""
+        """Trace and compile the graph now, on throwaway tensors; the seconds it took.
+        Part lengths are the only symbolic sizes; they are traced at lengths that
+        differ from each other, so the graph assumes nothing about them."""
         t0 = time.perf_counter()
-        for lengths in ((7,), (11, 13)):
-            graph = torch.compile(_own_code(self._eager), fullgraph=True)
-            with torch.inference_mode(), frozen_compile_config():  # inference: as `forward`
-                x, cos, sin = self._inputs(torch.zeros(1, dtype=torch.long, device=self.w.device))
-                ks = [self.arena.k[:, :, :n] for n in lengths]  # read only; (L, Hkv, n, D)
-                vs = [self.arena.v[:, :, :n] for n in lengths]
-                for p in ks + vs:
-                    torch._dynamo.mark_dynamic(p, 2)
-                graph(x, cos, sin, ks, vs)
-            self._graphs[len(lengths)] = graph
+        graph = torch.compile(_own_code(self._eager), fullgraph=True)
+        with torch.inference_mode(), frozen_compile_config(self.gemms):  # as `forward`
+            x, cos, sin = self._inputs(torch.zeros(1, dtype=torch.long, device=self.w.device))
+            ks = [self.arena.k[:, :, :n] for n in (11, 13)]  # read only; (L, Hkv, n, D)
+            vs = [self.arena.v[:, :, :n] for n in (11, 13)]
+            for p in ks + vs:
+                torch._dynamo.mark_dynamic(p, 2)
+            graph(x, cos, sin, ks, vs)
+        self._graph = graph
         self.compile_seconds += time.perf_counter() - t0
         return self.compile_seconds
 
@@ -156,8 +172,8 @@ def _own_code(method: Callable) -> Callable:
     dynamo keeps compiled graphs on the code object, guarded on types, shapes,
     dtypes and kernel names (not on which engine), and refuses a ninth graph for
     one code object (its recompile limit, 8). Every engine compiles `_eager`, so
-    a process that had opened compiled engines of four models or precisions (two
-    graphs each, kept after they closed) could not open a fifth. With a code
+    a process that had opened compiled engines of eight models or precisions
+    (their graphs kept after they closed) could not open a ninth. With a code
     object of its own, an engine's graphs are its own and die with it."""
     fn = method.__func__
     code = fn.__code__.replace()  # equal, not the same object

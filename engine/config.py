@@ -27,6 +27,7 @@ Contexts = Literal["copy", "store"]
 Attention = Literal["torch", "triton", "flex", "triton+flex"]
 OtelProtocol = Literal["http/protobuf", "grpc"]
 PolicyName = Literal["fcfs", "workflow", "objective"]
+CompileGemms = Literal["library", "autotune"]
 
 #: Engine modes: choreography, the prefix-cached baseline, and transformers `generate`.
 MODES: tuple[str, ...] = get_args(Mode)
@@ -149,9 +150,16 @@ class EngineConfig(BaseModel):
     - `compile`: capture a lone call's one-row decode step as one graph with
       torch.compile (`corps.engine.compiled_step`), its weights frozen in: a
       quarter to a third less time per token for one stream on a CPU, at a
-      compile of about a minute for SmolLM2-135M each time the engine opens, and
+      compile of 40-60 s for SmolLM2-135M each time the engine opens, and
       one more copy of the weights. Rounding differs from the eager step (not
       exact in float32), so off by default; CPU, torch attention backend.
+    - `compile_gemms`: the products inside that graph. "library" (default): the
+      CPU libraries' kernels (oneDNN, MKL) on weights inductor packs for them.
+      "autotune": inductor also generates its own C++ GEMM kernels (AMX or
+      AVX-512 micro-kernels where the CPU has them) and times them against the
+      library's for each product shape on this machine, keeping the faster; on
+      an Intel Xeon with AMX a stream decoded 1.3x faster than with "library",
+      at a compile half again as long (docs/benchmarks.md).
     - `jump_forward`: when a decode's constraint allows exactly one continuation
       for several tokens (a JSON key, punctuation), append them without sampling
       and encode them together in the next step (True); False samples each one.
@@ -177,6 +185,7 @@ class EngineConfig(BaseModel):
     auto_free: bool = False
     jump_forward: bool = True
     compile: bool = False
+    compile_gemms: CompileGemms = "library"
     admission: bool = True
     evict: bool = True
     policy: PolicyName = "fcfs"
@@ -266,6 +275,12 @@ class EngineConfig(BaseModel):
                 f"compile=True captures our CPU decode step: not for mode={self.mode!r} on "
                 f"device={self.device!r} (use mode choreographed or baseline on cpu)",
                 ("compile",),
+            )
+        if self.compile_gemms != "library" and not self.compile:
+            raise BadConfig(
+                f"compile_gemms={self.compile_gemms!r} chooses the products of the captured "
+                "decode step: set compile=True too (--compile)",
+                ("compile_gemms",),
             )
         if self.contexts == "store" and self.attention not in (None, "torch"):
             raise BadConfig(

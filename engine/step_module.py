@@ -73,8 +73,14 @@ class StepWeights(nn.Module):
         self.lm_head = StepProjection(w.lm_head)
 
 
-def frozen_compile_config():
-    """The inductor settings the step is compiled under: parameters as constants."""
+def frozen_compile_config(gemms: str = "library"):
+    """The inductor settings the step is compiled under: parameters as constants;
+    `gemms` "autotune": inductor's own C++ GEMM kernels timed against the library
+    kernels for each product shape, the faster kept (`EngineConfig.compile_gemms`)."""
     import torch._inductor.config as inductor
 
+    if gemms == "autotune":
+        return inductor.patch(
+            freezing=True, max_autotune=True, max_autotune_gemm_backends="CPP,ATEN"
+        )
     return inductor.patch(freezing=True)

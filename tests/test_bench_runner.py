@@ -36,5 +36,12 @@ def test_compile_adds_the_captured_step_measured_in_the_same_rounds(tiny_dirs):
     args += ["--decode-tokens", "8", "--prefill-tokens", "8", "--repeats", "1", "--compile"]
     result = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
-    assert "decode (8 tok), compiled step" in result.output
-    assert "float32: decode compiled step at" in result.output
+    assert "decode (8 tok), compiled step (library gemms)" in result.output
+    assert "float32: decode compiled step (library gemms) at" in result.output
+    assert "decode bound: weights only, in a graph (library gemms)" in result.output
+
+
+def test_an_unknown_compile_gemms_is_one_line(tiny_dirs):
+    args = ["bench", "runner", "-m", str(tiny_dirs["llama"]), "--compile"]
+    result = CliRunner().invoke(app, [*args, "--compile-gemms", "library,fastest"])
+    assert result.exit_code == 2 and "--compile-gemms" in result.output

@@ -46,10 +46,10 @@ async def test_compiled_step_gives_the_eager_tokens_and_logprobs(tiny_dirs, arch
     for a, b in zip(want, got, strict=True):
         assert b.tokens == a.tokens
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) <= 1e-4
-    # both layouts went through their graph: the lone decode's single slice, and the
-    # long decode alone over the context it had shared
-    assert graph.steps[1] > 0 and graph.steps[2] > 0
-    assert stats.compiled_steps == graph.steps[1] + graph.steps[2]
+    # both kinds of view went through the graph: the lone decode's single slice, and
+    # the long decode alone over the context it had shared
+    assert graph.steps["slice"] > 0 and graph.steps["shared"] > 0
+    assert stats.compiled_steps == graph.steps["slice"] + graph.steps["shared"]
     assert stats.step_compile_s > 0
 
 
@@ -78,6 +78,10 @@ def test_compile_is_refused_where_it_cannot_apply(tiny_dirs):
         EngineConfig.of(mode="hf", compile=True)
     with pytest.raises(BadConfig, match="compile"):
         EngineConfig.of(device="cuda", compile=True)
+    with pytest.raises(BadConfig, match="set compile=True too"):
+        EngineConfig.of(compile_gemms="autotune")
+    with pytest.raises(BadConfig, match="compile_gemms"):
+        EngineConfig.of(compile=True, compile_gemms="fastest")
     with pytest.raises(InvalidRequest, match="contexts='copy'"):
         open_tiny(tiny_dirs, compile=True, contexts="store", attention="torch")
 
@@ -93,10 +97,10 @@ async def test_a_step_the_graph_refuses_runs_eagerly_and_the_graphs_are_given_up
         def refuse(*args):
             raise RuntimeError("Recompilation triggered with skip_guard_eval_unsafe stance.")
 
-        graph._graphs = {1: refuse, 2: refuse}
+        graph._graph = refuse
         with pytest.warns(RuntimeWarning, match="decoding eagerly"):
             got = await _workflow(compiled)
-        assert graph.disabled and graph.steps == {1: 0, 2: 0}
+        assert graph.disabled and graph.steps == {"slice": 0, "shared": 0}
         compiled.check()
     for a, b in zip(want, got, strict=True):
         assert b.tokens == a.tokens and b.logprobs == a.logprobs
@@ -135,6 +139,26 @@ async def test_a_step_over_prepacked_bfloat16_weights_compiles(tiny_dirs, tmp_pa
         assert b.tokens == a.tokens
 
 
+async def test_autotuned_gemms_give_the_eager_tokens(tiny_dirs, tmp_path, monkeypatch):
+    """compile_gemms="autotune" (on the machine above): inductor times its own C++
+    GEMM kernels against the library's for the step's products, keeps the faster,
+    and the step gives eager's tokens."""
+    _a_machine_where_fastest_is("bfloat16-packed", tmp_path, monkeypatch)
+    async with open_tiny(tiny_dirs, "qwen2", dtype="auto") as eager:
+        want = await _workflow(eager)
+    counters = torch._dynamo.utils.counters
+    tuned = counters["inductor"]["select_algorithm_autotune"]
+    kw = dict(dtype="auto", compile=True, compile_gemms="autotune")
+    # timings inductor kept on disk from an earlier run would be reused untimed
+    with torch._inductor.config.patch(autotune_local_cache=False):
+        async with open_tiny(tiny_dirs, "qwen2", **kw) as compiled:
+            got = await _workflow(compiled)
+            assert compiled.stats().compiled_steps > 0
+    assert counters["inductor"]["select_algorithm_autotune"] > tuned  # it timed them
+    for a, b in zip(want, got, strict=True):
+        assert b.tokens == a.tokens
+
+
 async def test_a_float32_step_over_onednn_packed_weights_compiles(tiny_dirs, tmp_path, monkeypatch):
     """dtype float32 where oneDNN's packed float32 kernel is fastest (the Zen 4 EPYC
     chose it for every row count): the graph calls oneDNN on the eager layout, frozen,
@@ -153,11 +177,16 @@ async def test_a_float32_step_over_onednn_packed_weights_compiles(tiny_dirs, tmp
 
 async def test_a_process_opens_compiled_engines_of_many_models_and_precisions(tiny_dirs):
     """dynamo keeps the graphs of a code object (guarded on shapes, dtypes and kernel
-    names, so engines of other models or precisions add their own) and refuses a
-    ninth: engines of five configurations, two graphs each, open one after the
-    other in one process, each with its graphs."""
-    configs = [("llama", "float32"), ("llama", "bfloat16"), ("llama", "mixed")]
-    configs += [("qwen3", "float32"), ("qwen3", "bfloat16")]
+    names, so engines of other models or precisions add their own) and refuses more
+    than its recompile limit (8; 2 here, so that three engines exceed it): engines
+    of three configurations open one after the other in one process, each with its
+    graph."""
+    configs = [("llama", "float32"), ("llama", "bfloat16"), ("qwen3", "float32")]
+    with torch._dynamo.config.patch(recompile_limit=2):
+        await _open_each(tiny_dirs, configs)
+
+
+async def _open_each(tiny_dirs, configs) -> None:
     for arch, dtype in configs:
         async with open_tiny(tiny_dirs, arch, dtype=dtype, compile=True, capacity=512) as engine:
             q = await engine.prefill("hello there")
