@@ -81,6 +81,10 @@ def frozen_compile_config(gemms: str = "library"):
 
     if gemms == "autotune":
         return inductor.patch(
-            freezing=True, max_autotune=True, max_autotune_gemm_backends="CPP,ATEN"
+            freezing=True,
+            max_autotune=True,
+            max_autotune_gemm_backends="CPP,ATEN",
+            autotune_num_choices_displayed=0,  # no timing tables on the user's stderr
+            max_autotune_report_choices_stats=False,
         )
     return inductor.patch(freezing=True)
