@@ -34,7 +34,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import platform
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -309,10 +311,23 @@ def cached_timings(
     timings = measure_fn(shapes, kernels)
     cache_dir.mkdir(parents=True, exist_ok=True)
     record = dict(cpu=cpu_name(), torch=torch.__version__, timings=_timings_to_json(timings))
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=1))
-    tmp.replace(path)  # atomic: a concurrent reader never sees half a file
+    _write_atomically(path, json.dumps(record, indent=1))
     return timings, path, True
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """`text` into `path` by a rename: a concurrent reader never sees half a file,
+    and processes measuring at once (workers starting on a new machine) each
+    write a temporary file of their own, so no rename loses the other's."""
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=path.stem, suffix=".tmp")
+    tmp = Path(name)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def choose_fastest(timings: Timings) -> KernelChoice:

@@ -110,6 +110,38 @@ def test_timings_are_measured_once_per_machine_and_cached(tmp_path, monkeypatch)
     assert cached_timings(SPEC, tmp_path, measure_fn=measure_fn)[2]
 
 
+def test_processes_measuring_at_once_each_write_the_cache(tmp_path, monkeypatch):
+    """Workers starting together on a new machine all measure and write the same
+    cache file: each through a temporary file of its own (they once shared one, and
+    the second rename found it gone: FileNotFoundError)."""
+    import threading
+    from pathlib import Path
+
+    both = threading.Barrier(2, timeout=10)
+    rename = Path.replace
+
+    def replace_together(self, target):  # both writers are between write and rename
+        both.wait()
+        return rename(self, target)
+
+    monkeypatch.setattr(Path, "replace", replace_together)
+    errors = []
+
+    def worker() -> None:
+        try:
+            cached_timings(SPEC, tmp_path, measure_fn=lambda *a: fake(AVX2_ONLY))
+        except Exception as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert [p.suffix for p in tmp_path.iterdir()] == [".json"]  # no temporary left
+
+
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_every_kernel_stays_within_16_bit_rounding_of_float32(kernel):
     if kernel not in tuning.available():
