@@ -6,7 +6,9 @@ one AVX-512 machine float16 was fastest for one row and bfloat16 twice slower;
 on an AVX2 one bfloat16 was fastest. So instead of a table written on one
 machine, `dtype="auto"` times every candidate on the model's own projection
 shapes for the row counts a step uses (`ROW_BUCKETS`), once per machine, and
-keeps the fastest per bucket. The timings are cached under
+keeps the fastest per bucket, except that each kernel reads a layout of its own
+(one more copy of every weight), so a kernel is dropped where another one kept
+for other buckets is within `LAYOUT_TOLERANCE` of it. The timings are cached under
 `$CORPS_HOME/kernels/`, keyed by the CPU (model name and flags), the torch
 version, the thread count and the model's shapes; `corps bench kernels --cpu`
 prints them.
@@ -64,6 +66,11 @@ PACKED = {"float32-packed": torch.float32, "bfloat16-packed": torch.bfloat16}
 GIVE_UP = 2.0
 GIVE_UP_ROWS = 16
 
+#: A kernel is kept only for buckets where it is faster than every other kernel kept
+#: by more than this share: each kernel reads its own copy of the weights (on the
+#: AMX Xeon, plain bfloat16 won only 512 rows, by 4%, for 270 MB more).
+LAYOUT_TOLERANCE = 0.05
+
 Timings = dict[str, dict[int, float]]  # kernel -> rows -> seconds for a step's products
 
 
@@ -118,8 +125,14 @@ def rows_within(choice: KernelChoice, slowdown: float) -> int:
     return rows
 
 
-def choose(timings: Timings, allowed: Sequence[str], buckets=ROW_BUCKETS) -> KernelChoice:
-    """The fastest allowed kernel per bucket (ties: the earlier in KERNELS)."""
+def choose(
+    timings: Timings,
+    allowed: Sequence[str],
+    buckets=ROW_BUCKETS,
+    tolerance: float = LAYOUT_TOLERANCE,
+) -> KernelChoice:
+    """The fastest allowed kernel per bucket (ties: the earlier in KERNELS), then as
+    few kernels as that allows within `tolerance` (`fewer_layouts`)."""
     picks = []
     for b in buckets:
         times = [(timings.get(k, {}).get(b, math.inf), KERNELS.index(k), k) for k in allowed]
@@ -127,7 +140,41 @@ def choose(timings: Timings, allowed: Sequence[str], buckets=ROW_BUCKETS) -> Ker
         if math.isinf(best[0]):
             raise ValueError(f"no allowed kernel was timed at {b} rows")
         picks.append(best[2])
+    picks = fewer_layouts(tuple(buckets), picks, timings, tolerance)
     return KernelChoice(tuple(buckets), tuple(picks), timings)
+
+
+def fewer_layouts(
+    buckets: tuple[int, ...], picks: list[str], timings: Timings, tolerance: float
+) -> list[str]:
+    """`picks` (the fastest kernel per bucket) with kernels dropped, the one picked
+    for fewest buckets first, while each of its buckets has another kernel still
+    picked within `tolerance` of that bucket's fastest time; the fastest such
+    kernel takes the bucket. Every bucket stays within `tolerance` of its fastest."""
+
+    def t(kernel: str, bucket: int) -> float:
+        return timings.get(kernel, {}).get(bucket, math.inf)
+
+    fastest = [t(k, b) for k, b in zip(picks, buckets, strict=True)]
+    picks = list(picks)
+    dropped = True
+    while dropped and len(set(picks)) > 1:
+        dropped = False
+        for k in sorted(set(picks), key=lambda k: (picks.count(k), KERNELS.index(k))):
+            others = sorted(set(picks) - {k}, key=KERNELS.index)
+            moves = {}
+            for i, b in enumerate(buckets):
+                if picks[i] == k:
+                    best = min(others, key=lambda o, b=b: t(o, b))
+                    if t(best, b) > fastest[i] * (1 + tolerance):
+                        break
+                    moves[i] = best
+            else:  # every bucket of k has a kept kernel close enough
+                for i, best in moves.items():
+                    picks[i] = best
+                dropped = True
+                break
+    return picks
 
 
 def available(device: torch.device | str = "cpu") -> tuple[str, ...]:

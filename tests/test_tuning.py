@@ -8,6 +8,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from corps.engine import tuning
 from corps.engine.linear import TunedLinear
@@ -108,6 +110,44 @@ def test_timings_are_measured_once_per_machine_and_cached(tmp_path, monkeypatch)
     # a damaged cache file is measured again, not trusted
     other.write_text("{not json")
     assert cached_timings(SPEC, tmp_path, measure_fn=measure_fn)[2]
+
+
+def test_a_kernel_that_wins_by_little_is_not_worth_its_copy_of_the_weights():
+    """The AMX Xeon's table: oneDNN's prepacked bfloat16 fastest up to 64 rows, plain
+    bfloat16 at 512 by 4%: one layout is kept, not two. At 10% both are."""
+    timings = fake({b: "bfloat16-packed" for b in ROW_BUCKETS})
+    timings["bfloat16"][512] = 1.0
+    timings["bfloat16-packed"][512] = 1.04
+    assert choose(timings, KERNELS).used == {"bfloat16-packed"}
+    assert choose(timings, KERNELS, tolerance=0).kernel_for(512) == "bfloat16"
+    timings["bfloat16-packed"][512] = 1.10
+    assert choose(timings, KERNELS).used == {"bfloat16-packed", "bfloat16"}
+
+
+_TIMES = st.floats(min_value=1.0, max_value=3.0, allow_nan=False)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(_TIMES, min_size=7, max_size=7), min_size=2, max_size=4),
+       st.sampled_from([0.0, 0.05, 0.3]))  # fmt: skip
+def test_fewer_layouts_stays_within_the_tolerance_and_cannot_drop_more(rows, tolerance):
+    kernels = KERNELS[: len(rows)]
+    timings = {
+        k: dict(zip(ROW_BUCKETS, r, strict=True)) for k, r in zip(kernels, rows, strict=True)
+    }
+    picked = choose(timings, kernels, tolerance=tolerance)
+    fastest = {b: min(timings[k][b] for k in kernels) for b in ROW_BUCKETS}
+    for b, k in zip(ROW_BUCKETS, picked.kernels, strict=True):
+        assert timings[k][b] <= fastest[b] * (1 + tolerance)  # never worse than allowed
+    if tolerance == 0:
+        chosen = zip(ROW_BUCKETS, picked.kernels, strict=True)
+        assert all(timings[k][b] == fastest[b] for b, k in chosen)
+    for k in picked.used:  # no kept kernel could go: some bucket of its needs it
+        others = picked.used - {k}
+        needs = [b for b, p in zip(ROW_BUCKETS, picked.kernels, strict=True) if p == k]
+        assert not others or any(
+            min(timings[o][b] for o in others) > fastest[b] * (1 + tolerance) for b in needs
+        )
 
 
 def test_processes_measuring_at_once_each_write_the_cache(tmp_path, monkeypatch):
