@@ -167,8 +167,8 @@ def measure(
     """(ours, HF, bounds, compiled): ours and HF as (decode tok/s, prefill tok/s), run
     alternately; for each of `compile` (`EngineConfig.compile_gemms` values) an
     engine with the captured decode step runs in the same rounds, and `compiled`
-    maps each to its (decode tok/s, prefill tok/s). `bounds`: `measure_bound` by
-    gemms, None for the eager kernels."""
+    maps each to its (decode tok/s, prefill tok/s, seconds its compile took at
+    open). `bounds`: `measure_bound` by gemms, None for the eager kernels."""
     from contextlib import ExitStack
 
     from anyio.from_thread import start_blocking_portal
@@ -183,12 +183,14 @@ def measure(
         )
         made = portal.call(ours_probes, engine, decode_tokens, prefill_tokens)
         probes = {("ours", k): partial(portal.call, f) for k, f in made.items()}
+        seconds = {}
         for gemms in compile:
             captured = stack.enter_context(
                 portal.wrap_async_context_manager(
                     Engine.open(model, dtype=dtype, compile=True, compile_gemms=gemms)
                 )
             )
+            seconds[gemms] = captured.stats().step_compile_s
             made = portal.call(ours_probes, captured, decode_tokens, prefill_tokens)
             probes |= {(gemms, k): partial(portal.call, f) for k, f in made.items()}
         hf = hf_probes(engine.model_path, torch_dtype(dtype), decode_tokens, prefill_tokens)
@@ -207,7 +209,7 @@ def measure(
         }
     by = {w: rates({k: v for (x, k), v in t.items() if x == w}, decode_tokens, prefill_tokens)
           for w in ("ours", "hf", *compile)}  # fmt: skip
-    return by["ours"], by["hf"], bounds, {g: by[g] for g in compile}
+    return by["ours"], by["hf"], bounds, {g: (*by[g], seconds[g]) for g in compile}
 
 
 def main(
@@ -229,7 +231,7 @@ def main(
         names = (f"decode ({decode_tokens} tok)", f"prefill ({prefill_tokens} tok)")
         for name, o, h in zip(names, ours, hf, strict=True):
             table.add_row(dtype, name, f"{o:.1f}", f"{h:.1f}", f"{o / h:.2f}x")
-        for gemms, (o, _) in compiled.items():
+        for gemms, (o, _, _) in compiled.items():
             table.add_row(dtype, f"{names[0]}, compiled step ({gemms} gemms)", f"{o:.1f}",
                           f"{hf[0]:.1f}", f"{o / hf[0]:.2f}x")  # fmt: skip
         for gemms, bound in bounds.items():
@@ -237,11 +239,12 @@ def main(
             table.add_row(dtype, f"decode bound: weights only{how}", f"{bound:.1f}",
                           f"{hf[0]:.1f}", f"{bound / hf[0]:.2f}x")  # fmt: skip
         console.print(f"{dtype}: decode eager at {ours[0] / bounds[None]:.2f} of the bound")
-        for g, (rate, _) in compiled.items():
+        for g, (rate, _, secs) in compiled.items():
             own, eager = rate / bounds[g], rate / bounds[None]
             console.print(
                 f"{dtype}: decode compiled step ({g} gemms) at {own:.2f} of the bound of "
-                f"its own products, {eager:.2f} of the eager kernels' bound"
+                f"its own products, {eager:.2f} of the eager kernels' bound; "
+                f"compiled in {secs:.1f} s when the engine opened"
             )
     console.print(table)
 

@@ -39,6 +39,7 @@ def test_compile_adds_the_captured_step_measured_in_the_same_rounds(tiny_dirs):
     assert "decode (8 tok), compiled step (library gemms)" in result.output
     assert "float32: decode compiled step (library gemms) at" in result.output
     assert "decode bound: weights only, in a graph (library gemms)" in result.output
+    assert "s when the engine opened" in result.output  # what the compile cost
 
 
 def test_an_unknown_compile_gemms_is_one_line(tiny_dirs):
