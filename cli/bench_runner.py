@@ -75,10 +75,13 @@ async def ours_probes(
     )
 
 
-def measure_bound(path, dtype: str, repeats: int, gemms: str | None = None) -> float:
-    """tok/s if a decode step did nothing but stream the weights through our projections;
-    `gemms` (`EngineConfig.compile_gemms`): through the products a captured step
-    would run (every projection in one graph, compiled as `compile=True` compiles)."""
+def measure_bounds(
+    path, dtype: str, repeats: int, gemms: Sequence[str | None] = (None,)
+) -> dict[str | None, float]:
+    """tok/s if a decode step did nothing but stream the weights through our
+    projections, for each of `gemms`: None, the eager kernels; an
+    `EngineConfig.compile_gemms` value, the products a captured step would run
+    (every projection in one graph, compiled as `compile=True` compiles)."""
     from corps.engine.models import corps_home
     from corps.engine.tuning import weight_format
     from corps.engine.weights import load_weights, read_spec, torch_dtype
@@ -87,14 +90,13 @@ def measure_bound(path, dtype: str, repeats: int, gemms: str | None = None) -> f
     w = load_weights(path, dtype=torch_dtype(dtype), device="cpu", mixed=mixed, choice=choice)
     projs = [p for lw in w.layers for p in (lw.qkv, lw.o, lw.gate_up, lw.down)] + [w.lm_head]
     xs = [torch.randn(1, p.in_features, dtype=w.dtype) for p in projs]
-    if gemms is not None:
-        return 1 / best_of({"stream": _compiled_stream(projs, xs, gemms)}, repeats + 2)["stream"]
 
     def stream() -> None:
         for p, x in zip(projs, xs, strict=True):
             p(x)
 
-    return 1 / best_of({"stream": stream}, repeats + 2)["stream"]
+    streams = {g: stream if g is None else _compiled_stream(projs, xs, g) for g in gemms}
+    return {g: 1 / best_of({"stream": f}, repeats + 2)["stream"] for g, f in streams.items()}
 
 
 def _compiled_stream(projs, xs, gemms: str) -> Callable[[], None]:
@@ -168,7 +170,7 @@ def measure(
     alternately; for each of `compile` (`EngineConfig.compile_gemms` values) an
     engine with the captured decode step runs in the same rounds, and `compiled`
     maps each to its (decode tok/s, prefill tok/s, seconds its compile took at
-    open). `bounds`: `measure_bound` by gemms, None for the eager kernels."""
+    open). `bounds`: `measure_bounds` by gemms, None for the eager kernels."""
     from contextlib import ExitStack
 
     from anyio.from_thread import start_blocking_portal
@@ -203,10 +205,9 @@ def measure(
 
         probes |= {("hf", k): on_worker(f) for k, f in hf.items()}  # each round: all of them
         t = best_of(probes, repeats)
-        bounds = {
-            g: on_worker(partial(measure_bound, engine.model_path, dtype, repeats, g))()
-            for g in (None, *compile)
-        }
+        bounds = on_worker(
+            partial(measure_bounds, engine.model_path, dtype, repeats, (None, *compile))
+        )()
     by = {w: rates({k: v for (x, k), v in t.items() if x == w}, decode_tokens, prefill_tokens)
           for w in ("ours", "hf", *compile)}  # fmt: skip
     return by["ours"], by["hf"], bounds, {g: (*by[g], seconds[g]) for g in compile}

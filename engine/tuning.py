@@ -156,24 +156,27 @@ def fewer_layouts(
         return timings.get(kernel, {}).get(bucket, math.inf)
 
     fastest = [t(k, b) for k, b in zip(picks, buckets, strict=True)]
+
+    def takers(k: str, picks: list[str]) -> dict[int, str] | None:
+        """For each bucket of k, the fastest other kernel picked, if every one is
+        within `tolerance` of the bucket's fastest; else None."""
+        others = sorted(set(picks) - {k}, key=KERNELS.index)
+        moves = {}
+        for i, b in enumerate(buckets):
+            if picks[i] == k:
+                moves[i] = min(others, key=lambda o, b=b: t(o, b))
+                if t(moves[i], b) > fastest[i] * (1 + tolerance):
+                    return None
+        return moves
+
     picks = list(picks)
-    dropped = True
-    while dropped and len(set(picks)) > 1:
-        dropped = False
-        for k in sorted(set(picks), key=lambda k: (picks.count(k), KERNELS.index(k))):
-            others = sorted(set(picks) - {k}, key=KERNELS.index)
-            moves = {}
-            for i, b in enumerate(buckets):
-                if picks[i] == k:
-                    best = min(others, key=lambda o, b=b: t(o, b))
-                    if t(best, b) > fastest[i] * (1 + tolerance):
-                        break
-                    moves[i] = best
-            else:  # every bucket of k has a kept kernel close enough
-                for i, best in moves.items():
-                    picks[i] = best
-                dropped = True
-                break
+    while len(set(picks)) > 1:
+        rarest_first = sorted(set(picks), key=lambda k: (picks.count(k), KERNELS.index(k)))
+        moves = next((m for k in rarest_first if (m := takers(k, picks))), None)
+        if moves is None:
+            return picks
+        for i, kernel in moves.items():
+            picks[i] = kernel
     return picks
 
 
