@@ -367,6 +367,13 @@ def bench_serve(
         ),
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the arrival schedule.")] = 0,
+    alone: Annotated[
+        bool,
+        typer.Option(
+            help="Also run each workflow of a load's schedule by itself on an idle engine: "
+            "the floor under any policy's latency, and each workflow's slowdown."
+        ),
+    ] = True,
     model: ModelOpt = "smollm2-135m",
     dtype: DtypeOpt = DEFAULT_DTYPE,
     json_out: Annotated[str | None, typer.Option("--json", help="Write the report here.")] = None,
@@ -399,7 +406,7 @@ def bench_serve(
     if not loads or any(x <= 0 for x in loads):
         _bad("--load: positive fractions of saturation, e.g. 0.5,0.8,1.2")
     settings = dict(dtype=dtype, loads=loads, policies=chosen, duration=duration, chat=chat,
-                    mix=patterns, seed=seed)  # fmt: skip
+                    mix=patterns, seed=seed, alone=alone)  # fmt: skip
     report = _run_bench(lambda: bs.measure(model, **settings))
     _report(report, [bs.table(report), bs.ratios(report)], json_out, width=140)
     if plot is not None:

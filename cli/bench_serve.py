@@ -10,6 +10,13 @@ workflow latency p50/p90/p99 (arrival to result), chat time to first token and
 time per output token p50/p99, and the queue depth and running calls sampled
 over the run. Each policy gets its own engine (the policy is an engine setting),
 warmed up by one untimed run of each pattern; loading and warm-up are not timed.
+
+With `alone` (the default), every workflow of a load's schedule also runs by
+itself, one after another, on an idle warmed engine: its latency there is the
+least any policy can give it (a step never runs faster beside other calls), so
+the p99 of those latencies is a floor under every policy's p99 at that load, and
+each workflow's slowdown (latency under load / alone) says how much of its time
+the load added.
 """
 
 from __future__ import annotations
@@ -45,6 +52,8 @@ class Cell(BaseModel):
     chat_tpot_s: dict[str, float] = {}
     max_queue: int = 0
     mean_running: float = 0.0
+    # each workflow's latency over its latency alone (p50 / p90 / p99), with `alone`
+    slowdown: dict[str, float] = {}
 
 
 class Report(BaseModel):
@@ -54,6 +63,9 @@ class Report(BaseModel):
     duration_s: float
     chat: int
     cells: list[Cell]
+    # per load (as text, "0.8"): the schedule's workflows run one at a time on an idle
+    # engine, latency p50 / p90 / p99 (the floor under any policy's); empty without alone
+    alone_s: dict[str, dict[str, float]] = {}
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -107,19 +119,50 @@ async def warm(rt, mix: dict[str, dict]) -> None:
         await run_pattern(rt, name, {**params, "seed": 0})
 
 
-async def cell(
-    engine, rt, policy: str, load: float, arrivals: list, mix: dict, chats: list[float]
-) -> Cell:
-    """Run one arrival schedule (and chat streams) on an engine with `policy`."""
+async def run_alone(rt, arrivals: list, mix: dict) -> dict[int, float]:
+    """Each workflow of `arrivals` run by itself, one after another, on a warmed engine:
+    seconds by index in the schedule (failed ones left out)."""
     from corps.patterns.registry import run_pattern
 
     await warm(rt, mix)
-    latencies, failed, ttfts, tpots, samples = [], 0, [], [], []
+    out = {}
+    for i, (_, name, seed) in enumerate(arrivals):
+        start = time.perf_counter()
+        try:
+            await run_pattern(rt, name, {**mix[name], "seed": seed})
+        except Exception:  # counted as failed in the loaded cells, if it fails there too
+            continue
+        out[i] = time.perf_counter() - start
+    return out
+
+
+def slowdowns(latencies: dict[int, float], floor: dict[int, float]) -> dict[str, float]:
+    """Percentiles of each workflow's latency over its latency alone."""
+    return percentiles([latencies[i] / floor[i] for i in latencies if floor.get(i, 0) > 0])
+
+
+async def cell(
+    engine,
+    rt,
+    policy: str,
+    load: float,
+    arrivals: list,
+    mix: dict,
+    chats: list[float],
+    floor: dict[int, float] | None = None,
+) -> Cell:
+    """Run one arrival schedule (and chat streams) on an engine with `policy`; with
+    `floor` (latencies alone by index), each workflow's slowdown too."""
+    from corps.patterns.registry import run_pattern
+
+    await warm(rt, mix)
+    latencies: dict[int, float] = {}
+    failed, ttfts, tpots, samples = 0, [], [], []
     before = engine.stats()
     t0 = time.perf_counter()
     done = anyio.Event()
 
-    async def workflow(at: float, name: str, seed: int) -> None:
+    async def workflow(i: int, at: float, name: str, seed: int) -> None:
         nonlocal failed
         await anyio.sleep(max(0.0, t0 + at - time.perf_counter()))
         start = time.perf_counter()
@@ -127,7 +170,7 @@ async def cell(
             await run_pattern(rt, name, {**mix[name], "seed": seed})
         except Exception:  # counted, the load goes on
             failed += 1
-        latencies.append(time.perf_counter() - start)
+        latencies[i] = time.perf_counter() - start
 
     async def chat(at: float) -> None:
         await anyio.sleep(max(0.0, t0 + at - time.perf_counter()))
@@ -151,8 +194,8 @@ async def cell(
     async with anyio.create_task_group() as outer:
         outer.start_soon(sample)
         async with anyio.create_task_group() as tg:
-            for at, name, seed in arrivals:
-                tg.start_soon(workflow, at, name, seed)
+            for i, (at, name, seed) in enumerate(arrivals):
+                tg.start_soon(workflow, i, at, name, seed)
             for at in chats:
                 tg.start_soon(chat, at)
         done.set()
@@ -167,11 +210,12 @@ async def cell(
         wall_s=wall,
         workflows_per_min=60 * (len(arrivals) - failed) / wall,
         tokens_per_s=generated / wall,
-        latency_s=percentiles(latencies),
+        latency_s=percentiles(list(latencies.values())),
         chat_ttft_s=percentiles(ttfts),
         chat_tpot_s=percentiles(tpots),
         max_queue=max((q for q, _ in samples), default=0),
         mean_running=statistics.fmean(r for _, r in samples) if samples else 0.0,
+        slowdown=slowdowns(latencies, floor) if floor else {},
     )
 
 
@@ -187,6 +231,7 @@ async def measure(
     seed: int = 0,
     saturation_runs: int = 12,
     concurrency: int = 8,
+    alone: bool = True,
 ) -> Report:
     from corps.agents import Runtime
     from corps.engine import Engine
@@ -194,7 +239,7 @@ async def measure(
     mix = mix or MIX
     async with Engine.open(model, dtype=dtype) as engine, Runtime(engine) as rt:
         sat = await saturation(engine, rt, mix, saturation_runs, concurrency)
-    cells = []
+    cells, floors = [], {}
     if chat:  # the same chat streams on an idle engine: what "beside a load" costs them
         chats = [duration * (i + 0.5) / chat for i in range(chat)]
         async with Engine.open(model, dtype=dtype) as engine, Runtime(engine) as rt:
@@ -202,17 +247,22 @@ async def measure(
     for k, load in enumerate(loads):
         arrivals = schedule(load * sat, duration, list(mix), seed + k)
         chats = [duration * (i + 0.5) / chat for i in range(chat)]
+        floor = None
+        if alone:
+            async with Engine.open(model, dtype=dtype) as engine, Runtime(engine) as rt:
+                floor = await run_alone(rt, arrivals, mix)
+            floors[f"{load:g}"] = percentiles(list(floor.values()))
         order = policies if k % 2 == 0 else policies[::-1]  # alternate: drift hits all alike
         for policy in order:
             async with (
                 Engine.open(model, dtype=dtype, policy=policy) as engine,
                 Runtime(engine) as rt,
             ):
-                cells.append(await cell(engine, rt, policy, load, arrivals, mix, chats))
+                cells.append(await cell(engine, rt, policy, load, arrivals, mix, chats, floor))
     rank = {p: i for i, p in enumerate(["idle", *policies])}
     cells.sort(key=lambda c: (c.load, rank[c.policy]))
     return Report(model=model, mix=mix, saturation_per_s=sat, duration_s=duration, chat=chat,
-                  cells=cells)  # fmt: skip
+                  cells=cells, alone_s=floors)  # fmt: skip
 
 
 def table(report: Report):
@@ -227,8 +277,14 @@ def table(report: Report):
     if report.chat:
         cols += ["chat TTFT p50", "p99", "TPOT p50", "p99"]
     cols += ["max queue", "mean batch"]
+    slow = any(c.slowdown for c in report.cells)
+    if slow:
+        cols += ["slowdown p50", "p99"]
     for col in cols:
         t.add_column(col, justify="left" if col == "policy" else "right")
+    for load, floor in report.alone_s.items():  # the floor rows: each workflow by itself
+        lat = [f"{floor.get(k, float('nan')):.2f}" for k in ("p50", "p90", "p99")]
+        t.add_row(f"{float(load):.2f}", "alone", *[""] * 4, *lat, *[""] * (len(cols) - 9))
     for c in report.cells:
         lat = [f"{c.latency_s.get(k, float('nan')):.2f}" for k in ("p50", "p90", "p99")]
         row = [f"{c.load:.2f}", c.policy, str(c.workflows), str(c.failed),
@@ -239,19 +295,25 @@ def table(report: Report):
                     f"{c.chat_tpot_s.get('p50', float('nan')) * 1e3:.0f} ms",
                     f"{c.chat_tpot_s.get('p99', float('nan')) * 1e3:.0f} ms"]  # fmt: skip
         row += [str(c.max_queue), f"{c.mean_running:.1f}"]
+        if slow:
+            row += [f"{c.slowdown.get(k, float('nan')):.2f}x" for k in ("p50", "p99")]
         t.add_row(*row)
     return t
 
 
 def ratios(report: Report):
     """Each policy against fcfs at the same load (p99 latency, throughput, chat time per
-    token), and the chat streams against the same streams on an idle engine."""
+    token), and the chat streams against the same streams on an idle engine. With the
+    workflows' latencies alone, the fcfs row says how low any policy's p99 could go
+    (the floor: the workflows' p99 alone, over fcfs's p99)."""
     from rich.table import Table
 
     t = Table(title="against fcfs at the same load (targets: workflow p99 <= 0.6x, "
                     "throughput >= 0.95x; chat TPOT p99 <= 1.5x idle)")  # fmt: skip
     cols = ["load", "policy", "p99 latency / fcfs", "throughput / fcfs"]
     cols += ["chat TPOT p99 / fcfs", "chat TPOT p99 / idle"]
+    if report.alone_s:
+        cols += ["floor p99 / fcfs"]
     for col in cols:
         t.add_column(col, justify="left" if col == "policy" else "right")
     by = {(c.load, c.policy): c for c in report.cells}
@@ -271,7 +333,13 @@ def ratios(report: Report):
         versus = "-" if c.policy == "fcfs" else f"{p99:.2f}x"
         through = "-" if c.policy == "fcfs" else f"{tp:.2f}x"
         vs_fcfs = "-" if c.policy == "fcfs" else tpot(c, base)
-        t.add_row(f"{c.load:.2f}", c.policy, versus, through, vs_fcfs, tpot(c, idle))
+        row = [f"{c.load:.2f}", c.policy, versus, through, vs_fcfs, tpot(c, idle)]
+        if report.alone_s:
+            floor = report.alone_s.get(f"{c.load:g}", {}).get("p99")
+            fcfs = base.latency_s.get("p99")
+            best = "-" if c.policy != "fcfs" or not floor or not fcfs else f"{floor / fcfs:.2f}x"
+            row.append(best)
+        t.add_row(*row)
     return t
 
 
@@ -332,6 +400,9 @@ def plot(report: Report, path: str) -> None:
             cells = sorted((c for c in report.cells if c.policy == policy), key=lambda c: c.load)
             points = [(c.load, value(c)) for c in cells if value(c) is not None]
             ax.plot([x for x, _ in points], [y for _, y in points], marker="o", label=policy)
+        if ax is axes[0] and report.alone_s:  # the floor under every policy's p99
+            floor = sorted((float(x), v["p99"]) for x, v in report.alone_s.items() if v)
+            ax.plot([x for x, _ in floor], [y for _, y in floor], "k--", label="alone (floor)")
         ax.set_xlabel("load (fraction of saturation)")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)

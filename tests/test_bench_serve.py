@@ -43,8 +43,25 @@ async def test_every_policy_runs_the_same_arrivals_and_reports_a_cell(tiny_dirs)
         assert c.failed == 0 and c.wall_s > 0
         assert c.workflows == 0 or set(c.latency_s) == {"p50", "p90", "p99"}
         assert set(c.chat_ttft_s) == {"p50", "p90", "p99"}  # the chat stream ran
+        assert c.workflows == 0 or set(c.slowdown) == {"p50", "p90", "p99"}
+    assert set(report.alone_s) == {"0.5"}  # the floor of the one load
+    assert loaded[0].workflows == 0 or set(report.alone_s["0.5"]) == {"p50", "p90", "p99"}
     text = bs.table(report), bs.ratios(report)
     assert text
+
+
+async def test_without_alone_there_is_no_floor_nor_slowdown(tiny_dirs):
+    report = await bs.measure(
+        str(tiny_dirs["llama"]), dtype="float32", loads=[0.5], duration=1.0,
+        policies=["fcfs"], mix=TINY_MIX, saturation_runs=2, concurrency=2, alone=False,
+    )  # fmt: skip
+    assert report.alone_s == {} and all(c.slowdown == {} for c in report.cells)
+
+
+def test_slowdowns_pair_each_workflow_with_itself_alone():
+    latencies = {0: 2.0, 1: 9.0, 2: 4.0, 3: 5.0}
+    floor = {0: 1.0, 1: 3.0, 2: 4.0}  # 3 failed alone: left out
+    assert bs.slowdowns(latencies, floor) == {"p50": 2.0, "p90": 3.0, "p99": 3.0}
 
 
 def test_bad_options_exit_2_before_anything_loads():
@@ -89,10 +106,26 @@ def _report(chat: int) -> bs.Report:
                      cells=cells)  # fmt: skip
 
 
+def test_the_fcfs_row_says_how_low_the_floor_lets_any_policy_go():
+    from rich.console import Console
+
+    report = _report(0)
+    report.alone_s = {"0.5": {"p50": 0.2, "p90": 0.4, "p99": 0.75}}  # fcfs p99 at 0.5: 1.5
+    console = Console(width=200, record=True)
+    console.print(bs.ratios(report))
+    console.print(bs.table(report))
+    out = console.export_text()
+    assert "0.50x" in out  # 0.75 / 1.5
+    assert "alone" in out and "0.75" in out
+
+
 def test_the_plot_is_a_png_with_a_line_per_policy(tmp_path):
     for chat in (0, 2):
         out = tmp_path / f"serve{chat}.png"
-        bs.plot(_report(chat), str(out))
+        report = _report(chat)
+        if chat:  # with the floor line too
+            report.alone_s = {"0.5": {"p99": 1.0}, "1": {"p99": 1.2}}
+        bs.plot(report, str(out))
         assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
