@@ -17,7 +17,7 @@ from rich.table import Table
 from corps.cache.errors import CorpsError
 from corps.cli import fidelity as fidelity_cli
 from corps.cli import run as run_cli
-from corps.cli.run import CompileGemmsOpt
+from corps.cli.run import CompileGemmsOpt, CompileOpt
 from corps.cli.trace_cmd import trace_app
 from corps.engine.adapter import check_adapter_of
 from corps.engine.config import DEFAULT_DTYPE, BadConfig, EngineConfig
@@ -105,13 +105,7 @@ def chat(
     adapter: Annotated[
         Path | None, typer.Option(help="A LoRA adapter directory (PEFT format) to serve with.")
     ] = None,
-    compile: Annotated[
-        bool,
-        typer.Option(
-            help="Capture the one-row decode step with torch.compile: a faster stream after "
-            "a compile of tens of seconds at start (not exact)."
-        ),
-    ] = False,
+    compile: CompileOpt = False,
     compile_gemms: CompileGemmsOpt = "library",
 ) -> None:
     """Ask one question and stream the answer to the terminal."""
@@ -374,6 +368,12 @@ def bench_serve(
             "the floor under any policy's latency, and each workflow's slowdown."
         ),
     ] = True,
+    trace: Annotated[
+        Path | None,
+        typer.Option(
+            help="Directory: each engine's trace (load0.8-fcfs.jsonl, ...) for corps trace view."
+        ),
+    ] = None,
     model: ModelOpt = "smollm2-135m",
     dtype: DtypeOpt = DEFAULT_DTYPE,
     json_out: Annotated[str | None, typer.Option("--json", help="Write the report here.")] = None,
@@ -406,7 +406,7 @@ def bench_serve(
     if not loads or any(x <= 0 for x in loads):
         _bad("--load: positive fractions of saturation, e.g. 0.5,0.8,1.2")
     settings = dict(dtype=dtype, loads=loads, policies=chosen, duration=duration, chat=chat,
-                    mix=patterns, seed=seed, alone=alone)  # fmt: skip
+                    mix=patterns, seed=seed, alone=alone, trace_dir=trace)  # fmt: skip
     report = _run_bench(lambda: bs.measure(model, **settings))
     _report(report, [bs.table(report), bs.ratios(report)], json_out, width=140)
     if plot is not None:

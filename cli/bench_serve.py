@@ -11,12 +11,16 @@ time per output token p50/p99, and the queue depth and running calls sampled
 over the run. Each policy gets its own engine (the policy is an engine setting),
 warmed up by one untimed run of each pattern; loading and warm-up are not timed.
 
+With `trace_dir`, each engine writes its trace there (`load0.8-fcfs.jsonl`,
+`load0.8-alone.jsonl`, ...; warm-ups included) for `corps trace view`: its steps
+table says where a policy's time went.
+
 With `alone` (the default), every workflow of a load's schedule also runs by
 itself, one after another, on an idle warmed engine: its latency there is the
 least any policy can give it (a step never runs faster beside other calls), so
 the p99 of those latencies is a floor under every policy's p99 at that load, and
 each workflow's slowdown (latency under load / alone) says how much of its time
-the load added.
+the load added. `busy` is the share of a cell's wall time spent in steps.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 import random
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -54,6 +59,7 @@ class Cell(BaseModel):
     mean_running: float = 0.0
     # each workflow's latency over its latency alone (p50 / p90 / p99), with `alone`
     slowdown: dict[str, float] = {}
+    busy: float = 0.0  # share of the wall time the engine spent in steps
 
 
 class Report(BaseModel):
@@ -216,6 +222,7 @@ async def cell(
         max_queue=max((q for q, _ in samples), default=0),
         mean_running=statistics.fmean(r for _, r in samples) if samples else 0.0,
         slowdown=slowdowns(latencies, floor) if floor else {},
+        busy=(after.step_s - before.step_s) / wall,
     )
 
 
@@ -232,11 +239,19 @@ async def measure(
     saturation_runs: int = 12,
     concurrency: int = 8,
     alone: bool = True,
+    trace_dir: str | Path | None = None,
 ) -> Report:
     from corps.agents import Runtime
     from corps.engine import Engine
 
     mix = mix or MIX
+
+    def trace(load: float, policy: str) -> Path | None:  # one trace file per engine
+        if trace_dir is None:
+            return None
+        Path(trace_dir).mkdir(parents=True, exist_ok=True)
+        return Path(trace_dir) / f"load{load:g}-{policy}.jsonl"
+
     async with Engine.open(model, dtype=dtype) as engine, Runtime(engine) as rt:
         sat = await saturation(engine, rt, mix, saturation_runs, concurrency)
     cells, floors = [], {}
@@ -249,13 +264,14 @@ async def measure(
         chats = [duration * (i + 0.5) / chat for i in range(chat)]
         floor = None
         if alone:
-            async with Engine.open(model, dtype=dtype) as engine, Runtime(engine) as rt:
+            tr = trace(load, "alone")
+            async with Engine.open(model, dtype=dtype, trace=tr) as engine, Runtime(engine) as rt:
                 floor = await run_alone(rt, arrivals, mix)
             floors[f"{load:g}"] = percentiles(list(floor.values()))
         order = policies if k % 2 == 0 else policies[::-1]  # alternate: drift hits all alike
         for policy in order:
             async with (
-                Engine.open(model, dtype=dtype, policy=policy) as engine,
+                Engine.open(model, dtype=dtype, policy=policy, trace=trace(load, policy)) as engine,
                 Runtime(engine) as rt,
             ):
                 cells.append(await cell(engine, rt, policy, load, arrivals, mix, chats, floor))
@@ -276,7 +292,7 @@ def table(report: Report):
     cols = ["load", "policy", "wf", "failed", "wf/min", "tok/s", "lat p50", "p90", "p99"]
     if report.chat:
         cols += ["chat TTFT p50", "p99", "TPOT p50", "p99"]
-    cols += ["max queue", "mean batch"]
+    cols += ["busy", "max queue", "mean batch"]
     slow = any(c.slowdown for c in report.cells)
     if slow:
         cols += ["slowdown p50", "p99"]
@@ -294,7 +310,7 @@ def table(report: Report):
                     f"{c.chat_ttft_s.get('p99', float('nan')) * 1e3:.0f} ms",
                     f"{c.chat_tpot_s.get('p50', float('nan')) * 1e3:.0f} ms",
                     f"{c.chat_tpot_s.get('p99', float('nan')) * 1e3:.0f} ms"]  # fmt: skip
-        row += [str(c.max_queue), f"{c.mean_running:.1f}"]
+        row += [f"{c.busy:.0%}", str(c.max_queue), f"{c.mean_running:.1f}"]
         if slow:
             row += [f"{c.slowdown.get(k, float('nan')):.2f}x" for k in ("p50", "p99")]
         t.add_row(*row)

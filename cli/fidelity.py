@@ -192,7 +192,7 @@ def _fidelity_table(title: str, rows: Sequence[Any]) -> None:
     for r in rows:
         t.add_row(
             r.role, str(r.turns), str(r.tokens), _f(r.baseline_loss), _f(r.replay_loss),
-            _f(r.gap), _f(r.agreement), f"{r.diverged}/{r.turns}", _f(r.first_divergence, 1),
+            _f(r.gap, 4), _f(r.agreement), f"{r.diverged}/{r.turns}", _f(r.first_divergence, 1),
             end_section=r.role == rows[-2].role if len(rows) > 1 else False,
         )  # fmt: skip
     out.print(t)
@@ -420,12 +420,12 @@ def distill(
     for e in report.epochs:
         agree = e.val[-1]["agreement"]
         mark = " *" if e.epoch == report.best_epoch else ""
-        t.add_row(f"{e.epoch}{mark}", _f(e.train_loss), _f(e.train_gap), _f(e.val_gap),
+        t.add_row(f"{e.epoch}{mark}", _f(e.train_loss), _f(e.train_gap, 4), _f(e.val_gap, 4),
                   _f(agree), _f(e.seconds, 1), _f(e.tokens_per_s, 0))  # fmt: skip
     out.print(t)
     cut = 1 - report.after / report.before if report.before > 0 else float("nan")
     out.print(
-        f"kept epoch {report.best_epoch}: gap {report.before:.3f} -> {report.after:.3f} "
+        f"kept epoch {report.best_epoch}: gap {report.before:.4f} -> {report.after:.4f} "
         f"({cut:.0%} lower); {report.trainable_params:,} trainable of "
         f"{report.total_params:,} parameters; adapter in {out_dir}"
     )

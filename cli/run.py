@@ -30,6 +30,13 @@ out = Console()
 err = Console(stderr=True)
 
 
+CompileOpt = Annotated[
+    bool,
+    typer.Option(
+        help="Capture the lone one-row decode step with torch.compile: faster single "
+        "streams after a compile of tens of seconds when the engine opens (not exact).",
+    ),
+]
 CompileGemmsOpt = Annotated[
     str,
     typer.Option(
@@ -111,13 +118,7 @@ def run(
         Path | None,
         typer.Option(help="A LoRA adapter directory (PEFT format, e.g. corps distill --out)."),
     ] = None,
-    compile: Annotated[
-        bool,
-        typer.Option(
-            help="Capture the lone one-row decode step with torch.compile: faster single "
-            "streams after a compile of tens of seconds when the engine opens (not exact).",
-        ),
-    ] = False,
+    compile: CompileOpt = False,
     compile_gemms: CompileGemmsOpt = "library",
     live: Annotated[
         bool | None,

@@ -28,11 +28,11 @@ def test_percentiles():
     assert (p["p50"], p["p90"], p["p99"]) == (50.0, 90.0, 99.0)
 
 
-async def test_every_policy_runs_the_same_arrivals_and_reports_a_cell(tiny_dirs):
+async def test_every_policy_runs_the_same_arrivals_and_reports_a_cell(tiny_dirs, tmp_path):
     report = await bs.measure(
         str(tiny_dirs["llama"]), dtype="float32", loads=[0.5], duration=1.0, chat=1,
         policies=["fcfs", "workflow", "objective"], mix=TINY_MIX, saturation_runs=4,
-        concurrency=2,
+        concurrency=2, trace_dir=tmp_path / "traces",
     )  # fmt: skip
     assert report.saturation_per_s > 0
     assert [c.policy for c in report.cells] == ["idle", "fcfs", "workflow", "objective"]
@@ -44,7 +44,16 @@ async def test_every_policy_runs_the_same_arrivals_and_reports_a_cell(tiny_dirs)
         assert c.workflows == 0 or set(c.latency_s) == {"p50", "p90", "p99"}
         assert set(c.chat_ttft_s) == {"p50", "p90", "p99"}  # the chat stream ran
         assert c.workflows == 0 or set(c.slowdown) == {"p50", "p90", "p99"}
+        assert 0 < c.busy <= 1
     assert set(report.alone_s) == {"0.5"}  # the floor of the one load
+    from corps.engine.trace_file import Trace
+
+    policies = {"alone": "fcfs", "fcfs": "fcfs", "objective": "objective", "workflow": "workflow"}
+    names = sorted(f.name for f in (tmp_path / "traces").iterdir())
+    assert names == [f"load0.5-{p}.jsonl" for p in policies]
+    for name, policy in zip(names, policies.values(), strict=True):  # each engine's own
+        trace = Trace.load(tmp_path / "traces" / name)
+        assert trace.steps and trace.closed and trace.header.policy == policy
     assert loaded[0].workflows == 0 or set(report.alone_s["0.5"]) == {"p50", "p90", "p99"}
     text = bs.table(report), bs.ratios(report)
     assert text
