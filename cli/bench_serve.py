@@ -298,10 +298,11 @@ def table(report: Report):
         cols += ["slowdown p50", "p99"]
     for col in cols:
         t.add_column(col, justify="left" if col == "policy" else "right")
-    for load, floor in report.alone_s.items():  # the floor rows: each workflow by itself
-        lat = [f"{floor.get(k, float('nan')):.2f}" for k in ("p50", "p90", "p99")]
-        t.add_row(f"{float(load):.2f}", "alone", *[""] * 4, *lat, *[""] * (len(cols) - 9))
+    floors = dict(report.alone_s)
     for c in report.cells:
+        if (floor := floors.pop(f"{c.load:g}", None)) is not None:  # each workflow by itself
+            lat = [f"{floor.get(k, float('nan')):.2f}" for k in ("p50", "p90", "p99")]
+            t.add_row(f"{c.load:.2f}", "alone", *[""] * 4, *lat, *[""] * (len(cols) - 9))
         lat = [f"{c.latency_s.get(k, float('nan')):.2f}" for k in ("p50", "p90", "p99")]
         row = [f"{c.load:.2f}", c.policy, str(c.workflows), str(c.failed),
                f"{c.workflows_per_min:.1f}", f"{c.tokens_per_s:.0f}", *lat]  # fmt: skip
