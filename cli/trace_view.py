@@ -8,6 +8,7 @@ an 80-column terminal, a 200-column one and an SVG export.
 from __future__ import annotations
 
 import itertools
+from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -592,6 +593,85 @@ def steps(trace: Trace) -> Table | None:
     return table
 
 
+def _union(spans: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Overlapping or touching (start, end) spans merged, in order."""
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def _length(spans: list[tuple[float, float]]) -> float:
+    return sum(b - a for a, b in spans)
+
+
+@dataclass(frozen=True)
+class WorkflowTime:
+    """Where one workflow's latency went (from its calls' queued, admitted and end)."""
+
+    name: str
+    calls: int
+    latency: float  # first call queued -> last call ended (s)
+    running: float  # s with at least one of its calls admitted and not ended
+    queued: float  # s with calls waiting for admission and none running
+    between: float  # s with no call of its own queued or running (its code, other waits)
+    steps: int  # engine steps during its running time
+    step_ms: float  # their mean duration
+
+
+def workflow_times(trace: Trace) -> list[WorkflowTime]:
+    """Each workflow of the trace (calls carrying a workflow name), slowest first."""
+    now = trace.end_t
+    by: dict[str, list[CallRec]] = defaultdict(list)
+    for c in trace.calls.values():
+        if c.queued.workflow is not None:
+            by[c.queued.workflow].append(c)
+    mids = sorted((st.t + st.dur / 2, st.dur) for st in trace.steps)  # step midpoints
+    times = [m for m, _ in mids]
+    out = []
+    for name, cs in by.items():
+        start, stop = min(c.start for c in cs), max(c.stop(now) for c in cs)
+        admitted = [(c.admitted if c.admitted is not None else c.stop(now)) for c in cs]
+        run = _union((a, c.stop(now)) for a, c in zip(admitted, cs, strict=True))
+        either = _union([*run, *((c.start, a) for a, c in zip(admitted, cs, strict=True))])
+        durs = [d for a, b in run for _, d in mids[bisect_left(times, a) : bisect_right(times, b)]]
+        out.append(WorkflowTime(
+            name, len(cs), stop - start, _length(run), _length(either) - _length(run),
+            (stop - start) - _length(either), len(durs),
+            1000 * sum(durs) / len(durs) if durs else 0.0,
+        ))  # fmt: skip
+    return sorted(out, key=lambda w: -w.latency)
+
+
+def workflows(trace: Trace, limit: int = 10) -> Table | None:
+    """The slowest workflows and where their latency went: running (a call of theirs in
+    the engine's steps), queued (waiting for admission) or between calls; and the
+    steps they ran in. None when no call carries a workflow."""
+    times = workflow_times(trace)
+    if not times:
+        return None
+    title = f"workflows (slowest {min(limit, len(times))} of {len(times)})"
+    table = Table(box=box.SIMPLE_HEAD, padding=(0, 0, 0, 1), pad_edge=False, title=title)
+    table.add_column("workflow", no_wrap=True, overflow="ellipsis", max_width=28)
+    for col in ("calls", "latency s", "running", "queued", "between", "steps", "step ms"):
+        table.add_column(col, justify="right", no_wrap=True)
+    for w in times[:limit]:
+        shares = [f"{x / w.latency:.0%}" if w.latency > 0 else "-"
+                  for x in (w.running, w.queued, w.between)]  # fmt: skip
+        table.add_row(w.name, str(w.calls), f"{w.latency:.2f}", *shares, str(w.steps),
+                      f"{w.step_ms:.1f}")  # fmt: skip
+    table.caption_justify = "left"
+    table.caption = (
+        "running: share of its latency with a call of its own admitted (its time then "
+        "is the width of the steps it shares: step ms); queued: calls waiting for "
+        "admission, none running; between: no call of its own in the engine"
+    )
+    return table
+
+
 def busy(cs: Iterable[CallRec], now: float) -> float:
     """Seconds during which at least one of `cs` was queued or running."""
     total, reached = 0.0, float("-inf")
@@ -648,6 +728,8 @@ def overview(trace: Trace, flt: Filter = ALL, limit: int = 40) -> Iterator:
     yield header(trace)
     yield totals(trace, flt)
     if (table := steps(trace)) is not None:
+        yield table
+    if (table := workflows(trace)) is not None:
         yield table
     yield Timeline(trace, flt)
     yield lineage(trace, flt, limit)

@@ -186,3 +186,44 @@ def test_steps_summarise_the_loop_per_engine(traces):
     assert rows["worker-2"][1:] == want
     trace.steps, trace.step_processes = [], []
     assert tv.steps(trace) is None  # a trace without steps shows no table
+
+
+def test_workflows_split_each_latency_into_running_queued_and_between(traces):
+    """Hand-built calls of two workflows (and one outside any): latency, the shares
+    running / queued / between calls, and the steps run while a call of theirs ran."""
+    from corps.engine.trace import CallEnd, CallQueued, Step
+    from corps.engine.trace_file import CallRec
+
+    trace = Trace.load(traces["debate"])
+
+    def call(i, workflow, queued, admitted, end) -> CallRec:
+        q = CallQueued(t=queued, call=i, kind="decode", workflow=workflow)
+        return CallRec(q, end=CallEnd(t=end, call=i, kind="decode", status="ok",
+                                      admitted=admitted))  # fmt: skip
+
+    trace.calls = {
+        1: call(1, "a", 0.0, 0.5, 2.0),  # queued 0.5 s, then runs 1.5 s
+        2: call(2, "a", 2.5, 2.5, 4.0),  # 0.5 s after call 1 ended (its code): runs 1.5 s
+        3: call(3, "b", 1.0, 1.0, 1.5),
+        4: call(4, None, 0.0, 0.0, 9.0),  # outside any workflow: not shown
+    }
+
+    def step(start, ms) -> Step:
+        return Step(t=start, dur=ms / 1000, calls=1, sampled=1, store_used=1, capacity=9,
+                    queue=0)  # fmt: skip
+
+    # midpoints 1.0 (a and b running), 2.2 (between a's calls), 3.0 (a running)
+    trace.steps = [step(0.99, 20), step(2.15, 100), step(2.98, 40)]
+    a, b = tv.workflow_times(trace)  # slowest first
+    assert (a.name, a.calls, b.name, b.calls) == ("a", 2, "b", 1)
+    assert a.latency == pytest.approx(4.0) and b.latency == pytest.approx(0.5)
+    assert (a.running, a.queued, a.between) == pytest.approx((3.0, 0.5, 0.5))
+    assert (b.running, b.queued, b.between) == pytest.approx((0.5, 0.0, 0.0))
+    assert (a.steps, a.step_ms, b.steps, b.step_ms) == (2, pytest.approx(30.0), 1,
+                                                        pytest.approx(20.0))  # fmt: skip
+    text = render(tv.workflows(trace), width=120)
+    assert "slowest 2 of 2" in text
+    line = next(x.split() for x in text.splitlines() if x.strip().startswith("a "))
+    assert line[1:] == ["2", "4.00", "75%", "12%", "12%", "2", "30.0"]
+    trace.calls = {4: trace.calls[4]}
+    assert tv.workflows(trace) is None  # no call of any workflow: no table
