@@ -12,6 +12,7 @@ from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from math import inf
 
 from rich import box
 from rich.console import Console, ConsoleOptions, Group, RenderResult
@@ -608,6 +609,15 @@ def _length(spans: list[tuple[float, float]]) -> float:
     return sum(b - a for a, b in spans)
 
 
+def _within(steps: list[tuple[float, float]], spans: list[tuple[float, float]]) -> list[float]:
+    """Durations of the steps, (midpoint, duration) sorted, whose midpoint is in `spans`."""
+    return [
+        d
+        for a, b in spans
+        for _, d in steps[bisect_left(steps, (a,)) : bisect_right(steps, (b, inf))]
+    ]
+
+
 @dataclass(frozen=True)
 class WorkflowTime:
     """Where one workflow's latency went (from its calls' queued, admitted and end)."""
@@ -629,15 +639,19 @@ def workflow_times(trace: Trace) -> list[WorkflowTime]:
     for c in trace.calls.values():
         if c.queued.workflow is not None:
             by[c.queued.workflow].append(c)
-    mids = sorted((st.t + st.dur / 2, st.dur) for st in trace.steps)  # step midpoints
-    times = [m for m, _ in mids]
+    steps: dict[str | None, list[tuple[float, float]]] = defaultdict(list)  # per engine
+    for st, proc in zip(trace.steps, trace.step_processes, strict=True):
+        steps[proc].append((st.t + st.dur / 2, st.dur))  # (midpoint, duration)
+    for one in steps.values():
+        one.sort()
     out = []
     for name, cs in by.items():
         start, stop = min(c.start for c in cs), max(c.stop(now) for c in cs)
         admitted = [(c.admitted if c.admitted is not None else c.stop(now)) for c in cs]
         run = _union((a, c.stop(now)) for a, c in zip(admitted, cs, strict=True))
         either = _union([*run, *((c.start, a) for a, c in zip(admitted, cs, strict=True))])
-        durs = [d for a, b in run for _, d in mids[bisect_left(times, a) : bisect_right(times, b)]]
+        # the steps of the engines its calls ran in, while one of them was running
+        durs = [d for proc in {c.process for c in cs} for d in _within(steps[proc], run)]
         out.append(WorkflowTime(
             name, len(cs), stop - start, _length(run), _length(either) - _length(run),
             (stop - start) - _length(either), len(durs),
@@ -674,12 +688,7 @@ def workflows(trace: Trace, limit: int = 10) -> Table | None:
 
 def busy(cs: Iterable[CallRec], now: float) -> float:
     """Seconds during which at least one of `cs` was queued or running."""
-    total, reached = 0.0, float("-inf")
-    for a, b in sorted((c.start, c.stop(now)) for c in cs):
-        if b > reached:
-            total += b - max(a, reached)
-            reached = b
-    return total
+    return _length(_union((c.start, c.stop(now)) for c in cs))
 
 
 def reads(trace: Trace, c: CallRec, maker: CallRec) -> bool:

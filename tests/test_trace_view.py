@@ -214,6 +214,7 @@ def test_workflows_split_each_latency_into_running_queued_and_between(traces):
 
     # midpoints 1.0 (a and b running), 2.2 (between a's calls), 3.0 (a running)
     trace.steps = [step(0.99, 20), step(2.15, 100), step(2.98, 40)]
+    trace.step_processes = [None] * 3
     a, b = tv.workflow_times(trace)  # slowest first
     assert (a.name, a.calls, b.name, b.calls) == ("a", 2, "b", 1)
     assert a.latency == pytest.approx(4.0) and b.latency == pytest.approx(0.5)
@@ -225,5 +226,10 @@ def test_workflows_split_each_latency_into_running_queued_and_between(traces):
     assert "slowest 2 of 2" in text
     line = next(x.split() for x in text.splitlines() if x.strip().startswith("a "))
     assert line[1:] == ["2", "4.00", "75%", "12%", "12%", "2", "30.0"]
+    # a merged trace: only the steps of the engine a workflow's calls ran in count
+    trace.calls[3].process, trace.step_processes = "worker-2", ["worker-2", None, None]
+    a, b = tv.workflow_times(trace)
+    assert (a.steps, a.step_ms, b.steps, b.step_ms) == (1, pytest.approx(40.0), 1,
+                                                        pytest.approx(20.0))  # fmt: skip
     trace.calls = {4: trace.calls[4]}
     assert tv.workflows(trace) is None  # no call of any workflow: no table
