@@ -98,9 +98,12 @@ def schedule(
 
 
 async def saturation(engine, rt, mix: dict[str, dict], n: int, concurrency: int) -> float:
-    """Workflows per second with `concurrency` always in flight (closed loop)."""
+    """Workflows per second with `concurrency` always in flight (closed loop), on an
+    engine warmed up first (untimed): a cold engine's first runs set the rate low and
+    every load fraction with it."""
     from corps.patterns.registry import run_pattern
 
+    await warm(rt, mix)
     names = list(mix)
     limiter = anyio.CapacityLimiter(concurrency)
 
