@@ -128,20 +128,28 @@ async def warm(rt, mix: dict[str, dict]) -> None:
         await run_pattern(rt, name, {**params, "seed": 0})
 
 
+async def timed_run(rt, name: str, params: dict) -> tuple[float, bool]:
+    """Seconds one workflow took, and whether it succeeded (a failure is counted by
+    the caller; the load goes on)."""
+    from corps.patterns.registry import run_pattern
+
+    start = time.perf_counter()
+    try:
+        await run_pattern(rt, name, params)
+    except Exception:
+        return time.perf_counter() - start, False
+    return time.perf_counter() - start, True
+
+
 async def run_alone(rt, arrivals: list, mix: dict) -> dict[int, float]:
     """Each workflow of `arrivals` run by itself, one after another, on a warmed engine:
     seconds by index in the schedule (failed ones left out)."""
-    from corps.patterns.registry import run_pattern
-
     await warm(rt, mix)
     out = {}
     for i, (_, name, seed) in enumerate(arrivals):
-        start = time.perf_counter()
-        try:
-            await run_pattern(rt, name, {**mix[name], "seed": seed})
-        except Exception:  # counted as failed in the loaded cells, if it fails there too
-            continue
-        out[i] = time.perf_counter() - start
+        seconds, ok = await timed_run(rt, name, {**mix[name], "seed": seed})
+        if ok:
+            out[i] = seconds
     return out
 
 
@@ -162,7 +170,6 @@ async def cell(
 ) -> Cell:
     """Run one arrival schedule (and chat streams) on an engine with `policy`; with
     `floor` (latencies alone by index), each workflow's slowdown too."""
-    from corps.patterns.registry import run_pattern
 
     await warm(rt, mix)
     latencies: dict[int, float] = {}
@@ -174,12 +181,8 @@ async def cell(
     async def workflow(i: int, at: float, name: str, seed: int) -> None:
         nonlocal failed
         await anyio.sleep(max(0.0, t0 + at - time.perf_counter()))
-        start = time.perf_counter()
-        try:
-            await run_pattern(rt, name, {**mix[name], "seed": seed})
-        except Exception:  # counted, the load goes on
-            failed += 1
-        latencies[i] = time.perf_counter() - start
+        latencies[i], ok = await timed_run(rt, name, {**mix[name], "seed": seed})
+        failed += not ok
 
     async def chat(at: float) -> None:
         await anyio.sleep(max(0.0, t0 + at - time.perf_counter()))
@@ -249,11 +252,11 @@ async def measure(
 
     mix = mix or MIX
 
-    def trace(load: float, policy: str) -> Path | None:  # one trace file per engine
-        if trace_dir is None:
-            return None
+    if trace_dir is not None:
         Path(trace_dir).mkdir(parents=True, exist_ok=True)
-        return Path(trace_dir) / f"load{load:g}-{policy}.jsonl"
+
+    def trace(load: float, policy: str) -> Path | None:  # one trace file per engine
+        return None if trace_dir is None else Path(trace_dir) / f"load{load:g}-{policy}.jsonl"
 
     async with Engine.open(model, dtype=dtype) as engine, Runtime(engine) as rt:
         sat = await saturation(engine, rt, mix, saturation_runs, concurrency)
