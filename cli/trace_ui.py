@@ -4,9 +4,10 @@ The same data (`Trace`) and the same rich renderers as `corps trace view`
 (`corps.cli.trace_view`), arranged to navigate: the header and timeline on top;
 below, a table of calls (one row each, in start order) beside the selected
 call's detail (its context picture, its parents' texts in full, what it made);
-other tabs hold the totals with the critical path and the loop's steps, the
-message graph and the leaks and errors. `/` filters by agent; with `--follow` (or `f`) the app reads
-what a running `corps run --trace FILE` appends, twice a second.
+other tabs hold the totals with the critical path, the loop's steps and the
+slowest workflows, the message graph and the leaks and errors. `/` filters by
+agent; with `--follow` (or `f`) the app reads what a running `corps run --trace
+FILE` appends, twice a second.
 """
 
 from __future__ import annotations
@@ -90,9 +91,9 @@ class TraceApp(App[None]):
         self.sub_title = f"{trace.path.name}{'  ·  following' if self.follow else ''}"
         self.query_one("#header", Static).update(tv.header(trace))
         self.query_one("#timeline", Static).update(tv.Timeline(trace, flt))
-        steps = tv.steps(trace)  # the loop's steps per engine, below the totals
-        totals = tv.totals(trace, flt)
-        self.query_one("#totals", Static).update(totals if steps is None else Group(totals, steps))
+        # below the totals: the loop's steps per engine, the slowest workflows
+        below = [t for t in (tv.steps(trace), tv.workflows(trace)) if t is not None]
+        self.query_one("#totals", Static).update(Group(tv.totals(trace, flt), *below))
         self.query_one("#graph", Static).update(tv.graph(trace, flt, limit=10**6))
         self.query_one("#problems", Static).update(tv.problems(trace))
         self._fill_calls()

@@ -58,6 +58,7 @@ async def test_the_other_tabs_hold_totals_graph_and_problems(traces):
     async with app.run_test(size=(160, 50)):
         assert "critical path" in shown(app, "totals")
         assert "left out" in shown(app, "totals")  # the steps table, below the totals
+        assert "slowest 1 of 1" in shown(app, "totals")  # and the workflows table
         assert "message graph" in shown(app, "graph")
         assert "leak" in shown(app, "problems")
 
