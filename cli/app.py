@@ -361,6 +361,23 @@ def bench_serve(
         ),
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the arrival schedule.")] = 0,
+    schedules: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Seeded arrival schedules per load, each run under every policy, pooled "
+            "into one row per policy: a p99 over one schedule's few dozen workflows is its "
+            "slowest one or two.",
+        ),
+    ] = 1,
+    saturation: Annotated[
+        float | None,
+        typer.Option(
+            min=0.001,
+            help="Workflows/min the loads are fractions of (default: measured first, "
+            "closed loop); give a past run's figure to run the same loads again.",
+        ),
+    ] = None,
     alone: Annotated[
         bool,
         typer.Option(
@@ -406,7 +423,8 @@ def bench_serve(
     if not loads or any(x <= 0 for x in loads):
         _bad("--load: positive fractions of saturation, e.g. 0.5,0.8,1.2")
     settings = dict(dtype=dtype, loads=loads, policies=chosen, duration=duration, chat=chat,
-                    mix=patterns, seed=seed, alone=alone, trace_dir=trace)  # fmt: skip
+                    mix=patterns, seed=seed, alone=alone, trace_dir=trace, schedules=schedules,
+                    saturation_per_s=None if saturation is None else saturation / 60)  # fmt: skip
     report = _run_bench(lambda: bs.measure(model, **settings))
     _report(report, [bs.table(report), bs.ratios(report)], json_out, width=140)
     if plot is not None:

@@ -11,6 +11,11 @@ time per output token p50/p99, and the queue depth and running calls sampled
 over the run. Each policy gets its own engine (the policy is an engine setting),
 warmed up by one untimed run of each pattern; loading and warm-up are not timed.
 
+With `schedules` above one, each load runs that many seeded schedules, each
+under every policy (and alone), and pools them into one cell per policy: with a
+few dozen workflows per schedule, a p99 is the slowest one or two and moves by
+tens of percent from one schedule to the next; pooled, it is a percentile.
+
 With `trace_dir`, each engine writes its trace there (`load0.8-fcfs.jsonl`,
 `load0.8-alone.jsonl`, ...; warm-ups included) for `corps trace view`: its steps
 table says where a policy's time went.
@@ -60,6 +65,14 @@ class Cell(BaseModel):
     # each workflow's latency over its latency alone (p50 / p90 / p99), with `alone`
     slowdown: dict[str, float] = {}
     busy: float = 0.0  # share of the wall time the engine spent in steps
+    schedules: int = 1  # arrival schedules pooled in this cell (`pool`)
+    # the samples behind the percentiles, for pooling and your own statistics:
+    # each workflow's latency and slowdown (s, x; schedule order), each chat's TTFT
+    # and time per output token (s)
+    latencies: list[float] = []
+    slowdowns: list[float] = []
+    ttfts: list[float] = []
+    tpots: list[float] = []
 
 
 class Report(BaseModel):
@@ -72,6 +85,7 @@ class Report(BaseModel):
     # per load (as text, "0.8"): the schedule's workflows run one at a time on an idle
     # engine, latency p50 / p90 / p99 (the floor under any policy's); empty without alone
     alone_s: dict[str, dict[str, float]] = {}
+    schedules: int = 1  # arrival schedules per load, pooled in each cell
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -153,9 +167,42 @@ async def run_alone(rt, arrivals: list, mix: dict) -> dict[int, float]:
     return out
 
 
-def slowdowns(latencies: dict[int, float], floor: dict[int, float]) -> dict[str, float]:
-    """Percentiles of each workflow's latency over its latency alone."""
-    return percentiles([latencies[i] / floor[i] for i in latencies if floor.get(i, 0) > 0])
+async def _alone(engine, rt, arrivals: list, mix: dict) -> dict[int, float]:
+    return await run_alone(rt, arrivals, mix)
+
+
+def slowdowns(latencies: dict[int, float], floor: dict[int, float]) -> list[float]:
+    """Each workflow's latency over its latency alone (those that ran alone), in
+    schedule order."""
+    return [latencies[i] / floor[i] for i in sorted(latencies) if floor.get(i, 0) > 0]
+
+
+def pool(cells: list[Cell]) -> Cell:
+    """One cell of several schedules' cells (one policy, one load): percentiles over
+    every workflow and chat of them, throughput over their summed wall time. A p99
+    over one schedule's few dozen workflows is its slowest one or two; pooled, it is
+    a percentile."""
+    if len(cells) == 1:
+        return cells[0]
+    wall = sum(c.wall_s for c in cells)
+    done = sum(c.workflows - c.failed for c in cells)
+
+    def mean(value) -> float:  # weighted by each cell's wall time
+        return sum(value(c) * c.wall_s for c in cells) / wall
+
+    latencies = [x for c in cells for x in c.latencies]
+    slow = [x for c in cells for x in c.slowdowns]
+    ttfts, tpots = [x for c in cells for x in c.ttfts], [x for c in cells for x in c.tpots]
+    return Cell(
+        policy=cells[0].policy, load=cells[0].load, workflows=sum(c.workflows for c in cells),
+        failed=sum(c.failed for c in cells), wall_s=wall, workflows_per_min=60 * done / wall,
+        tokens_per_s=mean(lambda c: c.tokens_per_s), latency_s=percentiles(latencies),
+        chat_ttft_s=percentiles(ttfts), chat_tpot_s=percentiles(tpots),
+        max_queue=max(c.max_queue for c in cells), mean_running=mean(lambda c: c.mean_running),
+        slowdown=percentiles(slow), busy=mean(lambda c: c.busy),
+        schedules=sum(c.schedules for c in cells), latencies=latencies, slowdowns=slow,
+        ttfts=ttfts, tpots=tpots,
+    )  # fmt: skip
 
 
 async def cell(
@@ -214,6 +261,7 @@ async def cell(
     wall = time.perf_counter() - t0
     after = engine.stats()
     generated = after.tokens_per_s * after.step_s - before.tokens_per_s * before.step_s
+    slow = slowdowns(latencies, floor) if floor else []
     return Cell(
         policy=policy,
         load=load,
@@ -227,8 +275,12 @@ async def cell(
         chat_tpot_s=percentiles(tpots),
         max_queue=max((q for q, _ in samples), default=0),
         mean_running=statistics.fmean(r for _, r in samples) if samples else 0.0,
-        slowdown=slowdowns(latencies, floor) if floor else {},
+        slowdown=percentiles(slow),
         busy=(after.step_s - before.step_s) / wall,
+        latencies=[latencies[i] for i in sorted(latencies)],
+        slowdowns=slow,
+        ttfts=ttfts,
+        tpots=tpots,
     )
 
 
@@ -246,7 +298,13 @@ async def measure(
     concurrency: int = 8,
     alone: bool = True,
     trace_dir: str | Path | None = None,
+    schedules: int = 1,
+    saturation_per_s: float | None = None,
 ) -> Report:
+    """Run every load's arrival schedules under each policy (see the module's doc).
+    `schedules`: seeded schedules per load (seed + load index x schedules + r), each
+    run under every policy and alone, pooled into one cell per policy (`pool`).
+    `saturation_per_s`: the rate loads are fractions of, instead of measuring it."""
     from corps.agents import Runtime
     from corps.engine import Engine
 
@@ -255,36 +313,46 @@ async def measure(
     if trace_dir is not None:
         Path(trace_dir).mkdir(parents=True, exist_ok=True)
 
-    def trace(load: float, policy: str) -> Path | None:  # one trace file per engine
-        return None if trace_dir is None else Path(trace_dir) / f"load{load:g}-{policy}.jsonl"
+    def trace(load: float, policy: str, r: int) -> Path | None:  # one file per engine
+        if trace_dir is None:
+            return None
+        tag = "" if schedules == 1 else f"-s{r}"
+        return Path(trace_dir) / f"load{load:g}-{policy}{tag}.jsonl"
 
-    async with Engine.open(model, dtype=dtype) as engine, Runtime(engine) as rt:
-        sat = await saturation(engine, rt, mix, saturation_runs, concurrency)
+    async def on_engine(work, *args, policy: str = "fcfs", trace: Path | None = None):
+        """`work(engine, runtime, *args)` on a fresh engine with `policy`."""
+        opened = Engine.open(model, dtype=dtype, policy=policy, trace=trace)
+        async with opened as engine, Runtime(engine) as rt:
+            return await work(engine, rt, *args)
+
+    sat = saturation_per_s
+    if sat is None:
+        sat = await on_engine(saturation, mix, saturation_runs, concurrency)
     cells, floors = [], {}
+    chats = [duration * (i + 0.5) / chat for i in range(chat)]
     if chat:  # the same chat streams on an idle engine: what "beside a load" costs them
-        chats = [duration * (i + 0.5) / chat for i in range(chat)]
-        async with Engine.open(model, dtype=dtype) as engine, Runtime(engine) as rt:
-            cells.append(await cell(engine, rt, "idle", 0.0, [], mix, chats))
+        cells.append(await on_engine(cell, "idle", 0.0, [], mix, chats))
     for k, load in enumerate(loads):
-        arrivals = schedule(load * sat, duration, list(mix), seed + k)
-        chats = [duration * (i + 0.5) / chat for i in range(chat)]
-        floor = None
+        runs: dict[str, list[Cell]] = {p: [] for p in policies}
+        alone_s: list[float] = []
+        for r in range(schedules):
+            n = k * schedules + r
+            arrivals = schedule(load * sat, duration, list(mix), seed + n)
+            floor = None
+            if alone:
+                floor = await on_engine(_alone, arrivals, mix, trace=trace(load, "alone", r))
+                alone_s += floor.values()
+            for policy in policies if n % 2 == 0 else policies[::-1]:  # drift hits all alike
+                args = (policy, load, arrivals, mix, chats, floor)
+                trace_to = trace(load, policy, r)
+                runs[policy].append(await on_engine(cell, *args, policy=policy, trace=trace_to))
+        cells += [pool(runs[p]) for p in policies]
         if alone:
-            tr = trace(load, "alone")
-            async with Engine.open(model, dtype=dtype, trace=tr) as engine, Runtime(engine) as rt:
-                floor = await run_alone(rt, arrivals, mix)
-            floors[f"{load:g}"] = percentiles(list(floor.values()))
-        order = policies if k % 2 == 0 else policies[::-1]  # alternate: drift hits all alike
-        for policy in order:
-            async with (
-                Engine.open(model, dtype=dtype, policy=policy, trace=trace(load, policy)) as engine,
-                Runtime(engine) as rt,
-            ):
-                cells.append(await cell(engine, rt, policy, load, arrivals, mix, chats, floor))
+            floors[f"{load:g}"] = percentiles(alone_s)
     rank = {p: i for i, p in enumerate(["idle", *policies])}
     cells.sort(key=lambda c: (c.load, rank[c.policy]))
     return Report(model=model, mix=mix, saturation_per_s=sat, duration_s=duration, chat=chat,
-                  cells=cells, alone_s=floors)  # fmt: skip
+                  cells=cells, alone_s=floors, schedules=schedules)  # fmt: skip
 
 
 def table(report: Report):
@@ -293,6 +361,7 @@ def table(report: Report):
     t = Table(
         title=f"open-loop load on {report.model}: saturation {report.saturation_per_s * 60:.1f} "
         f"workflows/min, {report.duration_s:.0f} s of arrivals per cell"
+        + (f" x {report.schedules} schedules, pooled" if report.schedules > 1 else "")
         + (f", {report.chat} chat streams" if report.chat else "")
     )
     cols = ["load", "policy", "wf", "failed", "wf/min", "tok/s", "lat p50", "p90", "p99"]

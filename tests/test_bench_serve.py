@@ -70,12 +70,52 @@ async def test_without_alone_there_is_no_floor_nor_slowdown(tiny_dirs):
 def test_slowdowns_pair_each_workflow_with_itself_alone():
     latencies = {0: 2.0, 1: 9.0, 2: 4.0, 3: 5.0}
     floor = {0: 1.0, 1: 3.0, 2: 4.0}  # 3 failed alone: left out
-    assert bs.slowdowns(latencies, floor) == {"p50": 2.0, "p90": 3.0, "p99": 3.0}
+    assert bs.slowdowns(latencies, floor) == [2.0, 3.0, 1.0]
+
+
+def test_pooled_schedules_give_percentiles_over_every_workflow_and_summed_throughput():
+    def one(lat, wall, failed=0, **kw):
+        return bs.Cell(policy="fcfs", load=0.8, workflows=len(lat), failed=failed, wall_s=wall,
+                       workflows_per_min=60 * (len(lat) - failed) / wall, tokens_per_s=10.0 * wall,
+                       latency_s=bs.percentiles(lat), latencies=lat, busy=wall / 10,
+                       max_queue=int(wall), mean_running=wall, **kw)  # fmt: skip
+
+    a = one([1.0, 2.0, 9.0], wall=2.0, failed=1, slowdowns=[1.0, 2.0], tpots=[0.02])
+    b = one([3.0, 4.0], wall=6.0, slowdowns=[1.5], tpots=[0.03, 0.04])
+    assert bs.pool([a]) is a
+    p = bs.pool([a, b])
+    assert (p.workflows, p.failed, p.wall_s, p.schedules) == (5, 1, 8.0, 2)
+    assert p.workflows_per_min == 60 * 4 / 8.0  # completed over the summed wall time
+    assert p.latencies == [1.0, 2.0, 9.0, 3.0, 4.0]
+    assert p.latency_s == bs.percentiles([1.0, 2.0, 3.0, 4.0, 9.0])
+    assert p.slowdown == bs.percentiles([1.0, 2.0, 1.5])
+    assert p.chat_tpot_s == bs.percentiles([0.02, 0.03, 0.04])
+    # per-second figures weighted by wall time: (20 * 2 + 60 * 6) / 8; busy (0.2 * 2 + 0.6 * 6) / 8
+    assert p.tokens_per_s == (20.0 * 2 + 60.0 * 6) / 8 and p.busy == (0.2 * 2 + 0.6 * 6) / 8
+    assert (p.max_queue, p.mean_running) == (6, (2.0 * 2 + 6.0 * 6) / 8)
+
+
+async def test_several_schedules_per_load_run_and_pool(tiny_dirs, tmp_path):
+    """Two schedules at one load, a given saturation (nothing measured): each policy's
+    cell pools both (every workflow's latency kept), one trace per engine and schedule."""
+    report = await bs.measure(
+        str(tiny_dirs["llama"]), dtype="float32", loads=[1.0], duration=2.0,
+        policies=["fcfs", "workflow"], mix=TINY_MIX, schedules=2, saturation_per_s=3.0,
+        concurrency=2, trace_dir=tmp_path,
+    )  # fmt: skip
+    assert report.saturation_per_s == 3.0 and report.schedules == 2
+    first, second = (bs.schedule(3.0, 2.0, list(TINY_MIX), seed) for seed in (0, 1))
+    for c in report.cells:
+        assert c.schedules == 2 and c.workflows == len(first) + len(second)
+        assert len(c.latencies) == c.workflows and len(c.slowdowns) <= c.workflows
+    names = sorted(f.name for f in tmp_path.iterdir())
+    assert names == [f"load1-{p}-s{r}.jsonl" for p in ("alone", "fcfs", "workflow") for r in (0, 1)]
 
 
 def test_bad_options_exit_2_before_anything_loads():
     runner = CliRunner()
-    for args in (["--load", "x"], ["--load", "0"], ["--policies", "lifo"], ["--mix", "nope"]):
+    for args in (["--load", "x"], ["--load", "0"], ["--policies", "lifo"], ["--mix", "nope"],
+                 ["--schedules", "0"], ["--saturation", "0"]):  # fmt: skip
         result = runner.invoke(app, ["bench", "serve", *args])
         assert result.exit_code == 2, (args, result.output)
         assert "Traceback" not in result.output
