@@ -111,7 +111,7 @@ def schedule(
         out.append((t, rng.choice(mix), rng.randrange(1 << 30)))
 
 
-async def saturation(engine, rt, mix: dict[str, dict], n: int, concurrency: int) -> float:
+async def saturation(rt, mix: dict[str, dict], n: int, concurrency: int) -> float:
     """Workflows per second with `concurrency` always in flight (closed loop), on an
     engine warmed up first (untimed): a cold engine's first runs set the rate low and
     every load fraction with it."""
@@ -167,10 +167,6 @@ async def run_alone(rt, arrivals: list, mix: dict) -> dict[int, float]:
     return out
 
 
-async def _alone(engine, rt, arrivals: list, mix: dict) -> dict[int, float]:
-    return await run_alone(rt, arrivals, mix)
-
-
 def slowdowns(latencies: dict[int, float], floor: dict[int, float]) -> list[float]:
     """Each workflow's latency over its latency alone (those that ran alone), in
     schedule order."""
@@ -206,7 +202,6 @@ def pool(cells: list[Cell]) -> Cell:
 
 
 async def cell(
-    engine,
     rt,
     policy: str,
     load: float,
@@ -217,7 +212,7 @@ async def cell(
 ) -> Cell:
     """Run one arrival schedule (and chat streams) on an engine with `policy`; with
     `floor` (latencies alone by index), each workflow's slowdown too."""
-
+    engine = rt.engine
     await warm(rt, mix)
     latencies: dict[int, float] = {}
     failed, ttfts, tpots, samples = 0, [], [], []
@@ -320,10 +315,10 @@ async def measure(
         return Path(trace_dir) / f"load{load:g}-{policy}{tag}.jsonl"
 
     async def on_engine(work, *args, policy: str = "fcfs", trace: Path | None = None):
-        """`work(engine, runtime, *args)` on a fresh engine with `policy`."""
+        """`work(runtime, *args)` on a fresh engine with `policy`."""
         opened = Engine.open(model, dtype=dtype, policy=policy, trace=trace)
         async with opened as engine, Runtime(engine) as rt:
-            return await work(engine, rt, *args)
+            return await work(rt, *args)
 
     sat = saturation_per_s
     if sat is None:
@@ -340,7 +335,7 @@ async def measure(
             arrivals = schedule(load * sat, duration, list(mix), seed + n)
             floor = None
             if alone:
-                floor = await on_engine(_alone, arrivals, mix, trace=trace(load, "alone", r))
+                floor = await on_engine(run_alone, arrivals, mix, trace=trace(load, "alone", r))
                 alone_s += floor.values()
             for policy in policies if n % 2 == 0 else policies[::-1]:  # drift hits all alike
                 args = (policy, load, arrivals, mix, chats, floor)
