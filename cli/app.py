@@ -350,7 +350,13 @@ def bench_serve(
     load: Annotated[
         str, typer.Option(help="Arrival rates as fractions of saturation, comma-separated.")
     ] = "0.5,0.8,1.2",
-    policies: Annotated[str, typer.Option(help="Policies to compare.")] = "fcfs,workflow,objective",
+    policies: Annotated[
+        str,
+        typer.Option(
+            help="Policies to compare, comma-separated; name:N also caps workflows in flight "
+            "at N on that engine (workflow:8), the rest queued whole, first come first served."
+        ),
+    ] = "fcfs,workflow,objective",
     duration: Annotated[float, typer.Option(min=1, help="Seconds of arrivals per cell.")] = 60,
     chat: Annotated[int, typer.Option(min=0, help="Chat streams (latency) per cell.")] = 0,
     mix: Annotated[
@@ -407,9 +413,14 @@ def bench_serve(
         loads = [float(x) for x in load.split(",") if x.strip()]
     except ValueError:
         _bad(f"--load: comma-separated numbers, got {load!r}")
-    chosen = [p.strip() for p in policies.split(",") if p.strip()]
-    if bad := sorted(set(chosen) - set(POLICIES)):
-        _bad(f"--policies: {', '.join(bad)}; choose from {', '.join(POLICIES)}")
+    chosen = list(dict.fromkeys(p.strip() for p in policies.split(",") if p.strip()))
+    for spec in chosen:
+        try:
+            bs.engine_settings(spec)
+        except ValueError as exc:
+            _bad(f"--policies: {exc}")
+    if not chosen:
+        _bad(f"--policies: name at least one of {', '.join(POLICIES)}")
     patterns = dict(bs.MIX)
     if mix is not None:
         try:

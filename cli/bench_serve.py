@@ -16,6 +16,11 @@ under every policy (and alone), and pools them into one cell per policy: with a
 few dozen workflows per schedule, a p99 is the slowest one or two and moves by
 tens of percent from one schedule to the next; pooled, it is a percentile.
 
+A policy may carry a cap on workflows in flight, `workflow:8` (the engine's
+`max_workflows`, `corps.engine.admission`): its engine lets at most that many
+workflows in at once and queues the rest whole, first come first served;
+`fcfs` alone stays today's loop, the baseline every ratio is taken against.
+
 With `trace_dir`, each engine writes its trace there (`load0.8-fcfs.jsonl`,
 `load0.8-alone.jsonl`, ...; warm-ups included) for `corps trace view`: its steps
 table says where a policy's time went.
@@ -61,6 +66,7 @@ class Cell(BaseModel):
     chat_ttft_s: dict[str, float] = {}
     chat_tpot_s: dict[str, float] = {}
     max_queue: int = 0
+    max_waiting: int = 0  # workflows waiting at the engine's gate to start, at most
     mean_running: float = 0.0
     # each workflow's latency over its latency alone (p50 / p90 / p99), with `alone`
     slowdown: dict[str, float] = {}
@@ -86,6 +92,22 @@ class Report(BaseModel):
     # engine, latency p50 / p90 / p99 (the floor under any policy's); empty without alone
     alone_s: dict[str, dict[str, float]] = {}
     schedules: int = 1  # arrival schedules per load, pooled in each cell
+
+
+def engine_settings(spec: str) -> dict[str, Any]:
+    """The engine settings of a policy as the bench names it: `workflow`, or
+    `workflow:8` for the policy with at most 8 workflows in flight. Raises ValueError
+    naming what is wrong."""
+    from corps.engine.policies import POLICIES
+
+    name, _, cap = spec.strip().partition(":")
+    if name not in POLICIES:
+        raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
+    if not cap:
+        return {"policy": name}
+    if not cap.isdigit() or int(cap) < 1:
+        raise ValueError(f"{spec!r}: the cap after ':' is workflows in flight, a whole number >= 1")
+    return {"policy": name, "max_workflows": int(cap)}
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -194,7 +216,8 @@ def pool(cells: list[Cell]) -> Cell:
         failed=sum(c.failed for c in cells), wall_s=wall, workflows_per_min=60 * done / wall,
         tokens_per_s=mean(lambda c: c.tokens_per_s), latency_s=percentiles(latencies),
         chat_ttft_s=percentiles(ttfts), chat_tpot_s=percentiles(tpots),
-        max_queue=max(c.max_queue for c in cells), mean_running=mean(lambda c: c.mean_running),
+        max_queue=max(c.max_queue for c in cells),
+        max_waiting=max(c.max_waiting for c in cells), mean_running=mean(lambda c: c.mean_running),
         slowdown=percentiles(slow), busy=mean(lambda c: c.busy),
         schedules=sum(c.schedules for c in cells), latencies=latencies, slowdowns=slow,
         ttfts=ttfts, tpots=tpots,
@@ -242,7 +265,8 @@ async def cell(
     async def sample() -> None:
         while not done.is_set():
             s = engine.stats()
-            samples.append((s.queue_depth, s.mean_batch_size))
+            gated = engine.gate.waiting if engine.gate is not None else 0
+            samples.append((s.queue_depth, s.mean_batch_size, gated))
             await anyio.sleep(0.25)
 
     async with anyio.create_task_group() as outer:
@@ -268,8 +292,9 @@ async def cell(
         latency_s=percentiles(list(latencies.values())),
         chat_ttft_s=percentiles(ttfts),
         chat_tpot_s=percentiles(tpots),
-        max_queue=max((q for q, _ in samples), default=0),
-        mean_running=statistics.fmean(r for _, r in samples) if samples else 0.0,
+        max_queue=max((q for q, _, _ in samples), default=0),
+        max_waiting=max((w for _, _, w in samples), default=0),
+        mean_running=statistics.fmean(r for _, r, _ in samples) if samples else 0.0,
         slowdown=percentiles(slow),
         busy=(after.step_s - before.step_s) / wall,
         latencies=[latencies[i] for i in sorted(latencies)],
@@ -312,11 +337,12 @@ async def measure(
         if trace_dir is None:
             return None
         tag = "" if schedules == 1 else f"-s{r}"
-        return Path(trace_dir) / f"load{load:g}-{policy}{tag}.jsonl"
+        name = policy.replace(":", "-max")  # workflow:8 -> workflow-max8
+        return Path(trace_dir) / f"load{load:g}-{name}{tag}.jsonl"
 
     async def on_engine(work, *args, policy: str = "fcfs", trace: Path | None = None):
-        """`work(runtime, *args)` on a fresh engine with `policy`."""
-        opened = Engine.open(model, dtype=dtype, policy=policy, trace=trace)
+        """`work(runtime, *args)` on a fresh engine with `policy` (`engine_settings`)."""
+        opened = Engine.open(model, dtype=dtype, trace=trace, **engine_settings(policy))
         async with opened as engine, Runtime(engine) as rt:
             return await work(rt, *args)
 
@@ -363,6 +389,9 @@ def table(report: Report):
     if report.chat:
         cols += ["chat TTFT p50", "p99", "TPOT p50", "p99"]
     cols += ["busy", "max queue", "mean batch"]
+    gated = any(c.max_waiting for c in report.cells)
+    if gated:
+        cols += ["max wf waiting"]
     slow = any(c.slowdown for c in report.cells)
     if slow:
         cols += ["slowdown p50", "p99"]
@@ -382,6 +411,8 @@ def table(report: Report):
                     f"{c.chat_tpot_s.get('p50', float('nan')) * 1e3:.0f} ms",
                     f"{c.chat_tpot_s.get('p99', float('nan')) * 1e3:.0f} ms"]  # fmt: skip
         row += [f"{c.busy:.0%}", str(c.max_queue), f"{c.mean_running:.1f}"]
+        if gated:
+            row.append(str(c.max_waiting))
         if slow:
             row += [f"{c.slowdown.get(k, float('nan')):.2f}x" for k in ("p50", "p99")]
         t.add_row(*row)

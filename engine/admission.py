@@ -15,6 +15,12 @@ the same kind (pattern) held. A kind never seen to its end runs one at a time
 (counted as `first_guess` of the store) until one ends and teaches its peak.
 Waiting workflows enter in arrival order (a large one is not passed by small
 ones forever).
+
+`most` also caps how many workflows are in at once, whatever memory allows
+(`EngineConfig.max_workflows`): under a burst of arrivals the workflows beyond
+it queue whole, first come first served, instead of each joining the batch and
+widening every running workflow's steps. With `capacity=None` the gate counts
+only (no store to fit: mode "hf", or `admission=False`).
 """
 
 from __future__ import annotations
@@ -39,15 +45,20 @@ class WorkflowGate:
 
     def __init__(
         self,
-        capacity: int,
+        capacity: int | None,
         *,
         share: float = 0.9,
         first_guess: float = 0.1,
         used: Callable[[], int] | None = None,
+        most: int | None = None,
     ) -> None:
-        if capacity < 1 or not 0 < share <= 1 or not 0 < first_guess <= 1:
-            raise ValueError("capacity >= 1, 0 < share <= 1, 0 < first_guess <= 1")
+        bad_capacity = capacity is not None and capacity < 1
+        if bad_capacity or not 0 < share <= 1 or not 0 < first_guess <= 1:
+            raise ValueError("capacity >= 1 or None, 0 < share <= 1, 0 < first_guess <= 1")
+        if most is not None and most < 1:
+            raise ValueError(f"most (workflows in at once) must be >= 1 or None, got {most}")
         self.capacity, self.share, self.first_guess = capacity, share, first_guess
+        self.most = most  # workflows in at once, at most (None: as memory allows)
         self.used = used  # the store's tokens in use now (None: estimates only)
         self.peaks: dict[str, int] = {}  # the largest store tokens seen per kind
         self._in: dict[int, str] = {}  # ticket -> kind, of the workflows let in
@@ -56,7 +67,10 @@ class WorkflowGate:
         self.waited = 0  # workflows that had to wait to start
 
     def estimate(self, kind: str) -> int:
-        """Store tokens a workflow of `kind` is expected to hold at its peak."""
+        """Store tokens a workflow of `kind` is expected to hold at its peak (0 when
+        the gate only counts)."""
+        if self.capacity is None:
+            return 0
         return self.peaks.get(kind, max(1, int(self.first_guess * self.capacity)))
 
     @property
@@ -78,9 +92,14 @@ class WorkflowGate:
         return Ticket(self, kind)
 
     def _fits(self, kind: str) -> bool:
-        """Alone, or its peak fits beside the peaks of those in, and the store has that
-        much free now (what estimates miss: memory held outside any run)."""
+        """Alone, or below `most` and its peak fits beside the peaks of those in, and
+        the store has that much free now (what estimates miss: memory held outside
+        any run)."""
         if not self._in:
+            return True
+        if self.most is not None and len(self._in) >= self.most:
+            return False
+        if self.capacity is None:
             return True
         if kind not in self.peaks and kind in self._in.values():
             return False  # one of a kind never seen to the end yet: it goes first, alone

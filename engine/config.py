@@ -141,6 +141,14 @@ class EngineConfig(BaseModel):
       run starts only when the store can hold it beside the runs in flight (True,
       the default), so many workflows at once wait rather than fail with
       CacheFullError; False starts every run at once.
+    - `max_workflows`: at most this many pattern runs in flight at once, whatever
+      memory allows; the others wait whole, first come first served, before their
+      first call (None, the default: as memory allows). For many clients sharing
+      one engine under bursty arrivals: a burst then queues instead of widening
+      every running workflow's steps, which shortens the latency tail at the same
+      throughput when the cap is near the concurrency that saturates the engine
+      (docs/benchmarks.md, "serve"). `corps run --inputs --concurrency` caps one
+      data set's runs on the caller's side.
     - `evict`: preemption (choreographed mode): when a call cannot get store slots
       and nothing running will give any back, the encodings of messages no
       running call reads are dropped, in the policy's order, and recomputed
@@ -187,6 +195,7 @@ class EngineConfig(BaseModel):
     compile: bool = False
     compile_gemms: CompileGemms = "library"
     admission: bool = True
+    max_workflows: _Positive | None = None
     evict: bool = True
     policy: PolicyName = "fcfs"
     deduce_objectives: bool = True

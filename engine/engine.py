@@ -68,6 +68,16 @@ def _policy_settings(policy: str, core: Executor) -> dict[str, Any]:
     )
 
 
+def _gate(core: Executor, cfg: EngineConfig) -> WorkflowGate | None:
+    """The workflow gate for these settings: by memory where there is a store and
+    `admission` is on, by count where `max_workflows` is set; None for neither."""
+    capacity = core.occupancy()[1] if cfg.admission else 0
+    if not capacity and cfg.max_workflows is None:
+        return None
+    used = (lambda: core.occupancy()[0]) if capacity else None
+    return WorkflowGate(capacity or None, used=used, most=cfg.max_workflows)
+
+
 class Engine:
     """One model, one global KV store and one batching loop, shared by every caller.
 
@@ -105,13 +115,10 @@ class Engine:
         self.otel: LiveSpans | None = self._send_spans(cfg) if cfg.otel is not None else None
         """With `otel=URL`: the live span sender (`sent`, `dropped`); else None."""
         self._sched.after_step = self._sweep
-        capacity = core.occupancy()[1]
-        on = capacity and cfg.admission
-        used = lambda: core.occupancy()[0]  # noqa: E731
-        self.gate: WorkflowGate | None = WorkflowGate(capacity, used=used) if on else None
+        self.gate: WorkflowGate | None = _gate(core, cfg)
         """Workflow-level admission (`corps.engine.admission`): a pattern's run enters
-        it before its first call; None when off (`admission=False`) or where there is
-        no store (mode "hf")."""
+        it before its first call; None when off (`admission=False`, or no store in
+        mode "hf") and no `max_workflows` is set."""
 
     # ---- construction and lifetime ----
 

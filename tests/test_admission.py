@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import anyio
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from corps.engine.admission import WorkflowGate
 
@@ -116,6 +118,88 @@ def test_bad_settings():
         WorkflowGate(0)
     with pytest.raises(ValueError):
         WorkflowGate(10, share=0)
+    with pytest.raises(ValueError, match="most"):
+        WorkflowGate(10, most=0)
+
+
+async def test_most_caps_workflows_in_however_much_memory_there_is():
+    gate = WorkflowGate(10_000, share=1.0, most=2)
+    gate.peaks["qa"] = 10  # a thousand would fit by memory
+    got: list[int] = []
+    hold = {i: anyio.Event() for i in range(4)}
+
+    async def run(i: int) -> None:
+        async with gate.enter("qa"):
+            got.append(i)
+            await hold[i].wait()
+
+    async with anyio.create_task_group() as tg:
+        for i in range(4):
+            tg.start_soon(run, i)
+            await anyio.sleep(0.01)
+        assert got == [0, 1] and gate.waiting == 2
+        hold[1].set()  # the second leaves first: the third comes in, not the fourth
+        await anyio.sleep(0.01)
+        assert got == [0, 1, 2] and gate.running == 2
+        for e in hold.values():
+            e.set()
+    assert got == [0, 1, 2, 3] and gate.waited == 2
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    most=st.integers(1, 4),
+    ops=st.lists(st.one_of(st.just("arrive"), st.integers(0, 7)), max_size=40),
+)
+def test_counting_only_everyone_enters_in_arrival_order_never_more_than_most(most, ops):
+    """A gate without a store (`capacity=None`) under any sequence of arrivals and
+    leavings (an integer: the workflow in at that index leaves): never more than
+    `most` in, workflows enter in the order they arrived, and once everyone in has
+    left, every arrival has entered (no one starves)."""
+    gate = WorkflowGate(None, most=most)
+    entered: list[int] = []
+    inside: list[int] = []  # tickets in, in order of entry
+
+    async def main() -> None:
+        async def arrive(i: int) -> None:
+            ticket = await gate.admit("any")
+            entered.append(i)
+            inside.append(ticket)
+
+        arrivals = 0
+        async with anyio.create_task_group() as tg:
+            for op in [*ops, *range(len(ops))]:  # then everyone leaves, in turn
+                if op == "arrive":
+                    tg.start_soon(arrive, arrivals)
+                    arrivals += 1
+                elif inside:
+                    gate.leave(inside.pop(op % len(inside)), "any")
+                await anyio.sleep(0)  # let the woken and the new run
+                assert gate.running <= most and gate.running == len(inside)
+            while inside:
+                gate.leave(inside.pop(), "any")
+                await anyio.sleep(0)
+        assert entered == list(range(arrivals)) and gate.waiting == 0
+
+    anyio.run(main)
+
+
+async def test_an_engine_with_max_workflows_lets_that_many_runs_in(tiny_dirs):
+    """`max_workflows=2` with memory admission off: the engine still has a gate, which
+    counts only; six runs started together: two go in, four wait, all complete."""
+    from corps.agents import Runtime
+    from corps.patterns import multi_qa
+
+    from conftest import open_tiny
+
+    async with open_tiny(tiny_dirs, "llama", admission=False, max_workflows=2) as engine:
+        assert engine.gate is not None and engine.gate.most == 2
+        assert engine.gate.capacity is None  # no memory check: admission is off
+        async with Runtime(engine) as rt, anyio.create_task_group() as tg:
+            for i in range(6):
+                tg.start_soon(lambda i=i: multi_qa(rt, max_tokens=4, seed=i, constrained=False))
+        assert engine.gate.waited == 4 and engine.gate.running == 0
+        assert engine.stats().tokens_used == 0
 
 
 @pytest.mark.parametrize("admission", [True, False])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from typer.testing import CliRunner
 
 from corps.cli import bench_serve as bs
@@ -100,7 +101,7 @@ async def test_several_schedules_per_load_run_and_pool(tiny_dirs, tmp_path):
     cell pools both (every workflow's latency kept), one trace per engine and schedule."""
     report = await bs.measure(
         str(tiny_dirs["llama"]), dtype="float32", loads=[1.0], duration=2.0,
-        policies=["fcfs", "workflow"], mix=TINY_MIX, schedules=2, saturation_per_s=3.0,
+        policies=["fcfs", "workflow:1"], mix=TINY_MIX, schedules=2, saturation_per_s=3.0,
         concurrency=2, trace_dir=tmp_path,
     )  # fmt: skip
     assert report.saturation_per_s == 3.0 and report.schedules == 2
@@ -109,13 +110,25 @@ async def test_several_schedules_per_load_run_and_pool(tiny_dirs, tmp_path):
         assert c.schedules == 2 and c.workflows == len(first) + len(second)
         assert len(c.latencies) == c.workflows and len(c.slowdowns) <= c.workflows
     names = sorted(f.name for f in tmp_path.iterdir())
-    assert names == [f"load1-{p}-s{r}.jsonl" for p in ("alone", "fcfs", "workflow") for r in (0, 1)]
+    policies = ("alone", "fcfs", "workflow-max1")  # workflow:1: its engine lets one run in
+    assert names == [f"load1-{p}-s{r}.jsonl" for p in policies for r in (0, 1)]
+
+
+def test_a_policy_may_carry_a_cap_on_workflows_in_flight():
+    assert bs.engine_settings("fcfs") == {"policy": "fcfs"}
+    assert bs.engine_settings(" workflow:8") == {"policy": "workflow", "max_workflows": 8}
+    for bad, says in (("lifo", "unknown policy 'lifo'"), ("lifo:2", "unknown policy"),
+                      ("workflow:0", "whole number >= 1"), ("workflow:x", "whole number"),
+                      ("workflow:-1", "whole number")):  # fmt: skip
+        with pytest.raises(ValueError, match=says):
+            bs.engine_settings(bad)
 
 
 def test_bad_options_exit_2_before_anything_loads():
     runner = CliRunner()
     for args in (["--load", "x"], ["--load", "0"], ["--policies", "lifo"], ["--mix", "nope"],
-                 ["--schedules", "0"], ["--saturation", "0"]):  # fmt: skip
+                 ["--schedules", "0"], ["--saturation", "0"], ["--policies", "workflow:0"],
+                 ["--policies", ","]):  # fmt: skip
         result = runner.invoke(app, ["bench", "serve", *args])
         assert result.exit_code == 2, (args, result.output)
         assert "Traceback" not in result.output

@@ -59,6 +59,7 @@ def test_fields_override_a_config_and_keep_the_rest():
         (dict(device="tpu"), ("device",), r"'cpu' or 'cuda\[:N\]'"),
         (dict(capacity=0), ("capacity",), "greater than or equal to 16"),
         (dict(queue_size=0), ("queue_size",), "greater than or equal to 1"),
+        (dict(max_workflows=0), ("max_workflows",), "greater than or equal to 1"),
         (dict(colour="red"), ("colour",), "unknown engine setting 'colour'"),
         (dict(contexts="store", attention="flex"), ("contexts", "attention"), "torch attention"),
     ],
