@@ -620,16 +620,18 @@ def _within(steps: list[tuple[float, float]], spans: list[tuple[float, float]]) 
 
 @dataclass(frozen=True)
 class WorkflowTime:
-    """Where one workflow's latency went (from its calls' queued, admitted and end)."""
+    """Where one workflow's latency went (from its pass through the workflow gate and
+    its calls' queued, admitted and end)."""
 
     name: str
     calls: int
-    latency: float  # first call queued -> last call ended (s)
+    latency: float  # arrived at the gate (else first call queued) -> last call ended (s)
     running: float  # s with at least one of its calls admitted and not ended
     queued: float  # s with calls waiting for admission and none running
     between: float  # s with no call of its own queued or running (its code, other waits)
     steps: int  # engine steps during its running time
     step_ms: float  # their mean duration
+    gated: float = 0.0  # s waiting at the engine's workflow gate to start
 
 
 def workflow_times(trace: Trace) -> list[WorkflowTime]:
@@ -647,6 +649,9 @@ def workflow_times(trace: Trace) -> list[WorkflowTime]:
     out = []
     for name, cs in by.items():
         start, stop = min(c.start for c in cs), max(c.stop(now) for c in cs)
+        gate = trace.gates.get(name)
+        gated = gate.waited if gate is not None else 0.0
+        start = min(start, gate.t - gated) if gate is not None else start
         admitted = [(c.admitted if c.admitted is not None else c.stop(now)) for c in cs]
         run = _union((a, c.stop(now)) for a, c in zip(admitted, cs, strict=True))
         either = _union([*run, *((c.start, a) for a, c in zip(admitted, cs, strict=True))])
@@ -654,32 +659,37 @@ def workflow_times(trace: Trace) -> list[WorkflowTime]:
         durs = [d for proc in {c.process for c in cs} for d in _within(steps[proc], run)]
         out.append(WorkflowTime(
             name, len(cs), stop - start, _length(run), _length(either) - _length(run),
-            (stop - start) - _length(either), len(durs),
-            1000 * sum(durs) / len(durs) if durs else 0.0,
+            (stop - start) - _length(either) - gated, len(durs),
+            1000 * sum(durs) / len(durs) if durs else 0.0, gated,
         ))  # fmt: skip
     return sorted(out, key=lambda w: -w.latency)
 
 
 def workflows(trace: Trace, limit: int = 10) -> Table | None:
-    """The slowest workflows and where their latency went: running (a call of theirs in
-    the engine's steps), queued (waiting for admission) or between calls; and the
-    steps they ran in. None when no call carries a workflow."""
+    """The slowest workflows and where their latency went: waiting at the workflow gate
+    (when any did), running (a call of theirs in the engine's steps), queued (waiting
+    for admission) or between calls; and the steps they ran in. None when no call
+    carries a workflow."""
     times = workflow_times(trace)
     if not times:
         return None
     title = f"workflows (slowest {min(limit, len(times))} of {len(times)})"
     table = Table(box=box.SIMPLE_HEAD, padding=(0, 0, 0, 1), pad_edge=False, title=title)
     table.add_column("workflow", no_wrap=True, overflow="ellipsis", max_width=28)
-    for col in ("calls", "latency s", "running", "queued", "between", "steps", "step ms"):
+    gate = any(w.gated > 0 for w in times)
+    parts = ("gate",) * gate + ("running", "queued", "between")
+    for col in ("calls", "latency s", *parts, "steps", "step ms"):
         table.add_column(col, justify="right", no_wrap=True)
     for w in times[:limit]:
         shares = [f"{x / w.latency:.0%}" if w.latency > 0 else "-"
-                  for x in (w.running, w.queued, w.between)]  # fmt: skip
+                  for x in (w.gated,) * gate + (w.running, w.queued, w.between)]  # fmt: skip
         table.add_row(w.name, str(w.calls), f"{w.latency:.2f}", *shares, str(w.steps),
                       f"{w.step_ms:.1f}")  # fmt: skip
     table.caption_justify = "left"
     table.caption = (
-        "running: share of its latency with a call of its own admitted (its time then "
+        "gate: waiting to start (max_workflows, or the store full); "
+        * gate
+        + "running: share of its latency with a call of its own admitted (its time then "
         "is the width of the steps it shares: step ms); queued: calls waiting for "
         "admission, none running; between: no call of its own in the engine"
     )

@@ -63,6 +63,7 @@ class WorkflowGate:
         self.peaks: dict[str, int] = {}  # the largest store tokens seen per kind
         self._in: dict[int, str] = {}  # ticket -> kind, of the workflows let in
         self._waiting: deque[_Waiter] = deque()
+        self._waits: dict[int, float] = {}  # ticket -> s it waited, of those let in that waited
         self._tickets = 0
         self.waited = 0  # workflows that had to wait to start
 
@@ -120,6 +121,7 @@ class WorkflowGate:
         waiter = _Waiter(kind)
         self._waiting.append(waiter)
         self.waited += 1
+        arrived = anyio.current_time()
         try:
             await waiter.event.wait()
         except BaseException:  # cancelled: out of the line, or out of the gate
@@ -129,12 +131,18 @@ class WorkflowGate:
                 self._in.pop(waiter.ticket, None)
             self._wake()
             raise
+        self._waits[waiter.ticket] = anyio.current_time() - arrived
         return waiter.ticket
+
+    def wait_of(self, ticket: int) -> float:
+        """Seconds the workflow of `ticket` (in now) waited to be let in; 0 if it did not."""
+        return self._waits.get(ticket, 0.0)
 
     def leave(self, ticket: int, kind: str, used: int = 0) -> None:
         """The workflow of `ticket` ended holding `used` store tokens at its peak (0: it
         failed, learn nothing); let in whoever fits now."""
         self._in.pop(ticket, None)
+        self._waits.pop(ticket, None)
         if used > 0:
             self.peaks[kind] = max(self.peaks.get(kind, 0), used)
         self._wake()

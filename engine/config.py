@@ -148,7 +148,9 @@ class EngineConfig(BaseModel):
       every running workflow's steps, which shortens the latency tail at the same
       throughput when the cap is near the concurrency that saturates the engine
       (docs/benchmarks.md, "serve"). `corps run --inputs --concurrency` caps one
-      data set's runs on the caller's side.
+      data set's runs on the caller's side. A run started inside another run is
+      not counted (it is already in); runs that wait on each other from separate
+      tasks need a cap above their number, or they wait forever.
     - `evict`: preemption (choreographed mode): when a call cannot get store slots
       and nothing running will give any back, the encodings of messages no
       running call reads are dropped, in the policy's order, and recomputed

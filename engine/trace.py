@@ -194,6 +194,15 @@ class Stage(_Event):
     name: str
 
 
+class Gate(_Event):
+    """A workflow (a pattern's run, `run` as in `Stage`) passed the engine's workflow
+    gate (`corps.engine.admission`) at `t`, `waited` s after it arrived there."""
+
+    type: Literal["gate"] = "gate"
+    run: str
+    waited: float = 0.0
+
+
 class Process(_Event):
     """In a merged trace (`corps.engine.trace_merge`): the events that follow, up to the
     next `Process`, come from this engine process (a cluster's worker)."""
@@ -232,6 +241,7 @@ Event = Annotated[
     | Reencode
     | ErrorEvent
     | Stage
+    | Gate
     | Process
     | Closed
     | Token,

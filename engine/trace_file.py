@@ -27,6 +27,7 @@ from corps.engine.trace import (
     ErrorEvent,
     FirstToken,
     Freed,
+    Gate,
     Header,
     LeakEvent,
     MessageMade,
@@ -98,6 +99,7 @@ class Trace:
     errors: list[ErrorEvent] = field(default_factory=list)
     steps: list[Step] = field(default_factory=list)
     stages: list[Stage] = field(default_factory=list)  # what each workflow said it was doing
+    gates: dict[str, Gate] = field(default_factory=dict)  # run -> its pass through the gate
     processes: list[Process] = field(default_factory=list)  # a merged trace's engines
     step_processes: list[str | None] = field(default_factory=list)  # each step's process
     warnings: list[str] = field(default_factory=list)
@@ -209,6 +211,8 @@ class Trace:
             self.processes.append(event)
         elif isinstance(event, Stage):
             self.stages.append(event)
+        elif isinstance(event, Gate):
+            self.gates[event.run] = event
         elif isinstance(event, Closed):
             self.closed = True
 

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict
 from corps.agents import Agent, Runtime
 from corps.cache.handle import Handle
 from corps.cache.visibility import Private
-from corps.engine.trace import Stage
+from corps.engine.trace import Gate, Stage
 from corps.engine.workflow import CURRENT, Objective, Workflow
 from corps.patterns.replay import CURRENT as REPLAY
 from corps.patterns.result import PatternResult
@@ -136,6 +136,10 @@ class Run:
         if gate is not None and not _GATED.get():  # a run inside a run: already in
             self._ticket = await gate.admit(self.pattern)  # when the store can hold it
             self._gated = _GATED.set(True)
+            rec = self.engine.recorder
+            if rec.on:
+                waited = gate.wait_of(self._ticket)
+                rec.emit(Gate(t=rec.now(), run=f"{self.pattern}-{self.id}", waited=waited))
         self._t0 = time.perf_counter()
         # every call of the run, its agents' included, carries the run as its workflow
         outer = CURRENT.get()  # inside `with engine.workflow(..., objective=...)`: its objective

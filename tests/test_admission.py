@@ -184,15 +184,19 @@ def test_counting_only_everyone_enters_in_arrival_order_never_more_than_most(mos
     anyio.run(main)
 
 
-async def test_an_engine_with_max_workflows_lets_that_many_runs_in(tiny_dirs):
+async def test_an_engine_with_max_workflows_lets_that_many_runs_in(tiny_dirs, tmp_path):
     """`max_workflows=2` with memory admission off: the engine still has a gate, which
-    counts only; six runs started together: two go in, four wait, all complete."""
+    counts only; six runs started together: two go in, four wait, all complete, and
+    the trace says how long each waited."""
     from corps.agents import Runtime
+    from corps.engine.trace_file import Trace
     from corps.patterns import multi_qa
 
     from conftest import open_tiny
 
-    async with open_tiny(tiny_dirs, "llama", admission=False, max_workflows=2) as engine:
+    trace = tmp_path / "t.jsonl"
+    opened = open_tiny(tiny_dirs, "llama", admission=False, max_workflows=2, trace=trace)
+    async with opened as engine:
         assert engine.gate is not None and engine.gate.most == 2
         assert engine.gate.capacity is None  # no memory check: admission is off
         async with Runtime(engine) as rt, anyio.create_task_group() as tg:
@@ -200,6 +204,8 @@ async def test_an_engine_with_max_workflows_lets_that_many_runs_in(tiny_dirs):
                 tg.start_soon(lambda i=i: multi_qa(rt, max_tokens=4, seed=i, constrained=False))
         assert engine.gate.waited == 4 and engine.gate.running == 0
         assert engine.stats().tokens_used == 0
+    gates = Trace.load(trace).gates
+    assert len(gates) == 6 and sum(g.waited > 0 for g in gates.values()) == 4
 
 
 @pytest.mark.parametrize("admission", [True, False])

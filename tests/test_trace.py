@@ -51,6 +51,7 @@ SAMPLES = [
     dict(type="reencode", message=3, reader="bob", clean=5),
     dict(type="error", where="engine loop", detail="MemoryError()"),
     dict(type="stage", run="debate-1a2b3c4d", name="round 2 of 3 · negative"),
+    dict(type="gate", run="debate-1a2b3c4d", waited=0.25),
     dict(type="process", t=0.0, name="worker-1", pid=4242, host="node-a"),
     dict(type="closed", t=9.0),
     dict(type="token", call=1, token=42),

@@ -233,3 +233,24 @@ def test_workflows_split_each_latency_into_running_queued_and_between(traces):
                                                         pytest.approx(20.0))  # fmt: skip
     trace.calls = {4: trace.calls[4]}
     assert tv.workflows(trace) is None  # no call of any workflow: no table
+
+
+def test_a_workflow_that_waited_at_the_gate_starts_when_it_arrived_there(traces):
+    """With `max_workflows` a run may wait at the engine's gate before its first call:
+    that wait is its own share (gate), and the latency counts from its arrival."""
+    from corps.engine.trace import CallEnd, CallQueued, Gate
+    from corps.engine.trace_file import CallRec
+
+    trace = Trace.load(traces["debate"])
+    q = CallQueued(t=2.0, call=1, kind="decode", workflow="a")
+    trace.calls = {1: CallRec(q, end=CallEnd(t=4.0, call=1, kind="decode", status="ok",
+                                             admitted=2.0))}  # fmt: skip
+    trace.steps, trace.step_processes = [], []
+    trace.gates = {"a": Gate(t=1.5, run="a", waited=1.0)}  # arrived 0.5, entered 1.5
+    (a,) = tv.workflow_times(trace)
+    assert a.latency == pytest.approx(3.5) and a.gated == pytest.approx(1.0)
+    assert (a.running, a.queued, a.between) == pytest.approx((2.0, 0.0, 0.5))
+    text = render(tv.workflows(trace), width=120)
+    line = next(x.split() for x in text.splitlines() if x.strip().startswith("a "))
+    assert line[1:6] == ["1", "3.50", "29%", "57%", "0%"]  # calls, latency, gate, running, queued
+    assert "gate: waiting to start" in text
