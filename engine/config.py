@@ -143,14 +143,14 @@ class EngineConfig(BaseModel):
       CacheFullError; False starts every run at once.
     - `max_workflows`: at most this many pattern runs in flight at once, whatever
       memory allows; the others wait whole, first come first served, before their
-      first call (None, the default: as memory allows). For many clients sharing
-      one engine under bursty arrivals: a burst then queues instead of widening
-      every running workflow's steps, which shortens the latency tail at the same
-      throughput when the cap is near the concurrency that saturates the engine
-      (docs/benchmarks.md, "serve"). `corps run --inputs --concurrency` caps one
-      data set's runs on the caller's side. A run started inside another run is
-      not counted (it is already in); runs that wait on each other from separate
-      tasks need a cap above their number, or they wait forever.
+      first call (None, the default: as memory allows). A bound on the work many
+      clients can start on one engine at once; it costs throughput when it binds
+      below the concurrency that saturates the engine, and measured under open-loop
+      load it did not shorten the latency tail (docs/benchmarks.md, "serve").
+      `corps run --inputs --concurrency` caps one data set's runs on the caller's
+      side. A run started inside another run is not counted (it is already in);
+      runs that wait on each other from separate tasks need a cap above their
+      number, or they wait forever.
     - `evict`: preemption (choreographed mode): when a call cannot get store slots
       and nothing running will give any back, the encodings of messages no
       running call reads are dropped, in the policy's order, and recomputed
