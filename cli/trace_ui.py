@@ -25,6 +25,7 @@ from corps.cli import trace_view as tv
 from corps.engine.trace_file import Trace
 
 FOLLOW_S = 0.5  # seconds between reads of a followed file
+TABS = ("tab-calls", "tab-totals", "tab-messages", "tab-problems")
 
 
 class TraceApp(App[None]):
@@ -53,6 +54,7 @@ class TraceApp(App[None]):
         self.flt = tv.ALL
         self.selected: int | None = None
         self._timer = None
+        self.stale: set[str] = set(TABS)  # tabs to draw again when next shown
 
     # ---- layout ----
 
@@ -86,18 +88,36 @@ class TraceApp(App[None]):
     # ---- drawing ----
 
     def redraw(self) -> None:
-        """Every pane from the trace as read so far; the selected call stays selected."""
+        """The header, the timeline and the open tab from the trace as read so far (the
+        selected call stays selected); the other tabs when they are opened: a followed
+        trace redraws often, and a long one's message graph is slow to lay out."""
         trace, flt = self.trace, self.flt
         self.sub_title = f"{trace.path.name}{'  ·  following' if self.follow else ''}"
         self.query_one("#header", Static).update(tv.header(trace))
         self.query_one("#timeline", Static).update(tv.Timeline(trace, flt))
-        # below the totals: the loop's steps per engine, the slowest workflows
-        below = [t for t in (tv.steps(trace), tv.workflows(trace)) if t is not None]
-        self.query_one("#totals", Static).update(Group(tv.totals(trace, flt), *below))
-        self.query_one("#graph", Static).update(tv.graph(trace, flt, limit=10**6))
-        self.query_one("#problems", Static).update(tv.problems(trace))
-        self._fill_calls()
-        self._show_call()
+        self.stale = set(TABS)
+        self._draw_tab(self.query_one(TabbedContent).active)
+
+    def _draw_tab(self, tab: str) -> None:
+        """Draw one tab's contents if the trace or filter changed since it was drawn."""
+        if tab not in self.stale:
+            return
+        self.stale.discard(tab)
+        trace, flt = self.trace, self.flt
+        if tab == "tab-calls":
+            self._fill_calls()
+            self._show_call()
+        elif tab == "tab-totals":  # below the totals: the loop's steps, the slowest workflows
+            below = [t for t in (tv.steps(trace), tv.workflows(trace)) if t is not None]
+            self.query_one("#totals", Static).update(Group(tv.totals(trace, flt), *below))
+        elif tab == "tab-messages":
+            self.query_one("#graph", Static).update(tv.graph(trace, flt, limit=10**6))
+        elif tab == "tab-problems":
+            self.query_one("#problems", Static).update(tv.problems(trace))
+
+    def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        if event.pane.id is not None:
+            self._draw_tab(event.pane.id)
 
     def _fill_calls(self) -> None:
         table = self.query_one("#calls", DataTable)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shutil
 
-from textual.widgets import DataTable, Static
+from textual.widgets import DataTable, Static, TabbedContent
 
 from corps.cli import trace_view as tv
 from corps.cli.trace_ui import TraceApp
@@ -55,7 +55,13 @@ async def test_filter_by_agent_and_clear(traces):
 
 async def test_the_other_tabs_hold_totals_graph_and_problems(traces):
     app = TraceApp(Trace.load(traces["prisoners_dilemma"]))
-    async with app.run_test(size=(160, 50)):
+    async with app.run_test(size=(160, 50)) as pilot:
+        tabs = app.query_one(TabbedContent)
+        assert app.stale == {"tab-totals", "tab-messages", "tab-problems"}  # not drawn yet
+        for tab in ("tab-totals", "tab-messages", "tab-problems"):
+            tabs.active = tab
+            await pilot.pause()
+        assert app.stale == set()
         assert "critical path" in shown(app, "totals")
         assert "left out" in shown(app, "totals")  # the steps table, below the totals
         assert "slowest 1 of 1" in shown(app, "totals")  # and the workflows table
@@ -81,6 +87,11 @@ async def test_follow_a_growing_file(traces, tmp_path):
         await pilot.pause()
         full = Trace.load(traces["debate"])
         assert before < table.row_count == len(full.calls)
+        assert "tab-totals" in app.stale  # hidden tabs wait to be opened
+        app.query_one(TabbedContent).active = "tab-totals"
+        await pilot.pause()
+        total = next(x.split() for x in shown(app, "totals").splitlines() if " all " in x)
+        assert total[1] == str(len(full.calls))  # the "all" row counts every call read
         assert "following" in app.sub_title
         await pilot.press("f")
         assert not app.follow and "following" not in app.sub_title
