@@ -20,6 +20,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from corps.engine.step_cost import StepCost
 from corps.engine.trace import Step
 from corps.engine.trace_file import CallRec, Trace, names_of
 
@@ -583,6 +584,7 @@ def steps(trace: Trace) -> Table | None:
             str(max(st.queue for st in sts)),
             f"{sum(st.evicted for st in sts)}/{sum(st.recomputed for st in sts)}",
         )
+    fits = [(proc or "engine", fit) for proc, sts in by_engine.items() if (fit := step_fit(sts))]
     table.caption_justify = "left"
     table.caption = (
         "left out: steps that ran rows of fewer calls than were running (a policy "
@@ -591,7 +593,23 @@ def steps(trace: Trace) -> Table | None:
         "evicted/recomputed: tokens whose encodings were dropped to make room, "
         "and made again to be read"
     )
+    for name, (fixed, per_call, per_row) in fits:  # what widens a step, per engine
+        table.caption += (
+            f"\n{name}: a step took {fixed:.1f} ms + {per_call:.2f} ms a call + "
+            f"{per_row:.3f} ms a row (least squares over its steps)"
+        )
     return table
+
+
+def step_fit(steps: list[Step]) -> tuple[float, float, float] | None:
+    """A step's milliseconds fitted on the calls and rows it ran, over `steps`
+    (least squares, each coefficient >= 0): (fixed, per call, per row); None when
+    the steps do not have two sizes to tell them apart."""
+    cost = StepCost(decay=1.0)
+    for st in steps:
+        cost.observe(st.stepped or st.calls, st.rows, st.dur)
+    coef = cost.coefficients()
+    return None if coef is None else (1000 * coef[0], 1000 * coef[1], 1000 * coef[2])
 
 
 def _union(spans: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:

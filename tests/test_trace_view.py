@@ -184,8 +184,28 @@ def test_steps_summarise_the_loop_per_engine(traces):
     assert rows["engine"][1:] == want
     want = ["1", "50.0/50.0/50.0", "40.0/40", "5.0/5", "0", "0%", "7", "0/0"]
     assert rows["worker-2"][1:] == want
+    fit = tv.step_fit(trace.steps[:3])  # the engine's steps have a fit, the worker's one not
+    assert "engine: a step took" in text and f"{fit[0]:.1f} ms + {fit[1]:.2f} ms a call" in text
+    assert "worker-2: a step took" not in text
     trace.steps, trace.step_processes = [], []
     assert tv.steps(trace) is None  # a trace without steps shows no table
+
+
+def test_the_step_fit_recovers_a_known_cost():
+    """Steps timed as 25 ms + 2 ms a call + 0.5 ms a row (calls counted as stepped):
+    the fit gives those back; steps of one size cannot tell them apart."""
+    from corps.engine.trace import Step
+
+    def step(calls, rows, stepped=None) -> Step:
+        ran = calls if stepped is None else stepped
+        return Step(dur=(25 + 2 * ran + 0.5 * rows) / 1000, calls=calls, sampled=1,
+                    store_used=1, capacity=9, queue=0, rows=rows, stepped=ran)  # fmt: skip
+
+    steps = [step(c, r) for c in (1, 2, 4, 8) for r in (c, c + 30, c + 200)]
+    steps.append(step(6, 40, stepped=3))  # a policy left 3 of 6 out: 3 calls ran
+    fixed, per_call, per_row = tv.step_fit(steps)
+    assert (fixed, per_call, per_row) == pytest.approx((25, 2, 0.5), rel=1e-4)
+    assert tv.step_fit([step(2, 10)] * 5) is None
 
 
 def test_workflows_split_each_latency_into_running_queued_and_between(traces):
