@@ -361,6 +361,17 @@ class Engine:
         return sum(len(m.slots) for m in self._core.table.all()
                    if not m.freed and m.owner in names)  # fmt: skip
 
+    def free_owned(self, owners: Iterable[str]) -> int:
+        """Release every live message these agents own, as `free` releases one; how
+        many. For the end of a workflow whose agents end with it: their messages go,
+        including any it never got a handle to (a reply cut off by cancellation)."""
+        names = set(owners)
+        mids = [m.id for m in self._core.table.all() if not m.freed and m.owner in names]
+        for mid in mids:
+            self._free_id(mid)
+        self._sweep()
+        return len(mids)
+
     def free(self, handle: Handle) -> None:
         """Release a message's encoding (and its re-encoded copies); a call still
         reading it, or queued to read it, keeps it until that call ends. Its text

@@ -158,6 +158,8 @@ class Run:
             for h in self.messages:
                 if h is not None and not h.freed:
                     self.engine.free(h)
+            # and what its agents made that it never received (a cancelled ask's reply)
+            self.engine.free_owned(self.agents)
         finally:  # out of the gate whatever happened, so no run waits on this one forever
             if self._ticket is not None:
                 _GATED.reset(self._gated)

@@ -42,6 +42,18 @@ async def test_documented_api_shape(tiny_dirs):
         assert stats.forward_s > 0  # time in the model's forward, for benchmarks' overhead
 
 
+async def test_free_owned_releases_every_live_message_of_those_agents(tiny_dirs):
+    async with open_tiny(tiny_dirs, "llama") as engine:
+        a1 = await engine.prefill("one of a's", owner="a")
+        a2 = await engine.decode(parents=[a1], max_tokens=3, owner="a")
+        b1 = await engine.prefill("b's own", owner="b")
+        engine.free(a1)  # already freed: not counted again
+        assert engine.free_owned(["a", "nobody"]) == 1
+        assert a2.freed and not b1.freed
+        assert engine.stats().tokens_used == b1.length
+        assert engine.free_owned(["a"]) == 0
+
+
 @pytest.mark.parametrize("contexts", ["copy", "store"])
 async def test_peaks_start_over_for_a_phase(tiny_dirs, contexts):
     async with open_tiny(tiny_dirs, "llama", contexts=contexts) as engine:
