@@ -384,6 +384,14 @@ def bench_serve(
             "closed loop); give a past run's figure to run the same loads again.",
         ),
     ] = None,
+    saturation_window: Annotated[
+        float,
+        typer.Option(
+            min=1,
+            help="Seconds of steady closed-loop load per concurrency tried (8, 16, 32, "
+            "64 while throughput rises) to measure saturation.",
+        ),
+    ] = 30,
     alone: Annotated[
         bool,
         typer.Option(
@@ -435,7 +443,8 @@ def bench_serve(
         _bad("--load: positive fractions of saturation, e.g. 0.5,0.8,1.2")
     settings = dict(dtype=dtype, loads=loads, policies=chosen, duration=duration, chat=chat,
                     mix=patterns, seed=seed, alone=alone, trace_dir=trace, schedules=schedules,
-                    saturation_per_s=None if saturation is None else saturation / 60)  # fmt: skip
+                    saturation_per_s=None if saturation is None else saturation / 60,
+                    saturation_window_s=saturation_window)  # fmt: skip
     report = _run_bench(lambda: bs.measure(model, **settings))
     _report(report, [bs.table(report), bs.ratios(report)], json_out, width=140)
     if plot is not None:

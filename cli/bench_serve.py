@@ -1,7 +1,9 @@
 """`corps bench serve`: many workflows on one engine, open loop, under each policy.
 
 Workflows drawn from a mix of patterns arrive as a Poisson process at a rate
-given as a fraction of the engine's measured saturation throughput (`load`).
+given as a fraction of the engine's measured saturation throughput (`load`):
+the most workflows per second it completes in steady state with 8, 16, 32, ...
+always in flight (closed loop, `saturation`), tried while the rate still rises.
 The same seeded arrival schedule is run under each scheduling policy
 (`corps.engine.policies`), policies alternating from one load to the next; with
 `chat`, interactive streams with a latency objective arrive beside the
@@ -84,7 +86,8 @@ class Cell(BaseModel):
 class Report(BaseModel):
     model: str
     mix: dict[str, dict[str, Any]]
-    saturation_per_s: float  # workflows per second, closed loop, fcfs
+    saturation_per_s: float  # workflows per second, closed loop, fcfs, at its best concurrency
+    saturation_concurrency: int = 0  # the workflows in flight that gave it (0: given, not measured)
     duration_s: float
     chat: int
     cells: list[Cell]
@@ -133,26 +136,61 @@ def schedule(
         out.append((t, rng.choice(mix), rng.randrange(1 << 30)))
 
 
-async def saturation(rt, mix: dict[str, dict], n: int, concurrency: int) -> float:
-    """Workflows per second with `concurrency` always in flight (closed loop), on an
-    engine warmed up first (untimed): a cold engine's first runs set the rate low and
-    every load fraction with it."""
+#: Closed-loop concurrencies tried for saturation, in order, while throughput rises.
+CONCURRENCIES = (8, 16, 32, 64)
+#: A concurrency must beat the best so far by this much to be tried further.
+RISE = 1.05
+
+
+async def saturation(
+    rt, mix: dict[str, dict], window_s: float, concurrencies: tuple[int, ...] = CONCURRENCIES
+) -> tuple[float, int]:
+    """The engine's saturation throughput: workflows per second at the concurrency
+    that gives the most (closed loop, `closed_loop`), trying `concurrencies` in turn
+    until one gains less than 5% over the best; that rate and its concurrency. The
+    engine is warmed up first (untimed): a cold engine's first runs set the rate low
+    and every load fraction with it."""
+    await warm(rt, mix)
+    best, at = 0.0, concurrencies[0]
+    for c in concurrencies:
+        rate = await closed_loop(rt, mix, c, window_s)
+        rose = rate > best * RISE
+        if rate > best:
+            best, at = rate, c
+        if not rose:
+            break
+    if best == 0:
+        from corps.cache.errors import InvalidRequest
+
+        raise InvalidRequest(
+            f"no workflow of the mix ended within {window_s:g} s of closed-loop load: "
+            "give a longer --saturation-window, or the rate with --saturation"
+        )
+    return best, at
+
+
+async def closed_loop(rt, mix: dict[str, dict], concurrency: int, window_s: float) -> float:
+    """Workflows per second with `concurrency` always in flight, in steady state: the
+    workflows ending within `window_s` after a ramp-up of a third of it (the first
+    ones start together and end together), the runs still going then cancelled."""
     from corps.patterns.registry import run_pattern
 
-    await warm(rt, mix)
-    names = list(mix)
-    limiter = anyio.CapacityLimiter(concurrency)
+    names, ended, started = list(mix), [], iter(range(1 << 62))
+    t0 = time.perf_counter()
+    start, stop = t0 + window_s / 3, t0 + window_s / 3 + window_s
 
-    async def one(i: int) -> None:
-        async with limiter:
+    async def worker() -> None:
+        while True:
+            i = next(started)
             name = names[i % len(names)]
             await run_pattern(rt, name, {**mix[name], "seed": i})
+            ended.append(time.perf_counter())
 
-    t0 = time.perf_counter()
-    async with anyio.create_task_group() as tg:
-        for i in range(n):
-            tg.start_soon(one, i)
-    return n / (time.perf_counter() - t0)
+    with anyio.move_on_after(stop - t0):
+        async with anyio.create_task_group() as tg:
+            for _ in range(concurrency):
+                tg.start_soon(worker)
+    return sum(start <= t <= stop for t in ended) / window_s
 
 
 async def warm(rt, mix: dict[str, dict]) -> None:
@@ -314,8 +352,8 @@ async def measure(
     chat: int = 0,
     mix: dict[str, dict] | None = None,
     seed: int = 0,
-    saturation_runs: int = 12,
-    concurrency: int = 8,
+    saturation_window_s: float = 30.0,
+    concurrencies: tuple[int, ...] = CONCURRENCIES,
     alone: bool = True,
     trace_dir: str | Path | None = None,
     schedules: int = 1,
@@ -346,9 +384,9 @@ async def measure(
         async with opened as engine, Runtime(engine) as rt:
             return await work(rt, *args)
 
-    sat = saturation_per_s
+    sat, sat_at = saturation_per_s, 0
     if sat is None:
-        sat = await on_engine(saturation, mix, saturation_runs, concurrency)
+        sat, sat_at = await on_engine(saturation, mix, saturation_window_s, concurrencies)
     cells, floors = [], {}
     chats = [duration * (i + 0.5) / chat for i in range(chat)]
     if chat:  # the same chat streams on an idle engine: what "beside a load" costs them
@@ -373,6 +411,7 @@ async def measure(
     rank = {p: i for i, p in enumerate(["idle", *policies])}
     cells.sort(key=lambda c: (c.load, rank[c.policy]))
     return Report(model=model, mix=mix, saturation_per_s=sat, duration_s=duration, chat=chat,
+                  saturation_concurrency=sat_at,
                   cells=cells, alone_s=floors, schedules=schedules)  # fmt: skip
 
 
@@ -381,7 +420,9 @@ def table(report: Report):
 
     t = Table(
         title=f"open-loop load on {report.model}: saturation {report.saturation_per_s * 60:.1f} "
-        f"workflows/min, {report.duration_s:.0f} s of arrivals per cell"
+        "workflows/min"
+        + (f" ({at} in flight)" if (at := report.saturation_concurrency) else "")
+        + f", {report.duration_s:.0f} s of arrivals per cell"
         + (f" x {report.schedules} schedules, pooled" if report.schedules > 1 else "")
         + (f", {report.chat} chat streams" if report.chat else "")
     )

@@ -23,6 +23,62 @@ def test_the_schedule_is_seeded_poisson_within_the_duration():
     assert bs.schedule(rate=5.0, duration=4.0, mix=["x"], seed=4) != a
 
 
+@pytest.mark.parametrize(
+    ("rates", "want", "tried"),
+    [
+        ({8: 100, 16: 140, 32: 135, 64: 150}, (140, 16), [8, 16, 32]),  # fell: stop there
+        ({8: 100, 16: 103, 32: 200}, (103, 16), [8, 16]),  # rose < 5%: stop, keep the best
+        ({8: 50, 16: 80, 32: 120, 64: 160}, (160, 64), [8, 16, 32, 64]),  # rose to the end
+    ],
+)
+async def test_saturation_is_the_best_rate_of_the_concurrencies_while_it_rises(
+    monkeypatch, rates, want, tried
+):
+    asked: list[int] = []
+
+    async def rate(rt, mix, c, window_s):
+        asked.append(c)
+        return rates[c]
+
+    async def no_warm(rt, mix):
+        return None
+
+    monkeypatch.setattr(bs, "closed_loop", rate)
+    monkeypatch.setattr(bs, "warm", no_warm)
+    assert await bs.saturation(None, {}, 1.0) == want and asked == tried
+
+
+async def test_no_workflow_ending_in_the_window_is_an_error_that_says_what_to_do(monkeypatch):
+    from corps.cache.errors import InvalidRequest
+
+    async def nothing(rt, mix, c, window_s):
+        return 0.0
+
+    async def no_warm(rt, mix):
+        return None
+
+    monkeypatch.setattr(bs, "closed_loop", nothing)
+    monkeypatch.setattr(bs, "warm", no_warm)
+    with pytest.raises(InvalidRequest, match="--saturation-window"):
+        await bs.saturation(None, {}, 1.0)
+
+
+async def test_the_closed_loop_counts_steady_completions_and_cancels_the_rest(tiny_dirs):
+    """On a tiny model: a positive rate, and the runs still going at the window's end
+    are cancelled cleanly (nothing left running or held in the store)."""
+    from corps.agents import Runtime
+
+    from conftest import open_tiny
+
+    async with open_tiny(tiny_dirs, "llama") as engine, Runtime(engine) as rt:
+        rate = await bs.closed_loop(rt, TINY_MIX, concurrency=3, window_s=1.0)
+        assert rate > 0
+        # the loop aborts cancelled calls between steps: one more call lets it get there
+        engine.free(await engine.prefill("after"))
+        s = engine.stats()
+        assert s.queue_depth == 0 and s.tokens_used == 0 and s.messages == 0
+
+
 def test_percentiles():
     assert bs.percentiles([]) == {}
     p = bs.percentiles([float(i) for i in range(101)])
@@ -32,10 +88,10 @@ def test_percentiles():
 async def test_every_policy_runs_the_same_arrivals_and_reports_a_cell(tiny_dirs, tmp_path):
     report = await bs.measure(
         str(tiny_dirs["llama"]), dtype="float32", loads=[0.5], duration=1.0, chat=1,
-        policies=["fcfs", "workflow", "objective"], mix=TINY_MIX, saturation_runs=4,
-        concurrency=2, trace_dir=tmp_path / "traces",
+        policies=["fcfs", "workflow", "objective"], mix=TINY_MIX, saturation_window_s=1.0,
+        concurrencies=(2, 4), trace_dir=tmp_path / "traces",
     )  # fmt: skip
-    assert report.saturation_per_s > 0
+    assert report.saturation_per_s > 0 and report.saturation_concurrency in (2, 4)
     assert [c.policy for c in report.cells] == ["idle", "fcfs", "workflow", "objective"]
     loaded = report.cells[1:]
     assert report.cells[0].workflows == 0 and report.cells[0].chat_ttft_s  # chat alone
@@ -63,7 +119,7 @@ async def test_every_policy_runs_the_same_arrivals_and_reports_a_cell(tiny_dirs,
 async def test_without_alone_there_is_no_floor_nor_slowdown(tiny_dirs):
     report = await bs.measure(
         str(tiny_dirs["llama"]), dtype="float32", loads=[0.5], duration=1.0,
-        policies=["fcfs"], mix=TINY_MIX, saturation_runs=2, concurrency=2, alone=False,
+        policies=["fcfs"], mix=TINY_MIX, saturation_window_s=1.0, concurrencies=(2,), alone=False,
     )  # fmt: skip
     assert report.alone_s == {} and all(c.slowdown == {} for c in report.cells)
 
@@ -102,9 +158,10 @@ async def test_several_schedules_per_load_run_and_pool(tiny_dirs, tmp_path):
     report = await bs.measure(
         str(tiny_dirs["llama"]), dtype="float32", loads=[1.0], duration=2.0,
         policies=["fcfs", "workflow:1"], mix=TINY_MIX, schedules=2, saturation_per_s=3.0,
-        concurrency=2, trace_dir=tmp_path,
+        trace_dir=tmp_path,
     )  # fmt: skip
     assert report.saturation_per_s == 3.0 and report.schedules == 2
+    assert report.saturation_concurrency == 0  # given, not measured
     first, second = (bs.schedule(3.0, 2.0, list(TINY_MIX), seed) for seed in (0, 1))
     for c in report.cells:
         assert c.schedules == 2 and c.workflows == len(first) + len(second)
