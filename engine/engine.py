@@ -357,20 +357,22 @@ class Engine:
     def held_by(self, owners: Iterable[str]) -> int:
         """Store slots held now by the live messages these agents own (what a
         workflow's agents keep beside the messages it holds handles to)."""
-        names = set(owners)
-        return sum(len(m.slots) for m in self._core.table.all()
-                   if not m.freed and m.owner in names)  # fmt: skip
+        return sum(len(m.slots) for m in self._owned(owners))
 
     def free_owned(self, owners: Iterable[str]) -> int:
         """Release every live message these agents own, as `free` releases one; how
         many. For the end of a workflow whose agents end with it: their messages go,
         including any it never got a handle to (a reply cut off by cancellation)."""
-        names = set(owners)
-        mids = [m.id for m in self._core.table.all() if not m.freed and m.owner in names]
+        mids = [m.id for m in self._owned(owners)]
         for mid in mids:
             self._free_id(mid)
         self._sweep()
         return len(mids)
+
+    def _owned(self, owners: Iterable[str]) -> list:
+        """The live message records these agents own."""
+        names = set(owners)
+        return [m for m in self._core.table.all() if not m.freed and m.owner in names]
 
     def free(self, handle: Handle) -> None:
         """Release a message's encoding (and its re-encoded copies); a call still
