@@ -593,23 +593,33 @@ def steps(trace: Trace) -> Table | None:
         "evicted/recomputed: tokens whose encodings were dropped to make room, "
         "and made again to be read"
     )
-    for name, (fixed, per_call, per_row) in fits:  # what widens a step, per engine
-        table.caption += (
-            f"\n{name}: a step took {fixed:.1f} ms + {per_call:.2f} ms a call + "
-            f"{per_row:.3f} ms a row (least squares over its steps)"
-        )
+    for name, fit in fits:  # what widens a step, per engine
+        table.caption += f"\n{name}: a step took " + describe_fit(fit)
     return table
 
 
-def step_fit(steps: list[Step]) -> tuple[float, float, float] | None:
-    """A step's milliseconds fitted on the calls and rows it ran, over `steps`
-    (least squares, each coefficient >= 0): (fixed, per call, per row); None when
-    the steps do not have two sizes to tell them apart."""
+def describe_fit(fit: tuple[float, ...]) -> str:
+    """`step_fit`'s terms in words; prompt chunks and keys only where they count."""
+    fixed, per_call, per_row, per_chunk, per_keys = fit
+    text = f"{fixed:.1f} ms + {per_call:.2f} ms a call + {per_row:.3f} ms a row"
+    if per_chunk:
+        text += f" + {per_chunk:.2f} ms a prompt chunk"
+    if per_keys:
+        text += f" + {per_keys:.2f} ms per 1000 keys its decodes read"
+    return text + " (least squares over its steps)"
+
+
+def step_fit(steps: list[Step]) -> tuple[float, float, float, float, float] | None:
+    """A step's milliseconds fitted on what it ran, over `steps` (least squares, each
+    coefficient >= 0, the engine's own `StepCost`): (fixed, per call, per row, per
+    prompt chunk, per 1000 keys its decodes read); the last two are 0 in traces
+    that do not record them. None when the steps do not have two sizes to tell
+    the terms apart."""
     cost = StepCost(decay=1.0)
     for st in steps:
-        cost.observe(st.stepped or st.calls, st.rows, st.dur)
+        cost.observe(st.stepped or st.calls, st.rows, st.dur, st.chunks, st.keys)
     coef = cost.coefficients()
-    return None if coef is None else (1000 * coef[0], 1000 * coef[1], 1000 * coef[2])
+    return None if coef is None else tuple(1000 * c for c in coef)  # type: ignore[return-value]
 
 
 def _union(spans: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:

@@ -44,6 +44,7 @@ from corps.engine.requests import DecodeRequest, PrefillRequest
 from corps.engine.runner import ModelRunner
 from corps.engine.sampler import Sampler
 from corps.engine.stats import EngineStats
+from corps.engine.step_cost import decode_keys
 from corps.engine.tuning import KernelChoice
 from corps.engine.weights import Weights
 
@@ -63,6 +64,7 @@ class StepOutput:
     calls: int = 0  # calls the forward ran rows of
     rows: int = 0  # rows (tokens) the forward encoded
     chunks: int = 0  # calls of those that encoded a prompt chunk (not one token)
+    keys: int = 0  # keys its one-row calls attended over (`step_cost.decode_keys`)
 
 
 class Core:
@@ -259,6 +261,9 @@ class Core:
             c.spans.append(n)
         out.calls, out.rows = len(plan), sum(n for _, _, n in plan)
         out.chunks = sum(start >= 0 for _, start, _ in plan)
+        out.keys = decode_keys(
+            [c.view.length + 1 for c, _, n in plan if n == 1 and c.view is not None]
+        )
         out.encoded = any(start >= 0 or c.finishing for c, start, _ in plan)
         # constrained calls' masks are computed on another thread while the forward runs
         constrained = [c for c, start, n in plan if c.matcher is not None and samples(c, start, n)]

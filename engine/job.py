@@ -62,6 +62,14 @@ class Job:
             return 1
         return max(1, min(PREFILL_CHUNK, len(call.feed) - call.fed))
 
+    @property
+    def keys(self) -> int:
+        """Keys the call attends over in its next step when that step is one row (its
+        view with the new token; 0 without a view): what a decode adds to a step's
+        `step_cost.decode_keys`."""
+        call = self.call
+        return 0 if call is None or call.view is None else call.view.length + 1
+
     def figures(self) -> CallFigures:
         """What this call cost (its message keeps it: `Handle.tokens_encoded`, ...)."""
         call = self.call

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, get_args
 
 from corps.engine.config import PolicyName
-from corps.engine.step_cost import StepCost
+from corps.engine.step_cost import StepCost, decode_keys
 
 POLICIES: tuple[str, ...] = get_args(PolicyName)
 AGING_S = 5.0  # seconds a call waits before it goes first under any policy
@@ -96,9 +96,11 @@ class Policy(Protocol):
         """Tokens the next step may run (of the engine's `budget`), for the calls
         `step_calls` chose."""
 
-    def observe(self, calls: int, rows: int, seconds: float, chunks: int = 0) -> None:
+    def observe(
+        self, calls: int, rows: int, seconds: float, chunks: int = 0, keys: int = 0
+    ) -> None:
         """A step ran `calls` calls over `rows` rows in `seconds`, `chunks` of the
-        calls encoding prompt chunks."""
+        calls encoding prompt chunks, its decodes attending over `keys` keys."""
 
     def victims(self, candidates: list[Any]) -> list[Any]:
         """Messages whose encodings may be evicted, in the order they should go."""
@@ -114,7 +116,9 @@ class _Unbounded:
     def step_budget(self, running: Sequence[Any], budget: int) -> int:
         return budget
 
-    def observe(self, calls: int, rows: int, seconds: float, chunks: int = 0) -> None:
+    def observe(
+        self, calls: int, rows: int, seconds: float, chunks: int = 0, keys: int = 0
+    ) -> None:
         pass
 
 
@@ -233,15 +237,14 @@ class ObjectiveFirst(WorkflowFirst):
             return order
         own = sum(_rows(j) for j in latency)
         chosen = list(latency)
-        full = False
         for j in order:
             if j.objective == "latency":
                 continue
             calls = [*chosen, j]
-            full = full or self._predict(calls, own + len(calls) - len(latency)) > bound
-            if full and getattr(j, "skipped", 0) < self.starve_steps:
+            over = self._predict(calls, own + len(calls) - len(latency)) > bound
+            if over and getattr(j, "skipped", 0) < self.starve_steps:
                 j.skipped = getattr(j, "skipped", 0) + 1
-                continue
+                continue  # a later call may still fit (a shorter view costs less)
             j.skipped = 0
             chosen.append(j)
         return chosen
@@ -260,7 +263,8 @@ class ObjectiveFirst(WorkflowFirst):
         if bound is not None:
             own = sum(_rows(j) for j in running if j.objective == "latency")
             least = own + sum(j.objective != "latency" for j in running)
-            fits = self.cost.max_rows(n, _chunks(running), bound, budget)  # type: ignore[union-attr]
+            keys = _keys(running)
+            fits = self.cost.max_rows(n, _chunks(running), bound, budget, keys)  # type: ignore[union-attr]
             return min(budget, max(least, fits or 0))
         if self.latency_rows is not None:
             return min(budget, max(n, self.latency_rows))
@@ -276,15 +280,17 @@ class ObjectiveFirst(WorkflowFirst):
         alone = self._predict(latency, sum(_rows(j) for j in latency))
         return None if alone is None else self.step_slowdown * alone
 
-    def observe(self, calls: int, rows: int, seconds: float, chunks: int = 0) -> None:
+    def observe(
+        self, calls: int, rows: int, seconds: float, chunks: int = 0, keys: int = 0
+    ) -> None:
         if self.cost is not None:
-            self.cost.observe(calls, rows, seconds, chunks)
+            self.cost.observe(calls, rows, seconds, chunks, keys)
 
     def _predict(self, calls: Sequence[Any], rows: int) -> float | None:
         """Predicted seconds of a step running `calls` over `rows` rows."""
         if self.cost is None or not calls:
             return None
-        return self.cost.predict(len(calls), rows, _chunks(calls))
+        return self.cost.predict(len(calls), rows, _chunks(calls), _keys(calls))
 
 
 def _rows(job: Any) -> int:
@@ -295,6 +301,11 @@ def _rows(job: Any) -> int:
 def _chunks(jobs: Sequence[Any]) -> int:
     """Calls of `jobs` that bring a prompt chunk (more than one row) to the next step."""
     return sum(_rows(j) > 1 for j in jobs)
+
+
+def _keys(jobs: Sequence[Any]) -> int:
+    """Keys the one-row calls of `jobs` attend over in the next step (`decode_keys`)."""
+    return decode_keys([getattr(j, "keys", 0) for j in jobs if _rows(j) == 1])
 
 
 def make(name: str, **settings: Any) -> Policy:

@@ -284,6 +284,8 @@ class Scheduler:
             admit_s=self._admit_s,
             evicted=evicted,
             recomputed=recomputed,
+            chunks=self._out.chunks,
+            keys=self._out.keys,
         )
 
     def _step_sync(self, new: list[Job], t0: float) -> None:
@@ -299,7 +301,7 @@ class Scheduler:
                 t_step = time.perf_counter()
                 out = self.core.step(active, budget=budget)
                 seconds = time.perf_counter() - t_step
-                self.policy.observe(out.calls, out.rows, seconds, out.chunks)
+                self.policy.observe(out.calls, out.rows, seconds, out.chunks, out.keys)
             except Exception as exc:  # the forward failed: fail this step's jobs, go on
                 for call in active:
                     self.core.abort(call)

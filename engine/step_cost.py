@@ -4,13 +4,18 @@ The `objective` policy bounds what runs beside a latency-critical call so that
 the call's time per token stays within a factor of what it would be alone. The
 products' timings (`corps.engine.tuning`) see only the weights: on a CPU a
 step's time also grows with each call it carries (its attention over its own
-view, its planning and sampling) and with each prompt chunk. So the loop reports
-every step it runs, and this model fits
+view, its planning and sampling), with each prompt chunk, and with the keys
+its decodes attend over. So the loop reports every step it runs, and this model
+fits
 
-    seconds = a + b * calls + c * P(rows) + d * chunks
+    seconds = a + b * calls + c * P(rows) + d * chunks + e * K / 1000
 
-(chunks: the calls that encode a prompt chunk rather than one token) by least
-squares over the recent steps (older ones weigh less), each coefficient >= 0.
+(chunks: the calls that encode a prompt chunk rather than one token; K: the
+keys the step's decodes read, `decode_keys`) by least squares over the recent
+steps (older ones weigh less), each coefficient >= 0. Without K a step of four
+decodes over 1500-token views was predicted as one over 100-token views, and
+measured 1.9x slower (78 against 42 ms on the default model): a chat with a long
+history, or beside long workflows, ran past its bound.
 P(rows) is the rows themselves, or where the engine timed its product kernels
 (dtype auto on a CPU) their measured seconds for that many rows
 (`KernelChoice.products`): a step's products are not linear in its rows there
@@ -33,7 +38,8 @@ DECAY = 0.995
 RIDGE = 1e-9
 #: Steps observed between two fits.
 REFIT = 16
-N = 4  # features: 1, calls, P(rows), chunks
+N = 5  # features: 1, calls, P(rows), chunks, keys / 1000
+KEYS_UNIT = 1000.0
 
 
 @dataclass
@@ -49,12 +55,15 @@ class StepCost:
     _coef: tuple[float, ...] | None = None
     _since: int = 0  # steps observed since the last fit
 
-    def observe(self, calls: int, rows: int, seconds: float, chunks: int = 0) -> None:
+    def observe(
+        self, calls: int, rows: int, seconds: float, chunks: int = 0, keys: int = 0
+    ) -> None:
         """One step that ran `calls` calls over `rows` rows in `seconds`, `chunks`
-        of the calls encoding prompt chunks."""
-        if calls < 1 or rows < calls or not 0 <= chunks <= calls or not seconds > 0:
+        of the calls encoding prompt chunks, its decodes reading `keys` keys."""
+        bad = calls < 1 or rows < calls or not 0 <= chunks <= calls or keys < 0
+        if bad or not seconds > 0:
             return
-        x = (1.0, float(calls), self._p(rows), float(chunks))
+        x = (1.0, float(calls), self._p(rows), float(chunks), keys / KEYS_UNIT)
         for i in range(N):
             self._xy[i] = self.decay * self._xy[i] + x[i] * seconds
             for k in range(N):
@@ -71,32 +80,35 @@ class StepCost:
         return len(self._sizes) >= 2
 
     def coefficients(self) -> tuple[float, ...] | None:
-        """(a, b, c, d), each >= 0 (c per unit of P); None before steps of two sizes."""
+        """(a, b, c, d, e), each >= 0 (c per unit of P, e per 1000 keys); None before
+        steps of two sizes."""
         if not self.ready:
             return None
         if self._coef is None:
             self._coef, self._since = _nonnegative_fit(self._xx, self._xy), 0
         return self._coef
 
-    def predict(self, calls: int, rows: int, chunks: int = 0) -> float | None:
+    def predict(self, calls: int, rows: int, chunks: int = 0, keys: int = 0) -> float | None:
         """Seconds of a step of `calls` calls over `rows` rows, `chunks` of them
-        prompt chunks; None before `ready`."""
+        prompt chunks, its decodes reading `keys` keys; None before `ready`."""
         coef = self.coefficients()
         if coef is None:
             return None
-        a, b, c, d = coef
-        return a + b * calls + c * self._p(rows) + d * chunks
+        a, b, c, d, e = coef
+        return a + b * calls + c * self._p(rows) + d * chunks + e * keys / KEYS_UNIT
 
-    def max_rows(self, calls: int, chunks: int, seconds: float, most: int) -> int | None:
-        """The most rows (<= `most`) a step of `calls` calls and `chunks` chunks may
-        hold within `seconds` (P taken as rising with rows); 0 if not even one row
-        fits; None before `ready`."""
-        if self.predict(calls, 1, chunks) is None:
+    def max_rows(
+        self, calls: int, chunks: int, seconds: float, most: int, keys: int = 0
+    ) -> int | None:
+        """The most rows (<= `most`) a step of `calls` calls and `chunks` chunks whose
+        decodes read `keys` keys may hold within `seconds` (P taken as rising with
+        rows); 0 if not even one row fits; None before `ready`."""
+        if self.predict(calls, 1, chunks, keys) is None:
             return None
         lo, hi = 0, most  # predict(lo) fits (lo = 0 by convention), find the last that does
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if self.predict(calls, mid, chunks) <= seconds:  # type: ignore[operator]
+            if self.predict(calls, mid, chunks, keys) <= seconds:  # type: ignore[operator]
                 lo = mid
             else:
                 hi = mid - 1
@@ -104,6 +116,13 @@ class StepCost:
 
     def _p(self, rows: int) -> float:
         return float(rows) if self.products is None else self.products(rows)
+
+
+def decode_keys(lengths: list[int]) -> int:
+    """Keys a step's decodes attend over, from each one's view length (context and
+    own tokens): the batched plan pads every decode to the longest view
+    (`corps.engine.attention.DecodePlan`), so n decodes cost n times the longest."""
+    return len(lengths) * max(lengths) if lengths else 0
 
 
 def _nonnegative_fit(xx: list[list[float]], xy: list[float]) -> tuple[float, ...]:
@@ -129,7 +148,7 @@ def _nonnegative_fit(xx: list[list[float]], xy: list[float]) -> tuple[float, ...
 
 
 def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
-    """x with a x = b (n <= 4) by Gaussian elimination with pivoting; None if singular."""
+    """x with a x = b (n <= 5) by Gaussian elimination with pivoting; None if singular."""
     n = len(b)
     m = [[*row, b[i]] for i, row in enumerate(a)]
     for col in range(n):

@@ -141,6 +141,8 @@ class Step(_Event):
     # new calls (planning, gathering contexts, recomputing evicted parents)
     evicted: int = 0  # tokens whose encodings the step's admission evicted (preemption)
     recomputed: int = 0  # tokens of evicted encodings it made again to be read
+    chunks: int = 0  # calls it ran a prompt chunk of (more than one row)
+    keys: int = 0  # keys its decodes attended over (`step_cost.decode_keys`)
 
 
 class ActorEvent(_Event):

@@ -326,6 +326,24 @@ def test_prefills_keep_a_share_of_every_step_under_a_full_batch_of_decodes(tiny_
     assert core.store.used_slots == len(core.table.get(q.id).slots)
 
 
+def test_a_step_reports_the_keys_its_decodes_read_padded_to_the_longest(tiny_dirs):
+    """The step cost's keys (`decode_keys`): one-row calls count, each as long as the
+    longest view among them (the batched plan pads to it); prompt chunks do not."""
+    core = open_tiny(tiny_dirs, "llama")._core
+    short, _ = prefill(core, "count")
+    long_, _ = prefill(core, "count with me from one to ten and then back down to one")
+    decodes = [core.admit(DecodeRequest(parents=[p], sampling=greedy(4))) for p in (short, long_)]
+    while any(c.pending is None for c in decodes):  # encode their headers first
+        core.step(decodes, budget=None)
+    chunk = core.admit(PrefillRequest(list(range(5, 45)), frame=False))
+    longest = max(c.view.length for c in decodes) + 1  # with the token it adds
+    out = core.step([*decodes, chunk], budget=None)
+    assert out.chunks == 1 and out.keys == 2 * longest
+    assert longest > min(c.view.length for c in decodes) + 1  # the padding is counted
+    for c in [*decodes, chunk]:
+        core.abort(c)
+
+
 def test_mixed_steps_batch_decodes_and_prefill_chunks_and_agree_with_alone(tiny_dirs, backend):
     """Decodes already running while other calls prefill: each step fuses one batched
     decode with the prefill chunks, and every call ends as it does alone."""

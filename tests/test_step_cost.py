@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corps.engine.step_cost import StepCost, _nonnegative_fit
+from corps.engine.step_cost import StepCost, _nonnegative_fit, decode_keys
 
 
 def test_nothing_is_predicted_before_steps_of_two_sizes():
@@ -34,7 +34,30 @@ def test_an_exact_linear_cost_is_recovered():
     steps = [(1, 1, 0), (2, 2, 0), (4, 68, 1), (8, 8, 0), (3, 200, 2), (16, 16, 0), (1, 64, 1)]
     for calls, rows, chunks in steps:
         cost.observe(calls, rows, 0.017 + 0.001 * calls + 0.0005 * rows + 0.004 * chunks, chunks)
-    assert cost.coefficients() == pytest.approx((0.017, 0.001, 0.0005, 0.004), rel=1e-3)
+    assert cost.coefficients() == pytest.approx((0.017, 0.001, 0.0005, 0.004, 0), abs=1e-6)
+
+
+def test_the_keys_decodes_read_are_recovered_and_predicted():
+    """A step costs 20 ms + 1 ms a call + 5 ms per 1000 keys: the fit gives that back,
+    and four calls over long views are predicted slower than over short ones."""
+    cost = StepCost()
+    steps = [(1, 100), (1, 1500), (4, 100), (4, 800), (8, 400), (2, 3000), (16, 50)]
+    for i, (calls, longest) in enumerate(steps):
+        keys = decode_keys([longest] * calls)
+        seconds = 0.020 + 0.001 * calls + 0.005 * keys / 1000
+        cost.observe(calls, calls + 3 * i, seconds, keys=keys)  # rows cost nothing
+    assert cost.coefficients() == pytest.approx((0.020, 0.001, 0, 0, 0.005), abs=1e-7)
+    assert cost.predict(4, 4, keys=6000) == pytest.approx(0.054)
+    assert cost.predict(4, 4, keys=400) == pytest.approx(0.026)
+    assert cost.max_rows(4, 0, 0.030, 512, keys=6000) == 0  # the keys alone overrun it
+    cost.observe(2, 2, 0.01, keys=-1)  # nonsense is ignored
+    assert cost.predict(4, 4, keys=400) == pytest.approx(0.026)
+
+
+def test_decode_keys_pad_every_decode_to_the_longest_view():
+    assert decode_keys([]) == 0
+    assert decode_keys([300]) == 300
+    assert decode_keys([100, 1500, 200]) == 4500
 
 
 def test_a_cost_falling_with_calls_is_fit_with_no_negative_coefficient():

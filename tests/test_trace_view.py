@@ -203,8 +203,10 @@ def test_the_step_fit_recovers_a_known_cost():
 
     steps = [step(c, r) for c in (1, 2, 4, 8) for r in (c, c + 30, c + 200)]
     steps.append(step(6, 40, stepped=3))  # a policy left 3 of 6 out: 3 calls ran
-    fixed, per_call, per_row = tv.step_fit(steps)
+    fixed, per_call, per_row, per_chunk, per_keys = tv.step_fit(steps)
     assert (fixed, per_call, per_row) == pytest.approx((25, 2, 0.5), rel=1e-4)
+    assert per_chunk == per_keys == 0  # these steps record neither
+    assert "chunk" not in tv.describe_fit((25, 2, 0.5, 0, 0))
     assert tv.step_fit([step(2, 10)] * 5) is None
 
 
