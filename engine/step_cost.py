@@ -120,9 +120,10 @@ class StepCost:
 
 def decode_keys(lengths: list[int]) -> int:
     """Keys a step's decodes attend over, from each one's view length (context and
-    own tokens): the batched plan pads every decode to the longest view
-    (`corps.engine.attention.DecodePlan`), so n decodes cost n times the longest."""
-    return len(lengths) * max(lengths) if lengths else 0
+    own tokens). Their sum: the torch backend splits a step's decodes into plans of
+    similar lengths (`corps.engine.attention.routing.split_by_length`), so padding
+    each to the longest in its plan adds little."""
+    return sum(lengths)
 
 
 def _nonnegative_fit(xx: list[list[float]], xy: list[float]) -> tuple[float, ...]:

@@ -326,9 +326,9 @@ def test_prefills_keep_a_share_of_every_step_under_a_full_batch_of_decodes(tiny_
     assert core.store.used_slots == len(core.table.get(q.id).slots)
 
 
-def test_a_step_reports_the_keys_its_decodes_read_padded_to_the_longest(tiny_dirs):
-    """The step cost's keys (`decode_keys`): one-row calls count, each as long as the
-    longest view among them (the batched plan pads to it); prompt chunks do not."""
+def test_a_step_reports_the_keys_its_decodes_read(tiny_dirs):
+    """The step cost's keys (`decode_keys`): one-row calls count their views with the
+    token each adds; prompt chunks do not."""
     core = open_tiny(tiny_dirs, "llama")._core
     short, _ = prefill(core, "count")
     long_, _ = prefill(core, "count with me from one to ten and then back down to one")
@@ -336,10 +336,9 @@ def test_a_step_reports_the_keys_its_decodes_read_padded_to_the_longest(tiny_dir
     while any(c.pending is None for c in decodes):  # encode their headers first
         core.step(decodes, budget=None)
     chunk = core.admit(PrefillRequest(list(range(5, 45)), frame=False))
-    longest = max(c.view.length for c in decodes) + 1  # with the token it adds
+    want = sum(c.view.length + 1 for c in decodes)
     out = core.step([*decodes, chunk], budget=None)
-    assert out.chunks == 1 and out.keys == 2 * longest
-    assert longest > min(c.view.length for c in decodes) + 1  # the padding is counted
+    assert out.chunks == 1 and out.keys == want
     for c in [*decodes, chunk]:
         core.abort(c)
 

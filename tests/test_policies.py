@@ -249,8 +249,8 @@ def test_a_learnt_cost_never_starves_throughput_calls_and_bounds_the_rows():
 def test_beside_a_chat_a_long_view_is_passed_over_and_a_shorter_one_fits():
     """20 ms + 1 ms a call + 5 ms per 1000 keys, step_slowdown 1.5: a chat over 400 keys
     alone takes 23 ms, so a step beside it may take 34.5 ms. The oldest bulk call reads
-    2000 keys, and every decode is padded to them: 42 ms, passed over. The next three,
-    400 keys each, fit (32 ms with all three); a fourth would make it 35 ms."""
+    3000 keys: 39 ms, passed over. The next three, 400 keys each, fit (32 ms with all
+    three); a fourth would make it 35 ms."""
     cost = StepCost()
     for calls, longest in [(1, 100), (1, 1500), (4, 100), (4, 800), (8, 400), (2, 3000)]:
         keys = calls * longest
@@ -259,7 +259,7 @@ def test_beside_a_chat_a_long_view_is_passed_over_and_a_shorter_one_fits():
     chat = job(5.0, objective="latency", name="chat")
     chat.keys = 400
     bulk = [job(float(i), name=f"b{i}") for i in range(5)]
-    for b, keys in zip(bulk, (2000, 400, 400, 400, 400), strict=True):
+    for b, keys in zip(bulk, (3000, 400, 400, 400, 400), strict=True):
         b.keys = keys
     assert policy.step_bound([chat]) == pytest.approx(1.5 * 0.023)
     chosen = [j.name for j in policy.step_calls(policy.step_order([*bulk, chat]))]

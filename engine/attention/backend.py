@@ -18,6 +18,9 @@ class AttentionBackend(Protocol):
     name: str
     decode_min_calls: int  # decode steps of at least this many calls use attend_decode
     short_span_rows: int  # prefill spans this short may go to attend_decode too (1: none)
+    # decodes split into plans by length while that saves this many padded keys (None:
+    # one plan for all; a decode kernel that reads ragged views pads nothing)
+    plan_keys: int | None
 
     def gather(
         self,

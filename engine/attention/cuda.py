@@ -21,6 +21,7 @@ class TritonAttention(SdpaAttention):
     name = "triton"
     decode_min_calls = 1
     short_span_rows = 1  # the decode kernel takes one row per call
+    plan_keys = None  # the decode kernel reads each view to its own length: no padding
 
     def gather(self, store_k, store_v, slots, positions, cos, sin, out_k, out_v) -> None:
         from corps.engine.kernels.gather_rotate import gather_rotate

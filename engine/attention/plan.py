@@ -17,6 +17,14 @@ from corps.cache.view import CallView
 #: extra ops per group cost more than the copy they save (measured on CPU: break-even
 #: near 750 keys, e.g. 16 readers of 64 tokens or 2 of 1024; 16 x 4096 is 24x faster).
 GROUP_MIN_SAVED = 768
+#: What a decode plan costs of its own (its index tensors and a dozen ops a layer), in
+#: padded keys of attention work; decodes are split into plans by length while that
+#: saves more (`corps.engine.attention.routing.split_by_length`). Measured on the
+#: default model (2-core Xeon, median of 4 alternated rounds): 16 decodes over views
+#: spread from 0.25x to 1.75x of 800 words, 233 ms a step in one plan, 195 split at
+#: 1024, 191 at 4096; 24 over 125-875 tokens, 189 / 201 at 256 (worse) / 181 at 4096;
+#: equal views unchanged.
+PLAN_KEYS = 4096
 
 
 @dataclass(frozen=True)
@@ -70,15 +78,7 @@ class DecodePlan:
             return None
         rows = rows or [1] * len(views)
         dev = arena.k.device  # index tensors live where the arena does
-        readers: dict[int, list[int]] = {}
-        for i, v in enumerate(views):
-            if min_saved is not None and v.ctx is not None:
-                readers.setdefault(id(v.ctx), []).append(i)
-        grouped = [
-            ix
-            for ix in readers.values()
-            if (len(ix) - 1) * views[ix[0]].ctx_len >= max(1, min_saved) or in_store[ix[0]]
-        ]
+        grouped = shared_readers(views, min_saved)
         in_group = {i for ix in grouped for i in ix}
         cb = torch.tensor([v.ctx_base for v in views], device=dev)  # (B,)
         cl = torch.tensor([v.ctx_len for v in views], device=dev)  # (B,)
@@ -125,6 +125,30 @@ class DecodePlan:
         ak.index_copy_(1, self.write, k.transpose(0, 1))
         av.index_copy_(1, self.write, v.transpose(0, 1))
         return ak, av
+
+
+def shared_readers(views: list[CallView], min_saved: int | None) -> list[list[int]]:
+    """Indices of the calls reading one context that a plan over `views` groups (it
+    reads their context once): those whose grouping saves gathering `min_saved` keys
+    or more, or whose context is in the store; none when `min_saved` is None."""
+    if min_saved is None:
+        return []
+    readers: dict[int, list[int]] = {}
+    for i, v in enumerate(views):
+        if v.ctx is not None:
+            readers.setdefault(id(v.ctx), []).append(i)
+    return [
+        ix
+        for ix in readers.values()
+        if (len(ix) - 1) * views[ix[0]].ctx_len >= max(1, min_saved) or views[ix[0]].ctx.in_store
+    ]
+
+
+def gathered_lengths(views: list[CallView], min_saved: int | None) -> list[int]:
+    """Keys a plan over `views` gathers for each call: its own tokens when it reads a
+    grouped context (`shared_readers`), else its whole view."""
+    grouped = {i for ix in shared_readers(views, min_saved) for i in ix}
+    return [v.length - v.ctx_len if i in grouped else v.length for i, v in enumerate(views)]
 
 
 def _row_masks(rows: list[int], m: Tensor, width: int) -> tuple[Tensor, Tensor | None]:

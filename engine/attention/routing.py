@@ -15,7 +15,7 @@ from torch import Tensor
 
 from corps.cache.view import CallView
 from corps.engine.attention.backend import AttentionBackend
-from corps.engine.attention.plan import DecodePlan
+from corps.engine.attention.plan import DecodePlan, gathered_lengths
 
 #: Short spans are batched only while their padded scores stay this small per query
 #: head (x 4 bytes x heads: ~38 MB for this model family's 9 heads), since padding
@@ -74,7 +74,9 @@ def _batched(
     if all(sp.view.contiguous for sp in short) or _padded_pairs(short) > SHORT_SPAN_PAIRS:
         short = []
     out = []
-    for group, min_calls in ((ones, att.decode_min_calls), (short, 2)):
+    keys = getattr(att, "plan_keys", None)
+    decodes = [ones] if keys is None or len(ones) < 2 else _by_length(ones, group_min_saved, keys)
+    for group, min_calls in [*((g, att.decode_min_calls) for g in decodes), (short, 2)]:
         if group:
             rows = [sp.end - sp.start for sp in group]
             views = [sp.view for sp in group]
@@ -82,6 +84,35 @@ def _batched(
             if plan is not None:
                 out.append((group, plan))
     return out
+
+
+def _by_length(ones: list[SeqSpan], min_saved: int | None, keys: int) -> list[list[SeqSpan]]:
+    """The decodes in groups of similar gathered length (`split_by_length`), each group
+    attended through a plan of its own: a plan pads every call to its longest."""
+    lengths = gathered_lengths([sp.view for sp in ones], min_saved)
+    return [[ones[i] for i in group] for group in split_by_length(lengths, keys)]
+
+
+def split_by_length(lengths: list[int], overhead: int) -> list[list[int]]:
+    """Indices of `lengths` in groups minimising the padded work, sum over groups of
+    `overhead` + size x longest: a batched plan pads each call to its longest, and
+    costs about `overhead` keys of work of its own. Groups are runs of the lengths in
+    sorted order (an optimal split always is one); one group when splitting cannot
+    save `overhead`. Each group lists its indices in increasing order (a single group
+    is the batch in order). Dynamic programming, O(n^2) for n decodes."""
+    n = len(lengths)
+    if n < 2 or n * max(lengths) - sum(lengths) <= overhead:
+        return [list(range(n))]
+    order = sorted(range(n), key=lambda i: lengths[i])
+    best, cut = [0] + [0] * n, [0] * (n + 1)  # best[j]: the first j sorted, split best
+    for j in range(1, n + 1):
+        longest = lengths[order[j - 1]]
+        best[j], cut[j] = min((best[i] + overhead + (j - i) * longest, i) for i in range(j))
+    groups, j = [], n
+    while j:
+        groups.append(sorted(order[cut[j] : j]))  # each in batch order
+        j = cut[j]
+    return groups[::-1]
 
 
 def _padded_pairs(spans: list[SeqSpan]) -> int:

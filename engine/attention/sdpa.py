@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from corps.cache.view import CallView
-from corps.engine.attention.plan import DecodePlan
+from corps.engine.attention.plan import PLAN_KEYS, DecodePlan
 from corps.engine.kernels.gather_rotate import gather_rotate_ref
 
 
@@ -20,6 +20,10 @@ class SdpaAttention:
     #: Prefill spans of at most this many rows may be attended together through
     #: `attend_decode`, as decodes are (the runner says when); longer ones go to SDPA.
     short_span_rows = 32
+    #: A decode plan pads every call to the longest view it holds, so a step's decodes
+    #: are split into plans of similar lengths while that saves more than this many
+    #: padded keys, about what a plan costs of its own (`routing.split_by_length`).
+    plan_keys: int | None = PLAN_KEYS
 
     def gather(self, store_k, store_v, slots, positions, cos, sin, out_k, out_v) -> None:
         gather_rotate_ref(store_k, store_v, slots, positions, cos, sin, out_k, out_v)
