@@ -12,8 +12,13 @@ from typing import Annotated
 
 from pydantic import Field
 
-#: How many of something a pattern makes (agents, rounds, branches, voters): >= 1.
-Count = Annotated[int, Field(ge=1)]
+#: Most of anything one workflow makes: a larger count is a typo, and was taken at its
+#: word (`--set branches=9999999999` built ten billion coroutines until the machine
+#: ran out of memory).
+MAX_COUNT = 1024
+#: How many of something a pattern makes (agents, rounds, branches, voters): 1 to
+#: MAX_COUNT.
+Count = Annotated[int, Field(ge=1, le=MAX_COUNT)]
 #: Tokens a call may generate: >= 1.
 Tokens = Annotated[int, Field(ge=1, le=1 << 16)]
 #: Sampling temperature: >= 0 (0 is greedy).
