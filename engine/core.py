@@ -261,9 +261,7 @@ class Core:
             c.spans.append(n)
         out.calls, out.rows = len(plan), sum(n for _, _, n in plan)
         out.chunks = sum(start >= 0 for _, start, _ in plan)
-        out.keys = decode_keys(
-            [c.view.length + 1 for c, _, n in plan if n == 1 and c.view is not None]
-        )
+        out.keys = decode_keys([c.next_keys for c, _, n in plan if n == 1])
         out.encoded = any(start >= 0 or c.finishing for c, start, _ in plan)
         # constrained calls' masks are computed on another thread while the forward runs
         constrained = [c for c, start, n in plan if c.matcher is not None and samples(c, start, n)]

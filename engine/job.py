@@ -64,11 +64,9 @@ class Job:
 
     @property
     def keys(self) -> int:
-        """Keys the call attends over in its next step when that step is one row (its
-        view with the new token; 0 without a view): what a decode adds to a step's
-        `step_cost.decode_keys`."""
-        call = self.call
-        return 0 if call is None or call.view is None else call.view.length + 1
+        """Keys the call attends over in its next step when that step is one row
+        (`Call.next_keys`; 0 before it is admitted)."""
+        return 0 if self.call is None else self.call.next_keys
 
     def figures(self) -> CallFigures:
         """What this call cost (its message keeps it: `Handle.tokens_encoded`, ...)."""

@@ -91,6 +91,12 @@ class Call:
     spans: list[int] = field(default_factory=list)  # tokens it encoded in each step
     replay: tuple[int, ...] = ()  # a recompute: the spans its feed must be encoded in
 
+    @property
+    def next_keys(self) -> int:
+        """Keys a one-row step of this call attends over: its view with the token it
+        adds (0 without a view). What it adds to a step's `step_cost.decode_keys`."""
+        return 0 if self.view is None else self.view.length + 1
+
 
 class Planner:
     """Turns requests into Calls for one engine's format, message table and mode."""

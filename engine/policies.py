@@ -225,10 +225,11 @@ class ObjectiveFirst(WorkflowFirst):
 
     def step_calls(self, order: list[Any]) -> list[Any]:
         """Beside running critical calls, once the step cost is learnt: every latency
-        call, then throughput calls in order (a row each) while the step's predicted
-        seconds stay within `step_bound`; a throughput call left out of `starve_steps`
-        steps in a row runs in the next whatever it costs, so none starves.
-        Otherwise every call."""
+        call, then each throughput call in order (a row each) whose step, predicted
+        with the calls already chosen, stays within `step_bound`: one that does not
+        fit is passed over, and a later one over a shorter view may still fit; a
+        throughput call left out of `starve_steps` steps in a row runs in the next
+        whatever it costs, so none starves. Otherwise every call."""
         bound = self.step_bound(order)
         latency = [j for j in order if j.objective == "latency"]
         if bound is None or len(latency) == len(order):
