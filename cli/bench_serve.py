@@ -1,22 +1,26 @@
 """`corps bench serve`: many workflows on one engine, open loop, under each policy.
 
 Workflows drawn from a mix of patterns arrive as a Poisson process at a rate
-given as a fraction of the engine's measured saturation throughput (`load`):
-the most workflows per second it completes in steady state with 8, 16, 32, ...
+given as a fraction of the engine's measured saturation throughput (`load`): the
+most workflows per second it completes in steady state with 8, 16, 32, ...
 always in flight (closed loop, `saturation`), tried while the rate still rises.
 The same seeded arrival schedule is run under each scheduling policy
 (`corps.engine.policies`), policies alternating from one load to the next; with
 `chat`, interactive streams with a latency objective arrive beside the
-workflows. Reported per load and policy: throughput (workflows/min, tokens/s),
-workflow latency p50/p90/p99 (arrival to result), chat time to first token and
-time per output token p50/p99, and the queue depth and running calls sampled
-over the run. Each policy gets its own engine (the policy is an engine setting),
-warmed up by one untimed run of each pattern; loading and warm-up are not timed.
+workflows, and the same streams also run on an idle engine (the `idle` row) in
+every round, before its policies: a host whose speed drifts over minutes then
+moves the reference with the cells it is compared to. Reported per load and
+policy: throughput (workflows/min, tokens/s), workflow latency p50/p90/p99
+(arrival to result), chat time to first token and time per output token p50/p99,
+and the queue depth and running calls sampled over the run. Each policy gets its
+own engine (the policy is an engine setting), warmed up by one untimed run of
+each pattern; loading and warm-up are not timed.
 
 With `schedules` above one, each load runs that many seeded schedules, each
-under every policy (and alone), and pools them into one cell per policy: with a
-few dozen workflows per schedule, a p99 is the slowest one or two and moves by
-tens of percent from one schedule to the next; pooled, it is a percentile.
+under every policy (and alone, and the chats idle), and pools them into one cell
+per policy: with a few dozen workflows per schedule, a p99 is the slowest one or
+two and moves by tens of percent from one schedule to the next; pooled, it is a
+percentile.
 
 A policy may carry a cap on workflows in flight, `workflow:8` (the engine's
 `max_workflows`, `corps.engine.admission`): its engine lets at most that many
@@ -387,10 +391,8 @@ async def measure(
     sat, sat_at = saturation_per_s, 0
     if sat is None:
         sat, sat_at = await on_engine(saturation, mix, saturation_window_s, concurrencies)
-    cells, floors = [], {}
+    cells, floors, idle = [], {}, []
     chats = [duration * (i + 0.5) / chat for i in range(chat)]
-    if chat:  # the same chat streams on an idle engine: what "beside a load" costs them
-        cells.append(await on_engine(cell, "idle", 0.0, [], mix, chats))
     for k, load in enumerate(loads):
         runs: dict[str, list[Cell]] = {p: [] for p in policies}
         alone_s: list[float] = []
@@ -401,6 +403,8 @@ async def measure(
             if alone:
                 floor = await on_engine(run_alone, arrivals, mix, trace=trace(load, "alone", r))
                 alone_s += floor.values()
+            if chat:  # the same chats on an idle engine, every round (the host may drift)
+                idle.append(await on_engine(cell, "idle", 0.0, [], mix, chats))
             for policy in policies if n % 2 == 0 else policies[::-1]:  # drift hits all alike
                 args = (policy, load, arrivals, mix, chats, floor)
                 trace_to = trace(load, policy, r)
@@ -408,6 +412,8 @@ async def measure(
         cells += [pool(runs[p]) for p in policies]
         if alone:
             floors[f"{load:g}"] = percentiles(alone_s)
+    if idle:  # what "beside a load" costs the chats, pooled over every round
+        cells.append(pool(idle))
     rank = {p: i for i, p in enumerate(["idle", *policies])}
     cells.sort(key=lambda c: (c.load, rank[c.policy]))
     return Report(model=model, mix=mix, saturation_per_s=sat, duration_s=duration, chat=chat,

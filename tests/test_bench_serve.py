@@ -259,3 +259,17 @@ def test_bad_mix_or_plot_without_matplotlib_exit_2(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     result = CliRunner().invoke(app, ["bench", "serve", "--plot", "x.png"])
     assert result.exit_code == 2 and "pip install 'corps[plot]'" in result.output
+
+
+async def test_the_idle_chats_run_in_every_round_and_pool_into_one_row(tiny_dirs):
+    """With two schedules, the chats run idle twice (before each round's policies),
+    pooled into the one idle row: a reference taken once would drift from the cells."""
+    report = await bs.measure(
+        str(tiny_dirs["llama"]), dtype="float32", loads=[0.5], duration=1.0, chat=1,
+        policies=["fcfs"], mix=TINY_MIX, saturation_window_s=1.0, concurrencies=(2,),
+        alone=False, schedules=2,
+    )  # fmt: skip
+    assert [c.policy for c in report.cells] == ["idle", "fcfs"]
+    idle, fcfs = report.cells
+    assert idle.schedules == 2 and len(idle.tpots) == 2 and idle.workflows == 0
+    assert fcfs.schedules == 2
