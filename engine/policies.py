@@ -32,7 +32,11 @@ objective (`corps.engine.workflow`).
   predicted time within `STEP_SLOWDOWN` of the latency calls' step alone
   (`step_bound`, `step_calls`, `step_budget`); the other running calls
   sit that step out, keeping their place and memory (never more than
-  `STARVE_STEPS` steps in a row). A latency call is critical unless it
+  `STARVE_STEPS` steps in a row). How much of that headroom they may use is
+  steered by the measured wall times of those steps against the latency calls'
+  step alone, measured too (`corps.engine.step_feedback`: the prediction of a
+  small step is the least reliable, and a step's wall holds more than its
+  forward). A latency call is critical unless it
   is one of a latency workflow's task groups (`corps.engine.submit.deduce_objective`):
   such a group goes first but leaves the batch open, since what counts is when
   the whole group ends.
@@ -53,6 +57,7 @@ from typing import Any, Protocol, get_args
 
 from corps.engine.config import PolicyName
 from corps.engine.step_cost import StepCost, decode_keys
+from corps.engine.step_feedback import StepFeedback
 
 POLICIES: tuple[str, ...] = get_args(PolicyName)
 AGING_S = 5.0  # seconds a call waits before it goes first under any policy
@@ -102,6 +107,10 @@ class Policy(Protocol):
         """A step ran `calls` calls over `rows` rows in `seconds`, `chunks` of the
         calls encoding prompt chunks, its decodes attending over `keys` keys."""
 
+    def stepped(self, wall: float) -> None:
+        """The step `step_calls` last chose ran, taking `wall` seconds as its calls
+        waited for it (admission, the forward and the hop back to the loop)."""
+
     def victims(self, candidates: list[Any]) -> list[Any]:
         """Messages whose encodings may be evicted, in the order they should go."""
 
@@ -119,6 +128,9 @@ class _Unbounded:
     def observe(
         self, calls: int, rows: int, seconds: float, chunks: int = 0, keys: int = 0
     ) -> None:
+        pass
+
+    def stepped(self, wall: float) -> None:
         pass
 
 
@@ -203,6 +215,12 @@ class ObjectiveFirst(WorkflowFirst):
     # above); once it predicts, it bounds the steps beside critical calls instead
     cost: StepCost | None = field(default_factory=StepCost)
     step_slowdown: float = STEP_SLOWDOWN
+    # steers how much of the bound's headroom throughput calls use by the measured
+    # walls of the steps beside critical calls (None: all of it, always)
+    feedback: StepFeedback | None = field(default_factory=StepFeedback)
+    # of the step last chosen: whether it ran the latency calls alone (None: no
+    # critical call in it), for `stepped`
+    _alone: bool | None = field(default=None, repr=False)
     starve_steps: int = STARVE_STEPS
     name = "objective"
 
@@ -229,25 +247,32 @@ class ObjectiveFirst(WorkflowFirst):
         with the calls already chosen, stays within `step_bound`: one that does not
         fit is passed over, and a later one over a shorter view may still fit; a
         throughput call left out of `starve_steps` steps in a row runs in the next
-        whatever it costs, so none starves. Otherwise every call."""
+        whatever it costs, so none starves. When the feedback asks for a probe, the
+        latency calls run alone (but for starving calls), to measure their step
+        alone. Otherwise every call."""
         bound = self.step_bound(order)
         latency = [j for j in order if j.objective == "latency"]
+        own = sum(_rows(j) for j in latency)
+        chosen = list(latency)
+        if bound is None and self.feedback is not None:
+            self.feedback.reset()  # the next critical calls measure their own step alone
         if bound is None or len(latency) == len(order):
             for j in order:
                 j.skipped = 0
-            return order
-        own = sum(_rows(j) for j in latency)
-        chosen = list(latency)
-        for j in order:
-            if j.objective == "latency":
-                continue
-            calls = [*chosen, j]
-            over = self._predict(calls, own + len(calls) - len(latency)) > bound
-            if over and getattr(j, "skipped", 0) < self.starve_steps:
-                j.skipped = getattr(j, "skipped", 0) + 1
-                continue  # a later call may still fit (a shorter view costs less)
-            j.skipped = 0
-            chosen.append(j)
+            chosen = order
+        else:
+            probe = self.feedback is not None and self.feedback.probe()
+            for j in order:
+                if j.objective == "latency":
+                    continue
+                calls = [*chosen, j]
+                over = probe or self._predict(calls, own + len(calls) - len(latency)) > bound
+                if over and getattr(j, "skipped", 0) < self.starve_steps:
+                    j.skipped = getattr(j, "skipped", 0) + 1
+                    continue  # a later call may still fit (a shorter view costs less)
+                j.skipped = 0
+                chosen.append(j)
+        self._alone = None if bound is None else len(chosen) == len(latency)
         return chosen
 
     def step_budget(self, running: Sequence[Any], budget: int) -> int:
@@ -272,14 +297,28 @@ class ObjectiveFirst(WorkflowFirst):
         return min(budget, n + self.latency_prefill)
 
     def step_bound(self, running: Sequence[Any]) -> float | None:
-        """Seconds a step may take beside the running critical calls: `step_slowdown`
-        times the predicted step of the latency calls alone (their tokens and prompt
-        chunks). None when no critical call runs or the step cost is not learnt yet."""
+        """Seconds a step may take beside the running critical calls: the predicted
+        step of the latency calls alone (their tokens and prompt chunks), plus the
+        feedback's `share` of the headroom `step_slowdown` allows above it (all of
+        it without feedback). None when no critical call runs or the step cost is
+        not learnt yet."""
         if not any(j.critical for j in running):
             return None
         latency = [j for j in running if j.objective == "latency"]
         alone = self._predict(latency, sum(_rows(j) for j in latency))
-        return None if alone is None else self.step_slowdown * alone
+        if alone is None:
+            return None
+        share = 1.0 if self.feedback is None else self.feedback.share
+        return alone * (1.0 + (self.step_slowdown - 1.0) * share)
+
+    def stepped(self, wall: float) -> None:
+        """With critical calls: a step of the latency calls alone measures their step
+        alone; every such step steers the feedback's share
+        (`corps.engine.step_feedback`)."""
+        alone, self._alone = self._alone, None
+        if self.feedback is None or alone is None:
+            return
+        self.feedback.observe(wall, alone)
 
     def observe(
         self, calls: int, rows: int, seconds: float, chunks: int = 0, keys: int = 0

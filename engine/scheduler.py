@@ -246,6 +246,8 @@ class Scheduler:
         if self._out.encoded:
             self.n.encode_seconds += now - t0
         self.n.forward_seconds += self.core.forward_seconds - forward0
+        if self.n.steps > steps:  # what the step's calls waited, for the policy's feedback
+            self.policy.stepped(now - t0)
         rec = self.rec
         for job, tok in self._tokens:
             if job.first_token is None:  # hf mode knows when generate emitted it

@@ -219,7 +219,7 @@ def _learnt(a: float, b: float, c: float) -> StepCost:
 def test_a_learnt_step_cost_picks_the_calls_that_run_beside_critical_ones():
     """a + b calls + c rows with step_slowdown 1.5: chat alone 0.022 s, so a step may hold
     calls while 0.020 + 0.002 n <= 0.033: six, the chat and the first five in order."""
-    policy = ObjectiveFirst(aging_s=100, cost=_learnt(0.020, 0.002, 0.0), step_slowdown=1.5)
+    policy = ObjectiveFirst(aging_s=100, cost=_learnt(0.020, 0.002, 0.0), step_slowdown=1.5, feedback=None)
     chat = job(5.0, objective="latency", name="chat")
     bulk = [job(float(i), name=f"b{i}") for i in range(10)]
     order = policy.step_order([*bulk, chat])
@@ -231,7 +231,8 @@ def test_a_learnt_step_cost_picks_the_calls_that_run_beside_critical_ones():
 
 def test_a_learnt_cost_never_starves_throughput_calls_and_bounds_the_rows():
     slow = ObjectiveFirst(
-        aging_s=100, cost=_learnt(0.020, 0.050, 0.0), step_slowdown=1.5, starve_steps=2
+        aging_s=100, cost=_learnt(0.020, 0.050, 0.0), step_slowdown=1.5, starve_steps=2,
+        feedback=None,
     )
     chat = job(5.0, objective="latency", name="chat")
     bulk = [job(float(i), name=f"b{i}") for i in range(3)]
@@ -239,7 +240,7 @@ def test_a_learnt_cost_never_starves_throughput_calls_and_bounds_the_rows():
     # none fits beside the chat; left out of two steps in a row, they run in the third
     assert steps == [["chat"], ["chat"], ["chat", "b0", "b1", "b2"], ["chat"]]
     assert slow.step_calls(bulk) == bulk  # nothing critical: every call
-    rows = ObjectiveFirst(aging_s=100, cost=_learnt(0.020, 0.0, 0.001), step_slowdown=1.5)
+    rows = ObjectiveFirst(aging_s=100, cost=_learnt(0.020, 0.0, 0.001), step_slowdown=1.5, feedback=None)
     # alone: 0.021 s; 0.0315 s allows 11 rows; never fewer than one per call
     assert rows.step_budget([chat, bulk[0]], 512) == 11
     assert rows.step_budget([chat, *bulk], 2) == 2
@@ -255,7 +256,7 @@ def test_beside_a_chat_a_long_view_is_passed_over_and_a_shorter_one_fits():
     for calls, longest in [(1, 100), (1, 1500), (4, 100), (4, 800), (8, 400), (2, 3000)]:
         keys = calls * longest
         cost.observe(calls, calls, 0.020 + 0.001 * calls + 0.005 * keys / 1000, keys=keys)
-    policy = ObjectiveFirst(aging_s=100, cost=cost, step_slowdown=1.5)
+    policy = ObjectiveFirst(aging_s=100, cost=cost, step_slowdown=1.5, feedback=None)
     chat = job(5.0, objective="latency", name="chat")
     chat.keys = 400
     bulk = [job(float(i), name=f"b{i}") for i in range(5)]
@@ -283,7 +284,7 @@ def test_the_learnt_bound_is_the_latency_calls_step_alone_their_prompts_included
     """a + c rows, c = 1 ms a row: the two chats' step alone (a token and a 30-token
     prompt) takes 0.051 s, so a step beside them may take 0.0765 s: 56 rows, of which
     the bulk call's prompt gets what the chats leave (24), not its 400."""
-    policy = ObjectiveFirst(aging_s=100, cost=_learnt(0.020, 0.0, 0.001), step_slowdown=1.5)
+    policy = ObjectiveFirst(aging_s=100, cost=_learnt(0.020, 0.0, 0.001), step_slowdown=1.5, feedback=None)
     talking = job(5.0, objective="latency", name="talking")
     arriving = job(6.0, objective="latency", name="arriving")
     arriving.rows = 30  # its prompt
@@ -296,5 +297,36 @@ def test_the_learnt_bound_is_the_latency_calls_step_alone_their_prompts_included
     assert policy.step_budget(order, 512) in (55, 56)  # 56, less the fit's rounding
     # 10 ms a call, no slack: the bulk call's own cost leaves room for 21 rows, but the
     # step never holds less than the chats' rows and the bulk call's token
-    tight = ObjectiveFirst(aging_s=100, cost=_learnt(0.020, 0.010, 0.001), step_slowdown=1.0)
+    tight = ObjectiveFirst(aging_s=100, cost=_learnt(0.020, 0.010, 0.001), step_slowdown=1.0, feedback=None)
     assert tight.step_budget(order, 512) == 32
+
+
+def test_the_feedback_probes_the_chat_alone_then_opens_the_bound_and_closes_it_when_slow():
+    """20 ms + 2 ms a call, step_slowdown 1.5: the chat alone is predicted at 22 ms and
+    the full headroom holds five bulk calls. The feedback starts closed: the chat runs
+    alone for three probes and is measured (11 ms); steps at that time are under the
+    target, so the share opens until the five fit; steps at 3x close it. With no
+    critical call it forgets, and the next chat is probed again."""
+    policy = ObjectiveFirst(aging_s=100, cost=_learnt(0.020, 0.002, 0.0), step_slowdown=1.5)
+    chat = job(5.0, objective="latency", name="chat")
+    bulk = [job(float(i), name=f"b{i}") for i in range(10)]
+    order = policy.step_order([*bulk, chat])
+
+    def step(wall: float, calls: list | None = None) -> list[str]:
+        chosen = [j.name for j in policy.step_calls(order if calls is None else calls)]
+        policy.stepped(wall)
+        return chosen
+
+    assert [step(0.011) for _ in range(3)] == [["chat"]] * 3  # probes
+    assert policy.feedback.alone() == pytest.approx(0.011)
+    for _ in range(20):
+        step(0.011)  # nothing fits at share 0 yet: the chat alone, well under target
+    assert policy.feedback.share == 1.0
+    assert step(0.0143) == ["chat", "b0", "b1", "b2", "b3", "b4"]  # on target: open
+    for _ in range(10):
+        step(0.033)  # 3x the chat alone: each step closes it by the clipped 0.1
+    assert policy.feedback.share == pytest.approx(0.0, abs=1e-9)
+    assert step(0.011) == ["chat"]
+    step(1.0, bulk)  # nothing critical: the feedback forgets the chat
+    assert policy.feedback.share == 0.0 and policy.feedback.alone() is None
+    assert step(0.011) == ["chat"]  # the next chat is probed first

@@ -451,6 +451,7 @@ async def test_calls_a_policy_leaves_out_of_a_step_wait_and_decode_what_they_wou
         engine.policy.step_slowdown = 2.0  # the chat's step and one more call's
         engine.policy.starve_steps = 3
         engine.policy.observe = lambda *step: None  # the cost stays as set
+        engine.policy.feedback = None  # the bound's whole headroom, whatever steps take
         chosen = []
         step_calls = engine.policy.step_calls
         engine.policy.step_calls = lambda order: chosen.append(step_calls(order)) or (chosen[-1])
@@ -473,6 +474,24 @@ async def test_calls_a_policy_leaves_out_of_a_step_wait_and_decode_what_they_wou
         assert any(len(c) == 2 for c in chosen)  # the chat and one bulk call, others waited
         assert any(len(c) > 2 for c in chosen)  # ... until they had waited three steps
         engine.check()
+
+
+async def test_the_policy_hears_each_steps_wall_time_as_the_trace_records_it(tiny_dirs, tmp_path):
+    """The loop tells the policy what each step took as its calls waited for it
+    (admission, forward, hop back): the `dur` of each step in the trace."""
+    from corps.engine.trace_file import Trace
+
+    trace = tmp_path / "t.jsonl"
+    async with open_tiny(tiny_dirs, "qwen3", policy="objective", trace=trace) as engine:
+        walls: list[float] = []
+        stepped = engine.policy.stepped
+        engine.policy.stepped = lambda wall: walls.append(wall) or stepped(wall)
+        with engine.workflow("chat", objective="latency"):
+            q = await engine.prefill(PROMPTS[0])
+            await engine.decode(parents=[q], max_tokens=6, ignore_eos=True)
+    steps = Trace.load(trace).steps
+    assert len(walls) == len(steps) >= 6
+    assert walls == [s.dur for s in steps]
 
 
 @pytest.mark.parametrize("linger", [True, False])
