@@ -218,10 +218,10 @@ class ObjectiveFirst(WorkflowFirst):
     # steers how much of the bound's headroom throughput calls use by the measured
     # walls of the steps beside critical calls (None: all of it, always)
     feedback: StepFeedback | None = field(default_factory=StepFeedback)
+    starve_steps: int = STARVE_STEPS
     # of the step last chosen: whether it ran the latency calls alone (None: no
     # critical call in it), for `stepped`
-    _alone: bool | None = field(default=None, repr=False)
-    starve_steps: int = STARVE_STEPS
+    _alone: bool | None = field(default=None, init=False, repr=False)
     name = "objective"
 
     def _key(self, group: Sequence[Any], now: float) -> tuple:

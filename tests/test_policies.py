@@ -15,6 +15,7 @@ from corps.cache.errors import CacheFullError
 from corps.engine.policies import Fcfs, ObjectiveFirst, WorkflowFirst, make
 from corps.engine.scheduler import Scheduler
 from corps.engine.step_cost import StepCost
+from corps.engine.step_feedback import StepFeedback
 from corps.engine.workflow import Workflow
 
 _groups = itertools.count(10_000)
@@ -307,7 +308,10 @@ def test_the_feedback_probes_the_chat_alone_then_opens_the_bound_and_closes_it_w
     alone for three probes and is measured (11 ms); steps at that time are under the
     target, so the share opens until the five fit; steps at 3x close it. With no
     critical call it forgets, and the next chat is probed again."""
-    policy = ObjectiveFirst(aging_s=100, cost=_learnt(0.020, 0.002, 0.0), step_slowdown=1.5)
+    policy = ObjectiveFirst(
+        aging_s=100, cost=_learnt(0.020, 0.002, 0.0), step_slowdown=1.5,
+        feedback=StepFeedback(target=1.3),
+    )  # fmt: skip
     chat = job(5.0, objective="latency", name="chat")
     bulk = [job(float(i), name=f"b{i}") for i in range(10)]
     order = policy.step_order([*bulk, chat])
