@@ -220,7 +220,9 @@ def _learnt(a: float, b: float, c: float) -> StepCost:
 def test_a_learnt_step_cost_picks_the_calls_that_run_beside_critical_ones():
     """a + b calls + c rows with step_slowdown 1.5: chat alone 0.022 s, so a step may hold
     calls while 0.020 + 0.002 n <= 0.033: six, the chat and the first five in order."""
-    policy = ObjectiveFirst(aging_s=100, cost=_learnt(0.020, 0.002, 0.0), step_slowdown=1.5, feedback=None)
+    policy = ObjectiveFirst(
+        aging_s=100, cost=_learnt(0.020, 0.002, 0.0), step_slowdown=1.5, feedback=None
+    )
     chat = job(5.0, objective="latency", name="chat")
     bulk = [job(float(i), name=f"b{i}") for i in range(10)]
     order = policy.step_order([*bulk, chat])
@@ -232,7 +234,10 @@ def test_a_learnt_step_cost_picks_the_calls_that_run_beside_critical_ones():
 
 def test_a_learnt_cost_never_starves_throughput_calls_and_bounds_the_rows():
     slow = ObjectiveFirst(
-        aging_s=100, cost=_learnt(0.020, 0.050, 0.0), step_slowdown=1.5, starve_steps=2,
+        aging_s=100,
+        cost=_learnt(0.020, 0.050, 0.0),
+        step_slowdown=1.5,
+        starve_steps=2,
         feedback=None,
     )
     chat = job(5.0, objective="latency", name="chat")
@@ -241,7 +246,9 @@ def test_a_learnt_cost_never_starves_throughput_calls_and_bounds_the_rows():
     # none fits beside the chat; left out of two steps in a row, they run in the third
     assert steps == [["chat"], ["chat"], ["chat", "b0", "b1", "b2"], ["chat"]]
     assert slow.step_calls(bulk) == bulk  # nothing critical: every call
-    rows = ObjectiveFirst(aging_s=100, cost=_learnt(0.020, 0.0, 0.001), step_slowdown=1.5, feedback=None)
+    rows = ObjectiveFirst(
+        aging_s=100, cost=_learnt(0.020, 0.0, 0.001), step_slowdown=1.5, feedback=None
+    )
     # alone: 0.021 s; 0.0315 s allows 11 rows; never fewer than one per call
     assert rows.step_budget([chat, bulk[0]], 512) == 11
     assert rows.step_budget([chat, *bulk], 2) == 2
@@ -285,7 +292,9 @@ def test_the_learnt_bound_is_the_latency_calls_step_alone_their_prompts_included
     """a + c rows, c = 1 ms a row: the two chats' step alone (a token and a 30-token
     prompt) takes 0.051 s, so a step beside them may take 0.0765 s: 56 rows, of which
     the bulk call's prompt gets what the chats leave (24), not its 400."""
-    policy = ObjectiveFirst(aging_s=100, cost=_learnt(0.020, 0.0, 0.001), step_slowdown=1.5, feedback=None)
+    policy = ObjectiveFirst(
+        aging_s=100, cost=_learnt(0.020, 0.0, 0.001), step_slowdown=1.5, feedback=None
+    )
     talking = job(5.0, objective="latency", name="talking")
     arriving = job(6.0, objective="latency", name="arriving")
     arriving.rows = 30  # its prompt
@@ -298,7 +307,9 @@ def test_the_learnt_bound_is_the_latency_calls_step_alone_their_prompts_included
     assert policy.step_budget(order, 512) in (55, 56)  # 56, less the fit's rounding
     # 10 ms a call, no slack: the bulk call's own cost leaves room for 21 rows, but the
     # step never holds less than the chats' rows and the bulk call's token
-    tight = ObjectiveFirst(aging_s=100, cost=_learnt(0.020, 0.010, 0.001), step_slowdown=1.0, feedback=None)
+    tight = ObjectiveFirst(
+        aging_s=100, cost=_learnt(0.020, 0.010, 0.001), step_slowdown=1.0, feedback=None
+    )
     assert tight.step_budget(order, 512) == 32
 
 
