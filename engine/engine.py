@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any, Unpack
 
 import anyio
-import anyio.to_thread
 from rich.console import Console
 
 from corps.cache.handle import Handle
@@ -46,6 +45,7 @@ from corps.engine.stats import EngineStats
 from corps.engine.step_cost import StepCost
 from corps.engine.stream import StreamCalls, TextStream
 from corps.engine.submit import Submitter
+from corps.engine.torch_thread import TORCH
 from corps.engine.trace import Freed, Header, Recorder, TraceFile, version
 from corps.engine.tuning import rows_within
 from corps.engine.workflow import Objective, workflow
@@ -84,7 +84,8 @@ class Engine:
     Open it with `async with Engine.open(...) as engine:` (or `async with engine:`
     after `Engine.load`). Every call from any task is queued to the engine's
     scheduler, which fuses all concurrent calls into shared forward steps run on
-    a worker thread, so the event loop stays free while the model computes.
+    the process's torch thread (`corps.engine.torch_thread`; the engine is built
+    there too), so the event loop stays free while the model computes.
     """
 
     def __init__(self, core: Executor, config: EngineConfig | None = None) -> None:
@@ -153,7 +154,8 @@ class Engine:
         cfg = EngineConfig.of(config, **fields)
         if cfg.otel is not None:
             check_available(cfg.otel_protocol)  # before any weights load
-        return cls(build_executor(cfg, console), cfg)
+        # built on the torch thread, where it will step: see corps.engine.torch_thread
+        return cls(TORCH.call(build_executor, cfg, console), cfg)
 
     @classmethod
     @asynccontextmanager
@@ -168,7 +170,7 @@ class Engine:
         """`async with Engine.open("smollm2-135m", mode="choreographed") as engine:`, or
         `Engine.open(config)` with an `EngineConfig` (fields override it)."""
         cfg = EngineConfig.of(config, **fields)  # bad settings fail here, on the caller
-        engine = await anyio.to_thread.run_sync(partial(cls.load, cfg, console=console))
+        engine = await TORCH.run(partial(cls.load, cfg, console=console))
         async with engine:
             yield engine
 

@@ -79,20 +79,37 @@ class Grammars:
 
     def masks(self, matchers: Sequence[Any]) -> Tensor:
         """The allowed next tokens of each matcher: a bitmask (B, ceil(V/32)) int32."""
-        import llguidance
-        from llguidance.torch import allocate_token_bitmask, fill_next_token_bitmask_par
+        return self._fill(list(matchers), self._bitmask(len(matchers)))
 
-        mask = allocate_token_bitmask(len(matchers), self.tokenizer.vocab_size)
+    def masks_async(self, matchers: Sequence[Any]) -> Future[Tensor]:
+        """`masks(matchers)` on the worker thread, so it overlaps the step's forward.
+
+        The bitmask is allocated here, on the caller's thread (the step's): torch
+        fills a large one in parallel, and a parallel region entered from the worker
+        thread would start a second OpenMP team there, alive as long as the thread.
+        With more OpenMP threads than cores, libgomp stops spinning at its barriers,
+        and every parallel op of every later forward pays a sleep and a wake-up
+        (measured on 2 cores: a lone decode of the default model 25 -> 50 ms a step,
+        for the rest of the process, once a step had 22 constrained calls)."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="corps-masks")
+        return self._pool.submit(self._fill, list(matchers), self._bitmask(len(matchers)))
+
+    def _bitmask(self, rows: int) -> Tensor:
+        from llguidance.torch import allocate_token_bitmask
+
+        return allocate_token_bitmask(rows, self.tokenizer.vocab_size)  # (B, ceil(V/32))
+
+    def _fill(self, matchers: list[Any], mask: Tensor) -> Tensor:
+        """Each matcher's allowed tokens into its row of `mask`; no torch op runs here
+        (llguidance writes the rows itself), so any thread may call it."""
+        import llguidance
+        from llguidance.torch import fill_next_token_bitmask_par
+
         if self._executor is None:
             self._executor = llguidance.LLExecutor()
         fill_next_token_bitmask_par(self._executor, [(m, i) for i, m in enumerate(matchers)], mask)
         return mask
-
-    def masks_async(self, matchers: Sequence[Any]) -> Future[Tensor]:
-        """`masks(matchers)` on the worker thread, so it overlaps the step's forward."""
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="corps-masks")
-        return self._pool.submit(self.masks, list(matchers))
 
     def close(self) -> None:
         if self._pool is not None:

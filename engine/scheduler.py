@@ -2,8 +2,9 @@
 
 Every `prefill` / `decode` becomes a `Job` on a bounded queue. Each iteration
 the loop admits what has arrived, then runs ONE fused forward step off the
-event loop (a worker thread): a next token for every running decode plus
-prefill chunks for waiting calls. Callers only await their own job.
+event loop, on the process's torch thread (`corps.engine.torch_thread` says why
+one): a next token for every running decode plus prefill chunks for waiting
+calls. Callers only await their own job.
 
 Policy (fairness): running decodes always get their token first; prefill
 chunks (at most 512 tokens each, see `PREFILL_CHUNK`) fill the rest of the
@@ -44,7 +45,6 @@ from dataclasses import dataclass
 
 import anyio
 import anyio.lowlevel
-import anyio.to_thread
 
 from corps.cache.errors import CacheFullError, StoreTooSmall
 from corps.engine.core import StepOutput
@@ -52,6 +52,7 @@ from corps.engine.errors import EngineBusy, EngineClosed
 from corps.engine.executor import Executor
 from corps.engine.job import Job
 from corps.engine.policies import Fcfs, Policy, least_recent, started
+from corps.engine.torch_thread import TORCH, TorchThread
 from corps.engine.trace import ErrorEvent, FirstToken, Recorder, Step
 
 #: Event-loop turns the idle loop waits for more arrivals before its first step, and
@@ -82,6 +83,7 @@ class Scheduler:
         max_running: int = 256,
         policy: Policy | None = None,
         evict: bool = True,
+        thread: TorchThread = TORCH,
     ) -> None:
         if queue_size < 1 or step_tokens < 1 or max_running < 1:
             raise ValueError("queue_size, step_tokens and max_running must be >= 1")
@@ -91,6 +93,7 @@ class Scheduler:
         # no running call reads, in the policy's order (False: it fails, CacheFullError)
         self.evict = evict
         self.core = core
+        self.thread = thread  # runs every step (corps.engine.torch_thread says why one)
         self.rec = recorder or Recorder()
         self.step_tokens = step_tokens
         self.queue_size = queue_size
@@ -239,7 +242,7 @@ class Scheduler:
         forward0 = self.core.forward_seconds
         self._incoming = new  # owned by the loop until the step has taken them
         steps = self.n.steps
-        await anyio.to_thread.run_sync(self._step_sync, new, t0)
+        await self.thread.run(self._step_sync, new, t0)
         self._incoming = []
         now = time.perf_counter()
         self.n.step_seconds += now - t0

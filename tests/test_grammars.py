@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -86,3 +88,28 @@ def test_apply_sets_exactly_the_disallowed_logits_to_minus_inf(data):
         keep = _allowed(mask[rows.index(i)], min(v, 32 * width))
         for t in range(v):
             assert logits[i, t] == (before[i, t] if t in keep else float("-inf"))
+
+
+def _threads() -> set[int]:
+    return {int(t) for t in os.listdir("/proc/self/task")}
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
+def test_masks_start_no_thread_of_their_own_however_many_calls(grammars):
+    # A large bitmask is filled by torch in parallel; from the mask thread that opens a
+    # second OpenMP team for as long as the thread lives, and with more OpenMP threads
+    # than cores every parallel op of the forward sleeps at its barriers (a lone decode
+    # of the default model 25 -> 50 ms). So the mask is allocated by the caller.
+    g = Grammars(grammars._hf, grammars._stops)
+    c = constraint_of(regex="[a-z]+")
+    try:
+        g.masks_async([g.matcher(c)]).result()  # the pool's thread and llguidance's start
+        before = _threads()
+        width = -(-g.tokenizer.vocab_size // 32)
+        many = 2 * (1 << 15) // width + 1  # over torch's grain size of 32768 elements
+        rows = g.masks_async([g.matcher(c) for _ in range(many)]).result()
+        assert rows.shape == (many, width)
+        assert torch.equal(rows, rows[:1].expand_as(rows))  # fresh matchers, same mask
+        assert _threads() <= before
+    finally:
+        g.close()
