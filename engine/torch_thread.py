@@ -20,6 +20,7 @@ The thread starts on first use and ends after `idle_s` seconds without work
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import queue
 import threading
 from collections.abc import Callable
@@ -52,9 +53,11 @@ class TorchThread:
         return thread.ident if thread is not None else None
 
     def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
-        """Queue `fn(*args)`; its future holds the result or the exception."""
+        """Queue `fn(*args)`; its future holds the result or the exception. It runs in
+        a copy of the caller's context, as with `anyio.to_thread.run_sync`: context
+        variables set by the caller (torch's config patches among them) hold there."""
         future: Future[T] = Future()
-        self._put(future, fn, args)
+        self._put(future, contextvars.copy_context().run, (fn, *args))
         return future
 
     def call(self, fn: Callable[..., T], *args: Any) -> T:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import threading
 import time
 
@@ -43,6 +44,18 @@ def test_an_error_reaches_its_caller_and_the_thread_goes_on():
     with pytest.raises(KeyError):
         t.call(boom)
     assert t.call(lambda: 3) == 3
+
+
+def test_a_call_sees_the_callers_context_variables():
+    # torch's config patches (`torch._inductor.config.patch`) are context variables
+    t = TorchThread(idle_s=5)
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="unset")
+    token = var.set("the caller's")
+    try:
+        assert t.call(var.get) == "the caller's"
+    finally:
+        var.reset(token)
+    assert t.call(var.get) == "unset"
 
 
 def test_a_call_from_the_thread_itself_runs_at_once():
