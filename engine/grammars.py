@@ -84,13 +84,10 @@ class Grammars:
     def masks_async(self, matchers: Sequence[Any]) -> Future[Tensor]:
         """`masks(matchers)` on the worker thread, so it overlaps the step's forward.
 
-        The bitmask is allocated here, on the caller's thread (the step's): torch
-        fills a large one in parallel, and a parallel region entered from the worker
-        thread would start a second OpenMP team there, alive as long as the thread.
-        With more OpenMP threads than cores, libgomp stops spinning at its barriers,
-        and every parallel op of every later forward pays a sleep and a wake-up
-        (measured on 2 cores: a lone decode of the default model 25 -> 50 ms a step,
-        for the rest of the process, once a step had 22 constrained calls)."""
+        The bitmask is allocated here, on the caller's (torch) thread: torch fills a
+        large one in parallel, and a parallel region entered from the worker thread
+        would give it an OpenMP team of its own, which slows every later step
+        (`corps.engine.torch_thread` says how much and why)."""
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="corps-masks")
         return self._pool.submit(self._fill, list(matchers), self._bitmask(len(matchers)))

@@ -7,7 +7,7 @@ them large ones under load, and it misjudges the small step of a chat alone:
 on the default model (2-core host) it put a lone chat's step at 39 ms where the
 chat alone took 26-36 ms, so the bound let in steps of 52-55 ms and the chats'
 time per token came out 1.5-1.6x what it is on an idle engine. A step's wall
-time also holds admitting new calls and the hop to the loop's worker thread,
+time also holds admitting new calls and the hops to the torch thread and back,
 which the fit (on the forward alone) leaves out.
 
 So the loop reports each step's wall time, and this controller steers by what
