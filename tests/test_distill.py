@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ import torch
 from corps.agents import Runtime
 from corps.engine.adapter import read_scope, trainable
 from corps.engine.differentiable import DifferentiableReplay
+from corps.engine.torch_thread import TORCH
 from corps.patterns import distill
 
 from conftest import open_tiny
@@ -87,10 +89,12 @@ async def test_a_seeded_distillation_lowers_the_held_out_gap_and_peft_loads_it(t
     steps, epochs = [], []
     report = distill.distill(
         tiny_dirs["llama"], traces[:8], traces[8:], out, settings,
-        on_step=lambda *a: steps.append(a), on_epoch=epochs.append,
+        on_step=lambda *a: steps.append((*a, threading.get_ident() == TORCH.ident)),
+        on_epoch=epochs.append,
     )  # fmt: skip
     assert [e.epoch for e in epochs] == [0, 1, 2, 3]
     assert len(steps) == 12 and steps[-1][:2] == (12, 12)
+    assert all(s[-1] for s in steps)  # trained on the torch thread (one OpenMP team)
     assert report.before > 0 and report.after < report.before
     assert [e.epoch for e in report.epochs] == [0, 1, 2, 3]
     # the training gap: the first 4 training traces (as many as validation ones),
