@@ -37,8 +37,10 @@ class EngineWorker:
         """Load the model and open the engine; what and where this worker is."""
         import torch
 
-        if self.threads:
-            torch.set_num_threads(self.threads)
+        from corps.engine.torch_thread import TORCH
+
+        if self.threads:  # where the engine's steps run: a thread keeps its own count
+            TORCH.call(torch.set_num_threads, self.threads)
         self._ready, self._stop = asyncio.Event(), asyncio.Event()
         self._serving = asyncio.create_task(self._serve())
         ready = asyncio.create_task(self._ready.wait())
@@ -47,7 +49,7 @@ class EngineWorker:
             ready.cancel()
             self._serving.result()
         return dict(name=self.name, pid=os.getpid(), host=socket.gethostname(),
-                    threads=torch.get_num_threads())  # fmt: skip
+                    threads=TORCH.call(torch.get_num_threads))  # fmt: skip
 
     async def _serve(self) -> None:
         from corps.agents import Runtime
