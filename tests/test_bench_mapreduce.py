@@ -31,3 +31,16 @@ def test_the_command_prints_the_table(tiny_dirs):
     assert result.exit_code == 0, result.output
     for word in ("fcfs", "latency caps", "task group", "vs latency caps"):
         assert word in result.output
+
+
+def test_the_caps_are_64_prompt_tokens_whatever_the_kernels_measured():
+    from types import SimpleNamespace
+
+    from corps.engine.policies import ObjectiveFirst
+    from corps.engine.step_cost import StepCost
+
+    policy = ObjectiveFirst(latency_rows=2, cost=StepCost())  # as where products were timed
+    running = [SimpleNamespace(critical=True, objective="latency", rows=512, keys=0)]
+    assert policy.step_budget(running, 512) == 2
+    bm.pin_caps(policy)
+    assert policy.step_budget(running, 512) == 1 + 64  # its token and 64 prompt tokens
