@@ -12,7 +12,10 @@ every round, before its policies: a host whose speed drifts over minutes then
 moves the reference with the cells it is compared to. Reported per load and
 policy: throughput (workflows/min, tokens/s), workflow latency p50/p90/p99
 (arrival to result), chat time to first token and time per output token p50/p99,
-and the queue depth and running calls sampled over the run. Each policy gets its
+the tokens sampled, and the queue depth and running calls sampled over the run.
+In dtype auto the same schedule may sample other tokens under another policy
+(rows round by batch: a debate's moderator may call one round more), so the
+ratios say tokens / fcfs too; float32 keeps the work equal. Each policy gets its
 own engine (the policy is an engine setting), warmed up by one untimed run of
 each pattern; loading and warm-up are not timed.
 
@@ -69,6 +72,9 @@ class Cell(BaseModel):
     workflows_per_min: float
     tokens_per_s: float
     latency_s: dict[str, float]  # p50 / p90 / p99
+    # tokens the cell's calls sampled: in dtype auto the same schedule may sample other
+    # tokens under another policy (rows round by batch), e.g. a debate one round longer
+    tokens: int = 0
     chat_ttft_s: dict[str, float] = {}
     chat_tpot_s: dict[str, float] = {}
     max_queue: int = 0
@@ -257,6 +263,7 @@ def pool(cells: list[Cell]) -> Cell:
         policy=cells[0].policy, load=cells[0].load, workflows=sum(c.workflows for c in cells),
         failed=sum(c.failed for c in cells), wall_s=wall, workflows_per_min=60 * done / wall,
         tokens_per_s=mean(lambda c: c.tokens_per_s), latency_s=percentiles(latencies),
+        tokens=sum(c.tokens for c in cells),
         chat_ttft_s=percentiles(ttfts), chat_tpot_s=percentiles(tpots),
         max_queue=max(c.max_queue for c in cells),
         max_waiting=max(c.max_waiting for c in cells), mean_running=mean(lambda c: c.mean_running),
@@ -321,7 +328,7 @@ async def cell(
         done.set()
     wall = time.perf_counter() - t0
     after = engine.stats()
-    generated = after.tokens_per_s * after.step_s - before.tokens_per_s * before.step_s
+    generated = after.tokens_sampled - before.tokens_sampled
     slow = slowdowns(latencies, floor) if floor else []
     return Cell(
         policy=policy,
@@ -332,6 +339,7 @@ async def cell(
         workflows_per_min=60 * (len(arrivals) - failed) / wall,
         tokens_per_s=generated / wall,
         latency_s=percentiles(list(latencies.values())),
+        tokens=generated,
         chat_ttft_s=percentiles(ttfts),
         chat_tpot_s=percentiles(tpots),
         max_queue=max((q for q, _, _ in samples), default=0),
@@ -467,15 +475,18 @@ def table(report: Report):
 
 
 def ratios(report: Report):
-    """Each policy against fcfs at the same load (p99 latency, throughput, chat time per
-    token), and the chat streams against the same streams on an idle engine. With the
-    workflows' latencies alone, the fcfs row says how low any policy's p99 could go
-    (the floor: the workflows' p99 alone, over fcfs's p99)."""
+    """Each policy against fcfs at the same load (p99 latency, throughput, tokens
+    sampled, chat time per token), and the chat streams against the same streams on
+    an idle engine. Tokens / fcfs says whether the two did the same work: in dtype
+    auto a schedule may sample other tokens under another policy (a debate that runs
+    one round more), and its latencies then compare unlike work; float32 keeps the
+    tokens equal. With the workflows' latencies alone, the fcfs row says how low any
+    policy's p99 could go (the floor: the workflows' p99 alone, over fcfs's p99)."""
     from rich.table import Table
 
     t = Table(title="against fcfs at the same load (targets: workflow p99 <= 0.6x, "
                     "throughput >= 0.95x; chat TPOT p99 <= 1.5x idle)")  # fmt: skip
-    cols = ["load", "policy", "p99 latency / fcfs", "throughput / fcfs"]
+    cols = ["load", "policy", "p99 latency / fcfs", "throughput / fcfs", "tokens / fcfs"]
     cols += ["chat TPOT p99 / fcfs", "chat TPOT p99 / idle"]
     if report.alone_s:
         cols += ["floor p99 / fcfs"]
@@ -497,8 +508,9 @@ def ratios(report: Report):
         tp = c.workflows_per_min / max(1e-9, base.workflows_per_min)
         versus = "-" if c.policy == "fcfs" else f"{p99:.2f}x"
         through = "-" if c.policy == "fcfs" else f"{tp:.2f}x"
+        work = "-" if c.policy == "fcfs" or not base.tokens else f"{c.tokens / base.tokens:.2f}x"
         vs_fcfs = "-" if c.policy == "fcfs" else tpot(c, base)
-        row = [f"{c.load:.2f}", c.policy, versus, through, vs_fcfs, tpot(c, idle)]
+        row = [f"{c.load:.2f}", c.policy, versus, through, work, vs_fcfs, tpot(c, idle)]
         if report.alone_s:
             floor = report.alone_s.get(f"{c.load:g}", {}).get("p99")
             fcfs = base.latency_s.get("p99")

@@ -96,6 +96,8 @@ async def test_every_policy_runs_the_same_arrivals_and_reports_a_cell(tiny_dirs,
     loaded = report.cells[1:]
     assert report.cells[0].workflows == 0 and report.cells[0].chat_ttft_s  # chat alone
     assert len({c.workflows for c in loaded}) == 1  # the same schedule for each
+    # ... and the same work: float32 samples the same tokens in any batch
+    assert len({c.tokens for c in loaded}) == 1 and loaded[0].tokens >= bs.CHAT_TOKENS
     for c in loaded:
         assert c.failed == 0 and c.wall_s > 0
         assert c.workflows == 0 or set(c.latency_s) == {"p50", "p90", "p99"}
@@ -137,11 +139,11 @@ def test_pooled_schedules_give_percentiles_over_every_workflow_and_summed_throug
                        latency_s=bs.percentiles(lat), latencies=lat, busy=wall / 10,
                        max_queue=int(wall), mean_running=wall, **kw)  # fmt: skip
 
-    a = one([1.0, 2.0, 9.0], wall=2.0, failed=1, slowdowns=[1.0, 2.0], tpots=[0.02])
-    b = one([3.0, 4.0], wall=6.0, slowdowns=[1.5], tpots=[0.03, 0.04])
+    a = one([1.0, 2.0, 9.0], wall=2.0, failed=1, slowdowns=[1.0, 2.0], tpots=[0.02], tokens=5)
+    b = one([3.0, 4.0], wall=6.0, slowdowns=[1.5], tpots=[0.03, 0.04], tokens=7)
     assert bs.pool([a]) is a
     p = bs.pool([a, b])
-    assert (p.workflows, p.failed, p.wall_s, p.schedules) == (5, 1, 8.0, 2)
+    assert (p.workflows, p.failed, p.wall_s, p.schedules, p.tokens) == (5, 1, 8.0, 2, 12)
     assert p.workflows_per_min == 60 * 4 / 8.0  # completed over the summed wall time
     assert p.latencies == [1.0, 2.0, 9.0, 3.0, 4.0]
     assert p.latency_s == bs.percentiles([1.0, 2.0, 3.0, 4.0, 9.0])
@@ -236,6 +238,18 @@ def test_the_fcfs_row_says_how_low_the_floor_lets_any_policy_go():
     out = console.export_text()
     assert "0.50x" in out  # 0.75 / 1.5
     assert "alone" in out and "0.75" in out
+
+
+def test_the_ratios_say_when_a_policy_sampled_other_tokens():
+    from rich.console import Console
+
+    report = _report(0)
+    for c in report.cells:
+        c.tokens = 400 if c.policy == "fcfs" else 436  # the same schedule, other tokens
+    console = Console(width=200, record=True)
+    console.print(bs.ratios(report))
+    out = console.export_text()
+    assert "tokens / fcfs" in out and out.count("1.09x") == 2  # 436 / 400, at each load
 
 
 def test_the_plot_is_a_png_with_a_line_per_policy(tmp_path):
