@@ -45,13 +45,9 @@ from corps.engine.runner import ModelRunner
 from corps.engine.sampler import Sampler
 from corps.engine.stats import EngineStats
 from corps.engine.step_cost import decode_keys
+from corps.engine.step_plan import StepPlan, plan_rows
 from corps.engine.tuning import KernelChoice
 from corps.engine.weights import Weights
-
-#: Longest piece of one call's prompt encoded in a single forward step.
-PREFILL_CHUNK = 512
-#: While calls are prefilling, they get at least 1/PREFILL_SHARE of each step's tokens.
-PREFILL_SHARE = 8
 
 
 @dataclass
@@ -213,50 +209,34 @@ class Core:
         """Peaks start over from what is held now (`Engine.reset_peak_stats`)."""
         self.memory.reset_peaks()
 
-    def step(self, calls: Sequence[Call], budget: int | None) -> StepOutput:
-        """One fused forward: a token for every decoding call, then prefill chunks.
-
-        Decoding calls go first, so a long prefill never starves them; prefill
-        chunks (at most PREFILL_CHUNK tokens each) fill what is left of `budget`
-        tokens, in the order given, and always get 1/PREFILL_SHARE of it when any
-        call is prefilling (so decodes never starve prefills either). A call that
-        fails here (its sampling) is rolled back and reported in `failed`; the
-        others go on.
-        """
+    def step(self, plan: StepPlan) -> StepOutput:
+        """Run one step's plan (`corps.engine.step_plan`): take the slots its decoding
+        calls' rows need, run every row in one fused forward, sample, and advance the
+        calls. A call that fails here (its slots or its sampling) is rolled back and
+        reported in `failed`; the others go on."""
         out = StepOutput()
-        plan: list[PlanEntry] = []  # (call, first feed index or -1, n tokens)
-        left = budget if budget is not None else 1 << 62
-        prefilling = sum(len(c.feed) - c.fed for c in calls if c.pending is None)
-        # Prefill chunks keep a share of every step, so a full batch of decodes never
-        # starves them; decodes past the rest of the budget wait one step.
-        decodes = left - min(prefilling, max(1, left // PREFILL_SHARE))
-        for c in calls:
-            if c.pending is None or decodes <= 0:
-                continue
-            # the pending token (and any it jumped to); a finishing call's footer goes
-            # with it, so its turn is closed in one step (rows that need no logits need
-            # not wait for each other)
-            n = 1 + len(c.jumped) + len(c.closing)
-            decodes -= n
-            try:
-                self.memory.next_slots(c, n)
-            except CacheFullError as exc:
-                self.abort(c)
-                out.failed.append((c, exc))
-                continue
-            plan.append((c, -1, n))
-            left -= n
-        for c in calls:
-            if c.pending is None and c.fed < len(c.feed) and left > 0:
-                n = min(len(c.feed) - c.fed, PREFILL_CHUNK, left)
-                if c.replay:  # a recompute: in the steps the message was first encoded in
-                    n = c.replay[len(c.spans)]
-                    if n > left:
-                        continue
-                plan.append((c, c.fed, n))
-                left -= n
-        if not plan:
-            return out
+        entries = self._allocate(plan, out)
+        if entries:
+            self._run(entries, out)
+        return out
+
+    def _allocate(self, plan: StepPlan, out: StepOutput) -> list[PlanEntry]:
+        """Store slots for the decoding calls' rows (their reservations first); the
+        plan's entries whose calls got them, as (call, first feed index or -1, n)."""
+        entries: list[PlanEntry] = []
+        for e in plan.entries:
+            if not e.is_chunk:
+                try:
+                    self.memory.next_slots(e.call, e.n)
+                except CacheFullError as exc:
+                    self.abort(e.call)
+                    out.failed.append((e.call, exc))
+                    continue
+            entries.append((e.call, e.start, e.n))
+        return entries
+
+    def _run(self, plan: list[PlanEntry], out: StepOutput) -> None:
+        """The forward over the plan's rows, the sampling, and each call's advance."""
         for c, _, n in plan:
             c.spans.append(n)
         out.calls, out.rows = len(plan), sum(n for _, _, n in plan)
@@ -283,7 +263,14 @@ class Core:
             if c.done:  # its view and unused reservations go now, for waiting calls
                 self.memory.drop_view(c)
                 self.memory.release_spare(c)
-        return out
+
+    def run_alone(self, call: Call) -> None:
+        """Step `call` alone until it is done (the attention sink, a recompute), each
+        step planned as the loop plans one (`plan_rows`); raises what failed it."""
+        while not call.done:
+            out = self.step(plan_rows([call]))
+            if out.failed:
+                raise out.failed[0][1]
 
     def _forward(self, plan: list[PlanEntry]) -> tuple[Tensor, list[int]]:
         """Run the plan's rows; returns the logit rows (N, V) and each entry's count.
@@ -486,8 +473,7 @@ class Core:
         call = Call(plan, ctx_slots=[], ctx_pos=[], feed=sink, feed_start=0)
         self.memory.reserve(call, 0)
         self.memory.gather(call, len(sink))
-        while not call.done:
-            self.step([call], budget=None)
+        self.run_alone(call)
         return self.finish(call)
 
     # ---- finishing ----

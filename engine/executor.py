@@ -15,6 +15,7 @@ from corps.engine.grammars import Grammars
 from corps.engine.planner import Call
 from corps.engine.requests import DecodeRequest, PrefillRequest
 from corps.engine.stats import EngineStats
+from corps.engine.step_plan import StepPlan
 
 
 class Executor(Protocol):
@@ -39,8 +40,8 @@ class Executor(Protocol):
         after a step (it waits for a running call's prefix). `evict`: the order in which
         encodings no running call reads may be dropped to make room (None: never)."""
 
-    def step(self, calls: Sequence[Call], budget: int | None):
-        """One step over the running calls; returns a `StepOutput`."""
+    def step(self, plan: StepPlan):
+        """Run one step's plan (`corps.engine.step_plan`); returns a `StepOutput`."""
 
     def finish(self, c: Call) -> Handle:
         """Register a done call's message; its handle."""

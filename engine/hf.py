@@ -33,6 +33,7 @@ from corps.engine.requests import DecodeRequest, PrefillRequest
 from corps.engine.sampler import Sampler
 from corps.engine.spec import ModelSpec
 from corps.engine.stats import EngineStats
+from corps.engine.step_plan import StepPlan
 
 
 class HFExecutor:
@@ -93,10 +94,11 @@ class HFExecutor:
             call.done = call.text_only = True
         return call
 
-    def step(self, calls: Sequence[Call], budget: int | None) -> StepOutput:
-        """Run the first unfinished call to its end (generate is not batched here)."""
+    def step(self, plan: StepPlan) -> StepOutput:
+        """Run the plan's first unfinished call to its end (generate is not batched
+        here, so the plan's rows are not used)."""
         out = StepOutput()
-        c = next((c for c in calls if not c.done), None)
+        c = next((c for c in plan.calls if not c.done), None)
         if c is None:
             return out
         out.encoded = True  # every call here encodes its whole prompt

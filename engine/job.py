@@ -11,9 +11,9 @@ import anyio
 
 from corps.cache.handle import Handle
 from corps.cache.messages import CallFigures
-from corps.engine.core import PREFILL_CHUNK
 from corps.engine.errors import CallCancelled
 from corps.engine.planner import Call
+from corps.engine.step_plan import next_rows
 from corps.engine.workflow import Workflow
 
 
@@ -54,13 +54,9 @@ class Job:
 
     @property
     def rows(self) -> int:
-        """Rows the call brings to its next step: its token when decoding, else the
-        rest of its prompt up to a chunk (policies bound steps by it; 1 before it is
-        admitted)."""
-        call = self.call
-        if call is None or call.pending is not None:
-            return 1
-        return max(1, min(PREFILL_CHUNK, len(call.feed) - call.fed))
+        """Rows the call brings to its next step (`step_plan.next_rows`, the plan's own
+        formula; policies bound steps by it); 1 before it is admitted."""
+        return 1 if self.call is None else max(1, next_rows(self.call))
 
     @property
     def keys(self) -> int:

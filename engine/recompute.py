@@ -62,10 +62,7 @@ def _recompute(core: Core, m: Message, evict: Victims | None, made: list[Message
         try:
             memory.reserve(call, 0, evict)
             memory.gather(call, len(call.feed))
-            while not call.done:
-                out = core.step([call], None)
-                if out.failed:
-                    raise out.failed[0][1]
+            core.run_alone(call)
         except BaseException:
             core.abort(call)
             raise

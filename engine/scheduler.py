@@ -7,7 +7,7 @@ one): a next token for every running decode plus prefill chunks for waiting
 calls. Callers only await their own job.
 
 Policy (fairness): running decodes always get their token first; prefill
-chunks (at most 512 tokens each, see `PREFILL_CHUNK`) fill the rest of the
+chunks (at most 512 tokens each, see `corps.engine.step_plan`) fill the rest of the
 per-step token budget in arrival order. A long prompt is thus spread over
 several steps and delays the running decodes by at most one chunk per step;
 it never starves them.
@@ -52,6 +52,7 @@ from corps.engine.errors import EngineBusy, EngineClosed
 from corps.engine.executor import Executor
 from corps.engine.job import Job
 from corps.engine.policies import Fcfs, Policy, least_recent, started
+from corps.engine.step_plan import plan_step
 from corps.engine.torch_thread import TORCH, TorchThread
 from corps.engine.trace import ErrorEvent, FirstToken, Recorder, Step
 
@@ -298,13 +299,12 @@ class Scheduler:
         self._admit(self._held + new, t0)
         self._admit_s = time.perf_counter() - t0
         by_call = {id(j.call): j for j in self._running}
-        order = self.policy.step_calls(self.policy.step_order(list(self._running)))
-        active = [j.call for j in order if not j.call.done]
+        chosen, plan = plan_step(self._running, self.policy, self.step_tokens)
+        active = [j.call for j in chosen]
         if active:
             try:
-                budget = self.policy.step_budget(order, self.step_tokens)
                 t_step = time.perf_counter()
-                out = self.core.step(active, budget=budget)
+                out = self.core.step(plan)
                 seconds = time.perf_counter() - t_step
                 self.policy.observe(out.calls, out.rows, seconds, out.chunks, out.keys)
             except Exception as exc:  # the forward failed: fail this step's jobs, go on

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from corps.cache.arena import ViewArena
 from corps.engine.requests import DecodeRequest, PrefillRequest
 from corps.engine.sampling import SamplingParams
+from corps.engine.step_plan import plan_rows
 
 from conftest import open_tiny
 from helpers import run_calls
@@ -148,7 +149,7 @@ def test_budget_holds_under_random_admissions_steps_cancels_and_frees(tiny_dirs,
             for _ in range(op[2]):
                 live = [c for c in running if not c.done]
                 if live:
-                    assert not core.step(live, budget=op[1]).failed
+                    assert not core.step(plan_rows(live, op[1])).failed
                     check()  # done calls hold no view or spare slots, before finish too
         elif op[0] == "cancel" and running:
             c = running.pop(op[1] % len(running))

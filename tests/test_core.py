@@ -11,6 +11,7 @@ from torch.nn.attention.bias import CausalBias
 from corps.engine.attention.views import open_view
 from corps.engine.requests import DecodeRequest, PrefillRequest
 from corps.engine.sampling import SamplingParams
+from corps.engine.step_plan import plan_rows
 
 from conftest import open_tiny
 from helpers import Oracle, build_mask, run_calls
@@ -313,12 +314,12 @@ def test_prefills_keep_a_share_of_every_step_under_a_full_batch_of_decodes(tiny_
     q, _ = prefill(core, "count with me")
     decodes = [core.admit(DecodeRequest(parents=[q], sampling=greedy(20))) for _ in range(8)]
     while any(c.pending is None for c in decodes):  # encode their headers first
-        core.step(decodes, budget=None)
+        core.step(plan_rows(decodes, None))
     long = core.admit(PrefillRequest(list(range(5, 205)), frame=False))
     # a budget of 8 is all taken by the 8 decodes, unless prefills keep their share
     for _ in range(3):
         fed = long.fed
-        out = core.step([*decodes, long], budget=8)
+        out = core.step(plan_rows([*decodes, long], 8))
         assert long.fed == fed + 1  # 8 // PREFILL_SHARE = 1 token for the prefill
         assert len(out.tokens) == 7  # the decodes that fit; the last one waits a step
     for c in [*decodes, long]:
@@ -334,10 +335,10 @@ def test_a_step_reports_the_keys_its_decodes_read(tiny_dirs):
     long_, _ = prefill(core, "count with me from one to ten and then back down to one")
     decodes = [core.admit(DecodeRequest(parents=[p], sampling=greedy(4))) for p in (short, long_)]
     while any(c.pending is None for c in decodes):  # encode their headers first
-        core.step(decodes, budget=None)
+        core.step(plan_rows(decodes, None))
     chunk = core.admit(PrefillRequest(list(range(5, 45)), frame=False))
     want = sum(c.view.length + 1 for c in decodes)
-    out = core.step([*decodes, chunk], budget=None)
+    out = core.step(plan_rows([*decodes, chunk], None))
     assert out.chunks == 1 and out.keys == want
     for c in [*decodes, chunk]:
         core.abort(c)
@@ -360,15 +361,15 @@ def test_mixed_steps_batch_decodes_and_prefill_chunks_and_agree_with_alone(tiny_
     (_,), (alone_pre,) = run_calls(core, [late[1]], want_logits=True)
     calls = [core.admit(x) for x in reqs]
     while any(c.pending is None for c in calls):
-        core.step(calls, budget=None)
-    core.step(calls, budget=None)  # the decodes are running
+        core.step(plan_rows(calls, None))
+    core.step(plan_rows(calls, None))  # the decodes are running
     calls += [core.admit(late[0]), core.admit(late[1], want_logits=True)]
     mixed = 0
     while not all(c.done for c in calls):
         live = [c for c in calls if not c.done]
         decoding = [c for c in live if c.pending is not None]
         mixed += bool(decoding) and len(decoding) < len(live)
-        core.step(live, budget=4 + len(decoding))  # prefills take a few chunks
+        core.step(plan_rows(live, 4 + len(decoding)))  # prefills take a few chunks
     assert mixed >= 2
     handles = [core.finish(c) for c in calls]
     assert [h.tokens for h in handles[:4]] == alone_dec
