@@ -14,8 +14,8 @@ from corps.cache.visibility import Private, Public, Visibility
 
 if TYPE_CHECKING:  # the engine's argument types (corps.agents imports no torch)
     from corps.agents.runtime import Runtime
-    from corps.engine.requests import DecodeArgs, PrefillArgs, Text
-    from corps.engine.select import Selection
+    from corps.engine.api.select import Selection
+    from corps.engine.request.requests import DecodeArgs, PrefillArgs, Text
 
 
 class Agent:

@@ -12,7 +12,7 @@ from pydantic import BaseModel
 
 from corps.cache.errors import InvalidRequest
 from corps.cache.handle import Handle
-from corps.engine.workflow import CURRENT, Workflow
+from corps.engine.request.workflow import CURRENT, Workflow
 
 
 @dataclass(eq=False)
@@ -29,7 +29,7 @@ class Envelope:
     # ask_stream that made it closes it.
     deltas: MemoryObjectSendStream[str] | None = None
     id: int = 0  # pairs an ask with its reply in traces
-    # the asker's workflow: the handler's calls carry it (corps.engine.workflow)
+    # the asker's workflow: the handler's calls carry it (corps.engine.request.workflow)
     workflow: Workflow | None = field(default_factory=CURRENT.get)
 
     def reply(self, result: Any = None, error: BaseException | None = None) -> None:

@@ -36,8 +36,8 @@ from corps.agents.errors import AgentError, AgentStopped, MailboxFull, UnknownAg
 from corps.cache.errors import InvalidRequest
 from corps.cache.handle import Handle, bind
 from corps.cache.visibility import Private
-from corps.engine.trace import ActorEvent, ErrorEvent, Recorder
-from corps.engine.workflow import CURRENT as workflow_var
+from corps.engine.request.workflow import CURRENT as workflow_var
+from corps.engine.trace.events import ActorEvent, ErrorEvent, Recorder
 
 DEAD_LETTERS = "dead-letters"
 #: Dead letters kept in `Runtime.dead_letters` (the latest); `dead_letter_count` counts all.

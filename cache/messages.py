@@ -23,6 +23,24 @@ class CallFigures:
     leaks: int = 0  # leaks recorded for the call (allow / warn policies)
 
 
+@dataclass(frozen=True)
+class MessageRecord:
+    """A read-only snapshot of one message's record (`Engine.messages()`)."""
+
+    id: int
+    kind: str  # "sink", "prefill" or "decode"
+    role: str
+    owner: str | None
+    tokens: tuple[int, ...]  # framed tokens, as encoded
+    offset: int  # logical position of its first token when encoded
+    parents: tuple[int, ...]
+    parent_offsets: tuple[int, ...]
+    slots: int  # store slots its encoding holds now (0: text only, or evicted)
+    freed: bool
+    evicted: bool
+    pins: int  # in-flight calls reading it
+
+
 @dataclass
 class Message:
     """One encoded (or, in baseline mode, text-only) message."""
@@ -51,12 +69,20 @@ class Message:
     view_of: int | None = None  # a clean re-encoding (leak_policy="reencode"): of which message
     view_for: str | None = None  # ... and for which reader
     figures: CallFigures = field(default_factory=CallFigures)
-    # preemption (`corps.engine.memory`): how its tokens went through the model (tokens
+    # preemption (`corps.engine.exec.memory`): how its tokens went through the model (tokens
     # per forward step, in order), so an evicted encoding is recomputed step for step
     spans: tuple[int, ...] = ()
     evicted: bool = False  # its encoding was dropped for room; recomputed when read
     read_at: int = 0  # when a call last pinned it (the memory's tick): least recent yields
     started: float = 0.0  # when the workflow that made it started (a policy's victim order)
+
+    def record(self) -> MessageRecord:
+        """A read-only snapshot of this record."""
+        return MessageRecord(
+            self.id, self.kind, self.role, self.owner, tuple(self.tokens), self.offset,
+            tuple(self.parents), tuple(self.parent_offsets), len(self.slots), self.freed,
+            self.evicted, self.pins,
+        )  # fmt: skip
 
     @property
     def recomputable(self) -> bool:

@@ -11,7 +11,7 @@ read (leakage), or a parent moved to other positions.
 
 An adapter trained with `scope="rewired"` (`corps distill --scope rewired`) is
 applied only to calls whose context is rewired, so a chain call runs the base
-model exactly; the engine (serving) and the differentiable replay (training)
+model exactly; the engine (serving) and the differentiable recompute (training)
 decide it with this one function. Torch-free.
 """
 

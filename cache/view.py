@@ -127,7 +127,7 @@ class CallView:
 
     def copy_own(self, other: CallView, t: int) -> None:
         """Take `other`'s first t own tokens as this view's (every layer) and advance:
-        for a twin call whose own tokens would be the same (`corps.engine.batch`)."""
+        for a twin call whose own tokens would be the same (`corps.engine.exec.batch`)."""
         n = self.own_length
         self.own_k[:, :, n : n + t] = other.own_k[:, :, :t]
         self.own_v[:, :, n : n + t] = other.own_v[:, :, :t]

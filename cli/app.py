@@ -19,8 +19,8 @@ from corps.cli import fidelity as fidelity_cli
 from corps.cli import run as run_cli
 from corps.cli.run import CompileGemmsOpt, CompileOpt
 from corps.cli.trace_cmd import trace_app
-from corps.engine.adapter import check_adapter_of
 from corps.engine.config import DEFAULT_DTYPE, BadConfig, EngineConfig
+from corps.engine.model.adapter_files import check_adapter_of
 
 app = typer.Typer(
     name="corps",
@@ -74,7 +74,7 @@ def fail(exc: BaseException) -> None:
 @app.command()
 def models() -> None:
     """List model aliases and the models converted in $CORPS_HOME."""
-    from corps.engine.models import DEFAULT_MODEL, EMBEDDED, cached_models, corps_home
+    from corps.engine.model.names import DEFAULT_MODEL, EMBEDDED, cached_models, corps_home
 
     table = Table(title=f"models (CORPS_HOME={corps_home()})")
     table.add_column("name")
@@ -127,7 +127,7 @@ def chat(
     except CorpsError as exc:
         _bad(str(exc))
 
-    from corps.engine.engine import Engine
+    from corps.engine.api.engine import Engine
 
     async def run() -> None:
         async with Engine.open(config) as engine:
@@ -415,7 +415,7 @@ def bench_serve(
 ) -> None:
     """Workflows arriving open loop at fractions of saturation, under each policy."""
     from corps.cli import bench_serve as bs
-    from corps.engine.policies import POLICIES
+    from corps.engine.sched.policies import POLICIES
 
     try:
         loads = [float(x) for x in load.split(",") if x.strip()]
@@ -705,9 +705,9 @@ def bench_kernels(
 
 def _cpu_kernels(model: str, remeasure: bool) -> None:
     from corps.cli import bench_kernels as bk
-    from corps.engine import tuning
-    from corps.engine.models import corps_home, resolve_model
-    from corps.engine.weights import read_spec
+    from corps.engine.model import tuning
+    from corps.engine.model.names import corps_home, resolve_model
+    from corps.engine.model.weights import read_spec
 
     spec = read_spec(resolve_model(model, console=err))
     cache = corps_home() / "kernels"

@@ -1,11 +1,11 @@
 """`corps bench adapter DIR`: serving with a LoRA adapter vs the base model.
 
-An adapter is merged into the weights at load (`corps.engine.adapter`), so a step
+An adapter is merged into the weights at load (`corps.engine.model.adapter_files`), so a step
 should cost exactly what the base model's costs. Two engines, one with the
 adapter and one without, same model and dtype, are timed alternately (base,
 adapted, base, ...; best of `repeats`) on single-stream decode and prefill, as
 `corps bench runner` times one engine. An adapter of scope "rewired" is kept
-apart and runs only for calls whose context is rewired (`corps.engine.lora`):
+apart and runs only for calls whose context is rewired (`corps.engine.model.adapter_rows`):
 for it the same calls are timed again reading a rewired context, and a third
 engine without the merged copy of the adapted projections (`adapter_copy=False`)
 shows what the low-rank product costs on every row.
@@ -33,7 +33,7 @@ def measure(model: str, engines: dict[str, dict], dtype: str, decode_tokens: int
 
     from anyio.from_thread import start_blocking_portal
 
-    from corps.engine.engine import Engine
+    from corps.engine.api.engine import Engine
 
     with start_blocking_portal() as portal, ExitStack() as stack:
         probes = {}
@@ -57,7 +57,7 @@ def measure(model: str, engines: dict[str, dict], dtype: str, decode_tokens: int
 
 def main(model: str, adapter: Path, dtype: str, decode_tokens: int, prefill_tokens: int,
          repeats: int) -> None:  # fmt: skip
-    from corps.engine.adapter import read_scope
+    from corps.engine.model.adapter_files import read_scope
 
     apart = read_scope(adapter) == "rewired"
     engines = {"base": {}, "adapter": {"adapter": adapter}}

@@ -26,8 +26,8 @@ from pydantic import BaseModel
 from rich.table import Table
 
 from corps.engine.config import EngineConfig
-from corps.patterns.cluster import Cluster, start_local_ray
-from corps.patterns.inputs import question_pairs
+from corps.patterns.cluster.runner import Cluster, start_local_ray
+from corps.patterns.evaluation.inputs import question_pairs
 
 
 class Cell(BaseModel):
@@ -84,7 +84,7 @@ async def _embedded(config: EngineConfig, inputs, concurrency: int, rnd: int) ->
     from corps.agents import Runtime
     from corps.engine import Engine
     from corps.patterns import multi_qa
-    from corps.patterns.each import each
+    from corps.patterns.cluster.each import each
 
     t0 = time.perf_counter()
     async with Engine.open(config) as engine, Runtime(engine) as rt:

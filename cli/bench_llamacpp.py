@@ -193,8 +193,8 @@ async def measure(
 ) -> list[Cell]:
     from contextlib import closing
 
-    from corps.engine.engine import Engine
-    from corps.engine.models import gguf_file, resolve_model
+    from corps.engine.api.engine import Engine
+    from corps.engine.model.names import gguf_file, resolve_model
     from corps.patterns.samples import MATH_PROBLEMS
 
     require_llama_cpp()

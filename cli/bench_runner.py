@@ -82,9 +82,9 @@ def measure_bounds(
     projections, for each of `gemms`: None, the eager kernels; an
     `EngineConfig.compile_gemms` value, the products a captured step would run
     (every projection in one graph, compiled as `compile=True` compiles)."""
-    from corps.engine.models import corps_home
-    from corps.engine.tuning import weight_format
-    from corps.engine.weights import load_weights, read_spec, torch_dtype
+    from corps.engine.model.names import corps_home
+    from corps.engine.model.tuning import weight_format
+    from corps.engine.model.weights import load_weights, read_spec, torch_dtype
 
     mixed, choice = weight_format(dtype, read_spec(path), "cpu", corps_home() / "kernels")
     w = load_weights(path, dtype=torch_dtype(dtype), device="cpu", mixed=mixed, choice=choice)
@@ -103,7 +103,7 @@ def _compiled_stream(projs, xs, gemms: str) -> Callable[[], None]:
     """The projections (1, K) -> (1, N) as one graph over frozen weights, compiled now."""
     from torch import nn
 
-    from corps.engine.step_module import StepProjection, frozen_compile_config
+    from corps.engine.model.decode_module import StepProjection, frozen_compile_config
 
     class Stream(nn.Module):
         def __init__(self) -> None:
@@ -175,8 +175,8 @@ def measure(
 
     from anyio.from_thread import start_blocking_portal
 
-    from corps.engine.engine import Engine
-    from corps.engine.weights import torch_dtype
+    from corps.engine.api.engine import Engine
+    from corps.engine.model.weights import torch_dtype
 
     with ExitStack() as stack:
         portal = stack.enter_context(start_blocking_portal())
@@ -248,11 +248,3 @@ def main(
                 f"compiled in {secs:.1f} s when the engine opened"
             )
     console.print(table)
-
-
-if __name__ == "__main__":
-    import typer
-
-    from corps.cli.app import bench_runner
-
-    typer.run(bench_runner)

@@ -5,7 +5,7 @@ given as a fraction of the engine's measured saturation throughput (`load`): the
 most workflows per second it completes in steady state with 8, 16, 32, ...
 always in flight (closed loop, `saturation`), tried while the rate still rises.
 The same seeded arrival schedule is run under each scheduling policy
-(`corps.engine.policies`), policies alternating from one load to the next; with
+(`corps.engine.sched.policies`), policies alternating from one load to the next; with
 `chat`, interactive streams with a latency objective arrive beside the
 workflows, and the same streams also run on an idle engine (the `idle` row) in
 every round, before its policies: a host whose speed drifts over minutes then
@@ -26,7 +26,7 @@ two and moves by tens of percent from one schedule to the next; pooled, it is a
 percentile.
 
 A policy may carry a cap on workflows in flight, `workflow:8` (the engine's
-`max_workflows`, `corps.engine.admission`): its engine lets at most that many
+`max_workflows`, `corps.engine.sched.gate`): its engine lets at most that many
 workflows in at once and queues the rest whole, first come first served;
 `fcfs` alone stays today's loop, the baseline every ratio is taken against.
 
@@ -111,7 +111,7 @@ def engine_settings(spec: str) -> dict[str, Any]:
     """The engine settings of a policy as the bench names it: `workflow`, or
     `workflow:8` for the policy with at most 8 workflows in flight. Raises ValueError
     naming what is wrong."""
-    from corps.engine.policies import POLICIES
+    from corps.engine.sched.policies import POLICIES
 
     name, _, cap = spec.strip().partition(":")
     if name not in POLICIES:

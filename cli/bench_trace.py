@@ -68,7 +68,7 @@ async def measure(
     live: bool = False,
 ) -> TraceCost:
     from corps.agents import Runtime
-    from corps.engine.engine import Engine
+    from corps.engine.api.engine import Engine
     from corps.patterns.registry import run_pattern
 
     plain, traced, events, same = [], [], [], True

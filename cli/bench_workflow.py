@@ -149,7 +149,7 @@ async def measure(
     With `questions`, run r asks questions[r % len] unless params fix `question`.
     """
     from corps.agents import Runtime
-    from corps.engine.engine import Engine
+    from corps.engine.api.engine import Engine
 
     order = [i for i in IMPLS if i in impls]
     if "baseline" not in order or "choreographed" not in order:

@@ -28,10 +28,10 @@ from corps.cache.errors import CorpsError
 from corps.cache.visibility import LeakWarning
 from corps.cli.run import read_inputs
 from corps.cli.scenario import parse_sets
-from corps.engine.adapter import check_adapter_of
 from corps.engine.config import DEFAULT_MODEL, BadConfig, EngineConfig
+from corps.engine.model.adapter_files import check_adapter_of
 from corps.patterns import registry
-from corps.patterns.scoring import split_line
+from corps.patterns.evaluation.scoring import split_line
 
 out = Console()
 err = Console(stderr=True)
@@ -137,7 +137,7 @@ def fidelity(
     """How much choreography changes a workflow: sample baseline runs at temperature 1,
     replay each choreographed with every decode forced to the baseline's tokens, and
     compare how the two score those tokens, per role."""
-    from corps.patterns import fidelity as fid
+    from corps.patterns.evaluation import fidelity as fid
 
     try:
         lines = _lines(pattern, inputs, set_, n)
@@ -223,8 +223,8 @@ def evaluate(
 ) -> None:
     """The workflow's task score per configuration on the same inputs and seeds, with
     paired significance against the first (McNemar for right/wrong, bootstrap otherwise)."""
-    from corps.patterns import evaluate as ev
-    from corps.patterns.scoring import scorer
+    from corps.patterns.evaluation import evaluate as ev
+    from corps.patterns.evaluation.scoring import scorer
 
     try:
         name = registry.canonical(pattern)
@@ -343,7 +343,7 @@ def distill(
 ) -> None:
     """Train a LoRA adapter so the choreographed workflow scores baseline runs' tokens as
     the baseline does (the paper's distillation), keeping the best validation epoch."""
-    from corps.patterns import distill as dist
+    from corps.patterns.evaluation import distill as dist
 
     try:
         name = registry.canonical(pattern)
@@ -444,7 +444,7 @@ def inputs(
     ] = None,
 ) -> None:
     """Write input lines with exact answers for fidelity, eval and distill."""
-    from corps.patterns.inputs import champ_problems, question_pairs
+    from corps.patterns.evaluation.inputs import champ_problems, question_pairs
 
     try:
         if kind.replace("_", "-") == "multi-qa":

@@ -21,8 +21,8 @@ from corps.agents import AgentError
 from corps.cache.errors import CorpsError
 from corps.cache.visibility import LeakWarning
 from corps.cli.scenario import ScenarioError, Target, parse_sets, resolve
-from corps.engine.adapter import check_adapter_of
 from corps.engine.config import DEFAULT_DTYPE, DEFAULT_MODEL, BadConfig, EngineConfig
+from corps.engine.model.adapter_files import check_adapter_of
 from corps.patterns import registry
 from corps.patterns.result import PatternResult, to_json
 
@@ -185,7 +185,7 @@ def run(
         )
         check_adapter_of(config, err)
         if otel_endpoint is not None:
-            from corps.engine.otel import check_available
+            from corps.engine.trace.exporter import check_available
 
             check_available(config.otel_protocol)
     except BadConfig as exc:
@@ -231,7 +231,7 @@ def _check_worker_flags(workers, lines, json_out, resume, ray_address, gpus) -> 
 def _on_workers(tgt, lines, checked, config, workers, address, gpus, threads, concurrency,
                 json_out, resume) -> None:  # fmt: skip
     from corps.cli.run_workers import run_on_workers
-    from corps.patterns.cluster import ClusterError
+    from corps.patterns.cluster.runner import ClusterError
 
     ids = [line.get("id", i) for i, line in enumerate(lines)]
     try:

@@ -1,6 +1,6 @@
 """`corps run --inputs F --workers N`: the inputs' workflows across engine workers on Ray.
 
-The driver (`corps.patterns.cluster.Cluster`) routes each input to a worker and
+The driver (`corps.patterns.cluster.runner.Cluster`) routes each input to a worker and
 this module streams each outcome to `--json` as it arrives (`ResultLog`, so
 `--resume` skips ids already done), under one progress bar, then prints one
 summary table.
@@ -18,8 +18,8 @@ from rich.table import Table
 
 from corps.cli.scenario import Target
 from corps.engine.config import EngineConfig
-from corps.patterns.cluster import Cluster, ClusterStats, Outcome
-from corps.patterns.results_log import ResultLog
+from corps.patterns.cluster.results_log import ResultLog
+from corps.patterns.cluster.runner import Cluster, ClusterStats, Outcome
 
 
 def run_on_workers(

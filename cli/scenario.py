@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from corps.cache.errors import InvalidRequest
 from corps.engine.config import Mode
 from corps.patterns import registry
-from corps.patterns.scoring import without_references
+from corps.patterns.evaluation.scoring import without_references
 from corps.patterns.scripts import BadScript, load_script
 
 

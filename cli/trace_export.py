@@ -9,8 +9,8 @@
   Perfetto binds a flow event to the slice open at its timestamp on its
   thread, so each arrow starts inside its maker's call and ends inside its
   reader's, each alone on its lane.
-- OpenTelemetry: `corps.engine.otlp.otlp(trace)` builds the spans (GenAI
-  conventions) and `corps.engine.otel.send` hands them to the SDK's OTLP
+- OpenTelemetry: `corps.engine.trace.spans.otlp(trace)` builds the spans (GenAI
+  conventions) and `corps.engine.trace.exporter.send` hands them to the SDK's OTLP
   exporter; they live in the engine layer because `Engine.open(otel=URL)` sends
   the same spans live.
 - `record(trace, width)`: the viewer recorded by rich, for `export_svg` / `export_html`.
@@ -25,8 +25,8 @@ from typing import Any
 from rich.console import Console
 
 from corps.cli.trace_view import ALL, Filter, Timeline, overview
-from corps.engine.trace import Step
-from corps.engine.trace_file import CallRec, Trace
+from corps.engine.trace.events import Step
+from corps.engine.trace.reader import CallRec, Trace
 
 
 def _us(t: float) -> float:

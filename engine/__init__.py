@@ -1,6 +1,6 @@
 """corps.engine: model loading, our forward over HF weights, sampling, and the public Engine.
 
-Names are imported on first use, so `corps.engine.trace` (and the trace viewer)
+Names are imported on first use, so `corps.engine.trace.events` (and the trace viewer)
 and `corps.engine.config` load without torch. Handles, visibilities and the
 base errors (`CorpsError`, `InvalidRequest`) are `corps.cache`'s.
 """
@@ -9,28 +9,28 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 _HOME = {
-    "AuditEvent": "corps.engine.access",
+    "AuditEvent": "corps.engine.api.access",
     "BadConfig": "corps.engine.config",
     "EngineConfig": "corps.engine.config",
-    "Engine": "corps.engine.engine",
-    "Pending": "corps.engine.pending",
-    "TextStream": "corps.engine.stream",
+    "Engine": "corps.engine.api.engine",
+    "Pending": "corps.engine.api.pending",
+    "TextStream": "corps.engine.api.stream",
     "CallCancelled": "corps.engine.errors",
     "ConstraintViolated": "corps.engine.errors",
     "InvalidConstraint": "corps.engine.errors",
-    "Selection": "corps.engine.select",
-    "ChatFormat": "corps.engine.chat",
+    "Selection": "corps.engine.api.select",
+    "ChatFormat": "corps.engine.request.chat",
     "EngineBusy": "corps.engine.errors",
     "EngineClosed": "corps.engine.errors",
     "FetchError": "corps.engine.errors",
     "ModelNotFound": "corps.engine.errors",
     "NonFiniteLogits": "corps.engine.errors",
     "UnsupportedModel": "corps.engine.errors",
-    "DecodeArgs": "corps.engine.requests",
-    "DecodeRequest": "corps.engine.requests",
-    "PrefillArgs": "corps.engine.requests",
-    "PrefillRequest": "corps.engine.requests",
-    "SamplingParams": "corps.engine.sampling",
+    "DecodeArgs": "corps.engine.request.requests",
+    "DecodeRequest": "corps.engine.request.requests",
+    "PrefillArgs": "corps.engine.request.requests",
+    "PrefillRequest": "corps.engine.request.requests",
+    "SamplingParams": "corps.engine.request.sampling_params",
     "EngineStats": "corps.engine.stats",
 }
 __all__ = [
@@ -60,10 +60,12 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from corps.engine.access import AuditEvent
-    from corps.engine.chat import ChatFormat
+    from corps.engine.api.access import AuditEvent
+    from corps.engine.api.engine import Engine
+    from corps.engine.api.pending import Pending
+    from corps.engine.api.select import Selection
+    from corps.engine.api.stream import TextStream
     from corps.engine.config import BadConfig, EngineConfig
-    from corps.engine.engine import Engine
     from corps.engine.errors import (
         CallCancelled,
         ConstraintViolated,
@@ -75,12 +77,10 @@ if TYPE_CHECKING:
         NonFiniteLogits,
         UnsupportedModel,
     )
-    from corps.engine.pending import Pending
-    from corps.engine.requests import DecodeArgs, DecodeRequest, PrefillArgs, PrefillRequest
-    from corps.engine.sampling import SamplingParams
-    from corps.engine.select import Selection
+    from corps.engine.request.chat import ChatFormat
+    from corps.engine.request.requests import DecodeArgs, DecodeRequest, PrefillArgs, PrefillRequest
+    from corps.engine.request.sampling_params import SamplingParams
     from corps.engine.stats import EngineStats
-    from corps.engine.stream import TextStream
 
 
 def __getattr__(name: str) -> Any:

@@ -12,6 +12,7 @@ Environment variables only fill defaults, here and nowhere else:
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
@@ -34,8 +35,8 @@ MODES: tuple[str, ...] = get_args(Mode)
 #: Weight and activation precisions. "auto" (the default) is float32 activations,
 #: attention and KV store, with each projection's kernel (float32, float16 or
 #: bfloat16 weights) chosen by measurement on this CPU per row count
-#: (`corps.engine.tuning`); "mixed" is the same with a fixed rule
-#: (`corps.engine.linear`); "float32" is exact against transformers.
+#: (`corps.engine.model.tuning`); "mixed" is the same with a fixed rule
+#: (`corps.engine.model.linear`); "float32" is exact against transformers.
 DTYPES: tuple[str, ...] = get_args(Dtype)
 #: How calls hold the contexts they read (`corps.cache.context`).
 CONTEXTS: tuple[str, ...] = get_args(Contexts)
@@ -108,7 +109,7 @@ class EngineConfig(BaseModel):
       as `memory_budget` bytes buy (default 2 GiB, at most DEFAULT_MAX_CAPACITY).
     - `queue_size`, `step_tokens`, `max_running`: the batching loop's queue, tokens
       per fused step, and calls running at once.
-    - `leak_policy`: the default for calls made as an agent (`corps.engine.access`).
+    - `leak_policy`: the default for calls made as an agent (`corps.engine.api.access`).
     - `trace`: write every call, message and leak to this JSON-lines file.
     - `otel`: send each call's span to this OpenTelemetry collector as the call ends
       (e.g. http://localhost:4318/v1/traces; needs `pip install 'corps[otel]'`);
@@ -116,28 +117,28 @@ class EngineConfig(BaseModel):
       down never slows or fails the engine: `stats().spans_dropped` counts what it
       did not take.
     - `auto_free`: free an encoding once the last `Handle` naming it is collected.
-    - `policy`: how the batching loop admits waiting calls (`corps.engine.policies`):
+    - `policy`: how the batching loop admits waiting calls (`corps.engine.sched.policies`):
       "fcfs" (first come, first served), "workflow" (earlier workflows first, task
       groups whole) or "objective" (latency calls first, the batch bounded beside
       them).
     - `deduce_objectives`: in a workflow whose objective is "latency", the calls of
       a task group of two or more (a map stage, proposals, voters) are latency but
       not critical: admitted first and whole, without bounding the batch; calls
-      made alone are critical (`corps.engine.submit.deduce_objective`). False:
+      made alone are critical (`corps.engine.api.submit.deduce_objective`). False:
       every call of such a workflow bounds the batch, as per-call latency
       targets would.
     - `adapter`: a LoRA adapter directory in PEFT's format (`corps distill --out`, or
       peft's save_pretrained) merged into the weights at load, in every mode and dtype.
       An adapter of scope "rewired" (`corps distill --scope rewired`) is kept apart
       and applies only to the calls whose context choreography rewired
-      (`corps.engine.lora`).
+      (`corps.engine.model.adapter_rows`).
     - `adapter_copy`: for an adapter of scope "rewired", also hold the adapted
       projections with the adapter merged in (one more copy of them): a step whose
       rows are all rewired calls then costs what the base model's does, and only
       steps mixing rewired and chain calls add the adapter's low-rank product
       (True, the default). False: every rewired row pays for the product, with
       no second copy of the weights.
-    - `admission`: workflow-level admission (`corps.engine.admission`): a pattern's
+    - `admission`: workflow-level admission (`corps.engine.sched.gate`): a pattern's
       run starts only when the store can hold it beside the runs in flight (True,
       the default), so many workflows at once wait rather than fail with
       CacheFullError; False starts every run at once.
@@ -154,11 +155,11 @@ class EngineConfig(BaseModel):
     - `evict`: preemption (choreographed mode): when a call cannot get store slots
       and nothing running will give any back, the encodings of messages no
       running call reads are dropped, in the policy's order, and recomputed
-      from their parents when a call reads them again (`corps.engine.memory`):
+      from their parents when a call reads them again (`corps.engine.exec.memory`):
       the call runs instead of failing with CacheFullError (True, the default).
       False: it fails.
     - `compile`: capture a lone call's one-row decode step as one graph with
-      torch.compile (`corps.engine.compiled_step`), its weights frozen in: a
+      torch.compile (`corps.engine.model.compiled_decode`), its weights frozen in: a
       quarter to a third less time per token for one stream on a CPU, at a
       compile of 40-60 s for SmolLM2-135M each time the engine opens, and
       one more copy of the weights. Rounding differs from the eager step (not
@@ -242,9 +243,7 @@ class EngineConfig(BaseModel):
     def _adapter(cls, value: Path | None) -> Path | None:
         if value is None:
             return None
-        from corps.engine.adapter import problem
-
-        why = problem(value)
+        why = adapter_problem(value)
         if why is not None:
             raise ValueError(why)
         return Path(value).expanduser()
@@ -325,3 +324,29 @@ _ALLOWED = {
     "leak_policy": LEAK_POLICIES,
 }
 _FIELDS = tuple(EngineConfig.model_fields)
+
+
+#: the files of a LoRA adapter directory in PEFT's format (`model.adapter_files`)
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+
+
+def adapter_problem(path: str | Path) -> str | None:
+    """What keeps `path` from being a LoRA adapter directory in PEFT's format (a
+    phrase), or None; torch-free, so configs fail before anything loads."""
+    root = Path(path).expanduser()
+    if not root.is_dir():
+        return (
+            "not a directory (give the one `corps distill --out` or peft's save_pretrained wrote)"
+        )
+    missing = [f for f in ADAPTER_FILES if not (root / f).is_file()]
+    if missing:
+        listed = ", ".join(missing)
+        return f"has no {listed} (an adapter directory is what peft's save_pretrained writes)"
+    try:
+        config = json.loads((root / ADAPTER_FILES[0]).read_text())
+    except (OSError, ValueError) as exc:
+        return f"has an unreadable {ADAPTER_FILES[0]} ({exc})"
+    kind = config.get("peft_type") if isinstance(config, dict) else None
+    if kind != "LORA":
+        return f"holds a {kind!r} adapter; corps serves LoRA adapters"
+    return None

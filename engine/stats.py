@@ -20,6 +20,7 @@ class EngineStats:
     steps: int = 0  # fused forward steps run by the scheduler
     mean_batch_size: float = 0.0  # calls per step
     queue_depth: int = 0  # calls waiting to be admitted
+    running: int = 0  # calls admitted and stepping now
     tokens_per_s: float = 0.0  # tokens sampled per second of stepping
     tokens_sampled: int = 0  # tokens decodes sampled (or were forced to) since the engine opened
     mean_ttft_s: float = float("nan")  # mean time from submit to first token
@@ -45,7 +46,7 @@ class EngineStats:
     # save by encoding less.
     encode_step_s: float = 0.0
     # compile=True: lone one-row steps run through the captured graph, and the
-    # seconds capturing it took when the engine opened (corps.engine.compiled_step)
+    # seconds capturing it took when the engine opened (corps.engine.model.compiled_decode)
     compiled_steps: int = 0
     step_compile_s: float = 0.0
     constraints_compiled: int = 0  # distinct constraints compiled (each once per engine)
@@ -53,9 +54,9 @@ class EngineStats:
     tokens_jumped: int = 0  # tokens constraints forced, appended without a step each
     spans_sent: int = 0  # otel=URL: spans the collector took (calls; the run root at close)
     spans_dropped: int = 0  # otel=URL: spans it did not take (down, refused); never an error
-    policy: str = "fcfs"  # the scheduling policy (corps.engine.policies)
+    policy: str = "fcfs"  # the scheduling policy (corps.engine.sched.policies)
     # preemption (choreographed): encodings dropped for room, and tokens made again when
-    # a call read an evicted message (corps.engine.memory)
+    # a call read an evicted message (corps.engine.exec.memory)
     messages_evicted: int = 0
     tokens_evicted: int = 0
     tokens_recomputed: int = 0

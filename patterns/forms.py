@@ -1,4 +1,4 @@
-"""The fixed forms of patterns' outputs, as constraints (`corps.engine.constraint`).
+"""The fixed forms of patterns' outputs, as constraints (`corps.engine.request.constraint`).
 
 Where a pattern parses what an agent says (a vote, a verdict, two groups, a
 decision, numbered answers, a boxed answer), the decode is constrained to that

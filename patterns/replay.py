@@ -17,7 +17,7 @@ the replayed run makes the same calls.
 With `logprobs=True` every decode turn asks the engine for its tokens'
 log-probabilities, and the replay keeps them per turn (`scores`), with the role
 that decoded it: how fidelity compares two modes on the same tokens
-(`corps.patterns.fidelity`).
+(`corps.patterns.evaluation.fidelity`).
 """
 
 from __future__ import annotations

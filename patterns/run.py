@@ -24,8 +24,8 @@ from pydantic import BaseModel, ConfigDict
 from corps.agents import Agent, Runtime
 from corps.cache.handle import Handle
 from corps.cache.visibility import Private
-from corps.engine.trace import Gate, Stage
-from corps.engine.workflow import CURRENT, Objective, Workflow
+from corps.engine.request.workflow import CURRENT, Objective, Workflow
+from corps.engine.trace.events import Gate, Stage
 from corps.patterns.replay import CURRENT as REPLAY
 from corps.patterns.result import PatternResult
 
@@ -72,7 +72,7 @@ class Turn(BaseModel):
     index: int = 0  # the turn's place in its run (keys a Replay)
     force: tuple[int, ...] = ()  # replayed tokens (equal-work benchmarks)
     logprobs: bool = False  # note each token's log-probability (fidelity, distillation)
-    # at most one constraint on the text (corps.engine.constraint); None: free text
+    # at most one constraint on the text (corps.engine.request.constraint); None: free text
     regex: str | None = None
     json_schema: dict[str, Any] | None = None
     choices: tuple[str, ...] | None = None

@@ -1,7 +1,7 @@
 """Workflows defined in Python files: `async def run(rt, **params)` in a `.py` file.
 
 `corps run FILE.py` loads one here, and so does each engine worker of a cluster
-(`corps.patterns.cluster`), which is given the file's path rather than the function:
+(`corps.patterns.cluster.runner`), which is given the file's path rather than the function:
 a function travels badly between processes, a path to the same file does not.
 """
 

@@ -15,7 +15,7 @@ if not torch.cuda.is_available():
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from corps.engine.engine import Engine
+from corps.engine.api.engine import Engine
 
 from helpers import hf_model, make_model_dir
 
@@ -69,7 +69,7 @@ def open_tiny(tiny_dirs, name: str = "llama", **kwargs) -> Engine:
 @pytest.fixture(scope="session")
 def real_dir() -> Path:
     """The embedded default model, fetched and converted once into $CORPS_HOME."""
-    from corps.engine.models import resolve_model
+    from corps.engine.model.names import resolve_model
 
     return resolve_model("smollm2-135m")
 

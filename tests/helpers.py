@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 
 import anyio
 import torch
@@ -197,8 +199,8 @@ def run_calls(core, requests, *, want_logits: bool = False, on_token=None):
 
 
 async def _run_calls(core, requests, want_logits, on_token):
-    from corps.engine.job import Job
-    from corps.engine.scheduler import Scheduler
+    from corps.engine.sched.job import Job
+    from corps.engine.sched.scheduler import Scheduler
 
     sched = Scheduler(core, step_tokens=1 << 30)  # one step takes every ready token
     jobs = [Job(r, want_logits=want_logits) for r in requests]
@@ -257,7 +259,7 @@ def shared_views(extra: int = 1, head_dim: int = 64):
 def peft_adapter(model_dir, out, *, rank: int = 4, seed: int = 0):
     """An adapter made with peft alone, its B not zero (so it changes the model)."""
     torch.manual_seed(seed)
-    from corps.engine.adapter import trainable
+    from corps.engine.model.adapter_files import trainable
 
     lora = trainable(hf_model(model_dir), rank=rank, alpha=8, dropout=0.0)
     with torch.no_grad():
@@ -293,3 +295,58 @@ async def choreographed_workflow(engine, seed: int = 0):
     # a later call reads them in another order, moved elsewhere (repositioning)
     final = await engine.decode(parents=[q2, a2, a1], header="so:", seed=seed + 2, **LOGPROBS)
     return [system, q1, q2, a1, a2, final]
+
+
+def bare_call(feed=4, fed=0, pending=None, jumped=(), closing=(), first_spans=(), spans=()):
+    """A decode call built by hand (no planner, no store) in a given step state."""
+    from corps.engine.exec.call import Call, CallPlan
+    from corps.engine.request.sampling_params import SamplingParams
+
+    plan = CallPlan(
+        kind="decode", role="assistant", offset=0, parents=(), parent_offsets=(),
+        owner=None, visibility=None, own=feed, prefix=[1] * feed, sampling=SamplingParams(),
+    )  # fmt: skip
+    c = Call(plan, [], [], [1] * feed, 0, first_spans=tuple(first_spans))
+    c.fed, c.pending, c.jumped, c.closing = fed, pending, list(jumped), list(closing)
+    c.spans = list(spans)
+    return c
+
+
+def plan_shape(plan) -> list[tuple[int, int]]:
+    """(start, n) of each entry of a StepPlan."""
+    return [(e.start, e.n) for e in plan.entries]
+
+
+_GROUPS = itertools.count(10_000)
+
+
+def fake_job(t, group=None, wf=None, objective="throughput", size=1, name="", critical=None):
+    """A waiting call as the policies and admission read it (no engine)."""
+    return SimpleNamespace(
+        submitted=t, group=group if group is not None else next(_GROUPS), workflow=wf,
+        objective=objective, request=SimpleNamespace(size=size), want_logits=False,
+        cancelled=False, call=None, admitted=None, error=None, name=name,
+        critical=objective == "latency" if critical is None else critical,
+    )  # fmt: skip
+
+
+async def stepping(engine, steps: int = 1) -> None:
+    """Wait until the engine's loop has run `steps` more steps (its trace events, a
+    public sink): a call made after this joins a batch that is already running."""
+    from corps.engine.trace.events import Step
+
+    ran = anyio.Event()
+    seen = 0
+
+    def sink(event) -> None:
+        nonlocal seen
+        if isinstance(event, Step):
+            seen += 1
+            if seen >= steps:
+                ran.set()
+
+    engine.recorder.add(sink)
+    try:
+        await ran.wait()
+    finally:
+        engine.recorder.remove(sink)

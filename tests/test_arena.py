@@ -6,9 +6,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from corps.cache.arena import ViewArena
-from corps.engine.requests import DecodeRequest, PrefillRequest
-from corps.engine.sampling import SamplingParams
-from corps.engine.step_plan import plan_rows
+from corps.engine.exec.step_plan import plan_rows
+from corps.engine.request.requests import DecodeRequest, PrefillRequest
+from corps.engine.request.sampling_params import SamplingParams
 
 from conftest import open_tiny
 from helpers import run_calls

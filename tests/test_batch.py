@@ -1,4 +1,4 @@
-"""engine/batch.py: a step plan laid out as rows; twin calls encoded once."""
+"""engine/exec/batch.py: a step plan laid out as rows; twin calls encoded once."""
 
 from __future__ import annotations
 

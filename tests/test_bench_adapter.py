@@ -5,7 +5,7 @@ from __future__ import annotations
 from typer.testing import CliRunner
 
 from corps.cli.app import app
-from corps.engine.adapter import trainable, write_scope
+from corps.engine.model.adapter_files import trainable, write_scope
 
 from helpers import hf_model
 

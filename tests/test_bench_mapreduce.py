@@ -36,8 +36,8 @@ def test_the_command_prints_the_table(tiny_dirs):
 def test_the_caps_are_64_prompt_tokens_whatever_the_kernels_measured():
     from types import SimpleNamespace
 
-    from corps.engine.policies import ObjectiveFirst
-    from corps.engine.step_cost import StepCost
+    from corps.engine.sched.cost import StepCost
+    from corps.engine.sched.policies import ObjectiveFirst
 
     policy = ObjectiveFirst(latency_rows=2, cost=StepCost())  # as where products were timed
     running = [SimpleNamespace(critical=True, objective="latency", rows=512, keys=0)]

@@ -105,7 +105,7 @@ async def test_every_policy_runs_the_same_arrivals_and_reports_a_cell(tiny_dirs,
         assert c.workflows == 0 or set(c.slowdown) == {"p50", "p90", "p99"}
         assert 0 < c.busy <= 1
     assert set(report.alone_s) == {"0.5"}  # the floor of the one load
-    from corps.engine.trace_file import Trace
+    from corps.engine.trace.reader import Trace
 
     policies = {"alone": "fcfs", "fcfs": "fcfs", "objective": "objective", "workflow": "workflow"}
     names = sorted(f.name for f in (tmp_path / "traces").iterdir())

@@ -29,7 +29,7 @@ async def test_every_fault_fails_the_way_it_should(tiny_dirs, fault):
     import random
 
     from corps.agents import Runtime
-    from corps.engine.engine import Engine
+    from corps.engine.api.engine import Engine
 
     async with Engine.open(str(tiny_dirs["llama"]), capacity=2048) as engine:
         async with Runtime(engine) as rt:

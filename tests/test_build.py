@@ -1,4 +1,4 @@
-"""engine/build.py: an engine's executor and memory from its config."""
+"""engine/api/build.py: an engine's executor and memory from its config."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from corps.cache import InvalidRequest
 async def test_default_capacity_is_capped_and_memory_goes_back_on_close(tiny_dirs):
 
     from corps.cache.kv import KVStore
+    from corps.engine.api.engine import Engine
     from corps.engine.config import DEFAULT_MAX_CAPACITY
-    from corps.engine.engine import Engine
-    from corps.engine.weights import read_spec
+    from corps.engine.model.weights import read_spec
 
     spec = read_spec(tiny_dirs["llama"])
     per_token = KVStore.bytes_per_token(

@@ -1,4 +1,4 @@
-"""patterns/cluster.py: workflows across engine workers on a local Ray instance.
+"""patterns/cluster/runner.py: workflows across engine workers on a local Ray instance.
 
 Marked `ray` (select with -m ray): each test starts tiny-model workers of one
 thread each in their own processes (a few seconds each); one local Ray instance
@@ -15,7 +15,7 @@ import pytest
 
 from corps.cache.errors import InvalidRequest
 from corps.engine.config import EngineConfig
-from corps.patterns.cluster import Cluster, ClusterError, Outcome, WorkerStartFailed
+from corps.patterns.cluster.runner import Cluster, ClusterError, Outcome, WorkerStartFailed
 
 from conftest import open_tiny
 
@@ -169,7 +169,7 @@ async def test_bad_inputs_fail_before_any_worker_runs(tiny_dirs, local_ray):
 
 
 def test_an_address_nothing_answers_at_fails_fast():
-    from corps.patterns.cluster import _check_reachable
+    from corps.patterns.cluster.runner import _check_reachable
 
     with pytest.raises(ClusterError, match="no Ray cluster answers"):
         _check_reachable("127.0.0.1:1")

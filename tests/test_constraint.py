@@ -1,4 +1,4 @@
-"""engine/constraint.py: decode's constraint keywords as one frozen Constraint."""
+"""engine/request/constraint.py: decode's constraint keywords as one frozen Constraint."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 import pytest
 from pydantic import BaseModel
 
-from corps.engine.constraint import Constraint, constraint_of
 from corps.engine.errors import InvalidConstraint, InvalidRequest
+from corps.engine.request.constraint import Constraint, constraint_of
 
 
 class Verdict(BaseModel):

@@ -1,4 +1,4 @@
-"""Exactness of prompt choreography (corps.engine.core) against HF transformers."""
+"""Exactness of prompt choreography (corps.engine.exec.core) against HF transformers."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 from torch.nn.attention.bias import CausalBias
 
 from corps.engine.attention.views import open_view
-from corps.engine.requests import DecodeRequest, PrefillRequest
-from corps.engine.sampling import SamplingParams
-from corps.engine.step_plan import plan_rows
+from corps.engine.exec.step_plan import plan_rows
+from corps.engine.request.requests import DecodeRequest, PrefillRequest
+from corps.engine.request.sampling_params import SamplingParams
 
 from conftest import open_tiny
 from helpers import Oracle, build_mask, run_calls
@@ -287,14 +287,16 @@ def test_engine_runs_on_a_device_without_touching_cpu_tensors(
     """CI has no GPU: run every path on the meta device and fail any op mixing devices."""
     from transformers import AutoTokenizer
 
-    from corps.engine.core import Core
-    from corps.engine.weights import read_spec, weights_from_hf
+    from corps.engine.exec.core import Core
+    from corps.engine.model.weights import read_spec, weights_from_hf
 
     path = tiny_dirs["llama-sink"]
     weights = weights_from_hf(tiny_hf["llama-sink"], read_spec(path), device="meta")
     # Meta tensors hold no values: sampling (which reads one) picks a fixed token.
-    monkeypatch.setattr("corps.engine.sampler.sample", lambda logits, params, gen, i: 7)
-    monkeypatch.setattr("corps.engine.sampler.argmax_rows", lambda logits: [7] * logits.shape[0])
+    monkeypatch.setattr("corps.engine.exec.sampler.sample", lambda logits, params, gen, i: 7)
+    monkeypatch.setattr(
+        "corps.engine.exec.sampler.argmax_rows", lambda logits: [7] * logits.shape[0]
+    )
     with _OneDevice():
         core = Core(weights, AutoTokenizer.from_pretrained(str(path)), model_path=path, mode=mode)
         a, logits = prefill(core, "hello world")
@@ -389,7 +391,7 @@ async def test_an_evicted_encoding_is_recomputed_bit_for_bit(tiny_dirs, arch):
     """Prefills and a decode (its steps replayed: header, then a token a step, then its
     last token with the footer), over a parent that was freed meanwhile (made again
     only to be read, then given back)."""
-    from corps.engine.policies import least_recent
+    from corps.engine.sched.policies import least_recent
 
     async with open_tiny(tiny_dirs, arch) as engine:
         core = engine._core

@@ -1,12 +1,12 @@
-"""The differentiable replay (corps.engine.differentiable) against the engine itself."""
+"""The differentiable replay (corps.engine.distill.differentiable) against the engine itself."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from corps.engine.differentiable import DifferentiableReplay
-from corps.engine.graph import MessageGraph
+from corps.engine.distill.differentiable import DifferentiableReplay
+from corps.engine.distill.graph import MessageGraph
 
 from conftest import open_tiny
 from helpers import choreographed_workflow
@@ -50,7 +50,7 @@ def test_a_graph_round_trips_through_json_and_checks_its_order():
         ' "tokens": [5, 6], "offset": 1, "parents": [], "parent_offsets": []}], "meta": {}}'
     )
     assert MessageGraph.from_json(graph.to_json()) == graph
-    from corps.engine.graph import Node
+    from corps.engine.distill.graph import Node
 
     with pytest.raises(ValueError, match="not earlier in the graph"):
         MessageGraph(sink=(), nodes=(Node(4, "decode", "a", None, (1,), 0, (9,), (0,)),))

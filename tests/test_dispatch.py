@@ -1,4 +1,4 @@
-"""patterns/dispatch.py: where a cluster runs each workflow."""
+"""patterns/cluster/dispatch.py: where a cluster runs each workflow."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corps.patterns.dispatch import Router, estimate_tokens, prompt_key
+from corps.patterns.cluster.dispatch import Router, estimate_tokens, prompt_key
 
 
 def test_least_loaded_in_tokens_not_in_workflows():

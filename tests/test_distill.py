@@ -1,4 +1,4 @@
-"""Distillation (corps.patterns.distill): traces, the training loss, the adapter it saves."""
+"""Distillation (patterns/evaluation/distill.py): traces, the loss, the adapter it saves."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from corps.agents import Runtime
-from corps.engine.adapter import read_scope, trainable
-from corps.engine.differentiable import DifferentiableReplay
-from corps.engine.torch_thread import TORCH
-from corps.patterns import distill
+from corps.engine.distill.differentiable import DifferentiableReplay
+from corps.engine.exec.torch_thread import TORCH
+from corps.engine.model.adapter_files import read_scope, trainable
+from corps.patterns.evaluation import distill
 
 from conftest import open_tiny
 from helpers import hf_model
@@ -99,8 +99,8 @@ async def test_a_seeded_distillation_lowers_the_held_out_gap_and_peft_loads_it(t
     assert [e.epoch for e in report.epochs] == [0, 1, 2, 3]
     # the training gap: the first 4 training traces (as many as validation ones),
     # scored by the untrained model at epoch 0, and fitted by training
-    from corps.engine.differentiable import DifferentiableReplay
-    from corps.engine.weights import load_hf
+    from corps.engine.distill.differentiable import DifferentiableReplay
+    from corps.engine.model.weights import load_hf
 
     untrained = DifferentiableReplay(load_hf(tiny_dirs["llama"], dtype=torch.float32))
     want = distill.gap_table(untrained, traces[:4])[-1].gap
@@ -136,7 +136,7 @@ async def test_an_adapter_of_scope_rewired_leaves_chain_calls_alone(tiny_dirs, t
     chain = traces[8].graph
     from peft import PeftModel
 
-    from corps.engine.weights import load_hf
+    from corps.engine.model.weights import load_hf
 
     adapted = PeftModel.from_pretrained(hf_model(tiny_dirs["llama"]), str(out)).eval()
     plain = load_hf(tiny_dirs["llama"], dtype=torch.float32)

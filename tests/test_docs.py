@@ -34,9 +34,9 @@ def test_a_broken_reference_fails_the_build(tmp_path):
     for pkg in ("engine", "cache", "agents", "patterns", "cli"):
         (copy / pkg).symlink_to(ROOT / pkg)
     page = copy / "docs" / "api.md"
-    page.write_text(page.read_text() + "\n::: corps.engine.engine.NoSuchThing\n")
+    page.write_text(page.read_text() + "\n::: corps.engine.api.engine.NoSuchThing\n")
     assert _build(copy, tmp_path / "site").returncode != 0
-    page.write_text(page.read_text().replace("::: corps.engine.engine.NoSuchThing", ""))
+    page.write_text(page.read_text().replace("::: corps.engine.api.engine.NoSuchThing", ""))
     (copy / "docs" / "index.md").write_text("[gone](no-such-page.md)\n")
     assert _build(copy, tmp_path / "site").returncode != 0
 

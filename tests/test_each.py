@@ -1,10 +1,11 @@
-"""One workflow per input (corps.patterns.each): bounded, and a failure stays its own."""
+"""One workflow per input (corps.patterns.cluster.each): bounded, and a failure stays its own."""
 
 from __future__ import annotations
 
 import anyio
+import anyio.lowlevel
 
-from corps.patterns.each import each
+from corps.patterns.cluster.each import each
 
 
 async def test_every_index_runs_at_most_n_at_once_and_failures_are_reported():
@@ -14,7 +15,7 @@ async def test_every_index_runs_at_most_n_at_once_and_failures_are_reported():
         nonlocal running, peak
         running += 1
         peak = max(peak, running)
-        await anyio.sleep(0)
+        await anyio.lowlevel.checkpoint()
         running -= 1
         seen.append(i)
         if i % 3 == 0:

@@ -1,4 +1,4 @@
-"""The public async Engine API (corps.engine.engine) and baseline mode end to end."""
+"""The public async Engine API (corps.engine.api.engine) and baseline mode end to end."""
 
 from __future__ import annotations
 
@@ -210,7 +210,7 @@ async def test_stats_free_and_leaks_are_safe_while_steps_run(tiny_dirs):
         async with anyio.create_task_group() as tg:
             tg.start_soon(hammer)
             tg.start_soon(work)
-        live = sum(len(m.slots) for m in engine._core.table.all())
+        live = sum(m.slots for m in engine.messages())
         assert engine.stats().tokens_used == live
 
 
@@ -252,7 +252,7 @@ async def test_auto_free_releases_encodings_whose_handles_are_gone(tiny_dirs):
         gc.collect()
         stats = engine.stats()
         assert stats.tokens_used == used and stats.messages == 0 and stats.records == base
-        assert ids not in [m.id for m in engine._core.table.all()]
+        assert ids not in [m.id for m in engine.messages()]
 
 
 def test_mixed_precision_engine_agrees_with_float32_within_16_bit_rounding(tiny_dirs):
@@ -260,7 +260,7 @@ def test_mixed_precision_engine_agrees_with_float32_within_16_bit_rounding(tiny_
     bfloat16 for more). Prefill (many rows: bfloat16) and a lone decode step (one
     row: float16) stay within their rounding of the float32 engine; the weights take
     fewer bytes."""
-    from corps.engine.requests import PrefillRequest
+    from corps.engine.request.requests import PrefillRequest
 
     logits, one_row, sizes = {}, {}, {}
     for dtype in ("float32", "mixed"):

@@ -138,8 +138,8 @@ async def test_free_releases_slots_and_pins_defer(tiny_dirs):
 
 
 def test_parent_freed_mid_decode_stays_until_the_call_ends(tiny_dirs):
-    from corps.engine.requests import DecodeRequest, PrefillRequest
-    from corps.engine.sampling import SamplingParams
+    from corps.engine.request.requests import DecodeRequest, PrefillRequest
+    from corps.engine.request.sampling_params import SamplingParams
 
     core = open_tiny(tiny_dirs, "llama")._core
     (p,), _ = run_calls(core, [PrefillRequest("the quick brown fox")])

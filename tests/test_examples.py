@@ -10,7 +10,7 @@ import pytest
 
 from corps.agents import AgentError
 from corps.cache import LeakageError
-from corps.engine.access import hidden_sources
+from corps.engine.api.access import hidden_sources
 
 from conftest import open_tiny
 

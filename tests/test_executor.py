@@ -1,4 +1,4 @@
-"""engine/executor.py: both executors offer what the loop and the engine use."""
+"""engine/exec/executor.py: both executors offer what the loop and the engine use."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import inspect
 
 import pytest
 
-from corps.engine.core import Core
-from corps.engine.executor import Executor
-from corps.engine.hf import HFExecutor
+from corps.engine.exec.core import Core
+from corps.engine.exec.executor import Executor
+from corps.engine.exec.hf import HFExecutor
 
 from conftest import open_tiny
 

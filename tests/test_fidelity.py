@@ -1,11 +1,11 @@
-"""Fidelity on equal tokens (corps.patterns.fidelity)."""
+"""Fidelity on equal tokens (corps.patterns.evaluation.fidelity)."""
 
 from __future__ import annotations
 
 import pytest
 
 from corps.agents import Runtime
-from corps.patterns import fidelity
+from corps.patterns.evaluation import fidelity
 from corps.patterns.replay import TurnScores
 
 from conftest import open_tiny

@@ -90,7 +90,7 @@ def test_bad_inputs_are_one_line_and_exit_2(tiny_dirs, tmp_path, pairs):
 
 
 def test_an_adapter_of_another_rank_or_model_fails_before_loading(tiny_dirs, tmp_path):
-    from corps.engine.adapter import trainable
+    from corps.engine.model.adapter_files import trainable
 
     from helpers import hf_model
 

@@ -1,4 +1,4 @@
-"""engine/grammars.py: constraints compiled once per engine, masks, and applying them."""
+"""engine/exec/grammars.py: constraints compiled once per engine, masks, and applying them."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
-from corps.engine.constraint import constraint_of
 from corps.engine.errors import InvalidConstraint
-from corps.engine.grammars import Grammars, apply
+from corps.engine.exec.grammars import Grammars, apply
+from corps.engine.request.constraint import constraint_of
 
 
 @pytest.fixture(scope="module")

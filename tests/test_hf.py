@@ -1,4 +1,4 @@
-"""engine/hf.py: the hf mode, transformers generate one call at a time."""
+"""engine/exec/hf.py: the hf mode, transformers generate one call at a time."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Input sets with exact answers (corps.patterns.inputs)."""
+"""Input sets with exact answers (corps.patterns.evaluation.inputs)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import re
 import pytest
 
 from corps.cache.errors import InvalidRequest
-from corps.patterns.inputs import CAPITALS, champ_problems, question_pairs
+from corps.patterns.evaluation.inputs import CAPITALS, champ_problems, question_pairs
 
 
 def test_question_pairs_are_seeded_exact_and_distinguishable():

@@ -1,10 +1,10 @@
-"""engine/job.py: one call's job in the loop; its callbacks fail that call alone."""
+"""engine/sched/job.py: one call's job in the loop; its callbacks fail that call alone."""
 
 from __future__ import annotations
 
 import pytest
 
-from corps.engine.requests import decode_request
+from corps.engine.request.requests import decode_request
 
 from conftest import open_tiny
 
@@ -30,5 +30,5 @@ async def test_a_failing_callback_fails_its_call_only(tiny_dirs):
         assert len((await other).tokens) > 0  # the engine is alive and serving
         await engine.prefill("x")
         assert engine.stats().messages == messages + 2  # other and "x"; nothing of the job
-        live = sum(len(m.slots) for m in engine._core.table.all())
+        live = sum(m.slots for m in engine.messages())
         assert engine.stats().tokens_used == live

@@ -1,4 +1,4 @@
-"""engine/linear.py: the projection's layouts, and mixed precision (16-bit weights by row count)."""
+"""model/linear.py: the projection's layouts, and mixed precision (16-bit weights by row count)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from corps.engine import linear, tuning
-from corps.engine.linear import FEW_ROWS, Linear, TunedLinear
-from corps.engine.tuning import KERNELS, ROW_BUCKETS, KernelChoice
+from corps.engine.model import linear, onednn, tuning
+from corps.engine.model.linear import FEW_ROWS, Linear, TunedLinear
+from corps.engine.model.tuning import KERNELS, ROW_BUCKETS, KernelChoice
 
 
 def test_float32_keeps_both_layouts_and_both_agree():
@@ -32,7 +32,7 @@ def test_mixed_precision_float16_for_few_rows_bfloat16_for_more(bf16_units, monk
     many = torch.bfloat16 if bf16_units else torch.float32
     assert lin.wt is None and lin.few.dtype == torch.float16 and lin.w.dtype == many
     assert lin.weight_bytes == 64 * 96 * (4 if bf16_units else 6)  # float32 keeps 8
-    assert lin.packed == (bf16_units and linear._onednn_linear_works(torch.bfloat16))
+    assert lin.packed == (bf16_units and onednn._onednn_linear_works(torch.bfloat16))
     assert lin.few_rows == (1 if lin.packed else FEW_ROWS)
     for rows in range(1, 6):
         x = torch.randn(rows, 96, generator=g)
@@ -58,33 +58,13 @@ def test_other_dtypes_use_one_layout():
 
 def test_mixed_precision_without_a_working_onednn_falls_back_to_plain_bfloat16(monkeypatch):
     monkeypatch.setattr(linear, "fast_bfloat16", lambda device: True)
-    monkeypatch.setattr(linear, "_onednn_linear_works", lambda dtype: False)
+    monkeypatch.setattr(onednn, "_onednn_linear_works", lambda dtype: False)
     g = torch.Generator().manual_seed(2)
     w = torch.randn(16, 24, generator=g)
     lin = Linear.of(w, mixed=True)
     assert not lin.packed and lin.w.dtype == torch.bfloat16 and not lin.w.is_mkldnn
     x = torch.randn(4, 24, generator=g)
     assert torch.equal(lin(x), F.linear(x.bfloat16(), w.bfloat16()).float())
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_the_onednn_probe_agrees_with_this_torch(dtype):
-    """On this machine's torch the probe runs for real (no monkeypatch): it must not
-    raise, and where it says yes, packing really happens."""
-    works = linear._onednn_linear_works(dtype)
-    packed = linear.onednn_pack(torch.randn(8, 8).to(dtype))
-    assert (packed is not None) == works
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_a_blocked_weight_unpacks_to_itself_exactly(dtype):
-    if not linear._onednn_linear_works(dtype):
-        pytest.skip(f"no oneDNN {dtype} linear in this torch")
-    w = torch.randn(40, 24, generator=torch.Generator().manual_seed(3)).to(dtype)
-    packed = linear.onednn_pack(w)
-    back = linear.unpack_onednn(packed, 24)
-    assert back.dtype == dtype and back.shape == (40, 24) and back.is_contiguous()
-    assert torch.equal(back, w)
 
 
 @pytest.mark.parametrize("kernel", KERNELS)

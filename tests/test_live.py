@@ -9,7 +9,7 @@ import pytest
 from rich.console import Console
 
 from corps.cli.live import LiveView
-from corps.engine.trace import Stage
+from corps.engine.trace.events import Stage
 
 from conftest import open_tiny
 

@@ -1,4 +1,4 @@
-"""engine/memory.py: reservations, pins and rollback leave the store exactly as it was."""
+"""engine/exec/memory.py: reservations, pins and rollback leave the store exactly as it was."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from corps.cache.handle import Handle
 from corps.cache.kv import KVStore
 from corps.cache.messages import Message, MessageTable
 from corps.cache.rope import RopeTables
-from corps.engine.memory import Memory
-from corps.engine.planner import Call, CallPlan
+from corps.engine.exec.call import Call, CallPlan
+from corps.engine.exec.memory import Memory
 
 DIMS = dict(num_layers=1, num_kv_heads=1, head_dim=4, dtype=torch.float32)
 
@@ -111,7 +111,7 @@ def test_evict_drops_least_recent_unpinned_live_encodings_until_enough():
     old.read_at, new.read_at = 1, 5
     pinned.pins = 1
     mem.free(freed_m)
-    from corps.engine.policies import least_recent
+    from corps.engine.sched.policies import least_recent
 
     assert mem.evict(3, least_recent) == 4  # one message is enough: the older one
     assert old.evicted and not old.slots and new.slots and not new.evicted
@@ -126,7 +126,7 @@ def test_evict_takes_nothing_if_it_cannot_make_enough_room():
     a, b = _recorded(mem, 4), _recorded(mem, 4)
     unrecorded = _message(mem, 4)  # no spans: its encoding could not be made again
     free = mem.store.free_slots
-    from corps.engine.policies import least_recent
+    from corps.engine.sched.policies import least_recent
 
     assert mem.evict(9, least_recent) == 0
     assert mem.store.free_slots == free and a.slots and b.slots and unrecorded.slots

@@ -1,4 +1,4 @@
-"""engine/pending.py: calls queued with a _nowait method and awaited later."""
+"""engine/api/pending.py: calls queued with a _nowait method and awaited later."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from corps.cache import AccessDenied, LeakageError, Private
 from corps.engine import CallCancelled
-from corps.engine.access import hidden_sources
+from corps.engine.api.access import hidden_sources
 
 from conftest import open_tiny
 

@@ -1,33 +1,19 @@
-"""engine/policies.py: admission order per policy, on hand-built cases and under any
+"""engine/sched/policies.py: admission order per policy, on hand-built cases and under any
 arrival sequence (the scheduler's admission driven with a fake executor and a
 controlled clock: nothing here times anything)."""
 
 from __future__ import annotations
 
-import itertools
 from types import SimpleNamespace
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
-from corps.cache.errors import CacheFullError
-from corps.engine.policies import Fcfs, ObjectiveFirst, WorkflowFirst, make
-from corps.engine.scheduler import Scheduler
-from corps.engine.step_cost import StepCost
-from corps.engine.step_feedback import StepFeedback
-from corps.engine.workflow import Workflow
+from corps.engine.request.workflow import Workflow
+from corps.engine.sched.cost import StepCost
+from corps.engine.sched.feedback import StepFeedback
+from corps.engine.sched.policies import Fcfs, ObjectiveFirst, WorkflowFirst, make
 
-_groups = itertools.count(10_000)
-
-
-def job(t, group=None, wf=None, objective="throughput", size=1, name="", critical=None):
-    return SimpleNamespace(
-        submitted=t, group=group if group is not None else next(_groups), workflow=wf,
-        objective=objective, request=SimpleNamespace(size=size), want_logits=False,
-        cancelled=False, call=None, admitted=None, error=None, name=name,
-        critical=objective == "latency" if critical is None else critical,
-    )  # fmt: skip
+from helpers import fake_job as job
 
 
 def names(groups):
@@ -108,84 +94,6 @@ def test_make_names_every_policy():
     ]
     with pytest.raises(ValueError, match="policy must be one of"):
         make("random")
-
-
-# ---- the scheduler's admission with a fake executor ----
-
-
-class FakeCore:
-    """Memory of `capacity` units; a call takes `request.size` of them until it ends."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity, self.used = capacity, 0
-
-    def admit(self, request, *, want_logits=False, hold=False):
-        if self.used + request.size > self.capacity:
-            raise CacheFullError("no room")
-        self.used += request.size
-        return SimpleNamespace(size=request.size, done=False)
-
-    def abort(self, call) -> None:
-        self.used -= call.size
-
-
-def scheduler(policy, capacity: int, max_running: int = 64) -> Scheduler:
-    s = Scheduler(FakeCore(capacity), policy=policy, max_running=max_running)
-    return s
-
-
-arrivals = st.lists(
-    st.tuples(
-        st.integers(0, 30),  # arrival tick
-        st.integers(1, 3),  # group size
-        st.integers(1, 3),  # units per call
-        st.integers(1, 6),  # ticks each call runs
-        st.integers(0, 3),  # workflow
-        st.booleans(),  # latency objective
-    ),
-    min_size=1,
-    max_size=25,
-)
-
-
-@pytest.mark.parametrize("policy", ["fcfs", "workflow", "objective"])
-@settings(max_examples=60, deadline=None)
-@given(arrivals=arrivals)
-def test_every_call_is_admitted_and_groups_are_never_split(policy, arrivals):
-    """Under any arrival sequence, every call is eventually admitted (no starvation),
-    and under the group-aware policies a group that fits starts whole, in one tick."""
-    s = scheduler(make(policy, aging_s=20.0) if policy != "fcfs" else make(policy), capacity=9)
-    flows = [Workflow(f"w{i}", started=float(i)) for i in range(4)]
-    pending, left, started = [], {}, {}
-    for n, (tick, size, units, ticks, wf, latency) in enumerate(arrivals):
-        objective = "latency" if latency else "throughput"
-        for k in range(size):
-            j = job(tick + k * 1e-3, group=n, wf=flows[wf], objective=objective, size=units,
-                    name=f"{n}.{k}")  # fmt: skip
-            j.ticks = ticks
-            pending.append((tick, j))
-    total = len(pending)
-    for now in range(400):
-        new = [j for t, j in pending if t == now]
-        s._admit(s._held + new, float(now))
-        for j in s._running:
-            if j.name not in started:
-                started[j.name] = now
-                left[j.name] = j.ticks
-        for j in list(s._running):  # each running call advances; done ones free memory
-            left[j.name] -= 1
-            if left[j.name] == 0:
-                s._running.remove(j)
-                s.core.abort(j.call)
-        if len(started) + len(s._finished) == total and not s._running:
-            break
-    assert not s._finished  # every call here fits the store: none fails
-    assert len(started) == total  # nobody starved
-    if policy != "fcfs":
-        by_group: dict[int, set[int]] = {}
-        for _, j in pending:
-            by_group.setdefault(j.group, set()).add(started[j.name])
-        assert all(len(ticks) == 1 for ticks in by_group.values())  # whole, at once
 
 
 def test_a_measured_row_bound_replaces_both_fixed_bounds_beside_critical_calls():

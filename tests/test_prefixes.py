@@ -1,4 +1,4 @@
-"""engine/prefixes.py: the baseline's radix tree, shared among concurrent calls."""
+"""engine/exec/prefixes.py: the baseline's radix tree, shared among concurrent calls."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from corps.engine.requests import DecodeRequest, PrefillRequest
-from corps.engine.sampling import SamplingParams
-from corps.engine.step_plan import plan_rows
+from corps.engine.exec.step_plan import plan_rows
+from corps.engine.request.requests import DecodeRequest, PrefillRequest
+from corps.engine.request.sampling_params import SamplingParams
 
 from conftest import open_tiny
 from helpers import run_calls

@@ -1,11 +1,11 @@
-"""engine/register.py: a finished call's message, and what its encoding attended to."""
+"""engine/exec/register.py: a finished call's message, and what its encoding attended to."""
 
 from __future__ import annotations
 
 from corps.cache.messages import Message, MessageTable
-from corps.engine.planner import Call, CallPlan
-from corps.engine.register import own_tokens, register
-from corps.engine.sampling import SamplingParams
+from corps.engine.exec.call import Call, CallPlan
+from corps.engine.exec.register import own_tokens, register
+from corps.engine.request.sampling_params import SamplingParams
 
 
 def _call(parents: tuple[int, ...], generated: list[int] | None = None) -> Call:

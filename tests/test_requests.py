@@ -1,4 +1,4 @@
-"""engine/requests.py: a call's typed keywords become one checked, frozen request."""
+"""engine/request/requests.py: a call's typed keywords become one checked, frozen request."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 
 from corps.cache.errors import InvalidRequest
-from corps.engine.constraint import KINDS
-from corps.engine.requests import (
+from corps.engine.request.constraint import KINDS
+from corps.engine.request.requests import (
     DecodeArgs,
     DecodeRequest,
     PrefillArgs,
@@ -17,7 +17,7 @@ from corps.engine.requests import (
     prefill_request,
     prefill_request_of,
 )
-from corps.engine.sampling import SamplingParams
+from corps.engine.request.sampling_params import SamplingParams
 
 from conftest import open_tiny
 

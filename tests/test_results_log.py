@@ -1,10 +1,10 @@
-"""patterns/results_log.py: one line per input id, kept across an interrupted run."""
+"""patterns/cluster/results_log.py: one line per input id, kept across an interrupted run."""
 
 from __future__ import annotations
 
 import json
 
-from corps.patterns.results_log import ResultLog
+from corps.patterns.cluster.results_log import ResultLog
 
 
 def _lines(path):

@@ -58,6 +58,6 @@ async def test_a_run_frees_what_its_agents_made_that_it_never_received(tiny_dirs
                 orphan = await engine.prefill("a reply nobody received", owner=a)
                 if cancelled:
                     scope.cancel()
-                    await anyio.sleep(1)
+                    await anyio.sleep_forever()  # cancelled here
         assert scope.cancelled_caught == cancelled
         assert orphan.freed and engine.stats().tokens_used == 0

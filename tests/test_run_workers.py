@@ -35,7 +35,7 @@ def test_an_interrupted_run_resumed_runs_only_the_missing_ids(tiny_dirs, tmp_pat
     assert first.exit_code == 0, first.output
     lines = out.read_text().splitlines()
     assert sorted(json.loads(x)["id"] for x in lines) == [f"q{i}" for i in range(8)]
-    from corps.engine.trace_file import Trace
+    from corps.engine.trace.reader import Trace
 
     assert [p.name for p in Trace.load(trace).processes] == ["worker-1", "worker-2"]
     # as if interrupted: three results, a failure to run again, a line cut short

@@ -1,4 +1,4 @@
-"""Our forward (corps.engine.runner) against HF: tiny random models and the real one."""
+"""Our forward (corps.engine.model.runner) against HF: tiny random models and the real one."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import torch
 
 from corps.cache.kv import KVStore
 from corps.engine.attention.views import open_view
-from corps.engine.runner import ForwardBatch, ModelRunner, SeqSpan
-from corps.engine.spec import ModelSpec
-from corps.engine.weights import weights_from_hf
+from corps.engine.model.runner import ForwardBatch, ModelRunner, SeqSpan
+from corps.engine.model.spec import ModelSpec
+from corps.engine.model.weights import weights_from_hf
 
 
 def run_ours(hf, ids: list[int], chunks: list[int]) -> torch.Tensor:
@@ -70,7 +70,7 @@ def test_real_model_logits_match_hf(real_engine, real_hf):
 @pytest.mark.real_model
 async def test_real_model_greedy_matches_hf_generate(real_dir, real_hf):
     """64 greedy tokens, both sides with their default end-of-turn handling."""
-    from corps.engine.engine import Engine
+    from corps.engine.api.engine import Engine
 
     # float32: exact against transformers (16-bit kernels differ by row count)
     async with Engine.load(str(real_dir), capacity=4096, dtype="float32") as engine:
@@ -90,7 +90,7 @@ async def test_real_model_greedy_matches_hf_generate(real_dir, real_hf):
 
 @pytest.mark.real_model
 async def test_real_model_modes_agree_and_stop_at_end_of_turn(real_dir):
-    from corps.engine.engine import Engine
+    from corps.engine.api.engine import Engine
 
     texts = []
     for mode in ("choreographed", "baseline"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Literal
 
 import anyio
+import anyio.lowlevel
 import pytest
 from pydantic import BaseModel, Field
 
@@ -32,7 +33,7 @@ class Recorder(Agent):
 
     async def handle(self, msg: Note) -> int:
         self.seen = [*getattr(self, "seen", []), msg.n]
-        await anyio.sleep(0)
+        await anyio.lowlevel.checkpoint()
         if msg.fail:
             raise ValueError(f"bad note {msg.n}")
         return msg.n * 2
@@ -134,9 +135,9 @@ async def test_timeout_cancels_three_nested_asks_and_their_engine_calls(tiny_dir
                 await anyio.sleep(0.01)
         assert sorted(cancelled) == ["inner", "middle", "outer"]
         await engine.prefill("x")  # one more step: the loop has reaped the cancelled decode
-        assert engine._sched._running == []  # no engine call left running
+        assert engine.stats().running == 0  # no engine call left running
         assert engine.stats().messages == messages + 1
-        live = sum(len(m.slots) for m in engine._core.table.all())
+        live = sum(m.slots for m in engine.messages())
         assert engine.stats().tokens_used == live
 
 
@@ -187,7 +188,7 @@ async def test_escalate_fails_the_runtime(tiny_dirs):
             async with Runtime(engine) as rt:
                 await rt.spawn(Boss, "boss")
                 await rt.send("boss", Note(n=1, fail=True))
-                await anyio.sleep(5)  # cancelled by the escalation
+                await anyio.sleep_forever()  # cancelled by the escalation
 
 
 async def test_publish_subscribe(tiny_dirs):
@@ -222,10 +223,10 @@ async def test_shutdown_with_work_in_flight(tiny_dirs):
                             outcome.append(exc)
 
                     outer.start_soon(asker)
-                    await anyio.sleep(0.1)
+                    await anyio.wait_all_tasks_blocked()  # the ask is in flight
         assert len(outcome) == 1
         await engine.prefill("x")
-        assert engine._sched._running == []
+        assert engine.stats().running == 0
 
 
 async def test_ask_stream_through_nested_actors(tiny_dirs):

@@ -1,4 +1,4 @@
-"""engine/sampler.py: picks, forced tokens, stops, the closing footer and the text."""
+"""engine/exec/sampler.py: picks, forced tokens, stops, the closing footer and the text."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ from types import SimpleNamespace
 
 import torch
 
-from corps.engine.sampler import Sampler
-from corps.engine.sampling import SamplingParams, sample
+from corps.engine.exec.draw import sample
+from corps.engine.exec.sampler import Sampler
+from corps.engine.request.sampling_params import SamplingParams
 
 EOT, NL = 99, 98
 

@@ -1,18 +1,20 @@
-"""The batching loop (corps.engine.scheduler): concurrency, cancellation, failures, shutdown."""
+"""The batching loop (sched/scheduler.py): concurrency, cancellation, failures, shutdown."""
 
 from __future__ import annotations
 
 import anyio
+import anyio.lowlevel
 import pytest
 from hypothesis import HealthCheck, assume, given, settings, target
 from hypothesis import strategies as st
 
 from corps.cache.errors import CacheFullError
 from corps.engine.errors import InvalidRequest
-from corps.engine.scheduler import EngineBusy, EngineClosed, Scheduler
-from corps.engine.trace_file import Trace
+from corps.engine.sched.scheduler import EngineBusy, EngineClosed, Scheduler
+from corps.engine.trace.reader import Trace
 
 from conftest import open_tiny
+from helpers import stepping
 
 PROMPTS = ["hello world", "the quick brown fox", "what is seven", "you are a careful solver"]
 
@@ -65,7 +67,7 @@ async def test_greedy_and_seeded_outputs_do_not_depend_on_the_batch(tiny_dirs):
             await engine.decode(parents=[qs[i % 4]], max_tokens=6 + i, temperature=0.7, seed=i)
 
         async def mine(key: str, kw: dict) -> None:
-            await anyio.sleep(0.01)  # join a batch that is already running
+            await stepping(engine)  # join a batch that is already running
             crowd[key] = await engine.decode(**kw)
 
         before = engine.stats()
@@ -98,7 +100,7 @@ async def test_cancel_mid_decode_rolls_back_and_spares_others(tiny_dirs):
                         if bystander_running.is_set():
                             at_cancel["bystander_done"] = "h" in survivor
                             scope.cancel()  # cancel amid another call that is still running
-                            await anyio.sleep(0)
+                            await anyio.lowlevel.checkpoint()
 
         async def bystander() -> None:
             stream = engine.stream(parents=[q], max_tokens=40, ignore_eos=True)
@@ -116,7 +118,7 @@ async def test_cancel_mid_decode_rolls_back_and_spares_others(tiny_dirs):
         await engine.prefill("x")  # one more trip through the loop reaps the cancelled call
         stats = engine.stats()
         assert stats.messages == messages + 1  # the cancelled decode left no message
-        live = sum(len(m.slots) for m in engine._core.table.all())
+        live = sum(m.slots for m in engine.messages())
         assert stats.tokens_used == live  # every used slot belongs to a live message
 
 
@@ -129,7 +131,7 @@ async def test_timeout_cancels_the_call_and_frees_its_slots(tiny_dirs):
         assert scope.cancelled_caught
         await engine.prefill("x")  # the loop reaps the cancelled call between steps
         assert engine.stats().messages == messages + 1  # only "x"; the decode left nothing
-        live = sum(len(m.slots) for m in engine._core.table.all())
+        live = sum(m.slots for m in engine.messages())
         assert engine.stats().tokens_used == live
 
 
@@ -145,7 +147,7 @@ async def test_queue_full_nowait_raises_and_await_waits(tiny_dirs):
 
 
 async def test_one_bad_call_fails_alone(tiny_dirs, monkeypatch):
-    import corps.engine.sampler as core_mod
+    import corps.engine.exec.sampler as core_mod
 
     real_sample, real_rows = core_mod.sample, core_mod.sample_rows
 
@@ -180,7 +182,7 @@ async def test_one_bad_call_fails_alone(tiny_dirs, monkeypatch):
         assert isinstance(outcomes["bad-input"], InvalidRequest)
         assert not isinstance(outcomes["ok1"], Exception)
         assert not isinstance(outcomes["ok2"], Exception)
-        live = sum(len(m.slots) for m in engine._core.table.all())
+        live = sum(m.slots for m in engine.messages())
         assert engine.stats().tokens_used == live
 
 
@@ -206,7 +208,7 @@ async def test_shutdown_with_work_in_flight_fails_waiters_and_never_hangs(tiny_d
             async with anyio.create_task_group() as outer:
                 for _ in range(3):
                     outer.start_soon(waiter)
-                await anyio.sleep(0.05)
+                await stepping(engine)  # the waiters' calls are running
                 await engine._sched.close()
     assert len(errors) == 3
     with pytest.raises(EngineClosed, match="shut down"):
@@ -253,7 +255,7 @@ async def test_real_model_batch_changes_greedy_tokens_only_on_near_ties(
     16-bit rounding under mixed, whose kernels follow the step's row count)."""
     import torch
 
-    from corps.engine.engine import Engine
+    from corps.engine.api.engine import Engine
 
     prompts = [
         "List three prime numbers.",
@@ -438,7 +440,7 @@ async def test_calls_a_policy_leaves_out_of_a_step_wait_and_decode_what_they_wou
     """`objective` with a learnt cost that lets one throughput call beside a critical
     one: the others sit steps out (at most three in a row), keep their place, and
     decode what they do alone."""
-    from corps.engine.step_cost import StepCost
+    from corps.engine.sched.cost import StepCost
 
     async with open_tiny(tiny_dirs, "qwen3", policy="objective") as engine:
         qs = await engine.prefill_many([dict(message=p) for p in PROMPTS])
@@ -461,7 +463,7 @@ async def test_calls_a_policy_leaves_out_of_a_step_wait_and_decode_what_they_wou
             got[i] = await engine.decode(**kws[i])
 
         async def chat() -> None:
-            await anyio.sleep(0.01)
+            await stepping(engine)  # the bulk calls are running
             with engine.workflow("chat", objective="latency"):
                 got["chat"] = await engine.decode(**{**kws[0], "max_tokens": 20})
 
@@ -479,7 +481,7 @@ async def test_calls_a_policy_leaves_out_of_a_step_wait_and_decode_what_they_wou
 async def test_the_policy_hears_each_steps_wall_time_as_the_trace_records_it(tiny_dirs, tmp_path):
     """The loop tells the policy what each step took as its calls waited for it
     (admission, forward, hop back): the `dur` of each step in the trace."""
-    from corps.engine.trace_file import Trace
+    from corps.engine.trace.reader import Trace
 
     trace = tmp_path / "t.jsonl"
     async with open_tiny(tiny_dirs, "qwen3", policy="objective", trace=trace) as engine:
@@ -502,7 +504,7 @@ async def test_a_critical_calls_successor_joins_the_next_step(tiny_dirs, tmp_pat
     Without that wait (linger=False: the check fails) the next step starts first."""
     import json
 
-    from corps.engine import scheduler as sched
+    from corps.engine.sched import scheduler as sched
 
     trace = tmp_path / "t.jsonl"
     async with open_tiny(tiny_dirs, "qwen3", policy="objective", trace=trace) as engine:
@@ -516,7 +518,7 @@ async def test_a_critical_calls_successor_joins_the_next_step(tiny_dirs, tmp_pat
                 got["bulk"] = await engine.decode(parents=[q], max_tokens=40, ignore_eos=True)
 
             async def chat() -> None:
-                await anyio.sleep(0.02)
+                await stepping(engine)  # the bulk call is running
                 with engine.workflow("chat", objective="latency"):
                     p = await engine.prefill(PROMPTS[2])
                     got["reply"] = await engine.decode(parents=[p], max_tokens=4)
@@ -541,7 +543,7 @@ async def test_a_critical_calls_successor_joins_the_next_step(tiny_dirs, tmp_pat
 
 async def test_step_events_say_what_each_step_ran(tiny_dirs, tmp_path):
     """Step events carry the rows and calls the step ran and its time before the forward."""
-    from corps.engine.trace_file import Trace
+    from corps.engine.trace.reader import Trace
 
     trace = tmp_path / "t.jsonl"
     async with open_tiny(tiny_dirs, "llama", trace=trace) as engine:
@@ -559,7 +561,7 @@ async def test_step_events_say_what_each_step_ran(tiny_dirs, tmp_path):
 async def test_a_call_with_room_is_queued_before_its_caller_yields():
     """`submit` puts a job in the queue with no yield first when there is room, so the
     loop cannot plan a step without a call that was already made; a full queue waits."""
-    from corps.engine.job import Job
+    from corps.engine.sched.job import Job
 
     sched = Scheduler(core=None, queue_size=1)  # type: ignore[arg-type]  # no loop runs
     sched.started = True

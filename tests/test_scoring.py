@@ -1,13 +1,13 @@
-"""Task scorers (corps.patterns.scoring) against hand-built results."""
+"""Task scorers (corps.patterns.evaluation.scoring) against hand-built results."""
 
 from __future__ import annotations
 
 import pytest
 
 from corps.cache.errors import InvalidRequest
+from corps.patterns.evaluation.scoring import same_answer, scorer, split_line
 from corps.patterns.parsing import answered
 from corps.patterns.result import PatternResult
-from corps.patterns.scoring import same_answer, scorer, split_line
 
 
 def _result(pattern: str, answer: str | None, **details) -> PatternResult:

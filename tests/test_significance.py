@@ -1,10 +1,10 @@
-"""Paired significance (corps.patterns.significance) against hand-computed cases."""
+"""Paired significance (corps.patterns.evaluation.significance) against hand-computed cases."""
 
 from __future__ import annotations
 
 import pytest
 
-from corps.patterns.significance import compare, mcnemar, paired_bootstrap
+from corps.patterns.evaluation.significance import compare, mcnemar, paired_bootstrap
 
 
 def test_mcnemar_is_the_exact_binomial_test_on_discordant_pairs():

@@ -1,43 +1,24 @@
-"""engine/step_plan.py: a step's rows decided from hand-built calls (no model, no
-store), and the loop's plan through each policy on hand-built jobs."""
+"""exec/step_plan.py: a step's rows decided from hand-built calls (no model, no store)."""
 
 from __future__ import annotations
-
-from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corps.engine.planner import Call, CallPlan
-from corps.engine.policies import Fcfs, ObjectiveFirst
-from corps.engine.sampling import SamplingParams
-from corps.engine.step_cost import StepCost
-from corps.engine.step_plan import (
+from corps.engine.exec.step_plan import (
     BUCKETS,
     PREFILL_CHUNK,
     PREFILL_SHARE,
     Rows,
     StepPlan,
+    decode_keys,
     next_rows,
     plan_rows,
-    plan_step,
 )
 
-
-def call(feed=4, fed=0, pending=None, jumped=(), closing=(), replay=(), spans=()):
-    plan = CallPlan(
-        kind="decode", role="assistant", offset=0, parents=(), parent_offsets=(),
-        owner=None, visibility=None, own=feed, prefix=[1] * feed, sampling=SamplingParams(),
-    )  # fmt: skip
-    c = Call(plan, [], [], [1] * feed, 0, replay=tuple(replay))
-    c.fed, c.pending, c.jumped, c.closing = fed, pending, list(jumped), list(closing)
-    c.spans = list(spans)
-    return c
-
-
-def shape(plan: StepPlan) -> list[tuple[int, int]]:
-    return [(e.start, e.n) for e in plan.entries]
+from helpers import bare_call as call
+from helpers import plan_shape as shape
 
 
 def test_decodes_first_then_prompt_chunks_in_order():
@@ -70,7 +51,7 @@ def test_prefills_keep_a_share_of_a_full_step_of_decodes():
 
 
 def test_a_recompute_runs_its_recorded_spans_whole_or_waits():
-    c = call(feed=6, replay=[1, 5])
+    c = call(feed=6, first_spans=[1, 5])
     assert shape(plan_rows([c])) == [(0, 1)]
     c.fed, c.spans = 1, [1]
     assert next_rows(c) == 5
@@ -143,56 +124,13 @@ def test_plan_rows_matches_the_rules_written_plainly(calls, budget):
     assert shape(plan_rows(calls, budget)) == shape(plan)
 
 
-def job(c, objective="throughput", critical=False, started=0.0):
-    return SimpleNamespace(
-        call=c, objective=objective, critical=critical, submitted=started, group=id(c),
-        workflow=None, skipped=0,
-        rows=max(1, next_rows(c)), keys=0,
-    )  # fmt: skip
-
-
-def test_plan_step_under_fcfs_runs_every_running_call_but_the_done():
-    a, b, done = call(feed=3), call(fed=4, pending=5), call(feed=1)
-    done.done = True
-    chosen, plan = plan_step([job(a), job(b), job(done)], Fcfs(), budget=512)
-    assert [j.call for j in chosen] == [a, b]
-    assert [e.call for e in plan.entries] == [b, a]
-
-
-def test_plan_step_with_nothing_to_run_is_empty():
-    done = call(feed=1)
-    done.done = True
-    chosen, plan = plan_step([job(done)], Fcfs(), budget=512)
-    assert chosen == [] and not plan
-
-
-@pytest.mark.parametrize("rows", [2, 6])
-def test_plan_step_beside_a_critical_call_takes_the_policy_s_budget(rows):
-    policy = ObjectiveFirst(latency_rows=rows)
-    chat = call(fed=4, pending=1)
-    bulk = call(feed=100)
-    chosen, plan = plan_step([job(chat, "latency", critical=True), job(bulk)], policy, budget=512)
-    assert len(chosen) == 2
-    assert plan.rows == rows  # the chat's token and the prompt tokens the bound leaves
-    assert shape(plan)[0] == (-1, 1)
-
-
-def test_plan_step_with_a_learnt_cost_leaves_out_what_does_not_fit():
-    """20 ms a step + 50 ms a call: nothing fits beside the chat within 1.5x its step
-    alone, so the bulk prefill waits (its first step left out)."""
-    cost = StepCost()
-    for calls, rows in [(1, 1), (2, 2), (4, 68), (8, 8), (3, 200)]:
-        cost.observe(calls, rows, 0.020 + 0.050 * calls)
-    policy = ObjectiveFirst(aging_s=100, cost=cost, step_slowdown=1.5, feedback=None)
-    chat = call(fed=4, pending=1)
-    bulk = call(feed=400)
-    running = [job(chat, "latency", critical=True), job(bulk)]
-    chosen, plan = plan_step(running, policy, budget=512)
-    assert [j.call for j in chosen] == [chat]
-    assert shape(plan) == [(-1, 1)]
-
-
 def test_rows_is_frozen():
     r = Rows(call(), 0, 1)
     with pytest.raises(AttributeError):
         r.n = 2  # type: ignore[misc]
+
+
+def test_decode_keys_sum_the_views():
+    assert decode_keys([]) == 0
+    assert decode_keys([300]) == 300
+    assert decode_keys([100, 1500, 200]) == 1800

@@ -1,4 +1,4 @@
-"""engine/stream.py: TextStream, a decode's text deltas as they are generated."""
+"""engine/api/stream.py: TextStream, a decode's text deltas as they are generated."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ async def test_leaving_a_finished_stream_frees_its_message(tiny_dirs):
                     await anyio.sleep(0.005)
                 break
         assert engine.stats().messages == messages  # nobody holds it: it was freed
-        live = sum(len(m.slots) for m in engine._core.table.all())
+        live = sum(m.slots for m in engine.messages())
         assert engine.stats().tokens_used == live
 
 

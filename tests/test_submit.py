@@ -1,4 +1,4 @@
-"""engine/submit.py: every call checked, pinned and queued; failures undo what they made."""
+"""engine/api/submit.py: every call checked, pinned and queued; failures undo what they made."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ async def test_many_calls_are_all_or_nothing(tiny_dirs):
         await engine.prefill("x")  # one more trip through the loop
         after = engine.stats()
         assert after.messages == before.messages + 1  # only "x": the sibling was freed
-        live = sum(len(m.slots) for m in engine._core.table.all() if not m.freed)
+        live = sum(m.slots for m in engine.messages() if not m.freed)
         assert after.tokens_used == live
 
 
@@ -34,13 +34,13 @@ async def test_free_after_submission_waits_for_the_queued_call(tiny_dirs):
         assert len(answer.tokens) > 0 and q.freed
         with pytest.raises(UnknownHandle):
             await engine.decode(parents=[q], max_tokens=2)
-        live = sum(len(m.slots) for m in engine._core.table.all())
+        live = sum(m.slots for m in engine.messages())
         assert engine.stats().tokens_used == live  # q's slots went once its reader ended
 
 
 def test_deduce_objective_marks_a_latency_workflows_groups_not_critical():
-    from corps.engine.submit import deduce_objective
-    from corps.engine.workflow import Workflow
+    from corps.engine.api.submit import deduce_objective
+    from corps.engine.request.workflow import Workflow
 
     chat, batch = Workflow("chat", "latency"), Workflow("data", "throughput")
     assert deduce_objective(None, chat, 1) == ("latency", True)  # made alone
@@ -54,7 +54,7 @@ def test_deduce_objective_marks_a_latency_workflows_groups_not_critical():
 
 @pytest.mark.parametrize("deduce", [True, False])
 async def test_calls_carry_their_deduced_objective_into_the_trace(tiny_dirs, tmp_path, deduce):
-    from corps.engine.trace_file import Trace
+    from corps.engine.trace.reader import Trace
 
     path = tmp_path / "t.jsonl"
     async with open_tiny(tiny_dirs, trace=path, deduce_objectives=deduce) as engine:

@@ -1,4 +1,4 @@
-"""engine/torch_thread.py: one thread runs every engine's loads and steps, in order."""
+"""engine/exec/torch_thread.py: one thread runs every engine's loads and steps, in order."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import time
 import anyio
 import pytest
 
-import corps.engine.engine as engine_module
+import corps.engine.api.engine as engine_module
 from corps.engine import Engine
-from corps.engine.torch_thread import TORCH, TorchThread
+from corps.engine.exec.torch_thread import TORCH, TorchThread
 
 from conftest import open_tiny
 

@@ -7,7 +7,7 @@ import io
 from rich.console import Console
 
 from corps.cli.trace_diff import align, diff
-from corps.engine.trace_file import Trace
+from corps.engine.trace.reader import Trace
 
 
 def render(part) -> str:

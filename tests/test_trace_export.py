@@ -8,8 +8,8 @@ import json
 import pytest
 
 from corps.cli import trace_export as tx
-from corps.engine.otlp import otlp
-from corps.engine.trace_file import Trace, names_of
+from corps.engine.trace.reader import Trace, names_of
+from corps.engine.trace.spans import otlp
 
 from conftest import TRACE_SETTINGS
 

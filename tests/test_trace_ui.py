@@ -8,7 +8,7 @@ from textual.widgets import DataTable, Static, TabbedContent
 
 from corps.cli import trace_view as tv
 from corps.cli.trace_ui import TraceApp
-from corps.engine.trace_file import Trace
+from corps.engine.trace.reader import Trace
 
 
 def shown(app: TraceApp, widget_id: str) -> str:

@@ -9,7 +9,7 @@ import pytest
 from rich.console import Console
 
 from corps.cli import trace_view as tv
-from corps.engine.trace_file import Trace
+from corps.engine.trace.reader import Trace
 
 from conftest import TRACE_SETTINGS
 
@@ -157,7 +157,7 @@ def test_task_groups_show_which_calls_were_submitted_together(traces):
 def test_steps_summarise_the_loop_per_engine(traces):
     """Durations, widths, calls a policy left out and the admission share, per engine
     (a merged trace's workers apart), computed from the step events."""
-    from corps.engine.trace import Step
+    from corps.engine.trace.events import Step
 
     trace = Trace.load(traces["debate"])
 
@@ -194,7 +194,7 @@ def test_steps_summarise_the_loop_per_engine(traces):
 def test_the_step_fit_recovers_a_known_cost():
     """Steps timed as 25 ms + 2 ms a call + 0.5 ms a row (calls counted as stepped):
     the fit gives those back; steps of one size cannot tell them apart."""
-    from corps.engine.trace import Step
+    from corps.engine.trace.events import Step
 
     def step(calls, rows, stepped=None) -> Step:
         ran = calls if stepped is None else stepped
@@ -213,8 +213,8 @@ def test_the_step_fit_recovers_a_known_cost():
 def test_workflows_split_each_latency_into_running_queued_and_between(traces):
     """Hand-built calls of two workflows (and one outside any): latency, the shares
     running / queued / between calls, and the steps run while a call of theirs ran."""
-    from corps.engine.trace import CallEnd, CallQueued, Step
-    from corps.engine.trace_file import CallRec
+    from corps.engine.trace.events import CallEnd, CallQueued, Step
+    from corps.engine.trace.reader import CallRec
 
     trace = Trace.load(traces["debate"])
 
@@ -260,8 +260,8 @@ def test_workflows_split_each_latency_into_running_queued_and_between(traces):
 def test_a_workflow_that_waited_at_the_gate_starts_when_it_arrived_there(traces):
     """With `max_workflows` a run may wait at the engine's gate before its first call:
     that wait is its own share (gate), and the latency counts from its arrival."""
-    from corps.engine.trace import CallEnd, CallQueued, Gate
-    from corps.engine.trace_file import CallRec
+    from corps.engine.trace.events import CallEnd, CallQueued, Gate
+    from corps.engine.trace.reader import CallRec
 
     trace = Trace.load(traces["debate"])
     q = CallQueued(t=2.0, call=1, kind="decode", workflow="a")

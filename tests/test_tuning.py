@@ -1,4 +1,4 @@
-"""engine/tuning.py: kernels chosen by measurement, with faked timings for other CPUs."""
+"""engine/model/tuning.py: kernels chosen by measurement, with faked timings for other CPUs."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corps.engine import tuning
-from corps.engine.linear import TunedLinear
-from corps.engine.spec import ModelSpec
-from corps.engine.tuning import (
+from corps.engine.model import tuning
+from corps.engine.model.linear import TunedLinear
+from corps.engine.model.spec import ModelSpec
+from corps.engine.model.tuning import (
     EXACT,
     KERNELS,
     ROW_BUCKETS,
@@ -214,7 +214,7 @@ async def test_an_auto_engine_follows_the_choice_and_stays_within_the_bound(
     choice, and it decodes what float32 decodes up to 16-bit rounding."""
     monkeypatch.setenv("CORPS_HOME", str(tmp_path))
     monkeypatch.setattr(tuning, "measure", lambda shapes, kernels: fake(machine))
-    monkeypatch.setattr("corps.engine.build.measure", lambda *a, **k: fake(machine))
+    monkeypatch.setattr("corps.engine.api.build.measure", lambda *a, **k: fake(machine))
     available = set(tuning.available())
     if not set(machine.values()) <= available:
         pytest.skip("this torch lacks a kernel that machine chose")

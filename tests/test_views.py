@@ -16,8 +16,8 @@ from corps.cache.view import CallView
 from corps.engine.attention.views import StoreContext, open_view
 from corps.engine.errors import InvalidRequest
 from corps.engine.kernels.gather_rotate import gather_rotated
-from corps.engine.requests import DecodeRequest, PrefillRequest
-from corps.engine.sampling import SamplingParams
+from corps.engine.request.requests import DecodeRequest, PrefillRequest
+from corps.engine.request.sampling_params import SamplingParams
 
 from conftest import open_tiny
 from helpers import run_calls

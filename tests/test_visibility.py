@@ -1,4 +1,4 @@
-"""Visibility, provenance and leak policies (corps.cache.visibility, corps.engine.access)."""
+"""Visibility, provenance and leak policies (corps.cache.visibility, corps.engine.api.access)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from corps.cache import AccessDenied, LeakageError, Private, Public, Shared
 from corps.cache.visibility import LeakWarning
-from corps.engine.access import hidden_sources
-from corps.engine.requests import PrefillRequest
+from corps.engine.api.access import hidden_sources
+from corps.engine.request.requests import PrefillRequest
 
 from conftest import open_tiny
 from helpers import run_calls
@@ -91,12 +91,12 @@ async def _alice_and_bob(engine):
 async def test_access_denied_changes_nothing(tiny_dirs):
     async with open_tiny(tiny_dirs, "llama") as engine:
         secret, _ = await _alice_and_bob(engine)
-        before = (engine.stats(), len(engine._core.table.all()))
+        before = (engine.stats(), len(engine.messages()))
         with pytest.raises(AccessDenied, match="bob cannot read"):
             await engine.decode(parents=[secret], owner="bob", max_tokens=3)
         with pytest.raises(AccessDenied):
             engine.read(secret, reader="bob")
-        assert (engine.stats(), len(engine._core.table.all())) == before
+        assert (engine.stats(), len(engine.messages())) == before
         assert engine.read(secret, reader="alice") == "always defect"
 
 

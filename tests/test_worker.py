@@ -1,12 +1,12 @@
-"""The engine worker (corps.patterns.worker) without Ray: its thread count and runs."""
+"""The engine worker (corps.patterns.cluster.worker) without Ray: its thread count and runs."""
 
 from __future__ import annotations
 
 import torch
 
 from corps.engine.config import EngineConfig
-from corps.engine.torch_thread import TORCH
-from corps.patterns.worker import EngineWorker
+from corps.engine.exec.torch_thread import TORCH
+from corps.patterns.cluster.worker import EngineWorker
 
 
 async def test_the_thread_count_is_set_where_the_steps_run(tiny_dirs):

@@ -30,7 +30,7 @@ class SeqSpan:
     start: int
     end: int
     view: CallView
-    adapted: bool = False  # the rows take an adapter kept apart (`corps.engine.lora`)
+    adapted: bool = False  # the rows take an adapter kept apart (`corps.engine.model.adapter_rows`)
 
 
 def split_step(

@@ -1,0 +1,138 @@
+"""Building an engine's executor from its config: the one place weights are loaded."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from rich.console import Console
+
+from corps.cache.errors import InvalidRequest
+from corps.cache.kv import KVStore
+from corps.engine.attention import select_backend
+from corps.engine.config import DEFAULT_MAX_CAPACITY, DEFAULT_MEMORY_BUDGET, EngineConfig
+from corps.engine.exec.core import Core
+from corps.engine.exec.executor import Executor
+from corps.engine.model.adapter_files import check_for_model, read_scope
+from corps.engine.model.names import corps_home, resolve_model
+from corps.engine.model.tuning import KernelChoice, measure, rows_within, weight_format
+from corps.engine.model.weights import load_hf, load_weights, read_spec, torch_dtype
+from corps.engine.sched.cost import StepCost
+from corps.engine.sched.policies import LATENCY_SLOWDOWN
+
+
+def build_executor(cfg: EngineConfig, console: Console | None = None) -> Executor:
+    """Resolve (and if needed fetch) the model, load it, and build the executor of
+    `cfg.mode`: `Core` over our KV store, or `HFExecutor` for "hf". Blocks."""
+    if cfg.device.startswith("cuda") and not torch.cuda.is_available():
+        raise InvalidRequest(f"device {cfg.device!r} asked for, but torch sees no CUDA device")
+    attention = select_backend(cfg.device, cfg.attention)  # checks Triton before loading
+    path = resolve_model(cfg.model, console=console)
+    spec = read_spec(path)
+    if cfg.adapter is not None:  # a bad adapter fails before the weights load
+        check_for_model(path, cfg.adapter)
+    capacity = cfg.capacity or capacity_for(cfg, spec)
+    from transformers import AutoTokenizer
+
+    dtype = torch_dtype(cfg.dtype)
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    if cfg.mode == "hf":  # reference: transformers generate, one call at a time
+        from corps.engine.exec.hf import HFExecutor
+
+        # it re-encodes every prompt as text: no context is rewired, so an adapter of
+        # scope "rewired" never applies
+        merged = cfg.adapter if cfg.adapter and read_scope(cfg.adapter) == "all" else None
+        hf = load_hf(path, dtype=dtype, adapter=merged).to(cfg.device)
+        core = HFExecutor(hf, tokenizer, spec, model_path=path, precision=cfg.dtype)
+    else:
+        mixed, choice = _weight_format(cfg, spec, console)
+        weights = load_weights(
+            path,
+            dtype=dtype,
+            device=cfg.device,
+            mixed=mixed,
+            choice=choice,
+            adapter=cfg.adapter,
+            # only choreographed calls read rewired contexts
+            adapter_copy=cfg.adapter_copy and cfg.mode == "choreographed",
+        )
+        core = Core(
+            weights,
+            tokenizer,
+            model_path=path,
+            mode=cfg.mode,
+            capacity=capacity,
+            precision=cfg.dtype,
+            contexts=cfg.contexts,
+            attention=attention,
+            jump_forward=cfg.jump_forward,
+        )
+        core.kernel_choice = choice
+        if cfg.compile:
+            _compile_step(core, console, cfg.compile_gemms)
+    return core
+
+
+def _compile_step(core: Core, console: Console | None, gemms: str = "library") -> None:
+    """Capture the lone one-row decode step (`EngineConfig.compile`), saying so."""
+    from corps.engine.model.compiled_decode import CompiledDecode
+
+    if core.runner.attention.name != "torch" or core.context_mode == "store":
+        raise InvalidRequest(
+            "compile=True needs the torch attention backend and contexts='copy' "
+            f"(this engine has {core.runner.attention.name!r} and {core.context_mode!r})"
+        )
+    if console is not None:
+        console.print("[dim]compiling the one-row decode step (torch.compile, once per engine)[/]")
+    compiled = CompiledDecode(core.runner.w, core.store, core.arena, gemms=gemms)
+    compiled.warm()
+    core.runner.compiled = compiled
+
+
+def _weight_format(
+    cfg: EngineConfig, spec, console: Console | None
+) -> tuple[bool, KernelChoice | None]:
+    """`tuning.weight_format` of the config: dtype="auto" on a CPU times the kernels
+    once per machine (cached under $CORPS_HOME/kernels), saying so on the console."""
+    cache = corps_home() / "kernels"
+
+    def timed(*args, **kw):
+        if console is not None:
+            console.print(f"[dim]timing product kernels on this CPU, once ({cache})[/]")
+        return measure(*args, **kw)
+
+    return weight_format(cfg.dtype, spec, cfg.device, cache, measure_fn=timed)
+
+
+def capacity_for(cfg: EngineConfig, spec) -> int:
+    """Store slots `cfg.memory_budget` buys (the default budget when None)."""
+    per_token = KVStore.bytes_per_token(
+        spec.num_layers, spec.num_kv_heads, spec.head_dim, torch_dtype(cfg.dtype)
+    )
+    # the budget buys the store and a view arena of the same size (and with
+    # contexts="store" a one-layer scratch as long): every token slot costs
+    # twice and a bit (`stats().kv_bytes` is what it bought, never more)
+    per_slot = 2 * per_token + (per_token // spec.num_layers if cfg.contexts == "store" else 0)
+    if cfg.memory_budget is None:  # default: 2 GiB, at most DEFAULT_MAX_CAPACITY slots
+        return max(1024, min(DEFAULT_MAX_CAPACITY, DEFAULT_MEMORY_BUDGET // per_slot))
+    capacity = cfg.memory_budget // per_slot
+    if capacity < 256:
+        raise InvalidRequest(
+            f"memory_budget={cfg.memory_budget} bytes buys {capacity} token slots "
+            f"(store and views, {per_slot} bytes per slot); give at least {256 * per_slot}"
+        )
+    return capacity
+
+
+def measured_settings(policy: str, core: Executor) -> dict[str, Any]:
+    """The objective policy's step bounds from the executor's measured kernels
+    (`core.kernel_choice`, dtype auto on CPU), if any:
+    the rows a step holds before it has learnt its cost, and the measured products'
+    seconds as the step cost's measure of rows."""
+    choice = getattr(core, "kernel_choice", None)
+    if policy != "objective" or choice is None:
+        return {}
+    return dict(
+        latency_rows=rows_within(choice, LATENCY_SLOWDOWN),
+        cost=StepCost(products=choice.products),
+    )

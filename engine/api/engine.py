@@ -1,0 +1,420 @@
+"""The public async Engine: prefill / decode with parents and offsets over one global cache."""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager, asynccontextmanager
+from functools import partial
+from pathlib import Path
+from typing import Any, Unpack
+
+import anyio
+from rich.console import Console
+
+from corps.cache.handle import Handle
+from corps.cache.messages import MessageRecord
+from corps.cache.visibility import Leak, Visibility
+from corps.engine.api.access import AuditEvent, Guard, check_access
+from corps.engine.api.build import build_executor, measured_settings
+from corps.engine.api.lifetimes import Lifetimes
+from corps.engine.api.pending import Pending
+from corps.engine.api.select import By, Selection, select
+from corps.engine.api.stream import StreamCalls, TextStream
+from corps.engine.api.submit import Submitter
+from corps.engine.api.tracing import live_spans, trace_header
+from corps.engine.config import (
+    EngineConfig,
+)
+from corps.engine.distill.graph import MessageGraph, message_graph
+from corps.engine.errors import InvalidRequest
+from corps.engine.exec.executor import Executor
+from corps.engine.exec.torch_thread import TORCH
+from corps.engine.request.chat import ChatFormat
+from corps.engine.request.requests import (
+    DecodeArgs,
+    DecodeRequest,
+    PrefillArgs,
+    PrefillRequest,
+    Text,
+    prefill_request,
+    prefill_request_of,
+)
+from corps.engine.request.workflow import Objective, workflow
+from corps.engine.sched.gate import WorkflowGate, gate_for
+from corps.engine.sched.policies import Policy
+from corps.engine.sched.policies import make as make_policy
+from corps.engine.sched.scheduler import Scheduler
+from corps.engine.stats import EngineStats
+from corps.engine.trace.events import Recorder, TraceFile
+from corps.engine.trace.exporter import LiveSpans, check_available
+
+Request = PrefillRequest | DecodeRequest
+
+__all__ = ["Engine"]
+
+
+class Engine:
+    """One model, one global KV store and one batching loop, shared by every caller.
+
+    Open it with `async with Engine.open(...) as engine:` (or `async with engine:`
+    after `Engine.load`). Every call from any task is queued to the engine's
+    scheduler, which fuses all concurrent calls into shared forward steps run on
+    the process's torch thread (`corps.engine.exec.torch_thread`; the engine is built
+    there too), so the event loop stays free while the model computes.
+    """
+
+    def __init__(self, core: Executor, config: EngineConfig | None = None) -> None:
+        cfg = config or EngineConfig.of(str(core.model_path), mode=core.mode)
+        self._config = cfg
+        self._core = core
+        self.recorder = Recorder()
+        """Trace events go to its sinks (`recorder.add(fn)`); see `corps.engine.trace.events`."""
+        self._sched = Scheduler(
+            core,
+            queue_size=cfg.queue_size,
+            step_tokens=cfg.step_tokens,
+            recorder=self.recorder,
+            max_running=cfg.max_running,
+            policy=make_policy(cfg.policy, **measured_settings(cfg.policy, core)),
+            evict=cfg.evict,
+        )
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._guard = Guard(
+            core.table, mode=core.mode, policy=cfg.leak_policy, recorder=self.recorder
+        )
+        self._submit = Submitter(core, self._sched, self._guard, self.recorder)
+        self._submit.deduce = cfg.deduce_objectives
+        self._model_name = cfg.model
+        self._trace_file = self.trace_to(cfg.trace) if cfg.trace is not None else None
+        self.otel: LiveSpans | None = (
+            None if cfg.otel is None else live_spans(cfg, core, self.recorder)
+        )
+        """With `otel=URL`: the live span sender (`sent`, `dropped`); else None."""
+        self._lifetimes = Lifetimes(core, self._guard, self.recorder, auto_free=cfg.auto_free)
+        self._sched.after_step = self._lifetimes.sweep
+        self.gate: WorkflowGate | None = gate_for(core, cfg)
+        """Workflow-level admission (`corps.engine.sched.gate`): a pattern's run enters
+        it before its first call; None when off (`admission=False`, or no store in
+        mode "hf") and no `max_workflows` is set."""
+
+    # ---- construction and lifetime ----
+
+    @classmethod
+    def load(
+        cls,
+        config: EngineConfig | str | None = None,
+        /,
+        *,
+        console: Console | None = None,
+        **fields: Any,
+    ) -> Engine:
+        """Load synchronously (blocks); start it with `async with engine:`.
+
+        `config` is an `EngineConfig`, a model name, or None (the default model);
+        `fields` override its settings (`EngineConfig` lists them with what they
+        mean). Everything is validated before any weights load: a bad value raises
+        InvalidRequest at once.
+
+        The KV store holds `capacity` tokens, and the view arena (calls' rotated
+        contexts, each shared context once) as many. Without `capacity`, the two
+        together take at most `memory_budget` bytes (default 2 GiB, capped at
+        DEFAULT_MAX_CAPACITY store slots); `stats().kv_bytes` says what was taken.
+        The memory is given back when the engine closes.
+
+        Admission: a call runs once its memory can be had (its prompt and every
+        token it may generate are reserved up front, so it never runs out
+        mid-generation); until then it waits, first come first served, while
+        running calls may give memory back. At most `max_running` calls run at
+        once. A call that could never fit raises `StoreTooSmall` at once.
+        """
+        cfg = EngineConfig.of(config, **fields)
+        if cfg.otel is not None:
+            check_available(cfg.otel_protocol)  # before any weights load
+        # built on the torch thread, where it will step: see corps.engine.exec.torch_thread
+        return cls(TORCH.call(build_executor, cfg, console), cfg)
+
+    @classmethod
+    @asynccontextmanager
+    async def open(
+        cls,
+        config: EngineConfig | str | None = None,
+        /,
+        *,
+        console: Console | None = None,
+        **fields: Any,
+    ) -> AsyncIterator[Engine]:
+        """`async with Engine.open("smollm2-135m", mode="choreographed") as engine:`, or
+        `Engine.open(config)` with an `EngineConfig` (fields override it)."""
+        cfg = EngineConfig.of(config, **fields)  # bad settings fail here, on the caller
+        engine = await TORCH.run(partial(cls.load, cfg, console=console))
+        async with engine:
+            yield engine
+
+    @property
+    def config(self) -> EngineConfig:
+        """The settings this engine was built from (frozen; pickles)."""
+        return self._config
+
+    async def __aenter__(self) -> Engine:
+        if self._tg is not None or self._sched.started:
+            raise InvalidRequest("this engine was already started; an engine runs once")
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        self._sched.started = True
+        self._tg.start_soon(self._sched.run)
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        """Shut down: calls still queued or running fail with EngineClosed; never hangs."""
+        await self._sched.close()
+        # The loop task ends on close(); the body's own exception (if any) propagates
+        # as itself rather than wrapped in an ExceptionGroup.
+        await self._tg.__aexit__(None, None, None)
+        if self._trace_file is not None:
+            self.end_trace(self._trace_file)
+        if self.otel is not None:
+            self.recorder.remove(self.otel)
+            self.otel.close(self.recorder.now())
+        # The KV memory goes back now, not when the last Handle naming this engine is
+        # collected.
+        self._core.close()
+        return None
+
+    # ---- tracing ----
+
+    def trace_to(self, path: str | Path) -> TraceFile:
+        """Start writing trace events to `path` (JSON lines, a header first); returns the
+        sink to pass to `end_trace`. `Engine.open(trace=PATH)` does this for the engine's
+        whole life."""
+        policy, started = self._sched.policy.name, self.recorder.started_unix
+        sink = TraceFile(path, trace_header(self._core, self._model_name, policy, started))
+        self.recorder.add(sink)
+        return sink
+
+    def end_trace(self, sink: TraceFile) -> None:
+        """Stop writing to `sink` and close its file (with its closing line)."""
+        self.recorder.remove(sink)
+        sink.close(self.recorder.now())
+
+    # ---- introspection ----
+
+    @property
+    def tokenizer(self):
+        """The model's Hugging Face tokenizer."""
+        return self._core.tokenizer
+
+    @property
+    def chat(self) -> ChatFormat:
+        """The model's chat framing: `encode` / `decode` token ids, `frame(role)` (a
+        role's header and footer text), `stop_ids` (end of turn) and `sink` (the
+        attention sink's ids). For building raw prompts with `frame=False`."""
+        return self._core.fmt
+
+    @property
+    def model_path(self) -> Path:
+        """Local HF-format directory the weights were loaded from."""
+        return self._core.model_path
+
+    @property
+    def mode(self) -> str:
+        return self._core.mode
+
+    @property
+    def policy(self) -> Policy:
+        """The batching loop's scheduling policy (`corps.engine.sched.policies`): its name,
+        and for `objective` its bounds and what it has learnt of the step cost
+        (`policy.cost`); set its fields before the first call to change them."""
+        return self._sched.policy
+
+    @property
+    def leak_policy(self) -> str:
+        """The default leak policy of calls made as an agent (see `corps.engine.api.access`)."""
+        return self._guard.policy
+
+    def graph(self, handles: Iterable[Handle], **meta: Any) -> MessageGraph:
+        """The messages `handles` name and everything they attended to, as a
+        `MessageGraph` (tokens and positions, no tensors) in the order they were made:
+        what the differentiable recompute (`corps.engine.distill.differentiable`) redoes.
+        Choreographed mode only (a baseline message attended to its parents' text, not
+        to their encodings). `meta` is kept on the graph. Freed messages are fine."""
+        if self.mode != "choreographed":
+            raise InvalidRequest(
+                f"a message graph is of choreographed encodings; this engine is {self.mode}"
+            )
+        return message_graph(self._core.table, handles, self.chat.sink, meta)
+
+    def stats(self) -> EngineStats:
+        """A snapshot; safe to call while steps run."""
+        guard, table = self._guard, self._core.table
+        self._lifetimes.sweep()
+        return dataclasses.replace(
+            self._core.stats(),
+            **self._sched.figures(),
+            leaks=guard.leak_count,
+            reencodes=guard.reencode_count,
+            records=table.records,
+            spans_sent=self.otel.sent if self.otel is not None else 0,
+            spans_dropped=self.otel.dropped if self.otel is not None else 0,
+            policy=self._sched.policy.name,
+        )
+
+    def messages(self) -> list[MessageRecord]:
+        """A read-only snapshot of every message record the engine holds (the attention
+        sink, freed records still referenced and evicted encodings included)."""
+        return [m.record() for m in self._core.table.all()]
+
+    def check(self) -> None:
+        """Verify the engine's bookkeeping while no call is queued or running.
+
+        Every used KV slot has exactly one owner (a message, or the baseline's prefix
+        tree) and the free list holds the rest once; no pins, view-arena ranges or
+        prefix locks are left. Raises BrokenInvariant (a bug in corps: report it);
+        InvalidRequest if calls are still in flight. Tests and soak runs call it
+        after every operation; it costs O(store slots).
+        """
+        if not self._sched.idle:
+            raise InvalidRequest("check() needs an idle engine: await your calls first")
+        self._core.check()
+
+    def reset_peak_stats(self) -> None:
+        """Start `stats()`'s peaks (`view_tokens_peak`, `scratch_tokens_peak`) over from
+        what is held now, to measure one phase of a workflow."""
+        self._core.reset_peaks()
+
+    def leaks(self) -> list[Leak]:
+        """The latest leaks recorded (policies allow and warn), oldest first: at most
+        `corps.engine.api.access.RECENT`; `stats().leaks` counts them all, each message
+        carries its own call's count (`Handle.leaks`), and a trace file keeps each one."""
+        return list(self._guard.leaks)
+
+    def audit(self) -> list[AuditEvent]:
+        """The leak audit log: the latest leak and re-encoding events (bounded as
+        `leaks()`). Not to be confused with trace files (`Engine.open(trace=PATH)`)."""
+        return list(self._guard.events)
+
+    def trace(self) -> list[AuditEvent]:
+        """Deprecated alias of `audit()` (kept for one release)."""
+        warnings.warn(
+            "Engine.trace() is now Engine.audit(); trace() goes in the next release",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.audit()
+
+    def read(self, handle: Handle, *, reader: str | None) -> str:
+        """The text of a message, if `reader` may see it (else AccessDenied)."""
+        check_access(self._core.table, reader, [handle])
+        return self._core.table.get(handle.id).text
+
+    def held_by(self, owners: Iterable[str]) -> int:
+        """Store slots held now by the live messages these agents own (what a
+        workflow's agents keep beside the messages it holds handles to)."""
+        return self._lifetimes.held_by(owners)
+
+    def free_owned(self, owners: Iterable[str]) -> int:
+        """Release every live message these agents own, as `free` releases one; how
+        many. For the end of a workflow whose agents end with it: their messages go,
+        including any it never got a handle to (a reply cut off by cancellation)."""
+        return self._lifetimes.free_owned(owners)
+
+    def free(self, handle: Handle) -> None:
+        """Release a message's encoding (and its re-encoded copies); a call still
+        reading it, or queued to read it, keeps it until that call ends. Its text
+        stays readable through its handles; its record goes once none is left."""
+        self._lifetimes.free(handle)
+
+    # ---- calls ----
+
+    async def prefill(self, message: Text, **args: Unpack[PrefillArgs]) -> Handle:
+        """Encode `message` attending to `parents` placed at `offsets`; returns its handle.
+
+        Keywords (`PrefillArgs`): role="user", parents=(), offsets=None,
+        new_offset=None, frame=True, owner=None, visibility=None, leak_policy=None.
+        A call made as an `owner` returns a handle bound to that owner (see `Handle`).
+        """
+        return await self._submit.run(await self._submit.job(prefill_request(message, args)))
+
+    async def decode(self, **args: Unpack[DecodeArgs]) -> Handle:
+        """Generate a message that starts with the role marker + `header`.
+
+        Keywords (`DecodeArgs`): parents=(), offsets=None, new_offset=None,
+        role="assistant", header="", frame=True, owner=None, visibility=None,
+        leak_policy=None, and sampling: `sampling=SamplingParams(...)` and/or its
+        fields max_tokens=256, temperature=0.0, top_p=1.0, top_k=0, seed=None,
+        stop=(), ignore_eos=False, force=().
+        """
+        return await self._submit.run(await self._submit.job(self._submit.decode_request(args)))
+
+    async def prefill_many(
+        self, requests: Iterable[PrefillRequest | Mapping[str, Any]]
+    ) -> list[Handle]:
+        """Prefill messages that do not attend to each other; handles in order. Each
+        item is a `PrefillRequest` or a mapping of `message` and `PrefillArgs`.
+
+        All or nothing: if one call fails, the others are cancelled, any that had
+        finished are freed, and that call's error is raised.
+        """
+        return await self._submit.run_all([prefill_request_of(r) for r in requests])
+
+    async def decode_many(
+        self, requests: Iterable[DecodeRequest | Mapping[str, Any]]
+    ) -> list[Handle]:
+        """Decode several messages in parallel (fused into shared steps); handles in
+        order. Each item is a `DecodeRequest` or a mapping of `DecodeArgs`.
+
+        All or nothing, as `prefill_many`.
+        """
+        return await self._submit.run_all([self._submit.decode_request(r) for r in requests])
+
+    def prefill_nowait(self, message: Text, **args: Unpack[PrefillArgs]) -> Pending:
+        """Queue a prefill without waiting for queue space (EngineBusy if full).
+
+        Access and the leak policy are checked now, as for `prefill`. Under
+        leak_policy="reencode", a call that first needs new clean copies of its
+        parents is queued when the returned `Pending` is awaited.
+        """
+        return self._submit.submit_nowait(prefill_request(message, args))
+
+    def decode_nowait(self, **args: Unpack[DecodeArgs]) -> Pending:
+        """Queue a decode without waiting for queue space (EngineBusy if full); as above."""
+        return self._submit.submit_nowait(self._submit.decode_request(args))
+
+    async def select(
+        self,
+        *,
+        options: Sequence[str],
+        parents: Sequence[Handle] = (),
+        offsets: Sequence[int | None] | None = None,
+        new_offset: int | None = None,
+        role: str = "assistant",
+        header: str = "",
+        owner: str | None = None,
+        visibility: Visibility | None = None,
+        leak_policy: str | None = None,
+        by: By = "normalized",
+    ) -> Selection:
+        """Score each of `options` as the reply after `parents` and keep the best.
+
+        Every option is encoded as a `role` turn (`header`, then the option) attending
+        to the same parents at the same offset, all in one fused step; its score is
+        the log-probability of its tokens. The choice is the highest length-normalised
+        score (`by="total"`: the highest sum); the chosen option's encoding is kept as
+        a message (`Selection.handle`), the others are freed.
+        """
+        common = dict(role=role, parents=tuple(parents), offsets=offsets, new_offset=new_offset,
+                      owner=owner, visibility=visibility, leak_policy=leak_policy)  # fmt: skip
+        return await select(self._submit, self._core.fmt, self.free, options, header, by, common)
+
+    @staticmethod
+    def workflow(name: str, objective: Objective = "throughput") -> AbstractContextManager:
+        """`with engine.workflow("chat-42", objective="latency"):` tags every call made
+        inside, agents' calls asked from inside included, with this workflow and
+        objective, which the scheduling policy reads (`corps.engine.sched.policies`)."""
+        return workflow(name, objective)
+
+    def stream(self, **args: Unpack[DecodeArgs]) -> TextStream:
+        """`async for delta in engine.stream(...)`: text deltas; then `.handle`."""
+        calls = StreamCalls(self._core.fmt, self._submit.job, self._sched.submit, self._core.free)
+        return TextStream(self._submit.decode_request(args), calls)

@@ -1,0 +1,142 @@
+"""`TextStream`: one decode's text deltas as they are generated."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from corps.cache.handle import Handle, bind
+from corps.engine.errors import InvalidRequest
+from corps.engine.request.chat import ChatFormat
+from corps.engine.request.requests import DecodeRequest
+from corps.engine.sched.job import Job
+
+
+@dataclass(frozen=True)
+class StreamCalls:
+    """What a stream needs of its engine: its chat format, and how to check and pin a
+    request into a job, queue it, and free a message nobody will receive."""
+
+    fmt: ChatFormat
+    job: Callable[[DecodeRequest], Awaitable[Job]]
+    submit: Callable[[Job], Awaitable[None]]
+    free: Callable[[Handle], None]
+
+
+class TextStream:
+    """Text deltas of one decode call as they are generated; `.handle` once done.
+
+    The deltas (the header first, then generated text) concatenate to the final
+    `handle.text`; while streaming they are always a prefix of it: text that
+    could still turn out to be (the start of) a stop string is held back until it
+    cannot, and a partial character until it is complete. Detokenising is
+    incremental (a short window of recent ids per token).
+
+    Leaving early cancels the call (its partial tokens are rolled back, or its
+    finished message freed). Use `async with engine.stream(...) as s: async for d
+    in s:` (or `await s.aclose()`) for that to happen at once; a bare `async for`
+    that breaks leaves the closing to the garbage collector.
+    """
+
+    def __init__(self, request: DecodeRequest, calls: StreamCalls) -> None:
+        self._request = request
+        self._calls = calls
+        self._gen: Any = None
+        self.handle: Handle | None = None
+
+    def __aiter__(self) -> AsyncIterator[str]:
+        if self._gen is not None:
+            raise InvalidRequest("a stream can be iterated once; call engine.stream again")
+        self._gen = self._deltas()
+        return self._gen
+
+    async def aclose(self) -> None:
+        """Cancel the call if it is still running (free its message if it finished)."""
+        if self._gen is not None:
+            await self._gen.aclose()
+
+    async def __aenter__(self) -> TextStream:
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.aclose()
+
+    async def _deltas(self) -> AsyncIterator[str]:
+        req = self._request
+        calls = self._calls
+        fmt = calls.fmt
+        header = fmt.encode(req.header) if isinstance(req.header, str) else list(req.header)
+        detok = _Detokenizer(fmt, req.sampling.stop, header)
+        send, recv = anyio.create_memory_object_stream[str](max_buffer_size=math.inf)
+
+        def on_token(tok: int) -> None:  # runs on the event loop, between steps
+            delta = detok.push(tok)
+            if delta:
+                send.send_nowait(delta)
+
+        job = await calls.job(self._request)
+        job.on_token, job.on_done = on_token, send.close
+        queued = False
+        try:
+            async with recv:
+                await calls.submit(job)
+                queued = True
+                async for delta in recv:
+                    yield delta
+            self.handle = bind(await job.wait(), self._request.owner)
+        except BaseException:
+            job.cancelled = True
+            if not queued:
+                job.end()  # never queued: give its pins back
+            elif job.done.is_set() and job.handle is not None:
+                calls.free(job.handle)  # finished, but the consumer left
+                job.handle = None
+            raise
+        final = self.handle.text
+        if final.startswith(detok.shown) and len(final) > len(detok.shown):
+            yield final[len(detok.shown) :]  # what was held back
+
+
+class _Detokenizer:
+    """Turns sampled ids into safe text deltas, incrementally.
+
+    Each token decodes only a few ids: the new ones plus `CONTEXT` earlier ids
+    (so tokenizers that render a token differently at the start of a text, like
+    SentencePiece's leading space, still join correctly), and keeps the difference.
+    """
+
+    CONTEXT = 4
+
+    def __init__(self, fmt, stop: tuple[str, ...], header: list[int]) -> None:
+        self.fmt = fmt
+        self.stop = stop
+        self.hold = max((len(x) for x in stop), default=1) - 1
+        self.ids = [t for t in header if t not in fmt.stop_ids]  # the handle's text starts here
+        self.read = len(self.ids)  # ids[:read] are reflected in `text`
+        self.text = fmt.decode(self.ids)
+        self.shown = ""  # what was yielded: always a prefix of `text`
+        self.stopped = False
+
+    def push(self, tok: int) -> str:
+        if tok in self.fmt.stop_ids or self.stopped:
+            return ""
+        self.ids.append(tok)
+        ctx = max(0, self.read - self.CONTEXT)
+        before = self.fmt.decode(self.ids[ctx : self.read])
+        full = self.fmt.decode(self.ids[ctx:])
+        if full.endswith("\ufffd") or not full.startswith(before):
+            return ""  # a partial character: wait for the rest of its bytes
+        self.text += full[len(before) :]
+        self.read = len(self.ids)
+        if any(x in self.text for x in self.stop):
+            self.stopped = True  # the handle cuts here; the final flush yields the rest
+            return ""
+        safe = len(self.text) - self.hold
+        if safe <= len(self.shown):
+            return ""
+        delta, self.shown = self.text[len(self.shown) : safe], self.text[:safe]
+        return delta

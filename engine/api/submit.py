@@ -1,0 +1,174 @@
+"""Submitting calls: every path goes through the guard and pins its parents.
+
+A call's request is checked (access, leak policy; re-encodings made first under
+"reencode"), its parents pinned so a `free` in between waits for it, and it is
+queued to the batching loop as a `Job`. When the job ends its pins go back, a
+result nobody will receive is freed, and its message gets its figures.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from functools import partial
+from typing import Any
+
+import anyio
+
+from corps.cache.handle import Handle, bind
+from corps.engine.api.access import Guard
+from corps.engine.api.call_events import end_events, queued_event
+from corps.engine.api.pending import Pending
+from corps.engine.errors import EngineBusy
+from corps.engine.exec.executor import Executor
+from corps.engine.request.requests import DecodeRequest, PrefillRequest, decode_request
+from corps.engine.request.workflow import CURRENT, Workflow
+from corps.engine.sched.job import Job
+from corps.engine.sched.scheduler import Scheduler
+from corps.engine.trace.events import Recorder
+
+Request = PrefillRequest | DecodeRequest
+
+
+def deduce_objective(
+    asked: str | None, wf: Workflow | None, size: int, deduce: bool = True
+) -> tuple[str, bool]:
+    """A call's (objective, critical): its own objective (or its agent's) if given;
+    else its workflow's ("throughput" outside any). A latency call is critical (it
+    bounds the batch beside it, `objective` policy) unless it came in a task group
+    of two or more of a latency workflow and `deduce`: Parrot's deduction, with
+    what is known when the call arrives (a workflow's later calls are not): the
+    calls made alone (a workflow's last steps and what they wait on) are
+    latency-critical, and a group (a map stage, proposals, voters) is scheduled
+    for its completion, admitted whole at a latency workflow's priority with the
+    batch left open."""
+    if asked is not None:
+        return asked, asked == "latency"
+    objective = wf.objective if wf is not None else "throughput"
+    if objective != "latency":
+        return objective, False
+    return objective, not (deduce and size >= 2)
+
+
+class Submitter:
+    """Turns an engine's requests into queued, pinned, checked jobs."""
+
+    def __init__(self, core: Executor, sched: Scheduler, guard: Guard, recorder: Recorder) -> None:
+        self.core, self.sched, self.guard, self.recorder = core, sched, guard, recorder
+        self.ids = itertools.count(1)  # call ids in traces
+        self.deduce = True  # deduce which calls of a latency workflow are critical
+
+    def decode_request(self, args: Mapping[str, Any] | DecodeRequest) -> DecodeRequest:
+        """The request, its constraint (if any) compiled now: a bad regex, schema or
+        grammar raises InvalidConstraint here, before anything is queued or encoded."""
+        request = decode_request(args)
+        if request.sampling.constraint is not None:
+            self.core.grammars.check(request.sampling.constraint)
+        return request
+
+    async def job(
+        self, request: Request, cid: int | None = None, group: int | None = None, size: int = 1
+    ) -> Job:
+        """Check access and the leak policy, re-encode if needed, pin parents: a Job
+        (in task group `group` of `size` calls, else a group of its own)."""
+        cid = cid or next(self.ids)
+        request, missing, leaks = self.guard.check(request, call_id=cid)
+        if missing:
+            request = await self.guard.reencode(request, self._prefill_internal)
+        job = self.pinned_job(request, cid, group, size)
+        job.leaks = leaks
+        return job
+
+    def pinned_job(self, request, cid: int, group: int | None = None, size: int = 1) -> Job:
+        """A job whose parents are pinned from now until it ends: a `free` in between
+        waits for it instead of failing it. `cid` is its call id in traces; `size`
+        the calls of its task group (`deduce_objective`)."""
+        pins = self.core.pin(request.parents)
+        wf = CURRENT.get()
+        objective, critical = deduce_objective(request.objective, wf, size, self.deduce)
+        job = Job(
+            request, id=cid, workflow=wf, objective=objective, critical=critical,
+            group=group or cid,
+        )  # fmt: skip
+        job.on_end, job.orphan = partial(self._job_ended, pins), self.core.free
+        if self.recorder.on:
+            self.recorder.emit(queued_event(self.recorder, job))
+        return job
+
+    def _job_ended(self, pins: list, job: Job) -> None:
+        self.core.unpin(pins)
+        if job.handle is not None and (job.error is not None or job.cancelled):
+            self.core.free(job.handle)  # finished, but nobody will ever receive it
+            job.handle = None
+        if job.handle is not None:
+            self.core.table.get(job.handle.id).figures = job.figures()
+        if self.recorder.on:
+            for event in end_events(self.recorder, self.core.table, job):
+                self.recorder.emit(event)
+
+    async def _prefill_internal(self, request: PrefillRequest) -> Handle:
+        return await self.run(self.pinned_job(request, next(self.ids)))
+
+    async def run(self, job: Job) -> Handle:
+        try:
+            await self.sched.submit(job)
+        except BaseException:
+            job.end()  # never queued: give its pins back
+            raise
+        return bind(await job.wait(), job.request.owner)
+
+    async def run_all(self, requests: list[Request]) -> list[Handle]:
+        return [handle for handle, _ in await self.run_jobs(requests)]
+
+    async def run_jobs(
+        self, requests: list[Request], *, want_logits: bool = False
+    ) -> list[tuple[Handle, Job]]:
+        """Queue `requests` together (one step while there is room) and wait for all:
+        each handle with its job (whose call holds its logits if `want_logits`). All
+        or nothing: one failure cancels the others and frees what they made."""
+        jobs: list[Job] = []
+        queued = 0
+        try:
+            group = None  # one task group: the first call's id
+            for request in requests:
+                jobs.append(await self.job(request, group=group, size=len(requests)))
+                jobs[-1].want_logits = want_logits
+                group = jobs[0].id
+            for job in jobs:  # no yield between them while there is room: one step
+                try:
+                    self.sched.submit_nowait(job)
+                except EngineBusy:
+                    await self.sched.submit(job)
+                queued += 1
+            return [(bind(await job.wait(), job.request.owner), job) for job in jobs]
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self._undo(jobs, queued)
+            raise
+
+    async def _undo(self, jobs: list[Job], queued: int) -> None:
+        """Cancel every job of a failed *_many call and free what they made."""
+        for job in jobs:
+            job.cancelled = True
+        for job in jobs[queued:]:
+            job.end()
+        for job in jobs[:queued]:
+            await job.done.wait()  # the loop aborts cancelled jobs at its next step
+        for job in jobs:
+            if job.handle is not None:
+                self.core.free(job.handle)
+                job.handle = None
+
+    def submit_nowait(self, request: Request) -> Pending:
+        cid = next(self.ids)
+        request, missing, leaks = self.guard.check(request, call_id=cid)
+        if missing:  # re-encodings must run first: queue the call when awaited
+            return Pending(self.job(request, cid), self.run)
+        job = self.pinned_job(request, cid)
+        job.leaks = leaks
+        try:
+            self.sched.submit_nowait(job)
+        except BaseException:
+            job.end()
+            raise
+        return Pending(job, self.run)

@@ -1,0 +1,72 @@
+"""`Executor`: the step machine the batching loop drives, and the message
+bookkeeping the engine uses. Two implementations: `Core` (choreographed and
+baseline modes, over our KV store) and `HFExecutor` (transformers `generate`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Protocol
+
+from corps.cache.handle import Handle
+from corps.cache.messages import Message, MessageTable
+from corps.engine.exec.call import Call
+from corps.engine.exec.grammars import Grammars
+from corps.engine.exec.step_plan import StepPlan
+from corps.engine.request.chat import ChatFormat
+from corps.engine.request.requests import DecodeRequest, PrefillRequest
+from corps.engine.stats import EngineStats
+
+
+class Executor(Protocol):
+    mode: str
+    precision: str  # the dtype name the engine was opened with
+    model_path: Path
+    tokenizer: object
+    fmt: ChatFormat
+    table: MessageTable
+    forward_seconds: float  # time spent in the model's forward so far
+    grammars: Grammars  # its compiled constraints and their masks
+
+    def admit(
+        self,
+        request: PrefillRequest | DecodeRequest,
+        *,
+        want_logits: bool = False,
+        hold: bool = False,
+        evict: Callable[[list[Message]], list[Message]] | None = None,
+    ) -> Call | None:
+        """Check and plan a call and take what it needs; atomic. None: admit it again
+        after a step (it waits for a running call's prefix). `evict`: the order in which
+        encodings no running call reads may be dropped to make room (None: never)."""
+
+    def step(self, plan: StepPlan):
+        """Run one step's plan (`corps.engine.exec.step_plan`); returns a `StepOutput`."""
+
+    def finish(self, c: Call) -> Handle:
+        """Register a done call's message; its handle."""
+
+    def abort(self, c: Call) -> None:
+        """Give back everything the call holds; as if it never ran."""
+
+    def pin(self, handles: Sequence[Handle]) -> list[Message]: ...
+
+    def unpin(self, msgs: Sequence[Message]) -> None: ...
+
+    def free(self, handle: Handle) -> None: ...
+
+    def check(self) -> None:
+        """BrokenInvariant unless the bookkeeping of an idle executor is exact."""
+
+    def stats(self) -> EngineStats: ...
+
+    def reset_peaks(self) -> None: ...
+
+    def occupancy(self) -> tuple[int, int]:
+        """(store slots used, store capacity)."""
+
+    def preempted(self) -> tuple[int, int]:
+        """(tokens evicted, tokens recomputed) since the executor opened."""
+
+    def close(self) -> None:
+        """Give memory back (the engine closed)."""

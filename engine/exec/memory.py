@@ -1,0 +1,286 @@
+"""The memory manager: KV slots, reservations, pins, views and rollback of one engine.
+
+A call's slots are reserved when it is admitted (its feed now, and every token it
+may generate up front, so it never runs out mid-generation); its parents are
+pinned while it runs, so a `free` in between waits for it. A failed call gives
+everything back (`rollback`), so the store is as if it never ran. The baseline's
+cached prefixes (`PrefixSharing`) own slots too: they are evicted when the store
+runs short.
+
+Preemption (choreographed mode): when a call cannot get slots and nothing running
+will give any back, the scheduler admits it again with a victim order (`Victims`,
+the policy's choice): the encodings of live messages that no running call reads
+are dropped (`evict`), least wanted first, until the call fits. Such a message
+stays readable (text, tokens, provenance); the next call that names it as a
+parent recomputes its encoding first (`corps.engine.exec.recompute`), by running its tokens
+through the model again in the steps it was first encoded in, over the same
+parents at the same offsets: the same K/V, bit for bit in float32 when those
+steps had the same rows.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import TypeAlias
+
+from corps.cache.arena import ViewArena
+from corps.cache.context import ContextPool
+from corps.cache.errors import StoreTooSmall, require
+from corps.cache.handle import Handle
+from corps.cache.kv import KVStore
+from corps.cache.messages import Message, MessageTable
+from corps.cache.rope import RopeTables
+from corps.engine.attention.views import open_view
+from corps.engine.exec.call import Call
+from corps.engine.exec.prefixes import PrefixSharing
+
+#: Orders eviction candidates, first to go first (a scheduling policy's `victims`).
+Victims: TypeAlias = Callable[[list[Message]], list[Message]]
+
+
+class Memory:
+    """The store, the view arena (and scratch) and who holds what in them."""
+
+    def __init__(
+        self,
+        store: KVStore,
+        arena: ViewArena,
+        scratch: ViewArena | None,
+        table: MessageTable,
+        rope: RopeTables,
+        fill: Callable | None,
+        *,
+        shared_prefixes: bool,
+    ) -> None:
+        self.store, self.arena, self.scratch = store, arena, scratch
+        self.table, self.rope, self._fill = table, rope, fill
+        self.contexts = ContextPool()  # rotated contexts, each once for all its readers
+        # Guards slot and pin bookkeeping: `free` runs on the caller's thread while a
+        # call may be running on the worker thread.
+        self.lock = threading.RLock()
+        self.prefixes = PrefixSharing(store, self.lock) if shared_prefixes else None
+        self.own_view_tokens = 0  # tokens of admitted calls' own view parts
+        self.view_tokens_peak = 0
+        self.scratch_tokens_peak = 0
+        self.tick = 0  # counts pins: a message's read_at says when a call last read it
+        self.messages_evicted = 0
+        self.tokens_evicted = 0
+
+    # ---- reserving and giving back ----
+
+    def check_fits(self, c: Call, prompt: int, generated: int) -> None:
+        """StoreTooSmall if the call could not run even in an otherwise empty store."""
+        need = prompt + generated  # store slots, and view tokens alike
+        room, where = min((self.store.capacity, "store"), (self.arena.capacity, "view arena"))
+        if need > room:
+            raise StoreTooSmall(
+                f"this {c.plan.kind} call needs {need} token slots (prompt {prompt} + up to "
+                f"{need - prompt} generated) but the whole {where} has {room}; "
+                f"lower max_tokens or open the engine with a larger capacity / memory_budget"
+            )
+
+    def reserve(self, c: Call, generated: int, evict: Victims | None = None) -> None:
+        """Pin c's parents, reuse a cached prefix (baseline) and reserve slots for its
+        feed and the `generated` tokens it may add; with `evict`, drop encodings no
+        running call reads if that is what it takes."""
+        with self.lock:
+            self.tick += 1
+            for p in c.plan.pinned:
+                p.pins += 1
+                p.read_at = self.tick
+            c.pins_held = True
+            if self.prefixes is not None:
+                self.prefixes.match(c)
+            n = len(c.feed)
+            request = f"a {n}-token {c.plan.kind} call (+{generated} to generate)"
+            got = self.alloc(n + generated, request, evict)
+            c.slots, c.spare = got[:n], got[n:]
+
+    def gather(self, c: Call, extra: int) -> None:
+        """c's view: its context rotated (or read from the store) plus room for `extra`."""
+        c.view = open_view(
+            self.store,
+            self.rope,
+            c.ctx_slots,
+            c.ctx_pos,
+            extra,
+            self.arena,
+            fill=self._fill,
+            pool=self.contexts,
+            scratch=self.scratch,
+        )
+        with self.lock:
+            self.own_view_tokens += c.view.capacity
+            self.view_tokens_peak = max(self.view_tokens_peak, self.view_tokens)
+            self.scratch_tokens_peak = max(self.scratch_tokens_peak, self.scratch_tokens)
+
+    def alloc(self, n: int, request: str, evict: Victims | None = None) -> list[int]:
+        with self.lock:
+            short = n - self.store.free_slots
+            if short > 0 and self.prefixes is not None:
+                self.store.release(self.prefixes.evict(short))
+                short = n - self.store.free_slots
+            if short > 0 and evict is not None:
+                self.evict(short, evict)
+            return self.store.alloc(n, request=request)
+
+    def evict(self, n: int, order: Victims) -> int:
+        """Drop the encodings of live, unpinned, recomputable messages, first in
+        `order` first, until n slots are free; none if they cannot make n. Returns the
+        slots freed."""
+        with self.lock:
+            candidates = [m for m in self.table.all() if _evictable(m)]
+            victims, got = [], 0
+            for m in order(candidates):
+                if got >= n:
+                    break
+                victims.append(m)
+                got += len(m.slots)
+            if got < n:
+                return 0
+            for m in victims:
+                self.release(m)
+                m.evicted = True
+            self.messages_evicted += len(victims)
+            self.tokens_evicted += got
+            return got
+
+    def next_slots(self, c: Call, n: int) -> None:
+        """n more store slots for the call's next tokens: its reservation first."""
+        take = min(n, len(c.spare))
+        if take:
+            c.slots += reversed(c.spare[len(c.spare) - take :])
+            del c.spare[len(c.spare) - take :]
+        if n > take:
+            c.slots += self.alloc(n - take, "a next token")
+
+    def release_spare(self, c: Call) -> None:
+        if c.spare:
+            with self.lock:
+                self.store.release(c.spare)
+                c.spare = []
+
+    def drop_view(self, c: Call) -> None:
+        if c.view is not None:
+            with self.lock:
+                c.view.release()
+                self.own_view_tokens -= c.view.capacity
+            c.view = None
+
+    def rollback(self, c: Call) -> None:
+        """Give back every slot, lock and pin c holds; its view stays (`drop_view`)."""
+        with self.lock:
+            if c.slots:
+                self.store.release(c.slots[c.cached :])  # the tree owns the cached ones
+                c.slots = []
+            if c.spare:
+                self.store.release(c.spare)
+                c.spare = []
+            if self.prefixes is not None:
+                self.prefixes.rollback(c)
+            self.unpin_call(c)
+
+    # ---- pins and frees ----
+
+    def pin(self, handles: Sequence[Handle]) -> list[Message]:
+        """Keep these messages' encodings until `unpin`, even if freed meanwhile."""
+        with self.lock:
+            msgs = [self.table.live(h.id) for h in handles]
+            for m in msgs:
+                m.pins += 1
+            return msgs
+
+    def hold(self, msgs: Sequence[Message]) -> None:
+        """Pin messages already looked up (`unpin` gives them back)."""
+        with self.lock:
+            for m in msgs:
+                m.pins += 1
+
+    def unpin(self, msgs: Sequence[Message]) -> None:
+        with self.lock:
+            for m in msgs:
+                m.pins -= 1
+                if m.freed and m.pins == 0:
+                    self.release(m)
+
+    def unpin_call(self, c: Call) -> None:
+        """The parents c pinned at `reserve`, once."""
+        with self.lock:
+            if c.pins_held:
+                self.unpin(c.plan.pinned)
+                c.pins_held = False
+
+    def free(self, msg: Message) -> None:
+        """Mark a message freed; its slots go now, or when the last call reading it ends."""
+        with self.lock:
+            msg.freed = True
+            if msg.pins == 0:
+                self.release(msg)
+
+    def release(self, msg: Message) -> None:
+        self.store.release(msg.slots)
+        msg.slots = []
+
+    def release_unread(self, msgs: Sequence[Message]) -> None:
+        """Give back the slots of freed messages recomputed only to be read
+        (`corps.engine.exec.recompute`) that no call pins any more."""
+        with self.lock:
+            for m in msgs:
+                if m.freed and m.pins == 0 and m.slots:
+                    self.release(m)
+
+    # ---- figures ----
+
+    @property
+    def view_tokens(self) -> int:
+        """Tokens held in views: every live context once, plus each call's own part."""
+        return self.own_view_tokens + self.contexts.tokens
+
+    @property
+    def scratch_tokens(self) -> int:
+        """Tokens of one layer that contexts read from the store hold (contexts="store")."""
+        s = self.scratch
+        return s.capacity - s.free_tokens if s is not None else 0
+
+    def reset_peaks(self) -> None:
+        """Peaks start over from what is held now (`Engine.reset_peak_stats`)."""
+        with self.lock:
+            self.view_tokens_peak = self.view_tokens
+            self.scratch_tokens_peak = self.scratch_tokens
+
+    @property
+    def kv_bytes(self) -> int:
+        """All the KV memory the engine can use: the store, the view arena and the
+        one-layer context scratch (contexts="store")."""
+        per = self.store.bytes_per_slot
+        scratch = self.scratch.capacity * per // self.store.k.shape[0] if self.scratch else 0
+        return (self.store.capacity + self.arena.capacity) * per + scratch
+
+    def drop(self) -> None:
+        """Give the store's, the arena's and the scratch's tensors back (the engine closed)."""
+        self.store.drop()
+        self.arena.drop()
+        if self.scratch is not None:
+            self.scratch.drop()
+
+    def check(self) -> None:
+        """BrokenInvariant unless the bookkeeping of an idle engine is exact: every used
+        slot has one owner (a live or pinned message, or the radix tree) and the free
+        list holds the rest once; no pins, arena ranges or radix locks are left."""
+        owned: list[int] = []
+        for msg in self.table.all():
+            require(msg.pins == 0, f"message {msg.id} still pinned while idle")
+            require(not msg.freed or not msg.slots, f"freed message {msg.id} still holds slots")
+            require(not msg.evicted or not msg.slots, f"evicted message {msg.id} holds slots")
+            owned += msg.slots
+        if self.prefixes is not None:
+            owned += self.prefixes.check_idle()
+        self.store.check(owned)
+        self.arena.check_idle()
+        require(self.view_tokens == 0, f"{self.view_tokens} view tokens still held while idle")
+
+
+def _evictable(m: Message) -> bool:
+    """A live encoding no call reads now, which its record can make again."""
+    return not m.freed and not m.pins and bool(m.slots) and m.recomputable

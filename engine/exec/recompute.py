@@ -1,0 +1,100 @@
+"""Recomputing evicted encodings (preemption, `corps.engine.exec.memory`).
+
+A message whose encoding was dropped for room keeps its record: its tokens, its
+parents, where they sat, and the steps its tokens went through the model in
+(`Message.spans`). Before a call reads it, `restore` encodes it again: a
+prefill-like call over the same parents at the same offsets, whose feed runs in
+those same steps (a decode's header, then a token a step, then its last token
+with the footer). Same inputs, same row counts: the same K/V, bit for bit in
+float32 when the steps ran alone both times. A parent without an encoding (evicted,
+or freed meanwhile: its record stays while messages encoded over it remain) is
+recomputed first; a freed one only to be read, then given back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from corps.cache.handle import Handle
+from corps.cache.messages import Message
+from corps.engine.exec.call import Call, CallPlan
+from corps.engine.exec.memory import Victims
+
+if TYPE_CHECKING:
+    from corps.engine.exec.core import Core
+
+
+def restore(core: Core, parents: Sequence[Handle], evict: Victims | None = None) -> None:
+    """Recompute the encodings of evicted messages among `parents` (and of any
+    message without one that they were encoded over) before a call reads them.
+    Parents are pinned meanwhile, so making room for one never drops another."""
+    own = [h for h in parents if isinstance(h, Handle) and h.table is core.table]
+    msgs = [m for h in own if (m := core.table.find(h.id)) is not None]
+    if not any(m.evicted and not m.freed for m in msgs):
+        return
+    memory = core.memory
+    memory.hold(msgs)
+    made: list[Message] = []
+    try:
+        for m in msgs:
+            if m.evicted and not m.freed:
+                _recompute(core, m, evict, made)
+    finally:
+        memory.unpin(msgs)
+        memory.release_unread(made)
+
+
+def _recompute(core: Core, m: Message, evict: Victims | None, made: list[Message]) -> None:
+    """Encode m again over its parents (recomputed first where they have no
+    encoding), step for step as it was first encoded; `made` collects freed
+    messages recomputed only to be read."""
+    memory = core.memory
+    held: list[Message] = []
+    try:
+        for pid in m.parents:
+            p = core.table.get(pid)
+            if not p.slots:
+                _recompute(core, p, evict, made)
+            memory.hold([p])
+            held.append(p)
+        call = recompute_call(core, m)
+        try:
+            memory.reserve(call, 0, evict)
+            memory.gather(call, len(call.feed))
+            core.run_alone(call)
+        except BaseException:
+            core.abort(call)
+            raise
+        with memory.lock:
+            m.slots, call.slots = call.slots, []
+            m.evicted = False
+        memory.unpin_call(call)
+        memory.drop_view(call)
+        core.tokens_recomputed += len(m.tokens)
+        if m.freed:
+            made.append(m)
+    finally:
+        memory.unpin(held)
+
+
+def recompute_call(core: Core, m: Message) -> Call:
+    """A call that encodes m's tokens again over its parents at their offsets, in
+    the steps it was first encoded in."""
+    parents = tuple(core.table.get(p) for p in m.parents)
+    ctx_slots, ctx_pos = core.planner.context(parents, m.parent_offsets)
+    plan = CallPlan(
+        kind="prefill",
+        role=m.role,
+        offset=m.offset,
+        parents=m.parents,
+        parent_offsets=m.parent_offsets,
+        owner=m.owner,
+        visibility=m.visibility,
+        own=len(m.tokens),
+        prefix=list(m.tokens),
+        pinned=parents,
+    )
+    call = Call(plan, ctx_slots, ctx_pos, list(m.tokens), m.offset, first_spans=m.spans)
+    call.adapted = core.adapted(plan)  # as when it was first encoded
+    return call

@@ -1,0 +1,152 @@
+"""`StepPlan`: what one fused forward step runs, decided in one place.
+
+The scheduling layer plans, the executor runs, postprocess updates the calls:
+
+- `corps.engine.sched.step.plan_step(running, policy, budget)` asks the policy
+  which running calls the next step advances and how many tokens it may run,
+  then `plan_rows` (here) decides the rows of each: a token for every decoding
+  call first, then prompt chunks.
+- `Executor.step(plan)` allocates the plan's slots, builds its batch, runs the
+  forward, samples, and returns a `StepOutput`; postprocess (the loop) hands
+  the tokens to the calls' jobs and finishes the calls that are done.
+
+Nothing else decides a step's shape: the batching loop, recomputes of evicted
+encodings and the attention sink all step through a plan. Rules (unchanged from
+when `Core.step` decided them):
+
+- Decoding calls go first, so a long prefill never starves them; a decoding
+  call brings its pending token, the tokens jump-forward appended after it, and
+  when it is finishing the footer that closes its turn (`next_rows`).
+- Prompt chunks (at most `PREFILL_CHUNK` tokens each) fill what is left of the
+  budget in the order given, and always get 1/`PREFILL_SHARE` of it while any
+  call is prefilling (so decodes never starve prefills either).
+- A recompute (`Call.first_spans`) encodes its feed in the spans it was first
+  encoded in; a span that does not fit what is left waits a step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from corps.engine.exec.call import Call
+
+#: Longest piece of one call's prompt encoded in a single forward step.
+PREFILL_CHUNK = 512
+#: While calls are prefilling, they get at least 1/PREFILL_SHARE of each step's tokens.
+PREFILL_SHARE = 8
+#: Row counts a decode-only step is padded to (a CUDA graph is captured per bucket).
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+NO_BUDGET = 1 << 62
+
+
+@dataclass
+class StepOutput:
+    """What one step did: tokens sampled, and calls that failed (already rolled back)."""
+
+    tokens: list[tuple[Call, int]] = field(default_factory=list)
+    failed: list[tuple[Call, BaseException]] = field(default_factory=list)
+    encoded: bool = False  # it ran a prompt chunk or a turn's footer, not only decodes
+    calls: int = 0  # calls the forward ran rows of
+    rows: int = 0  # rows (tokens) the forward encoded
+    chunks: int = 0  # calls of those that encoded a prompt chunk (not one token)
+    keys: int = 0  # keys its one-row calls attended over (`decode_keys`)
+
+
+@dataclass(frozen=True)
+class Rows:
+    """One call's rows in a step: `n` tokens of its feed from `start`, or with start
+    -1 its pending token, any tokens it jumped to and, if finishing, its footer."""
+
+    call: Call
+    start: int
+    n: int
+
+    @property
+    def is_chunk(self) -> bool:
+        """A piece of the call's prompt (its feed), not its sampled token."""
+        return self.start >= 0
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """The rows one step runs, in batch order (decodes first, then prompt chunks).
+
+    `calls` are the running calls the policy chose, in step order (an executor that
+    does not batch rows, `HFExecutor`, runs the first of them)."""
+
+    entries: tuple[Rows, ...]
+    calls: tuple[Call, ...] = ()
+
+    @property
+    def rows(self) -> int:
+        return sum(e.n for e in self.entries)
+
+    @property
+    def chunks(self) -> int:
+        """Entries that encode a prompt chunk."""
+        return sum(e.is_chunk for e in self.entries)
+
+    @property
+    def bucket(self) -> int | None:
+        """The static batch size a decode-only step of one row per call fits (the
+        smallest of `BUCKETS` >= its rows); None for a step that encodes prompt
+        chunks, jumped tokens or footers, or is larger than every bucket: those
+        run with their exact shapes."""
+        if not self.entries or any(e.is_chunk or e.n != 1 for e in self.entries):
+            return None
+        return next((b for b in BUCKETS if b >= len(self.entries)), None)
+
+    def __bool__(self) -> bool:
+        return bool(self.entries)
+
+
+def next_rows(c: Call) -> int:
+    """Rows the call brings to its next step when the budget does not cut it: its
+    pending token with what it jumped to and its closing footer when decoding, else
+    the next chunk of its prompt (a recompute: its next recorded span); 0 when it has
+    nothing left to run."""
+    if c.pending is not None:
+        return 1 + len(c.jumped) + len(c.closing)
+    left = len(c.feed) - c.fed
+    if left <= 0:
+        return 0
+    if c.first_spans:
+        return c.first_spans[len(c.spans)]
+    return min(left, PREFILL_CHUNK)
+
+
+def plan_rows(calls: Sequence[Call], budget: int | None = None) -> StepPlan:
+    """The rows of the next step over `calls` (in the order given) within `budget`
+    tokens (None: no bound). Pure: reads the calls, changes nothing."""
+    left = NO_BUDGET if budget is None else budget
+    decoding = [c for c in calls if c.pending is not None]
+    prefilling = sum(len(c.feed) - c.fed for c in calls if c.pending is None)
+    # prompt chunks keep a share of every step; decodes past the rest wait one step
+    decodes = left - min(prefilling, max(1, left // PREFILL_SHARE))
+    entries: list[Rows] = []
+    for c in decoding:
+        if decodes <= 0:
+            break
+        n = next_rows(c)
+        decodes -= n
+        entries.append(Rows(c, -1, n))
+        left -= n
+    for c in calls:
+        if c.pending is not None or c.fed >= len(c.feed) or left <= 0:
+            continue
+        n = next_rows(c) if c.first_spans else min(next_rows(c), left)
+        if n > left:
+            continue  # a recompute's span waits for a step with room for it whole
+        entries.append(Rows(c, c.fed, n))
+        left -= n
+    return StepPlan(tuple(entries), tuple(calls))
+
+
+def decode_keys(lengths: list[int]) -> int:
+    """Keys a step's decodes attend over, from each one's view length (context and
+    own tokens). Their sum: the torch backend splits a step's decodes into plans of
+    similar lengths (`corps.engine.attention.routing.split_by_length`), so padding
+    each to the longest in its plan adds little."""
+    return sum(lengths)

@@ -1,0 +1,204 @@
+"""Weights of a Llama-family decoder, taken from a Hugging Face model and fused for our forward."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from corps.cache.rope import RopeTables
+from corps.engine.errors import ModelNotFound, UnsupportedModel
+from corps.engine.model.adapter_rows import RowGate, gated, merge_into
+from corps.engine.model.linear import Linear, TunedLinear
+from corps.engine.model.spec import ModelSpec
+from corps.engine.model.tuning import KernelChoice
+
+#: Longest RoPE table we precompute, whatever the config claims.
+MAX_TABLE_POSITIONS = 131072
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    input_norm: Tensor  # (E,)
+    qkv: Linear  # E -> (Hq + 2 Hkv) D: q, k, v projections stacked (with Qwen2's bias)
+    q_norm: Tensor | None  # (D,) Qwen3
+    k_norm: Tensor | None  # (D,) Qwen3
+    o: Linear  # Hq D -> E
+    post_norm: Tensor  # (E,)
+    gate_up: Linear  # E -> 2 I: gate and up projections stacked
+    down: Linear  # I -> E
+
+
+@dataclass(frozen=True)
+class Weights:
+    spec: ModelSpec
+    embed: Tensor  # (V, E); float16 in mixed precision (rows are cast on lookup)
+    layers: tuple[LayerWeights, ...]
+    final_norm: Tensor  # (E,)
+    lm_head: Linear  # E -> V (its weight is the embedding itself when tied)
+    rope: RopeTables
+    # an adapter of scope "rewired" kept apart: which rows of a step it applies to
+    lora: RowGate | None = None
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The activations' dtype (and the KV store's)."""
+        return self.final_norm.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.device
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of every weight held, each projection's layouts included (the
+        embedding once when the head is tied to it)."""
+        norms = [self.final_norm] + [
+            n for lw in self.layers for n in (lw.input_norm, lw.post_norm, lw.q_norm, lw.k_norm)
+        ]
+        projs = [p for lw in self.layers for p in (lw.qkv, lw.o, lw.gate_up, lw.down)]
+        small = norms + [p.b for p in projs]
+        total = sum(p.weight_bytes for p in [*projs, self.lm_head])
+        if not self.lm_head.holds(self.embed):  # untied
+            small.append(self.embed)
+        return total + sum(t.numel() * t.element_size() for t in small if t is not None)
+
+
+def read_spec(path: str | Path) -> ModelSpec:
+    """Read and check a model's config without loading its weights."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(str(path))
+    except (OSError, ValueError) as exc:
+        raise ModelNotFound(
+            f"no model config at {path!s}: give a directory holding config.json and "
+            f"safetensors weights, a hub id, or an alias from `corps models`"
+        ) from exc
+    return ModelSpec.from_config(config)
+
+
+#: dtype name (`EngineConfig.dtype`) -> the dtype of weights, activations and the KV
+#: store. "mixed" is float32 except the projections' weights: float16 for one row,
+#: bfloat16 for more (`corps.engine.model.linear`).
+_TORCH_DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "mixed": torch.float32,
+    "auto": torch.float32,
+}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of weights, activations and KV store for a dtype name."""
+    return _TORCH_DTYPES[name]
+
+
+def load_weights(
+    path: str | Path,
+    *,
+    dtype: torch.dtype,
+    device: str | torch.device,
+    mixed: bool = False,
+    choice: KernelChoice | None = None,
+    adapter: str | Path | None = None,
+    adapter_copy: bool = True,
+) -> Weights:
+    """Load an HF checkpoint with transformers and keep its tensors in our fused layout.
+
+    `mixed`: projections keep 16-bit weights and pick float16 or bfloat16 by row
+    count (see `corps.engine.model.linear`); everything else stays in `dtype`.
+    `choice`: projections use the kernels measured fastest here (`dtype="auto"`).
+    `adapter`: a LoRA adapter directory merged into the weights first (`load_hf`),
+    or, for an adapter of scope "rewired", kept apart (`corps.engine.model.adapter_rows.gated`),
+    with a merged copy of the projections it adapts when `adapter_copy`."""
+    from corps.engine.model.adapter_files import apart, read_scope
+
+    spec = read_spec(path)
+    if adapter is None or read_scope(adapter) == "all":
+        hf = load_hf(path, dtype=dtype, adapter=adapter)
+        return weights_from_hf(hf, spec, device=device, mixed=mixed, choice=choice)
+    hf, factors = apart(load_hf(path, dtype=torch.float32), adapter)
+    merged = None
+    if adapter_copy:
+        whole = merge_into(hf, factors).to(dtype)
+        merged = weights_from_hf(whole, spec, device=device, mixed=mixed, choice=choice)
+        del whole
+    w = weights_from_hf(hf.to(dtype), spec, device=device, mixed=mixed, choice=choice)
+    return gated(w, factors, merged)
+
+
+def load_hf(path: str | Path, *, dtype: torch.dtype, adapter: str | Path | None = None):
+    """The transformers model at `path` in `dtype`, with a LoRA adapter merged into its
+    weights in float32 first when one is given (`corps.engine.model.adapter_files`)."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    from corps.engine.model.adapter_files import merge
+
+    hf_logging.disable_progress_bar()
+    if adapter is None:
+        return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    return merge(hf, adapter).to(dtype)
+
+
+def weights_from_hf(
+    hf,
+    spec: ModelSpec,
+    *,
+    device: str | torch.device = "cpu",
+    mixed: bool = False,
+    choice: KernelChoice | None = None,
+) -> Weights:
+    """Take the tensors of a loaded HF Llama-family model (hf: PreTrainedModel)."""
+    inner = getattr(hf, "model", None)
+    if inner is None or not hasattr(inner, "layers"):
+        raise UnsupportedModel(f"{type(hf).__name__} has no decoder layers corps can read")
+
+    def t(x: Tensor) -> Tensor:
+        return x.detach().to(device).contiguous()
+
+    def lin(w: Tensor, b: Tensor | None = None) -> Linear | TunedLinear:
+        if choice is not None:
+            return TunedLinear.of(w, b, choice)
+        return Linear.of(w, b, mixed=mixed)
+
+    layers = []
+    for layer in inner.layers:
+        att, mlp = layer.self_attn, layer.mlp
+        biases = [att.q_proj.bias, att.k_proj.bias, att.v_proj.bias]
+        layers.append(
+            LayerWeights(
+                input_norm=t(layer.input_layernorm.weight),
+                qkv=lin(
+                    t(torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight])),
+                    t(torch.cat(biases)) if all(b is not None for b in biases) else None,
+                ),
+                q_norm=t(att.q_norm.weight) if spec.qk_norm else None,
+                k_norm=t(att.k_norm.weight) if spec.qk_norm else None,
+                o=lin(t(att.o_proj.weight)),
+                post_norm=t(layer.post_attention_layernorm.weight),
+                gate_up=lin(t(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))),
+                down=lin(t(mlp.down_proj.weight)),
+            )
+        )
+    embed = t(inner.embed_tokens.weight)
+    lm_head = hf.get_output_embeddings().weight
+    tied = lm_head.data_ptr() == inner.embed_tokens.weight.data_ptr()
+    positions = min(spec.max_positions, MAX_TABLE_POSITIONS)
+    rope = RopeTables.from_hf_rotary(inner.rotary_emb, positions, embed.dtype)
+    head = lin(embed if tied else t(lm_head))
+    if mixed:  # the embedding rows in float16 too: the tied head's own copy
+        embed = head.few if tied else embed.to(torch.float16)
+    return Weights(
+        spec=spec,
+        embed=embed,
+        layers=tuple(layers),
+        final_norm=t(inner.norm.weight),
+        lm_head=head,
+        rope=RopeTables(cos=rope.cos.to(device), sin=rope.sin.to(device)),
+    )

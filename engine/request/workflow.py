@@ -1,0 +1,64 @@
+"""Which workflow a call belongs to, and what it is for: what scheduling policies read.
+
+A workflow (a pattern's `Run`, or any code inside `with engine.workflow(name):`)
+tags every call made in its context, however deep: the tag travels through
+agents' mailboxes with each ask (`corps.agents.envelope`), so an agent's
+decode carries the workflow that asked it. `objective` is "latency" (someone
+waits on each token: chat, the last steps of an interactive workflow) or
+"throughput" (a data set run, the default); a call's own `objective=` or its
+agent's overrides it. Calls submitted together (one `decode_many`, one
+`prefill_many`, an agent's fused turns) form a task group, which the `workflow`
+and `objective` policies admit whole. In a latency workflow, a call made alone
+is latency-critical and a task group's calls are not
+(`corps.engine.api.submit.deduce_objective`).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import itertools
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Literal, get_args
+
+from corps.cache.errors import InvalidRequest
+
+Objective = Literal["latency", "throughput"]
+OBJECTIVES: tuple[str, ...] = get_args(Objective)
+_ids = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class Workflow:
+    """A workflow's tag: its name, objective and when it started (perf_counter)."""
+
+    name: str
+    objective: Objective = "throughput"
+    started: float = field(default_factory=time.perf_counter)
+    id: int = field(default_factory=lambda: next(_ids))
+
+
+#: The workflow of the code running now (None: calls made outside any workflow).
+CURRENT: contextvars.ContextVar[Workflow | None] = contextvars.ContextVar(
+    "corps_workflow", default=None
+)
+
+
+def check_objective(value: str | None) -> str | None:
+    if value is not None and value not in OBJECTIVES:
+        raise InvalidRequest(f"objective must be 'latency' or 'throughput', got {value!r}")
+    return value
+
+
+@contextmanager
+def workflow(name: str, objective: Objective = "throughput") -> Iterator[Workflow]:
+    """Tag every call made inside (and by agents asked from inside) with this workflow."""
+    check_objective(objective)
+    tag = Workflow(name, objective)
+    token = CURRENT.set(tag)
+    try:
+        yield tag
+    finally:
+        CURRENT.reset(token)

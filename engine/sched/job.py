@@ -1,0 +1,114 @@
+"""`Job`: one call waiting for, or running in, the batching loop, and its waiter."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from corps.cache.handle import Handle
+from corps.cache.messages import CallFigures
+from corps.engine.errors import CallCancelled
+from corps.engine.exec.call import Call
+from corps.engine.exec.step_plan import next_rows
+from corps.engine.request.workflow import Workflow
+
+
+@dataclass(eq=False)
+class Job:
+    """One call waiting for, or running in, the loop.
+
+    Callbacks run on the event loop. If `on_token` or `on_done` raises, that call
+    alone fails with the callback's exception (its message is freed); the loop
+    goes on.
+    """
+
+    request: Any
+    want_logits: bool = False
+    on_token: Callable[[int], None] | None = None  # each sampled token
+    on_done: Callable[[], None] | None = None  # when the job ends, before its waiter wakes
+    on_end: Callable[[Job], None] | None = None  # the engine's bookkeeping (pins, orphans)
+    orphan: Callable[[Handle], None] | None = None  # frees a result nobody will receive
+    done: anyio.Event = field(default_factory=anyio.Event)
+    handle: Handle | None = None
+    error: BaseException | None = None
+    call: Call | None = None
+    cancelled: bool = False
+    submitted: float = field(default_factory=time.perf_counter)
+    admitted: float | None = None  # when its first step began
+    first_token: float | None = None
+    id: int = 0  # the engine's call id (traces)
+    leaks: int = 0  # leaks the guard recorded for this call
+    # what scheduling policies read (corps.engine.sched.policies, corps.engine.request.workflow)
+    workflow: Workflow | None = None  # the workflow it was made in
+    objective: str = "throughput"
+    # a latency call that bounds the batch while it runs (`objective` policy): one made
+    # alone, or asked latency itself; a task group of a latency workflow is latency
+    # (admitted first) but not critical: the group's completion is what counts
+    critical: bool = False
+    group: int = 0  # its task group: calls submitted together (its own id alone)
+    skipped: int = 0  # steps in a row the policy left it out of (`objective`)
+
+    @property
+    def rows(self) -> int:
+        """Rows the call brings to its next step (`step_plan.next_rows`, the plan's own
+        formula; policies bound steps by it); 1 before it is admitted."""
+        return 1 if self.call is None else max(1, next_rows(self.call))
+
+    @property
+    def keys(self) -> int:
+        """Keys the call attends over in its next step when that step is one row
+        (`Call.next_keys`; 0 before it is admitted)."""
+        return 0 if self.call is None else self.call.next_keys
+
+    def figures(self) -> CallFigures:
+        """What this call cost (its message keeps it: `Handle.tokens_encoded`, ...)."""
+        call = self.call
+        ttft = self.first_token - self.submitted if self.first_token is not None else None
+        return CallFigures(
+            tokens_encoded=call.encoded if call is not None else 0,
+            tokens_reused=call.reused if call is not None else 0,
+            ttft_s=ttft,
+            leaks=self.leaks,
+        )
+
+    def end(self) -> None:
+        """Finish the job once: run its callbacks, then wake its waiter."""
+        if self.done.is_set():
+            return
+        if self.on_done is not None:
+            try:
+                self.on_done()
+            except Exception as exc:
+                self.error = self.error or exc
+        if self.on_end is not None:
+            self.on_end(self)
+        self.done.set()
+
+    def token(self, tok: int) -> None:
+        """Pass a sampled token to `on_token`; a callback error fails this job only."""
+        if self.on_token is None or self.cancelled:
+            return
+        try:
+            self.on_token(tok)
+        except Exception as exc:
+            self.error, self.cancelled = exc, True  # aborted before the next step
+
+    async def wait(self) -> Handle:
+        """The handle, or the job's error; cancelling the wait cancels the job."""
+        try:
+            await self.done.wait()
+        except BaseException:
+            self.cancelled = True
+            if self.handle is not None and self.orphan is not None:
+                handle, self.handle = self.handle, None
+                self.orphan(handle)  # it finished, but its waiter is gone
+            raise
+        if self.error is not None:
+            raise self.error
+        if self.handle is None:  # cancelled (Pending.cancel) before it finished
+            raise CallCancelled("this call was cancelled before it finished; it left no message")
+        return self.handle

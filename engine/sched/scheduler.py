@@ -1,0 +1,376 @@
+"""The batching loop: one task per engine fuses every concurrent call into shared steps.
+
+Every `prefill` / `decode` becomes a `Job` on a bounded queue. Each iteration
+the loop admits what has arrived, then runs ONE fused forward step off the
+event loop, on the process's torch thread (`corps.engine.exec.torch_thread` says why
+one): a next token for every running decode plus prefill chunks for waiting
+calls. Callers only await their own job.
+
+Policy (fairness): running decodes always get their token first; prefill
+chunks (at most 512 tokens each, see `corps.engine.exec.step_plan`) fill the rest of the
+per-step token budget in arrival order. A long prompt is thus spread over
+several steps and delays the running decodes by at most one chunk per step;
+it never starves them.
+
+Failure isolation: a bad request or a sampling error fails its own job only.
+If a step's forward raises, the jobs in that step fail with the cause and the
+loop keeps serving new ones. If the loop itself dies, every waiter fails with
+the cause (`EngineClosed`), none hangs.
+
+Prefix sharing (baseline mode): a call whose prompt shares a long uncached
+prefix with a running call's prompt is held until that prefix is encoded and
+cached (one step per 512-token chunk), then reuses it instead of encoding it
+again, as SGLang does for requests that arrive together.
+
+Preemption: a call that cannot get memory while nothing running could give
+any back evicts the encodings of messages no running call reads, in the
+policy's order (`Policy.victims`); they are recomputed when read again
+(`corps.engine.exec.memory`, `corps.engine.exec.recompute`).
+
+Successors: after a step that ended a latency-critical call, the loop lets the
+event loop run a few turns (bounded in turns, never in time) before the next
+step, so that the workflow's next call, usually made at once, is in it.
+
+Cancellation: a cancelled waiter marks its job; between steps the loop aborts
+it, which rolls back its partial tokens and frees its slots.
+Shutdown (`close`) aborts queued and running jobs with `EngineClosed`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import anyio
+import anyio.lowlevel
+
+from corps.engine.errors import EngineBusy, EngineClosed
+from corps.engine.exec.executor import Executor
+from corps.engine.exec.step_plan import StepOutput
+from corps.engine.exec.torch_thread import TORCH, TorchThread
+from corps.engine.sched.admission import Admission
+from corps.engine.sched.job import Job
+from corps.engine.sched.policies import Fcfs, Policy, started
+from corps.engine.sched.step import plan_step
+from corps.engine.trace.events import ErrorEvent, FirstToken, Recorder, Step
+
+#: Event-loop turns the idle loop waits for more arrivals before its first step, and
+#: the loop waits after a step that ended a latency-critical call (for its successor).
+GATHER_TURNS = 8
+
+
+@dataclass
+class _Counters:
+    steps: int = 0
+    calls_in_steps: int = 0
+    tokens_sampled: int = 0
+    step_seconds: float = 0.0  # wall time of steps, measured on the loop
+    forward_seconds: float = 0.0  # of which in the model's forward
+    encode_seconds: float = 0.0  # of which in steps that encoded a prompt chunk or a footer
+    ttft_sum: float = 0.0
+    ttft_n: int = 0
+
+
+class Scheduler:
+    def __init__(
+        self,
+        core: Executor,
+        *,
+        queue_size: int = 256,
+        step_tokens: int = 512,
+        recorder: Recorder | None = None,
+        max_running: int = 256,
+        policy: Policy | None = None,
+        evict: bool = True,
+        thread: TorchThread = TORCH,
+    ) -> None:
+        if queue_size < 1 or step_tokens < 1 or max_running < 1:
+            raise ValueError("queue_size, step_tokens and max_running must be >= 1")
+        self.policy: Policy = policy or Fcfs()
+        self.core = core
+        # preemption: a call nothing running could make room for may evict encodings
+        # no running call reads, in the policy's order (False: it fails, CacheFullError)
+        self.admission = Admission(core, self.policy, max_running=max_running, evict=evict)
+        self.thread = thread  # runs every step (corps.engine.exec.torch_thread says why one)
+        self.rec = recorder or Recorder()
+        self.step_tokens = step_tokens
+        self.queue_size = queue_size
+        self._send, self._recv = anyio.create_memory_object_stream[Job](queue_size)
+        self._incoming: list[Job] = []
+        self._tokens: list[tuple[Job, int]] = []
+        self._out = StepOutput()  # what the last step ran (its timing, its trace event)
+        self._admit_s = 0.0  # of the last step, seconds before the forward
+        self._linger = False  # the last step ended a critical call: wait for its successor
+        self._closing = False
+        self._dead: BaseException | None = None
+        self.started = False
+        self.n = _Counters()
+        self._preempted = (0, 0)  # the core's (evicted, recomputed) at the last step event
+        self.after_step: Callable[[], None] | None = None  # the engine's sweep (event loop)
+
+    # ---- submitting (event loop) ----
+
+    async def submit(self, job: Job) -> None:
+        """Queue `job`, waiting for room only when the queue is full. With room it is
+        queued at once, with no yield first: a yield lets the loop plan its next step
+        without a call that was already made (and traced as queued)."""
+        self._check_open()
+        try:
+            self._send.send_nowait(job)
+            return
+        except anyio.WouldBlock:
+            pass
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            raise self._closed_error() from None
+        try:
+            await self._send.send(job)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            raise self._closed_error() from None
+
+    def submit_nowait(self, job: Job) -> None:
+        self._check_open()
+        try:
+            self._send.send_nowait(job)
+        except anyio.WouldBlock:
+            raise EngineBusy(
+                f"engine queue full ({self.queue_size} calls waiting); await the call instead "
+                f"of the _nowait form, or open the engine with a larger queue_size"
+            ) from None
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            raise self._closed_error() from None
+
+    @property
+    def idle(self) -> bool:
+        """No call queued, held or running."""
+        return not self.admission.running and not self.admission.held and self.queue_depth() == 0
+
+    def queue_depth(self) -> int:
+        return self._send.statistics().current_buffer_used
+
+    def _check_open(self) -> None:
+        if not self.started or self._closing or self._dead is not None:
+            raise self._closed_error()
+
+    def _closed_error(self) -> EngineClosed:
+        if self._dead is not None:
+            return EngineClosed(f"the engine's loop crashed: {self._dead!r}")
+        if not self.started:
+            return EngineClosed(
+                "engine not started: use `async with Engine.open(...) as engine` "
+                "(or `async with engine:` after Engine.load)"
+            )
+        return EngineClosed("the engine is shut down")
+
+    # ---- the loop ----
+
+    async def run(self) -> None:
+        """The loop task. Returns after close(); fails every waiter if it dies."""
+        self.started = True
+        try:
+            while not self._closing:
+                new = await self._collect()
+                if new is None:
+                    break
+                self._reap_cancelled()
+                if new or self.admission.running or self.admission.held:
+                    await self._step(new)
+        except Exception as exc:  # the loop itself died: every waiter learns why
+            self._dead = exc
+            if self.rec.on:
+                self.rec.emit(ErrorEvent(t=self.rec.now(), where="engine loop", detail=repr(exc)))
+        finally:
+            self._shut_down()
+
+    async def close(self) -> None:
+        """Stop taking calls; queued and running ones fail with EngineClosed."""
+        self._closing = True
+        await self._send.aclose()
+
+    async def _collect(self) -> list[Job] | None:
+        """New jobs: wait for one when idle, else take what is queued. None once closed.
+
+        Waking from idle, the loop lets the event loop run a few more turns while
+        calls keep arriving (tasks that submit together, e.g. agents asked at
+        once, are a few hops away), so they start in the same step instead of
+        the first one running alone. Bounded in turns, never in time.
+        """
+        new: list[Job] = []
+        if not self.admission.running and not self.admission.held:
+            try:
+                new.append(await self._recv.receive())
+            except (anyio.EndOfStream, anyio.ClosedResourceError):
+                return None
+            for _ in range(GATHER_TURNS):
+                await anyio.lowlevel.checkpoint()
+                if not self._drain(new):
+                    break
+        elif self._linger:
+            # a critical call just ended: its workflow's next call (a chat's reply after
+            # its prompt, an agent's next turn) is a few hops away; without this wait the
+            # next step starts without it, unbounded, and it waits that whole step
+            for _ in range(GATHER_TURNS):
+                await anyio.lowlevel.checkpoint()
+                if self._drain(new):
+                    break
+        self._linger = False
+        self._drain(new)
+        return new
+
+    def _drain(self, new: list[Job]) -> int:
+        """Move every queued job into `new`; how many there were."""
+        n = 0
+        while True:
+            try:
+                new.append(self._recv.receive_nowait())
+                n += 1
+            except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+                return n
+
+    def _reap_cancelled(self) -> None:
+        for job in [j for j in self.admission.running if j.cancelled]:
+            self.core.abort(job.call)
+            self.admission.running.remove(job)
+            job.end()
+
+    async def _step(self, new: list[Job]) -> None:
+        t0 = time.perf_counter()
+        forward0 = self.core.forward_seconds
+        self._incoming = new  # owned by the loop until the step has taken them
+        steps = self.n.steps
+        await self.thread.run(self._step_sync, new, t0)
+        self._incoming = []
+        now = time.perf_counter()
+        self.n.step_seconds += now - t0
+        if self._out.encoded:
+            self.n.encode_seconds += now - t0
+        self.n.forward_seconds += self.core.forward_seconds - forward0
+        if self.n.steps > steps:  # what the step's calls waited, for the policy's feedback
+            self.policy.stepped(now - t0)
+        rec = self.rec
+        for job, tok in self._tokens:
+            if job.first_token is None:  # hf mode knows when generate emitted it
+                job.first_token = job.call.first_token_at or now
+                self.n.ttft_sum += job.first_token - job.submitted
+                self.n.ttft_n += 1
+                if rec.on:
+                    rec.emit(FirstToken(t=rec.rel(job.first_token), call=job.id))
+            if rec.tokens:
+                rec.token(job.id, tok)
+            job.token(tok)
+        self.n.tokens_sampled += len(self._tokens)
+        if rec.on and self.n.steps > steps:
+            rec.emit(self._step_event(t0, now))
+        for job in self.admission.finished:
+            job.end()
+        self._linger = any(j.critical and j.error is None for j in self.admission.finished)
+        self._tokens, self.admission.finished, self._out = [], [], StepOutput()
+        if self.after_step is not None:
+            self.after_step()
+
+    def _step_event(self, t0: float, now: float) -> Step:
+        used, capacity = self.core.occupancy()
+        preempted, self._preempted = self._preempted, self.core.preempted()
+        evicted, recomputed = (b - a for a, b in zip(preempted, self._preempted, strict=True))
+        return Step(
+            t=self.rec.rel(t0),
+            dur=now - t0,
+            calls=len(self.admission.running) + len(self.admission.finished),
+            sampled=len(self._tokens),
+            store_used=used,
+            capacity=capacity,
+            queue=self.queue_depth() + len(self.admission.held),
+            rows=self._out.rows,
+            stepped=self._out.calls,
+            admit_s=self._admit_s,
+            evicted=evicted,
+            recomputed=recomputed,
+            chunks=self._out.chunks,
+            keys=self._out.keys,
+        )
+
+    def _step_sync(self, new: list[Job], t0: float) -> None:
+        """Worker thread: admit new jobs, run one fused step, finish what is done."""
+        self.admission.admit(self.admission.held + new, t0)
+        self._admit_s = time.perf_counter() - t0
+        by_call = {id(j.call): j for j in self.admission.running}
+        chosen, plan = plan_step(self.admission.running, self.policy, self.step_tokens)
+        active = [j.call for j in chosen]
+        if active:
+            try:
+                t_step = time.perf_counter()
+                out = self.core.step(plan)
+                seconds = time.perf_counter() - t_step
+                self.policy.observe(out.calls, out.rows, seconds, out.chunks, out.keys)
+            except Exception as exc:  # the forward failed: fail this step's jobs, go on
+                for call in active:
+                    self.core.abort(call)
+                    by_call[id(call)].error = exc
+            else:
+                for call, exc in out.failed:
+                    by_call[id(call)].error = exc
+                self._tokens = [(by_call[id(c)], tok) for c, tok in out.tokens]
+                self._out = out
+                self.n.steps += 1
+                self.n.calls_in_steps += len(active)
+        for job in [j for j in self.admission.running if j.call.done]:
+            self.admission.running.remove(job)
+            if job.error is None:
+                try:
+                    job.handle = self.core.finish(job.call)
+                    self._stamp(job)
+                except Exception as exc:
+                    self.core.abort(job.call)
+                    job.error = exc
+            self.admission.finished.append(job)
+
+    def _stamp(self, job: Job) -> None:
+        """Note on the new message when its workflow started (the policy's victim order)."""
+        msg = self.core.table.find(job.handle.id)
+        if msg is not None:
+            msg.started = started(job)
+
+    def _shut_down(self) -> None:
+        """Fail every job still queued or running; nothing is left waiting."""
+        self._closing = True
+        error = self._closed_error()
+        error.__cause__ = self._dead
+        leftover = [
+            j
+            for j in self._incoming
+            if j not in self.admission.running and j not in self.admission.held
+        ]
+        leftover += self.admission.running + self.admission.held
+        self.admission.held = []
+        leftover += [j for j in self.admission.finished if not j.done.is_set()]
+        self.admission.running, self._incoming, self.admission.finished = [], [], []
+        while True:
+            try:
+                leftover.append(self._recv.receive_nowait())
+            except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+                break
+        self._recv.close()
+        for job in leftover:
+            if job.call is not None and job.handle is None:
+                self.core.abort(job.call)
+            if job.error is None and job.handle is None:
+                job.error = error
+            job.end()
+
+    # ---- statistics ----
+
+    def figures(self) -> dict[str, float]:
+        n = self.n
+        return dict(
+            steps=n.steps,
+            mean_batch_size=n.calls_in_steps / n.steps if n.steps else 0.0,
+            queue_depth=self.queue_depth() + len(self.admission.held),
+            running=len(self.admission.running),
+            tokens_per_s=n.tokens_sampled / n.step_seconds if n.step_seconds else 0.0,
+            tokens_sampled=n.tokens_sampled,
+            mean_ttft_s=n.ttft_sum / n.ttft_n if n.ttft_n else math.nan,
+            overhead=1 - n.forward_seconds / n.step_seconds if n.step_seconds else 0.0,
+            step_s=n.step_seconds,
+            encode_step_s=n.encode_seconds,
+        )

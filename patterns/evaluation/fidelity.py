@@ -1,0 +1,201 @@
+"""Fidelity: how much choreography changes what a workflow's model says.
+
+The Prompt Choreography paper (sections 3.2-3.4, 4.2) measures it on equal
+tokens: sample a run of the workflow in the baseline (the semantics users know:
+every call re-reads its parents' text) at temperature 1, then replay the same
+workflow choreographed with every decode forced to the baseline's tokens, and
+compare how each mode scores those tokens. `measure` does that per input:
+
+- log-loss per decoded token under the baseline and under each replay; the gap
+  (replay minus baseline, nats/token) is what choreography costs, and what
+  distillation (`corps.patterns.evaluation.distill`) trains away;
+- top-1 agreement: the share of positions where both modes' argmax is the same;
+- the first greedy divergence: the first position of a turn where the argmaxes
+  differ (how soon a greedy run would have taken another path).
+
+A replay is any engine: choreographed, choreographed with an adapter, or the
+baseline with an adapter (the adapter's effect on the model's normal behaviour).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from corps.patterns.cluster.each import each
+from corps.patterns.evaluation.scoring import split_line
+from corps.patterns.registry import get, run_pattern
+from corps.patterns.replay import Replay, TurnScores
+from corps.patterns.result import PatternResult
+
+#: How the baseline is sampled: the model's own distribution (the paper: temperature 1,
+#: free text). A constraint would mask that distribution, and log-probabilities are the
+#: model's unmasked ones: an adapter trained on constrained samples learns the mask and
+#: "beats" the baseline on its own tokens (measured: a gap of -0.08 nats/token on
+#: multi-QA). A line or --set that gives `constrained` keeps it.
+SAMPLING = dict(temperature=1.0, top_p=1.0, constrained=False)
+
+
+def sampling_params(pattern: str, params: Mapping[str, Any], seed: int) -> dict[str, Any]:
+    """An input line's pattern parameters (references such as "answer" and "id" left
+    out) with the baseline's sampling settings and `seed`, for the settings `pattern`
+    takes."""
+    takes = inspect.signature(get(pattern)).parameters
+    given = split_line(params)[0]
+    out = {**given, "seed": seed}
+    out.update({k: v for k, v in SAMPLING.items() if k in takes})
+    if "constrained" in given:
+        out["constrained"] = given["constrained"]
+    return out
+
+
+async def sample(rt, pattern: str, params: Mapping[str, Any]) -> tuple[Replay, PatternResult]:
+    """A run of `pattern` in `rt` that records every turn's tokens and scores."""
+    replay = Replay(logprobs=True)
+    with replay.active():
+        result = await run_pattern(rt, pattern, params)
+    return replay, result
+
+
+async def replay(
+    rt, pattern: str, params: Mapping[str, Any], recorded: Replay
+) -> tuple[Replay, PatternResult]:
+    """The same run in `rt`, every turn forced to `recorded`'s tokens and scored."""
+    forced = recorded.forcing(logprobs=True)
+    with forced.active():
+        result = await run_pattern(rt, pattern, params)
+    return forced, result
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One input's baseline run and a replay of it: the scores of each turn."""
+
+    index: int
+    baseline: dict[int, TurnScores]
+    replayed: dict[int, TurnScores]
+
+
+@dataclass
+class Row:
+    """Fidelity of one group of turns (a role, or all): sums, then `finish`ed."""
+
+    role: str
+    turns: int = 0
+    tokens: int = 0
+    baseline_nll: float = 0.0  # summed over tokens
+    replay_nll: float = 0.0
+    agree: int = 0  # positions whose argmax is the same in both modes
+    diverged: int = 0  # turns with at least one such position that differs
+    first: list[int] = field(default_factory=list)  # each diverged turn's first position
+
+    def add(self, base: TurnScores, other: TurnScores) -> None:
+        n = min(len(base.logprobs), len(other.logprobs))
+        self.turns += 1
+        self.tokens += n
+        self.baseline_nll -= sum(base.logprobs[:n])
+        self.replay_nll -= sum(other.logprobs[:n])
+        same = [a == b for a, b in zip(base.greedy[:n], other.greedy[:n], strict=True)]
+        self.agree += sum(same)
+        if not all(same):
+            self.diverged += 1
+            self.first.append(same.index(False))
+
+    @property
+    def baseline_loss(self) -> float:
+        """Mean log-loss per token under the baseline (nats)."""
+        return self.baseline_nll / self.tokens if self.tokens else math.nan
+
+    @property
+    def replay_loss(self) -> float:
+        return self.replay_nll / self.tokens if self.tokens else math.nan
+
+    @property
+    def gap(self) -> float:
+        """Replay minus baseline log-loss per token (nats): what the replay loses."""
+        return self.replay_loss - self.baseline_loss
+
+    @property
+    def agreement(self) -> float:
+        return self.agree / self.tokens if self.tokens else math.nan
+
+    @property
+    def first_divergence(self) -> float | None:
+        """Mean position of the first differing argmax, over the turns that diverge."""
+        return sum(self.first) / len(self.first) if self.first else None
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(
+            role=self.role, turns=self.turns, tokens=self.tokens,
+            baseline_loss=self.baseline_loss, replay_loss=self.replay_loss, gap=self.gap,
+            agreement=self.agreement, diverged_turns=self.diverged,
+            first_divergence=self.first_divergence,
+        )  # fmt: skip
+
+
+def table(pairs: Sequence[Pair]) -> list[Row]:
+    """One row per role (in order of appearance) and a last row "all"."""
+    rows: dict[str, Row] = {}
+    total = Row("all")
+    for p in pairs:
+        for index, base in sorted(p.baseline.items()):
+            other = p.replayed.get(index)
+            if other is None:
+                continue
+            rows.setdefault(base.role, Row(base.role)).add(base, other)
+            total.add(base, other)
+    return [*rows.values(), total]
+
+
+@dataclass
+class Report:
+    """Per replay label (e.g. "choreographed"), the pairs it gave."""
+
+    pattern: str
+    pairs: dict[str, list[Pair]]
+    failed: list[tuple[int, str]] = field(default_factory=list)  # (input index, why)
+
+    def tables(self) -> dict[str, list[Row]]:
+        return {label: table(p) for label, p in self.pairs.items()}
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(
+            pattern=self.pattern,
+            inputs=len(next(iter(self.pairs.values()), [])),
+            failed=[dict(index=i, error=e) for i, e in self.failed],
+            replays={k: [r.as_dict() for r in rows] for k, rows in self.tables().items()},
+        )
+
+
+async def measure(
+    base_rt,
+    replays: Mapping[str, Any],
+    pattern: str,
+    inputs: Sequence[Mapping[str, Any]],
+    seeds: Sequence[int],
+    *,
+    concurrency: int = 4,
+    on_done: Callable[[], None] | None = None,
+) -> Report:
+    """Sample input i at seed i in `base_rt` (a baseline runtime), replay it forced in
+    each of `replays` (label -> runtime), and pair the scores of every turn."""
+    report = Report(pattern, {label: [] for label in replays})
+
+    async def one(i: int) -> None:
+        params = sampling_params(pattern, inputs[i], seeds[i])
+        recorded, _ = await sample(base_rt, pattern, params)
+        got = {}
+        for label, rt in replays.items():
+            forced, _ = await replay(rt, pattern, params, recorded)
+            got[label] = Pair(i, recorded.scores, forced.scores)
+        for label, pair in got.items():  # all replays of an input, or none of them
+            report.pairs[label].append(pair)
+
+    failed = await each(range(len(inputs)), one, concurrency=concurrency, on_done=on_done)
+    report.failed = list(failed.items())
+    for pairs in report.pairs.values():
+        pairs.sort(key=lambda p: p.index)
+    return report

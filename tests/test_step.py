@@ -1,0 +1,65 @@
+"""sched/step.py: the loop's next step through each policy, on hand-built jobs and
+calls (no scheduler, no model)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from corps.engine.exec.step_plan import next_rows
+from corps.engine.sched.cost import StepCost
+from corps.engine.sched.policies import Fcfs, ObjectiveFirst
+from corps.engine.sched.step import plan_step
+
+from helpers import bare_call as call
+from helpers import plan_shape as shape
+
+
+def job(c, objective="throughput", critical=False, started=0.0):
+    return SimpleNamespace(
+        call=c, objective=objective, critical=critical, submitted=started, group=id(c),
+        workflow=None, skipped=0,
+        rows=max(1, next_rows(c)), keys=0,
+    )  # fmt: skip
+
+
+def test_plan_step_under_fcfs_runs_every_running_call_but_the_done():
+    a, b, done = call(feed=3), call(fed=4, pending=5), call(feed=1)
+    done.done = True
+    chosen, plan = plan_step([job(a), job(b), job(done)], Fcfs(), budget=512)
+    assert [j.call for j in chosen] == [a, b]
+    assert [e.call for e in plan.entries] == [b, a]
+
+
+def test_plan_step_with_nothing_to_run_is_empty():
+    done = call(feed=1)
+    done.done = True
+    chosen, plan = plan_step([job(done)], Fcfs(), budget=512)
+    assert chosen == [] and not plan
+
+
+@pytest.mark.parametrize("rows", [2, 6])
+def test_plan_step_beside_a_critical_call_takes_the_policy_s_budget(rows):
+    policy = ObjectiveFirst(latency_rows=rows)
+    chat = call(fed=4, pending=1)
+    bulk = call(feed=100)
+    chosen, plan = plan_step([job(chat, "latency", critical=True), job(bulk)], policy, budget=512)
+    assert len(chosen) == 2
+    assert plan.rows == rows  # the chat's token and the prompt tokens the bound leaves
+    assert shape(plan)[0] == (-1, 1)
+
+
+def test_plan_step_with_a_learnt_cost_leaves_out_what_does_not_fit():
+    """20 ms a step + 50 ms a call: nothing fits beside the chat within 1.5x its step
+    alone, so the bulk prefill waits (its first step left out)."""
+    cost = StepCost()
+    for calls, rows in [(1, 1), (2, 2), (4, 68), (8, 8), (3, 200)]:
+        cost.observe(calls, rows, 0.020 + 0.050 * calls)
+    policy = ObjectiveFirst(aging_s=100, cost=cost, step_slowdown=1.5, feedback=None)
+    chat = call(fed=4, pending=1)
+    bulk = call(feed=400)
+    running = [job(chat, "latency", critical=True), job(bulk)]
+    chosen, plan = plan_step(running, policy, budget=512)
+    assert [j.call for j in chosen] == [chat]
+    assert shape(plan) == [(-1, 1)]
