@@ -126,10 +126,12 @@ def _compiled_stream(projs, xs, gemms: str) -> Callable[[], None]:
 
 def hf_probes(path, dtype: torch.dtype, decode_tokens: int, prefill_tokens: int):
     """HF generate of N and of 1 token, and one forward over a prompt, as functions."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
+
+    from corps.engine.model.weights import load_hf
 
     tok = AutoTokenizer.from_pretrained(str(path))
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).eval()
+    model = load_hf(path, dtype=dtype).eval()  # a checkpoint, or a dummy model's weights
     ids = tok.apply_chat_template(
         [{"role": "user", "content": PROMPT}],
         add_generation_prompt=True,

@@ -60,3 +60,27 @@ def test_compiled_flex_matches_reference_on_cpu():
 def test_mask_covers_only_the_window_the_step_touches():
     mask = PrefillMask.build(torch.tensor([50, 50, 90]), torch.tensor([61, 62, 95]))
     assert (mask.start, mask.end) == (50, 95)
+
+
+def test_compiled_steps_take_the_main_kernel_whatever_their_rows(monkeypatch):
+    """Below 128 query rows inductor would pick FlexAttention's decoding template, which
+    cannot lower grouped-query steps (group 4, as Llama-3's): compiled, every step asks
+    for the main kernel; eager (CPU) asks nothing."""
+    from corps.engine.kernels import flex_prefill as fp
+
+    seen = []
+
+    def fake(compiled):
+        def run(q, k, v, **kw):
+            seen.append((compiled, kw["kernel_options"], kw["enable_gqa"]))
+            return q
+
+        return run
+
+    monkeypatch.setattr(fp, "_flex", fake)
+    q = torch.randn(5, 32, 16)  # 5 rows, 32 query heads over 8 kv heads
+    arena = torch.randn(8, 40, 16)
+    mask = PrefillMask.build(torch.zeros(5, dtype=torch.long), torch.full((5,), 30))
+    flex_prefill(q, arena, arena, mask, 0.25, compiled=True)
+    flex_prefill(q, arena, arena, mask, 0.25, compiled=False)
+    assert seen == [(True, {"FORCE_USE_FLEX_ATTENTION": True}, True), (False, None, True)]

@@ -42,7 +42,7 @@ def build_executor(cfg: EngineConfig, console: Console | None = None) -> Executo
         # it re-encodes every prompt as text: no context is rewired, so an adapter of
         # scope "rewired" never applies
         merged = cfg.adapter if cfg.adapter and read_scope(cfg.adapter) == "all" else None
-        hf = load_hf(path, dtype=dtype, adapter=merged).to(cfg.device)
+        hf = load_hf(path, dtype=dtype, adapter=merged, device=cfg.device).to(cfg.device)
         core = HFExecutor(hf, tokenizer, spec, model_path=path, precision=cfg.dtype)
     else:
         mixed, choice = _weight_format(cfg, spec, console)

@@ -84,6 +84,15 @@ def _flex(compiled: bool):
     return flex_attention
 
 
+def kernel_options(compiled: bool) -> dict | None:
+    """Compiled, every step takes FlexAttention's main kernel. Below 128 query rows
+    inductor would pick its decoding template instead, which cannot lower a grouped-
+    query step whose block mask is shared by all heads (Hq=32, Hkv=8 on an H100,
+    torch 2.11: `NoValidChoicesError ... target: flex_attention`): most choreographed
+    prefills are one short message, and Llama-3, Qwen2.5 and Mistral group 4+ heads."""
+    return {"FORCE_USE_FLEX_ATTENTION": True} if compiled else None
+
+
 def flex_prefill(
     q: Tensor,
     arena_k: Tensor,
@@ -107,5 +116,6 @@ def flex_prefill(
         block_mask=mask.block_mask,
         scale=scale,
         enable_gqa=q.shape[1] != arena_k.shape[0],
+        kernel_options=kernel_options(compiled),
     )  # (1, Hq, T, D)
     return out[0].transpose(0, 1)  # (T, Hq, D)

@@ -24,6 +24,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from corps.engine.errors import FetchError, ModelNotFound
+from corps.engine.model.dummy import PREFIX as DUMMY
+from corps.engine.model.dummy import dummy_config, install_dummy, is_dummy_dir, is_dummy_name
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -68,7 +70,15 @@ def cached_models() -> list[Path]:
 
 
 def resolve_model(name: str, *, console: Console | None = None) -> Path:
-    """Local HF directory for an alias, a directory or a hub id; fetches on first use."""
+    """Local HF directory for an alias, a dummy shape (`dummy:llama-3.1-8b`, random
+    weights: `corps.engine.model.dummy`), a directory or a hub id; fetches on first use."""
+    if is_dummy_name(name):
+        shape = name[len(DUMMY) :]
+        dummy_config(shape, 1)  # an unknown shape fails before anything is fetched
+        target = models_dir() / f"dummy-{shape}"
+        if not is_dummy_dir(target):
+            install_dummy(shape, target, resolve_model(DEFAULT_MODEL, console=console))
+        return target
     if name in EMBEDDED:
         target = models_dir() / name
         if not is_model_dir(target):

@@ -11,6 +11,7 @@ from torch import Tensor
 from corps.cache.rope import RopeTables
 from corps.engine.errors import ModelNotFound, UnsupportedModel
 from corps.engine.model.adapter_rows import RowGate, gated, merge_into
+from corps.engine.model.dummy import build_dummy, is_dummy_dir
 from corps.engine.model.linear import Linear, TunedLinear
 from corps.engine.model.spec import ModelSpec
 from corps.engine.model.tuning import KernelChoice
@@ -119,7 +120,7 @@ def load_weights(
 
     spec = read_spec(path)
     if adapter is None or read_scope(adapter) == "all":
-        hf = load_hf(path, dtype=dtype, adapter=adapter)
+        hf = load_hf(path, dtype=dtype, adapter=adapter, device=device)
         return weights_from_hf(hf, spec, device=device, mixed=mixed, choice=choice)
     hf, factors = apart(load_hf(path, dtype=torch.float32), adapter)
     merged = None
@@ -131,15 +132,27 @@ def load_weights(
     return gated(w, factors, merged)
 
 
-def load_hf(path: str | Path, *, dtype: torch.dtype, adapter: str | Path | None = None):
+def load_hf(
+    path: str | Path,
+    *,
+    dtype: torch.dtype,
+    adapter: str | Path | None = None,
+    device: str | torch.device = "cpu",
+):
     """The transformers model at `path` in `dtype`, with a LoRA adapter merged into its
-    weights in float32 first when one is given (`corps.engine.model.adapter_files`)."""
+    weights in float32 first when one is given (`corps.engine.model.adapter_files`). A
+    checkpoint loads on the CPU; a dummy model (`corps.engine.model.dummy`) is built on
+    `device` (on the CPU when an adapter is merged into it)."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     from corps.engine.model.adapter_files import merge
 
     hf_logging.disable_progress_bar()
+    if is_dummy_dir(path):
+        if adapter is None:
+            return build_dummy(path, dtype=dtype, device=device)
+        return merge(build_dummy(path, dtype=torch.float32), adapter).to(dtype)
     if adapter is None:
         return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
     hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
