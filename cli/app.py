@@ -38,6 +38,9 @@ T = TypeVar("T")
 
 err = Console(stderr=True)
 
+#: `corps bench gpu --workflows` (corps.cli.bench_gpu.WORKFLOWS, named here without torch)
+_GPU_WORKFLOWS = ("debate", "tree_of_thoughts", "parallel_debate", "tree_of_thoughts_8x8")
+
 ModelOpt = Annotated[
     str, typer.Option("--model", "-m", help="Alias, local HF directory or hub id.")
 ]
@@ -97,6 +100,53 @@ def models() -> None:
         if name not in EMBEDDED and not name.startswith("dummy-"):
             table.add_row(name, "yes", str(path))
     Console().print(table)
+
+
+@app.command()
+def serve(
+    model: ModelOpt = "smollm2-135m",
+    host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = (
+        "127.0.0.1"
+    ),
+    port: Annotated[int, typer.Option(min=0, max=65535)] = 8000,
+    mode: Annotated[str, typer.Option(help="choreographed (default) or baseline.")] = (
+        "choreographed"
+    ),
+    dtype: DtypeOpt = DEFAULT_DTYPE,
+    device: DeviceOpt = "cpu",
+    policy: Annotated[str, typer.Option(help="fcfs (default), workflow or objective.")] = "fcfs",
+    leak_policy: Annotated[str, typer.Option(help="allow, warn, deny or reencode.")] = "warn",
+    trace: Annotated[Path | None, typer.Option(help="Write a trace (JSON lines) here.")] = None,
+    otel_endpoint: Annotated[
+        str | None, typer.Option(help="Send each call's span to this OTLP collector.")
+    ] = None,
+    api_key: Annotated[
+        str | None,
+        typer.Option(help="Require `Authorization: Bearer KEY` on /v1/ (default: none)."),
+    ] = None,
+) -> None:
+    """An OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models,
+    /health, /metrics) over one engine; messages by id as an extension. Needs
+    pip install 'corps[serve]'."""
+    try:
+        import uvicorn
+
+        from corps.cli.serve.app import create_app
+    except ImportError as exc:
+        _bad(f"corps serve needs its extra: pip install 'corps[serve]' ({exc.name} is missing)")
+    from corps.engine.api.engine import Engine
+
+    try:
+        cfg = EngineConfig.of(
+            model, mode=mode, dtype=dtype, device=device, policy=policy,
+            leak_policy=leak_policy, trace=trace, otel=otel_endpoint,
+        )  # fmt: skip
+    except CorpsError as exc:
+        _bad(str(exc))
+    if cfg.mode == "hf":
+        _bad("--mode: corps serve runs choreographed or baseline")
+    app_ = create_app(Engine.open(cfg), model=model, api_key=api_key)
+    uvicorn.run(app_, host=host, port=port, log_level="warning")
 
 
 @app.command()
@@ -731,6 +781,66 @@ def _cpu_kernels(model: str, remeasure: bool) -> None:
     Console(width=max(150, Console().width)).print(table)
     if fresh:
         Console().print("[dim](timed now; later loads read the cache)[/]")
+
+
+@bench_app.command("gpu")
+def bench_gpu(
+    model: ModelOpt = "dummy:llama-3.2-1b",
+    dtype: Annotated[str, typer.Option(help="Weights, activations and KV store.")] = "bfloat16",
+    device: Annotated[
+        str | None, typer.Option(help="cuda[:N] or cpu (default: cuda when there is one).")
+    ] = None,
+    prompt_tokens: Annotated[int, typer.Option(min=8, help="The long prompt's tokens.")] = 2048,
+    spans: Annotated[int, typer.Option(min=1, help="Short spans over a shared context.")] = 16,
+    span_tokens: Annotated[int, typer.Option(min=1)] = 128,
+    context_tokens: Annotated[int, typer.Option(min=1)] = 1024,
+    decode_tokens: Annotated[int, typer.Option(min=8, help="One stream's tokens.")] = 128,
+    streams: Annotated[str, typer.Option(help="Comma-separated stream counts.")] = "16,64",
+    stream_tokens: Annotated[int, typer.Option(min=2)] = 64,
+    workflows: Annotated[
+        str, typer.Option(help="Comma-separated, of: " + ", ".join(_GPU_WORKFLOWS))
+    ] = ",".join(_GPU_WORKFLOWS),
+    workflow_tokens: Annotated[int, typer.Option(min=1, help="Decode budget per call.")] = 64,
+    runs: Annotated[int, typer.Option(min=1, help="Measured runs per workflow.")] = 2,
+    repeats: Annotated[int, typer.Option(min=1, help="Best of this many timings.")] = 3,
+    out: Annotated[
+        str | None, typer.Option("--out", help="JSON lines, one per figure, as they come.")
+    ] = None,
+) -> None:
+    """The GPU figures of one model in one run: prefill (one prompt; spans over a shared
+    context) and decode (one stream, many) against transformers and the bandwidth bound,
+    and workflows choreographed against the baseline. Exits 1 if any section fails."""
+    import anyio
+    import torch
+
+    from corps.cli import bench_gpu as bg
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    chosen = tuple(w.strip().replace("-", "_") for w in workflows.split(",") if w.strip())
+    unknown = [w for w in chosen if w not in bg.WORKFLOWS]
+    if unknown:
+        _bad(f"--workflows: unknown {', '.join(unknown)}; pick of {', '.join(bg.WORKFLOWS)}")
+    try:
+        counts = tuple(int(x) for x in streams.split(",") if x.strip())
+        EngineConfig.of(model, dtype=dtype, device=device)
+    except (ValueError, CorpsError) as exc:
+        _bad(str(exc))
+    settings = bg.Settings(
+        model=model, dtype=dtype, device=device, prompt_tokens=prompt_tokens, spans=spans,
+        span_tokens=span_tokens, context_tokens=context_tokens, decode_tokens=decode_tokens,
+        streams=counts, stream_tokens=stream_tokens, workflows=chosen,
+        workflow_tokens=workflow_tokens, runs=runs, repeats=repeats,
+    )  # fmt: skip
+    console = Console()
+    console.print(f"[dim]{bg.device_name(device)}, torch {torch.__version__}[/]")
+    try:
+        figures, failures = anyio.run(bg.run, settings, Path(out) if out else None, console)
+    except CorpsError as exc:
+        fail(exc)
+    console.print(bg.table(settings, figures))
+    if failures:
+        err.print(f"[bold red]{len(failures)} section(s) failed:[/] " + "; ".join(failures))
+        raise typer.Exit(1)
 
 
 @bench_app.command("workflows")

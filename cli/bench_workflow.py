@@ -143,6 +143,7 @@ async def measure(
     warmup: int = 1,
     dtype: str = DEFAULT_DTYPE,
     questions: list[str] | None = None,
+    device: str = "cpu",
 ) -> Report:
     """Open one engine per implementation, warm up, then interleave `runs` runs.
 
@@ -157,7 +158,9 @@ async def measure(
     async with AsyncExitStack() as stack:
         runtimes = {}
         for impl in order:
-            engine = await stack.enter_async_context(Engine.open(model, mode=impl, dtype=dtype))
+            engine = await stack.enter_async_context(
+                Engine.open(model, mode=impl, dtype=dtype, device=device)
+            )
             runtimes[impl] = await stack.enter_async_context(Runtime(engine))
         samples = []
         for r in range(warmup + runs):

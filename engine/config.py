@@ -106,7 +106,10 @@ class EngineConfig(BaseModel):
       "store" (read from the store at every step; less memory, slower long decodes;
       torch backend only). Default from `CORPS_CONTEXTS`, else "copy".
     - `capacity`: KV store token slots (the view arena gets as many); None: as many
-      as `memory_budget` bytes buy (default 2 GiB, at most DEFAULT_MAX_CAPACITY).
+      as `memory_budget` bytes buy; without a budget, on CUDA `memory_fraction` of
+      the device memory free once the weights are loaded (vLLM's
+      `gpu_memory_utilization`, default 0.9), elsewhere 2 GiB (at most
+      DEFAULT_MAX_CAPACITY slots).
     - `queue_size`, `step_tokens`, `max_running`: the batching loop's queue, tokens
       per fused step, and calls running at once.
     - `leak_policy`: the default for calls made as an agent (`corps.engine.api.access`).
@@ -186,6 +189,7 @@ class EngineConfig(BaseModel):
     contexts: Contexts = Field(default_factory=_env_contexts)
     capacity: Annotated[int, Field(ge=16)] | None = None
     memory_budget: Annotated[int, Field(ge=1)] | None = None
+    memory_fraction: Annotated[float, Field(gt=0.0, le=1.0)] = 0.9
     queue_size: _Positive = 256
     step_tokens: _Positive = 512
     max_running: _Positive = 256

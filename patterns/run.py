@@ -78,9 +78,12 @@ class Turn(BaseModel):
     choices: tuple[str, ...] | None = None
 
     def request(self) -> dict[str, Any]:
-        r = self.model_dump(exclude={"private", "index", "force"})
+        """The turn as `DecodeArgs`. A forced turn leaves max_tokens out: the request
+        takes it from the forced tokens (`corps.engine.request.requests.decode_request`)."""
+        drop = {"private", "index", "force"} | ({"max_tokens"} if self.force else set())
+        r = self.model_dump(exclude=drop)
         if self.force:
-            r["force"], r["max_tokens"] = self.force, max(len(self.force), 1)
+            r["force"] = self.force
         r["parents"] = list(self.parents)  # the handles themselves, bound to the agent
         if self.private:
             r["visibility"] = Private()

@@ -20,6 +20,22 @@ from corps.engine.api.engine import Engine
 from helpers import hf_model, make_model_dir
 
 ARCHS = ["llama", "llama3-scaled", "mistral", "qwen2", "qwen3"]
+#: where tiny engines and their transformers references run (`pytest --device cuda`)
+DEVICE = "cpu"
+
+
+def pytest_addoption(parser) -> None:
+    parser.addoption(
+        "--device",
+        default="cpu",
+        help="Device of the tiny engines and their HF references (open_tiny, tiny_hf): "
+        "`--device cuda` runs the exactness tests against transformers on a GPU.",
+    )
+
+
+def pytest_configure(config) -> None:
+    global DEVICE
+    DEVICE = config.getoption("--device")
 
 
 @pytest.fixture(scope="session")
@@ -55,7 +71,7 @@ def backend(request, monkeypatch) -> str:
 
 @pytest.fixture(scope="session")
 def tiny_hf(tiny_dirs):
-    return {name: hf_model(path) for name, path in tiny_dirs.items()}
+    return {name: hf_model(path).to(DEVICE) for name, path in tiny_dirs.items()}
 
 
 def open_tiny(tiny_dirs, name: str = "llama", **kwargs) -> Engine:
@@ -63,6 +79,7 @@ def open_tiny(tiny_dirs, name: str = "llama", **kwargs) -> Engine:
     the default dtype, mixed, is within 16-bit rounding)."""
     kwargs.setdefault("capacity", 4096)
     kwargs.setdefault("dtype", "float32")
+    kwargs.setdefault("device", DEVICE)
     return Engine.load(str(tiny_dirs[name]), **kwargs)
 
 

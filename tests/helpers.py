@@ -350,3 +350,27 @@ async def stepping(engine, steps: int = 1) -> None:
         await ran.wait()
     finally:
         engine.recorder.remove(sink)
+
+
+def reachable_tensor_bytes(root) -> int:
+    """Bytes of the distinct tensor storages reachable from `root` through object
+    references (not through modules, classes or functions: what `root` itself holds)."""
+    import gc
+    import types
+
+    skip = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType)
+    seen: set[int] = set()
+    storages: dict[int, int] = {}
+    todo = [root]
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen or isinstance(obj, skip):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, torch.Tensor):
+            if obj.device.type != "meta":
+                storage = obj.untyped_storage()
+                storages[storage.data_ptr()] = storage.nbytes()
+            continue
+        todo.extend(gc.get_referents(obj))
+    return sum(storages.values())

@@ -36,3 +36,19 @@ async def test_default_capacity_is_capped_and_memory_goes_back_on_close(tiny_dir
     core = engine._core
     assert core.store.k.numel() == core.store.v.numel() == 0
     assert core.arena.k.numel() == core.arena.v.numel() == 0
+
+
+def test_on_cuda_the_store_takes_a_share_of_what_the_weights_leave_free(tiny_dirs):
+    """The sizing rule (the GPU itself is checked by `corps bench gpu`): `fraction` of
+    the free bytes over what one slot costs, never below 256 slots."""
+    from corps.engine.api.build import capacity_of_free, slot_bytes
+    from corps.engine.config import EngineConfig
+    from corps.engine.model.weights import read_spec
+
+    spec = read_spec(tiny_dirs["llama"])
+    per_slot = slot_bytes(EngineConfig.of(dtype="bfloat16"), spec)
+    assert per_slot == 2 * spec.num_layers * 2 * spec.num_kv_heads * spec.head_dim * 2
+    assert capacity_of_free(10_000 * per_slot, per_slot, 0.9) == 9000
+    assert capacity_of_free(10 * per_slot, per_slot, 0.9) == 256
+    with pytest.raises(Exception, match="memory_fraction"):
+        EngineConfig.of(memory_fraction=1.5)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoTokenizer
+from transformers import AutoConfig, AutoTokenizer
 from typer.testing import CliRunner
 
 from corps.cli.app import app
@@ -85,3 +85,21 @@ def test_corps_models_lists_the_dummy_shapes(tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     for shape in PUBLISHED:
         assert f"dummy:{shape}" in result.output
+
+
+def test_a_carried_tokenizer_serves_where_the_default_model_is_not(
+    tiny_dirs, tmp_path, monkeypatch
+):
+    """The GPU machine has no default model: its tokenizer files travel instead."""
+    carried = tmp_path / "tokenizer"
+    AutoTokenizer.from_pretrained(str(tiny_dirs["llama"])).save_pretrained(str(carried))
+    monkeypatch.setenv("CORPS_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("CORPS_DUMMY_TOKENIZER", str(carried))
+    monkeypatch.setattr(names, "DEFAULT_MODEL", "no-such-model")  # never looked up
+    path = names.resolve_model("dummy:llama-3.2-1b")
+    assert dummy.is_dummy_dir(path)
+    vocab = AutoConfig.from_pretrained(str(path)).vocab_size
+    assert vocab == len(AutoTokenizer.from_pretrained(str(carried)))  # its vocabulary
+    monkeypatch.setenv("CORPS_DUMMY_TOKENIZER", str(tmp_path))
+    with pytest.raises(ModelNotFound, match="CORPS_DUMMY_TOKENIZER"):
+        names.resolve_model("dummy:llama-3.1-8b")

@@ -16,7 +16,7 @@ from corps.cache.handle import Handle
 from corps.engine.errors import ConstraintViolated, InvalidConstraint, InvalidRequest
 
 from conftest import open_tiny
-from helpers import run_calls
+from helpers import reachable_tensor_bytes, run_calls
 
 
 async def test_documented_api_shape(tiny_dirs):
@@ -608,3 +608,19 @@ async def test_a_constrained_decode_with_logprobs_takes_one_step_per_token(tiny_
         h = await engine.decode(parents=[q], choices=["alpha beta gamma"], logprobs=True)
     assert len(h.logprobs) == len(h.generated) == len(h.greedy) > 1
     assert all(lp <= 0 for lp in h.logprobs)
+
+
+@pytest.mark.parametrize("mode", ["choreographed", "baseline", "hf"])
+async def test_closing_an_engine_gives_back_every_tensor_it_allocated(tiny_dirs, mode):
+    """Once its block ends, the engine object (still held) holds no weights, KV memory
+    or RoPE tables: on a GPU their memory goes back at once (2.18 GB stayed allocated
+    after an engine on a 1B model closed)."""
+    engine = open_tiny(tiny_dirs, "llama", mode=mode)
+    async with engine:
+        q = await engine.prefill("hello world")
+        await engine.decode(parents=[q], max_tokens=4)
+        held = reachable_tensor_bytes(engine)
+        weights = engine.stats().weight_bytes
+    assert held >= weights > 0
+    assert reachable_tensor_bytes(engine) < 0.01 * held
+    assert engine.stats().weight_bytes == weights  # its figures stay readable

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from corps.engine.request.requests import decode_request
+from corps.engine.sched.job import Job
 
 from conftest import open_tiny
 
@@ -32,3 +33,18 @@ async def test_a_failing_callback_fails_its_call_only(tiny_dirs):
         assert engine.stats().messages == messages + 2  # other and "x"; nothing of the job
         live = sum(m.slots for m in engine.messages())
         assert engine.stats().tokens_used == live
+
+
+def test_a_job_cancelled_in_the_step_that_finished_it_frees_its_message():
+    """Its waiter is gone (a stream left, a callback failed): nobody will take the
+    message, so ending the job gives it back (found by `corps serve`'s disconnect test:
+    a stream cut as its last step ran left its reply in the store)."""
+    freed = []
+    job = Job(request=None, orphan=freed.append)
+    job.handle, job.cancelled = "the message", True
+    job.end()
+    assert freed == ["the message"] and job.handle is None and job.done.is_set()
+    kept = Job(request=None, orphan=freed.append)
+    kept.handle = "received"
+    kept.end()
+    assert freed == ["the message"] and kept.handle == "received"

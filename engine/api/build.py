@@ -31,7 +31,9 @@ def build_executor(cfg: EngineConfig, console: Console | None = None) -> Executo
     spec = read_spec(path)
     if cfg.adapter is not None:  # a bad adapter fails before the weights load
         check_for_model(path, cfg.adapter)
-    capacity = cfg.capacity or capacity_for(cfg, spec)
+    # on CUDA without a budget the store takes a share of what the weights leave free
+    by_free = cfg.device.startswith("cuda") and not (cfg.capacity or cfg.memory_budget)
+    capacity = cfg.capacity or (0 if by_free else capacity_for(cfg, spec))
     from transformers import AutoTokenizer
 
     dtype = torch_dtype(cfg.dtype)
@@ -56,6 +58,9 @@ def build_executor(cfg: EngineConfig, console: Console | None = None) -> Executo
             # only choreographed calls read rewired contexts
             adapter_copy=cfg.adapter_copy and cfg.mode == "choreographed",
         )
+        if by_free:
+            free, _ = torch.cuda.mem_get_info(torch.device(cfg.device))
+            capacity = capacity_of_free(free, slot_bytes(cfg, spec), cfg.memory_fraction)
         core = Core(
             weights,
             tokenizer,
@@ -104,15 +109,25 @@ def _weight_format(
     return weight_format(cfg.dtype, spec, cfg.device, cache, measure_fn=timed)
 
 
-def capacity_for(cfg: EngineConfig, spec) -> int:
-    """Store slots `cfg.memory_budget` buys (the default budget when None)."""
+def slot_bytes(cfg: EngineConfig, spec) -> int:
+    """Bytes one token slot costs: the store and a view arena of the same size (and
+    with contexts="store" a one-layer scratch as long), so twice and a bit
+    (`stats().kv_bytes` is what the slots bought, never more)."""
     per_token = KVStore.bytes_per_token(
         spec.num_layers, spec.num_kv_heads, spec.head_dim, torch_dtype(cfg.dtype)
     )
-    # the budget buys the store and a view arena of the same size (and with
-    # contexts="store" a one-layer scratch as long): every token slot costs
-    # twice and a bit (`stats().kv_bytes` is what it bought, never more)
-    per_slot = 2 * per_token + (per_token // spec.num_layers if cfg.contexts == "store" else 0)
+    return 2 * per_token + (per_token // spec.num_layers if cfg.contexts == "store" else 0)
+
+
+def capacity_of_free(free: int, per_slot: int, fraction: float) -> int:
+    """Store slots for `fraction` of `free` device bytes (at least 256: a device
+    too full for those fails when they are allocated, saying so)."""
+    return max(256, int(free * fraction) // per_slot)
+
+
+def capacity_for(cfg: EngineConfig, spec) -> int:
+    """Store slots `cfg.memory_budget` buys (the default budget when None)."""
+    per_slot = slot_bytes(cfg, spec)
     if cfg.memory_budget is None:  # default: 2 GiB, at most DEFAULT_MAX_CAPACITY slots
         return max(1024, min(DEFAULT_MAX_CAPACITY, DEFAULT_MEMORY_BUDGET // per_slot))
     capacity = cfg.memory_budget // per_slot

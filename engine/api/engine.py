@@ -260,6 +260,14 @@ class Engine:
             policy=self._sched.policy.name,
         )
 
+    def handle(self, message_id: int, *, reader: str | None = None) -> Handle:
+        """A handle to a live message of this engine by its id (`Handle.id`, e.g. sent
+        over HTTP), bound to `reader` when given; UnknownHandle if the engine has no
+        such message or it was freed."""
+        table = self._core.table
+        table.live(message_id)
+        return Handle(message_id, table, reader)
+
     def messages(self) -> list[MessageRecord]:
         """A read-only snapshot of every message record the engine holds (the attention
         sink, freed records still referenced and evicted encodings included)."""

@@ -98,7 +98,12 @@ class TextStream:
             raise
         final = self.handle.text
         if final.startswith(detok.shown) and len(final) > len(detok.shown):
-            yield final[len(detok.shown) :]  # what was held back
+            try:
+                yield final[len(detok.shown) :]  # what was held back
+            except BaseException:  # the consumer left at the last delta: as above
+                calls.free(self.handle)
+                self.handle = None
+                raise
 
 
 class _Detokenizer:

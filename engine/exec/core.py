@@ -291,7 +291,12 @@ class Core:
     def adapted(self, plan: CallPlan) -> bool:
         """Whether an adapter kept apart (scope "rewired", `model.adapter_rows`) applies
         to a call of this plan: a choreographed call whose context is rewired."""
-        if self.runner.w.lora is None or self.mode != "choreographed" or plan.kind == "sink":
+        if (
+            self.runner.w is None
+            or self.runner.w.lora is None
+            or self.mode != "choreographed"
+            or plan.kind == "sink"
+        ):
             return False
         start = len(self.fmt.sink)
         return rewired(plan.offset, plan.parents, plan.parent_offsets, self.table.get, start)
@@ -330,9 +335,12 @@ class Core:
         return self.memory.tokens_evicted, self.tokens_recomputed
 
     def close(self) -> None:
-        """Give the KV memory's tensors back (the engine closed)."""
+        """Give back every tensor the core allocated: the KV memory, the weights and the
+        RoPE tables (the engine closed; its figures stay readable)."""
         self.memory.drop()
         self.grammars.close()
+        self.runner.release()
+        self.rope = self.memory.rope = None
 
     def stats(self) -> EngineStats:
         memory = self.memory
@@ -360,7 +368,7 @@ class Core:
             scratch_tokens=memory.scratch_tokens,
             scratch_tokens_peak=memory.scratch_tokens_peak,
             layers=self.store.k.shape[0],
-            weight_bytes=self.runner.w.nbytes,
+            weight_bytes=self.runner.weight_bytes,
             forward_s=self.forward_seconds,
             compiled_steps=sum(graph.steps.values()) if graph else 0,
             step_compile_s=graph.compile_seconds if graph else 0.0,

@@ -161,7 +161,8 @@ class HFExecutor:
         return 0, 0  # transformers' own cache: nothing evicted
 
     def close(self) -> None:
-        """Nothing held beyond the model (it goes with the engine)."""
+        """Give the model back (the engine closed)."""
+        self.hf = None
 
     def stats(self) -> EngineStats:
         return EngineStats(

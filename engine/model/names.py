@@ -77,7 +77,7 @@ def resolve_model(name: str, *, console: Console | None = None) -> Path:
         dummy_config(shape, 1)  # an unknown shape fails before anything is fetched
         target = models_dir() / f"dummy-{shape}"
         if not is_dummy_dir(target):
-            install_dummy(shape, target, resolve_model(DEFAULT_MODEL, console=console))
+            install_dummy(shape, target, _dummy_tokenizer(console))
         return target
     if name in EMBEDDED:
         target = models_dir() / name
@@ -92,6 +92,22 @@ def resolve_model(name: str, *, console: Console | None = None) -> Path:
     if name.startswith((".", "/", "~")) or (os.sep in name and name.count("/") != 1):
         raise ModelNotFound(f"no such model directory: {name}")
     return _hub_snapshot(name)
+
+
+def _dummy_tokenizer(console: Console | None) -> Path:
+    """Where a dummy model's tokenizer comes from: $CORPS_DUMMY_TOKENIZER (a directory
+    of tokenizer files: what a machine without the default model's weights carries),
+    else the default model's directory (fetched on first use)."""
+    carried = os.environ.get("CORPS_DUMMY_TOKENIZER")
+    if carried:
+        path = Path(carried).expanduser()
+        if not (path / "tokenizer_config.json").is_file():
+            raise ModelNotFound(
+                f"CORPS_DUMMY_TOKENIZER={carried} holds no tokenizer_config.json: point it "
+                f"at a directory of tokenizer files (as $CORPS_HOME/models/{DEFAULT_MODEL})"
+            )
+        return path
+    return resolve_model(DEFAULT_MODEL, console=console)
 
 
 def _hub_snapshot(repo_id: str) -> Path:

@@ -51,6 +51,7 @@ class ModelRunner:
         attention: AttentionBackend | None = None,
     ) -> None:
         self.w = weights
+        self.weight_bytes = weights.nbytes  # kept for stats() once the weights are gone
         self.spec = weights.spec
         self.store = store
         self.attention = attention or SdpaAttention()
@@ -59,6 +60,12 @@ class ModelRunner:
         self.group_min_saved: int | None = GROUP_MIN_SAVED
         # lone one-row steps through a captured graph (EngineConfig.compile), else None
         self.compiled: CompiledDecode | None = None
+
+    def release(self) -> None:
+        """Drop the weights and the captured step (the engine closed): their memory
+        goes back as soon as nothing else holds them."""
+        self.w = None
+        self.compiled = None
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> Tensor:

@@ -86,6 +86,9 @@ class Job:
                 self.error = self.error or exc
         if self.on_end is not None:
             self.on_end(self)
+        if self.cancelled and self.handle is not None and self.orphan is not None:
+            handle, self.handle = self.handle, None
+            self.orphan(handle)  # it finished in the step it was cancelled in: nobody takes it
         self.done.set()
 
     def token(self, tok: int) -> None:

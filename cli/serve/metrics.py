@@ -1,0 +1,50 @@
+"""The server's Prometheus metrics: its own counters beside the engine's statistics,
+in Prometheus' text exposition format (`GET /metrics`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Metrics:
+    requests: int = 0  # HTTP requests received
+    errors: int = 0  # requests answered with an engine error
+    completions: int = 0  # choices generated
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens read from the store, not encoded again
+
+    def count(self, prompt, replies) -> None:
+        """One answered request: its prompt (`chat.Prompt`) and its replies' handles."""
+        self.completions += len(replies)
+        self.prompt_tokens += prompt.tokens
+        self.completion_tokens += sum(len(h.generated) for h in replies)
+        self.cached_tokens += prompt.cached_tokens
+
+    def render(self, stats) -> str:
+        """The text exposition of these counters and the engine's `EngineStats`."""
+        rows = [
+            ("corps_http_requests_total", "counter", "HTTP requests received", self.requests),
+            ("corps_http_errors_total", "counter", "requests failed by the engine", self.errors),
+            ("corps_completions_total", "counter", "choices generated", self.completions),
+            ("corps_prompt_tokens_total", "counter", "prompt tokens", self.prompt_tokens),
+            ("corps_completion_tokens_total", "counter", "tokens generated",
+             self.completion_tokens),
+            ("corps_cached_tokens_total", "counter", "prompt tokens reused from the store",
+             self.cached_tokens),
+            ("corps_tokens_encoded_total", "counter", "tokens run through the model",
+             stats.tokens_encoded),
+            ("corps_tokens_reused_total", "counter", "cached tokens attended to",
+             stats.tokens_reused),
+            ("corps_queue_depth", "gauge", "calls waiting to be admitted", stats.queue_depth),
+            ("corps_running_calls", "gauge", "calls admitted and stepping", stats.running),
+            ("corps_store_used_tokens", "gauge", "KV store slots in use", stats.tokens_used),
+            ("corps_store_capacity_tokens", "gauge", "KV store slots", stats.capacity),
+            ("corps_steps_total", "counter", "fused forward steps", stats.steps),
+            ("corps_step_seconds_total", "counter", "seconds spent in steps", stats.step_s),
+        ]  # fmt: skip
+        out = []
+        for name, kind, about, value in rows:
+            out += [f"# HELP {name} {about}", f"# TYPE {name} {kind}", f"{name} {value}"]
+        return "\n".join(out) + "\n"

@@ -1,0 +1,140 @@
+"""The OpenAI-compatible request bodies `corps serve` accepts, and its error objects.
+
+Known fields are typed and checked; unknown fields are accepted and ignored (as
+OpenAI-compatible servers do, so clients that send more still work). The corps
+extension adds `corps_message_id` (and `offset`) to a message and `corps_agent`
+to a request (see docs/serve.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class FunctionDef(_Body):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+
+
+class Tool(_Body):
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
+class NamedChoice(_Body):
+    type: Literal["function"] = "function"
+    function: dict[str, str]
+
+
+class ToolCallFunction(_Body):
+    name: str
+    arguments: str
+
+
+class ToolCall(_Body):
+    id: str = ""
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
+class ContentPart(_Body):
+    type: str
+    text: str = ""
+
+
+class Message(_Body):
+    """A chat message: its content, or (the extension) a message of the store by id."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    corps_message_id: int | None = Field(default=None, ge=0)
+    offset: int | None = Field(default=None, ge=0)
+    corps_visibility: Literal["public", "private"] | None = None  # of a message encoded now
+
+    @model_validator(mode="after")
+    def _content_or_id(self) -> Message:
+        if self.corps_message_id is None and self.content is None and not self.tool_calls:
+            raise ValueError("a message needs content, tool_calls or corps_message_id")
+        if self.offset is not None and self.corps_message_id is None:
+            raise ValueError("offset places a message given by corps_message_id")
+        return self
+
+    def text(self) -> str:
+        """The content as text (parts joined; an assistant's tool calls as their JSON)."""
+        if isinstance(self.content, list):
+            return "".join(p.text for p in self.content if p.type == "text")
+        if self.content is not None:
+            return self.content
+        import json
+
+        calls = [{"name": c.function.name, "arguments": json.loads(c.function.arguments or "{}")}
+                 for c in self.tool_calls or []]  # fmt: skip
+        return json.dumps(calls[0] if len(calls) == 1 else calls)
+
+
+class JsonSchemaFormat(_Body):
+    name: str = "response"
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class Sampling(_Body):
+    """Fields both endpoints share."""
+
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int = Field(default=1, ge=1, le=16)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    logprobs: bool = False
+    corps_agent: str | None = None
+
+
+class ChatRequest(Sampling):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    response_format: ResponseFormat | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedChoice | None = None
+
+    @model_validator(mode="after")
+    def _choice_names_a_tool(self) -> ChatRequest:
+        if isinstance(self.tool_choice, NamedChoice):
+            name = self.tool_choice.function.get("name")
+            if name not in {t.function.name for t in self.tools or []}:
+                raise ValueError(f"tool_choice names {name!r}, which is not among the tools")
+        return self
+
+
+class CompletionRequest(Sampling):
+    prompt: str | list[str]
+    echo: bool = False
+
+
+def error_body(message: str, kind: str, param: str | None = None, code: str | None = None):
+    """An OpenAI-style error object."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}

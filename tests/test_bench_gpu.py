@@ -1,0 +1,70 @@
+"""`corps bench gpu` (cli/bench_gpu.py): every section on a tiny model on the CPU (the
+rehearsal of the GPU run), its JSON lines, and a failing section failing the command.
+Structure only: nothing here asserts on a timing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from corps.cli import app as app_mod
+from corps.cli import bench_gpu
+from corps.cli.app import app
+
+TINY = ["--device", "cpu", "--dtype", "float32", "--prompt-tokens", "24", "--spans", "3",
+        "--span-tokens", "4", "--context-tokens", "12", "--decode-tokens", "8",
+        "--streams", "2,3", "--stream-tokens", "3", "--workflow-tokens", "3", "--runs", "1",
+        "--repeats", "1"]  # fmt: skip
+
+
+def invoke(tiny_dirs, *args):
+    model = str(tiny_dirs["llama"])
+    return CliRunner().invoke(app, ["bench", "gpu", "-m", model, *TINY, *args])
+
+
+def test_every_section_on_a_tiny_model(tiny_dirs, tmp_path):
+    out = tmp_path / "gpu.jsonl"
+    result = invoke(tiny_dirs, "--workflows", "debate", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    sections = [x["section"] for x in lines]
+    assert sections == ["prefill"] * 2 + ["decode"] * 2 + ["streams"] * 2 + ["workflows"] * 2
+    assert all(x["corps"] > 0 and x["reference"] > 0 for x in lines)
+    assert {x["name"] for x in lines if x["section"] == "streams"} == {
+        "2 streams x 3",
+        "3 streams x 3",
+    }
+    assert "baseline / choreographed wall" in result.output
+
+
+def test_a_failing_section_fails_the_command_and_the_others_still_run(
+    tiny_dirs, tmp_path, monkeypatch
+):
+    async def broken(engine, hf, s):
+        raise RuntimeError("no valid choices")
+
+    monkeypatch.setattr(bench_gpu, "stream_figures", broken)
+    out = tmp_path / "gpu.jsonl"
+    result = invoke(tiny_dirs, "--workflows", "", "--out", str(out))
+    assert result.exit_code == 1
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert {"section": "streams", "error": "RuntimeError('no valid choices')"} in lines
+    assert sum(x["section"] == "decode" for x in lines) == 2  # measured all the same
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--workflows", "chess"], "unknown chess"),
+        (["--streams", "two"], "invalid literal"),
+    ],
+)
+def test_bad_options_are_refused_before_anything_loads(tiny_dirs, args, says):
+    result = invoke(tiny_dirs, *args)
+    assert result.exit_code == 2 and says in result.output
+
+
+def test_the_cli_names_the_workflows_the_bench_knows():
+    assert app_mod._GPU_WORKFLOWS == tuple(bench_gpu.WORKFLOWS)

@@ -1,0 +1,300 @@
+"""`corps serve` (cli/serve/): the official `openai` client against a tiny model served
+on a free loopback port in this process (float32, so greedy replies are exact)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from contextlib import asynccontextmanager
+
+import jsonschema
+import pytest
+
+openai = pytest.importorskip("openai")
+uvicorn = pytest.importorskip("uvicorn")
+
+from corps.cli.serve.app import create_app  # noqa: E402
+from corps.engine.api.engine import Engine  # noqa: E402
+
+KEY = "sk-test"
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 12}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+NOTHING = {"type": "object", "properties": {}, "additionalProperties": False}
+CLOCK = {"type": "function", "function": {"name": "get_time", "parameters": NOTHING}}
+
+
+class Served:
+    """A server in its own thread; `ready` once its engine is open."""
+
+    def __init__(self, model_dir) -> None:
+        self.ready = threading.Event()
+        self.engine: Engine | None = None
+
+        @asynccontextmanager
+        async def opened():
+            async with Engine.open(
+                str(model_dir), dtype="float32", capacity=4096, leak_policy="deny"
+            ) as engine:
+                self.engine = engine
+                self.ready.set()
+                yield engine
+
+        self.app = create_app(opened(), model="tiny", api_key=KEY)
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)  # connections wait in the backlog until the server serves
+        port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]})
+
+    def __enter__(self) -> Served:
+        self.thread.start()
+        assert self.ready.wait(120), "the engine did not open"
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(60)
+
+    def client(self, key: str = KEY) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def served(tiny_dirs):
+    with Served(tiny_dirs["llama"]) as s:
+        yield s
+
+
+@pytest.fixture
+def client(served):
+    return served.client()
+
+
+def ask(client, content="hello world", **kw):
+    kw.setdefault("max_tokens", 8)
+    kw.setdefault("temperature", 0.0)
+    return client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": content}], **kw
+    )
+
+
+def test_a_chat_reply_with_usage_and_its_message_id(client):
+    r = ask(client)
+    choice = r.choices[0]
+    assert choice.message.role == "assistant" and isinstance(choice.message.content, str)
+    assert choice.finish_reason in ("stop", "length")
+    assert r.usage.completion_tokens > 0 and r.usage.prompt_tokens > 0
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    assert isinstance(choice.message.model_extra["corps"]["id"], int)
+
+
+def test_greedy_replies_are_the_same_streamed_or_not_and_usage_comes_last(client):
+    whole = ask(client, "the quick brown fox", max_tokens=12).choices[0].message.content
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "the quick brown fox"}],
+            max_tokens=12, temperature=0.0, stream=True,
+            stream_options={"include_usage": True},
+        )
+    )  # fmt: skip
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens > 0
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] in ("stop", "length")
+
+
+def test_n_choices_each_their_own(client):
+    r = ask(client, n=3, temperature=1.0, seed=7, max_tokens=6)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    ids = {c.message.model_extra["corps"]["id"] for c in r.choices}
+    assert len(ids) == 3
+
+
+def test_a_json_schema_reply_validates(client):
+    schema = {
+        "type": "object",
+        "properties": {
+            "answer": {"type": "integer", "minimum": 0, "maximum": 99},
+            "why": {"type": "string", "maxLength": 8},
+        },
+        "required": ["answer", "why"],
+        "additionalProperties": False,
+    }
+    fmt = {"type": "json_schema", "json_schema": {"name": "a", "schema": schema, "strict": True}}
+    r = ask(client, "what is 7 times 6?", response_format=fmt, max_tokens=200)
+    assert r.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+    # any object: the random tiny model writes keys until its budget cuts them
+    r = ask(client, "json please", response_format={"type": "json_object"}, max_tokens=24)
+    text, finish = r.choices[0].message.content, r.choices[0].finish_reason
+    assert text.startswith("{")
+    assert finish == "length" or isinstance(json.loads(text), dict)
+
+
+@pytest.mark.parametrize(
+    "choice", ["required", {"type": "function", "function": {"name": "get_weather"}}]
+)
+def test_forced_tool_calls_parse_and_name_a_given_tool(client, choice):
+    r = ask(client, "weather in Paris?", tools=[WEATHER, CLOCK], tool_choice=choice,
+            max_tokens=120)  # fmt: skip
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls" and c.message.content is None
+    (call,) = c.message.tool_calls
+    assert call.function.name in ("get_weather", "get_time")
+    if isinstance(choice, dict):
+        assert call.function.name == "get_weather"
+        jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+
+
+def test_logprobs_one_per_generated_token(client):
+    r = ask(client, logprobs=True, max_tokens=6)
+    lp = r.choices[0].logprobs.content
+    assert len(lp) == r.usage.completion_tokens
+    assert all(x.logprob <= 0 for x in lp)
+
+
+def test_errors_are_openai_exceptions_with_their_status(served, client):
+    with pytest.raises(openai.NotFoundError, match="not served here"):
+        client.chat.completions.create(model="gpt-5", messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        ask(client, temperature="hot")
+    bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}
+    with pytest.raises(openai.BadRequestError):  # a schema llguidance cannot compile
+        ask(client, response_format=bad)
+    with pytest.raises(openai.NotFoundError, match="no message"):
+        client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "corps_message_id": 10**9}]
+        )
+    with pytest.raises(openai.AuthenticationError):
+        ask(served.client("wrong"))
+    before = served.engine.stats().tokens_used
+    with pytest.raises(openai.BadRequestError, match="tool_choice"):
+        ask(client, tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "x"}})
+    assert served.engine.stats().tokens_used == before  # refused before anything ran
+
+
+def test_a_message_by_id_gives_the_tokens_its_text_gives(client):
+    """The extension, chain case: the question named by id (not resent) gives the same
+    greedy reply as its text resent, and is counted as cached."""
+    first = ask(client, "what is seven times six", max_tokens=10)
+    qid = first.model_extra["corps"]["prompt"][-1]
+    by_id = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "corps_message_id": qid}], max_tokens=10,
+        temperature=0.0,
+    )  # fmt: skip
+    assert by_id.choices[0].message.content == first.choices[0].message.content
+    assert by_id.usage.prompt_tokens_details.cached_tokens == by_id.usage.prompt_tokens
+
+
+def test_a_resent_conversation_reuses_its_messages_and_the_reply(client):
+    conv = [{"role": "system", "content": "you are terse"},
+            {"role": "user", "content": "hello world"}]  # fmt: skip
+    r1 = client.chat.completions.create(model="tiny", messages=conv, max_tokens=6, temperature=0)
+    reply = {"role": "assistant", "content": r1.choices[0].message.content}
+    more = [*conv, reply, {"role": "user", "content": "and then?"}]
+    r2 = client.chat.completions.create(model="tiny", messages=more, max_tokens=6, temperature=0)
+    ids = r2.model_extra["corps"]["prompt"]
+    assert ids[:2] == r1.model_extra["corps"]["prompt"]
+    assert ids[2] == r1.choices[0].message.model_extra["corps"]["id"]  # the reply itself
+    cached = r2.usage.prompt_tokens_details.cached_tokens
+    assert r1.usage.prompt_tokens < cached < r2.usage.prompt_tokens
+
+
+def test_a_private_message_of_another_agent_is_refused_under_deny(client):
+    r = client.chat.completions.create(
+        model="tiny", max_tokens=4, temperature=0,
+        messages=[{"role": "user", "content": "my secret", "corps_visibility": "private"}],
+        extra_body={"corps_agent": "alice"},
+    )  # fmt: skip
+    secret = r.model_extra["corps"]["prompt"][-1]
+    with pytest.raises(openai.PermissionDeniedError):
+        client.chat.completions.create(
+            model="tiny", max_tokens=4, messages=[{"role": "user", "corps_message_id": secret}],
+            extra_body={"corps_agent": "bob"},
+        )  # fmt: skip
+
+
+def test_completions_models_health_and_metrics(served, client):
+    r = client.completions.create(model="tiny", prompt="the quick", max_tokens=5, temperature=0)
+    assert r.choices[0].text is not None and r.usage.completion_tokens > 0
+    assert [m.id for m in client.models.list()] == ["tiny"]
+    from urllib.request import urlopen
+
+    assert json.loads(urlopen(served.url + "/health").read()) == {"status": "ok"}
+    metrics = urlopen(served.url + "/metrics").read().decode()
+    assert "corps_http_requests_total" in metrics and "corps_store_used_tokens" in metrics
+
+
+def test_streams_cut_mid_way_cancel_and_give_back_what_they_held(served):
+    """32 concurrent streams, every other one closed after its first chunk: the others
+    finish, and besides what the message cache keeps (the prompts and the finished
+    replies) the store holds what it held before; the bookkeeping is exact."""
+    import concurrent.futures
+
+    client, engine, cache = served.client(), served.engine, served.app.state.cache
+    before = engine.stats().tokens_used - cache.tokens()
+
+    def one(i: int) -> str:
+        stream = client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": f"count to {i}"}],
+            max_tokens=24, temperature=0.7, seed=i, stream=True,
+        )  # fmt: skip
+        if i % 2:
+            next(iter(stream))
+            stream.close()
+            return "cut"
+        return "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+
+    with concurrent.futures.ThreadPoolExecutor(32) as pool:
+        got = list(pool.map(one, range(32)))
+    assert got[1::2] == ["cut"] * 16 and all(isinstance(t, str) for t in got[::2])
+    for _ in range(100):  # each request is a step of the loop, which reaps cancelled calls
+        stats = engine.stats()
+        if stats.running == 0 and stats.queue_depth == 0:
+            break
+        ask(client, max_tokens=1)
+    assert engine.stats().tokens_used - cache.tokens() == before
+    engine.check()
+
+
+def test_the_example_choreographs_a_tree_of_thoughts_by_id(client):
+    """examples/serve_openai.py: the votes read the question and the proposals from the
+    store; only the ballot's own question is encoded for them."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parent.parent / "examples" / "serve_openai.py"
+    spec = importlib.util.spec_from_file_location("examples_serve_openai", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = module.tree_of_thoughts(client, "tiny", branches=3, voters=2)
+    assert len(out["proposals"]) == 3 and len(out["votes"]) == 2
+    assert all(json.loads(v)["best"] in ("1", "2", "3") for v in out["votes"])
+    assert 0 < out["cached_tokens"] < out["prompt_tokens"]
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [(["--mode", "hf"], "choreographed or baseline"), (["--policy", "x"], "policy")],
+)
+def test_corps_serve_refuses_bad_settings_before_loading(args, says):
+    from typer.testing import CliRunner
+
+    from corps.cli.app import app
+
+    result = CliRunner().invoke(app, ["serve", *args], env={"COLUMNS": "200"})
+    assert result.exit_code == 2 and says in result.output
