@@ -21,7 +21,9 @@ TINY = ["--device", "cpu", "--dtype", "float32", "--prompt-tokens", "24", "--spa
 
 def invoke(tiny_dirs, *args):
     model = str(tiny_dirs["llama"])
-    return CliRunner().invoke(app, ["bench", "gpu", "-m", model, *TINY, *args])
+    return CliRunner().invoke(
+        app, ["bench", "gpu", "-m", model, *TINY, *args], env={"COLUMNS": "250"}
+    )
 
 
 def test_every_section_on_a_tiny_model(tiny_dirs, tmp_path):
