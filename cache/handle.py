@@ -108,6 +108,13 @@ class Handle:
         return self._readable().logprobs
 
     @property
+    def top_logprobs(self) -> tuple[tuple[tuple[int, float], ...], ...]:
+        """A decode made with `top_logprobs=k`: at each of `generated`'s positions, the
+        k most likely (token, log-probability), most likely first (the same
+        distribution as `logprobs`); () otherwise. AccessDenied as for `tokens`."""
+        return self._readable().top_logprobs
+
+    @property
     def greedy(self) -> tuple[int, ...]:
         """A decode made with `logprobs=True`: the token greedy decoding would have
         emitted at each position of `generated` (the argmax); () otherwise."""

@@ -66,6 +66,7 @@ class Message:
     value: Any = None  # a JSON-schema decode's parsed reply (a pydantic model's instance)
     logprobs: tuple[float, ...] = ()  # a decode asked for them: each sampled token's log-prob
     greedy: tuple[int, ...] = ()  # ... and the argmax token at each of those positions
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...] = ()  # ... and the k most likely
     view_of: int | None = None  # a clean re-encoding (leak_policy="reencode"): of which message
     view_for: str | None = None  # ... and for which reader
     figures: CallFigures = field(default_factory=CallFigures)

@@ -843,6 +843,37 @@ def bench_gpu(
         raise typer.Exit(1)
 
 
+@bench_app.command("http")
+def bench_http(
+    model: ModelOpt = "smollm2-135m",
+    dtype: DtypeOpt = DEFAULT_DTYPE,
+    clients: Annotated[int, typer.Option(min=1, max=256, help="Concurrent clients.")] = 8,
+    requests: Annotated[int, typer.Option(min=1, help="Requests per client, in turn.")] = 4,
+    tokens: Annotated[int, typer.Option(min=1, help="Tokens per reply (greedy).")] = 16,
+    rounds: Annotated[int, typer.Option(min=1, help="Rounds of (python, http).")] = 2,
+) -> None:
+    """The HTTP layer's cost: the same chat workload through the Python API and through
+    `corps serve` with the openai client, side by side (needs corps[serve] and openai)."""
+    try:
+        import openai  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        _bad(f"corps bench http needs {exc.name}: pip install 'corps[serve]' openai")
+    from corps.cli import bench_http as bh
+
+    try:
+        cfg = EngineConfig.of(model, dtype=dtype)
+    except CorpsError as exc:
+        _bad(str(exc))
+    try:
+        cells = bh.measure(cfg, model, clients, requests, tokens, rounds)
+    except CorpsError as exc:
+        fail(exc)
+    title = (f"chat over HTTP vs the Python API ({model}, {cfg.dtype}, {clients} clients x "
+             f"{requests} requests x {tokens} tokens, median of {rounds})")  # fmt: skip
+    Console().print(bh.table(cells, title))
+
+
 @bench_app.command("workflows")
 def bench_workflows(
     runs: Annotated[int, typer.Option(min=1, help="Measured runs per pattern and cell.")] = 3,

@@ -624,3 +624,22 @@ async def test_closing_an_engine_gives_back_every_tensor_it_allocated(tiny_dirs,
     assert held >= weights > 0
     assert reachable_tensor_bytes(engine) < 0.01 * held
     assert engine.stats().weight_bytes == weights  # its figures stay readable
+
+
+@pytest.mark.parametrize("mode", ["choreographed", "baseline", "hf"])
+async def test_top_logprobs_list_the_most_likely_tokens_at_each_position(tiny_dirs, mode):
+    async with open_tiny(tiny_dirs, "llama", mode=mode) as engine:
+        q = await engine.prefill("hello world")
+        h = await engine.decode(parents=[q], max_tokens=6, temperature=0.8, seed=3,
+                                logprobs=True, top_logprobs=4)  # fmt: skip
+        assert len(h.top_logprobs) == len(h.generated) == len(h.logprobs)
+        for top, tok, lp, greedy in zip(h.top_logprobs, h.generated, h.logprobs, h.greedy,
+                                        strict=True):  # fmt: skip
+            assert len(top) == 4 and top[0][0] == greedy
+            values = [v for _, v in top]
+            assert values == sorted(values, reverse=True)
+            assert lp <= values[0] + 1e-6
+            if tok in dict(top):
+                assert dict(top)[tok] == pytest.approx(lp, abs=1e-5)
+        with pytest.raises(InvalidRequest, match="top_logprobs needs logprobs"):
+            await engine.decode(parents=[q], max_tokens=2, top_logprobs=2)

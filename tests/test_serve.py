@@ -160,11 +160,17 @@ def test_forced_tool_calls_parse_and_name_a_given_tool(client, choice):
         jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
 
 
-def test_logprobs_one_per_generated_token(client):
-    r = ask(client, logprobs=True, max_tokens=6)
+def test_logprobs_one_per_generated_token_with_the_most_likely_beside(client):
+    r = ask(client, logprobs=True, top_logprobs=3, max_tokens=6)
     lp = r.choices[0].logprobs.content
     assert len(lp) == r.usage.completion_tokens
-    assert all(x.logprob <= 0 for x in lp)
+    for x in lp:
+        assert x.logprob <= 0 and len(x.top_logprobs) == 3
+        tops = [t.logprob for t in x.top_logprobs]
+        assert tops == sorted(tops, reverse=True) and x.logprob <= tops[0] + 1e-5
+        assert x.top_logprobs[0].token == x.token  # greedy: the token is the most likely
+    with pytest.raises(openai.BadRequestError, match="logprobs"):
+        ask(client, top_logprobs=2)
 
 
 def test_errors_are_openai_exceptions_with_their_status(served, client):

@@ -120,9 +120,6 @@ async def _answer(app: FastAPI, req, *, is_chat: bool):
     if req.stream and req.n > 1:
         return _error(400, "stream with n > 1 is not supported; ask n=1 or stream=false",
                       "invalid_request_error", "n")  # fmt: skip
-    if is_chat and req.top_logprobs:
-        return _error(400, "top_logprobs is not supported yet (logprobs is)",
-                      "invalid_request_error", "top_logprobs")  # fmt: skip
     try:
         prompt = await _prompt(state, req, is_chat)
         args = chat.decode_args(req, prompt, chat=is_chat)

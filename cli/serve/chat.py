@@ -183,6 +183,8 @@ def decode_args(req: Sampling, prompt: Prompt, *, chat: bool) -> dict[str, Any]:
     if not chat:  # a completion continues its prompt, unframed
         args.update(frame=False, header=completion_prompt(req))
         return args
+    if req.top_logprobs:  # type: ignore[attr-defined]
+        args["top_logprobs"] = req.top_logprobs  # type: ignore[attr-defined]
     schema = call_schema(req)  # type: ignore[arg-type]
     fmt = req.response_format  # type: ignore[attr-defined]
     if schema is not None:
@@ -223,11 +225,15 @@ def tool_calls(req: ChatRequest, text: str) -> list[dict] | None:
 def logprobs_of(engine, h: Handle) -> dict:
     """OpenAI's `logprobs.content` of a decode made with logprobs."""
     tok = engine.tokenizer
-    out = []
-    for t, lp in zip(h.generated, h.logprobs, strict=False):
+
+    def entry(t: int, lp: float) -> dict:
         piece = tok.decode([t])
-        out.append({"token": piece, "logprob": lp, "bytes": list(piece.encode()),
-                    "top_logprobs": []})  # fmt: skip
+        return {"token": piece, "logprob": lp, "bytes": list(piece.encode())}
+
+    tops = h.top_logprobs or ((),) * len(h.generated)
+    out = []
+    for t, lp, top in zip(h.generated, h.logprobs, tops, strict=False):
+        out.append({**entry(t, lp), "top_logprobs": [entry(i, v) for i, v in top]})
     return {"content": out}
 
 

@@ -88,6 +88,8 @@ class Call:
     scores: Tensor | None = None  # sampling.logprobs: this step's log-softmax row (V,)
     logprobs: list[float] = field(default_factory=list)  # sampling.logprobs: per emitted token
     greedy: list[int] = field(default_factory=list)  # sampling.logprobs: argmax per position
+    # sampling.top_logprobs: the k most likely (token, log-probability) per position
+    top: list[tuple[tuple[int, float], ...]] = field(default_factory=list)
     matcher: Any = None  # a constrained decode's grammar state (llguidance)
     finish_reason: str | None = None  # why a decode stopped (see Sampler.stops)
     spans: list[int] = field(default_factory=list)  # tokens it encoded in each step
@@ -132,6 +134,7 @@ class Call:
         if self.scores is not None:
             self.logprobs.append(float(self.scores[tok]))
             self.greedy.append(int(self.scores.argmax()))
+            self.top += top_of(self.scores, self.plan.sampling.top_logprobs)
             self.scores = None
         self.pending = tok
 
@@ -156,3 +159,11 @@ class Call:
         """Keys a one-row step of this call attends over: its view with the token it
         adds (0 without a view). What it adds to a step's `step_plan.decode_keys`."""
         return 0 if self.view is None else self.view.length + 1
+
+
+def top_of(scores: Tensor, k: int) -> list[tuple[tuple[int, float], ...]]:
+    """[the k most likely (token, log-probability) of a (V,) row], or [] for k = 0."""
+    if not k:
+        return []
+    vals, ids = scores.topk(k)
+    return [tuple(zip(ids.tolist(), vals.tolist(), strict=True))]

@@ -23,7 +23,7 @@ from torch import Tensor
 from corps.cache.errors import require
 from corps.cache.handle import Handle
 from corps.cache.messages import Message, MessageTable
-from corps.engine.exec.call import Call
+from corps.engine.exec.call import Call, top_of
 from corps.engine.exec.grammars import Grammars
 from corps.engine.exec.grammars import apply as apply_masks
 from corps.engine.exec.planner import Planner
@@ -225,6 +225,7 @@ class HFExecutor:
         for row, tok in zip(scores.rows, c.generated, strict=False):
             c.logprobs.append(float(row[tok]))
             c.greedy.append(int(row.argmax()))
+            c.top += top_of(row, sp.top_logprobs)
         if c.matcher is not None and c.generated:
             self.sampler.take(c, c.generated[-1])  # the processor took all but the last
         c.finish_reason = (

@@ -183,19 +183,14 @@ class Memory:
 
     # ---- pins and frees ----
 
-    def pin(self, handles: Sequence[Handle]) -> list[Message]:
-        """Keep these messages' encodings until `unpin`, even if freed meanwhile."""
+    def pin(self, items: Sequence[Handle | Message]) -> list[Message]:
+        """Keep these messages' encodings until `unpin`, even if freed meanwhile: by
+        handle (a live message, else UnknownHandle) or as records already looked up."""
         with self.lock:
-            msgs = [self.table.live(h.id) for h in handles]
+            msgs = [x if isinstance(x, Message) else self.table.live(x.id) for x in items]
             for m in msgs:
                 m.pins += 1
             return msgs
-
-    def hold(self, msgs: Sequence[Message]) -> None:
-        """Pin messages already looked up (`unpin` gives them back)."""
-        with self.lock:
-            for m in msgs:
-                m.pins += 1
 
     def unpin(self, msgs: Sequence[Message]) -> None:
         with self.lock:
@@ -221,14 +216,6 @@ class Memory:
     def release(self, msg: Message) -> None:
         self.store.release(msg.slots)
         msg.slots = []
-
-    def release_unread(self, msgs: Sequence[Message]) -> None:
-        """Give back the slots of freed messages recomputed only to be read
-        (`corps.engine.exec.recompute`) that no call pins any more."""
-        with self.lock:
-            for m in msgs:
-                if m.freed and m.pins == 0 and m.slots:
-                    self.release(m)
 
     # ---- figures ----
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from corps.cache.handle import Handle
 from corps.cache.messages import Message
 from corps.engine.exec.call import Call, CallPlan
-from corps.engine.exec.memory import Victims
+from corps.engine.exec.memory import Memory, Victims
 
 if TYPE_CHECKING:
     from corps.engine.exec.core import Core
@@ -34,7 +34,7 @@ def restore(core: Core, parents: Sequence[Handle], evict: Victims | None = None)
     if not any(m.evicted and not m.freed for m in msgs):
         return
     memory = core.memory
-    memory.hold(msgs)
+    memory.pin(msgs)
     made: list[Message] = []
     try:
         for m in msgs:
@@ -42,7 +42,16 @@ def restore(core: Core, parents: Sequence[Handle], evict: Victims | None = None)
                 _recompute(core, m, evict, made)
     finally:
         memory.unpin(msgs)
-        memory.release_unread(made)
+        _release_unread(memory, made)
+
+
+def _release_unread(memory: Memory, msgs: list[Message]) -> None:
+    """Give back the slots of freed messages recomputed only to be read that no call
+    pins any more."""
+    with memory.lock:
+        for m in msgs:
+            if m.freed and m.pins == 0 and m.slots:
+                memory.release(m)
 
 
 def _recompute(core: Core, m: Message, evict: Victims | None, made: list[Message]) -> None:
@@ -56,7 +65,7 @@ def _recompute(core: Core, m: Message, evict: Victims | None, made: list[Message
             p = core.table.get(pid)
             if not p.slots:
                 _recompute(core, p, evict, made)
-            memory.hold([p])
+            memory.pin([p])
             held.append(p)
         call = recompute_call(core, m)
         try:

@@ -40,6 +40,7 @@ def register(
             finish_reason=c.finish_reason,
             logprobs=tuple(c.logprobs),
             greedy=tuple(c.greedy),
+            top_logprobs=tuple(c.top),
             complete=complete,
             spans=tuple(c.spans),
             value=constraint.parse(c.text) if constraint is not None and complete else None,

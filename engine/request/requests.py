@@ -78,6 +78,7 @@ class DecodeArgs(TypedDict, total=False):
     ignore_eos: bool | None
     force: Sequence[int] | None
     logprobs: bool | None
+    top_logprobs: int | None
     regex: str | None
     json_schema: Mapping[str, Any] | str | type | None
     choices: Sequence[str] | None

@@ -14,6 +14,9 @@ import torch
 from corps.engine.errors import InvalidRequest
 from corps.engine.request.constraint import Constraint
 
+#: the most alternatives `top_logprobs` lists per position (OpenAI's bound)
+MAX_TOP_LOGPROBS = 20
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -40,6 +43,7 @@ class SamplingParams:
     force: tuple[int, ...] = ()  # emit exactly these tokens (benchmarks: equal work)
     constraint: Constraint | None = None  # what the generated text must match
     logprobs: bool = False  # note each emitted token's log-probability (Handle.logprobs)
+    top_logprobs: int = 0  # with logprobs: the k most likely tokens too (Handle.top_logprobs)
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
@@ -64,6 +68,11 @@ class SamplingParams:
             raise InvalidRequest(
                 f"constraint must come from constraint_of(...), got {self.constraint!r}"
             )
+        k = self.top_logprobs
+        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_TOP_LOGPROBS:
+            raise InvalidRequest(f"top_logprobs must be an int in 0..{MAX_TOP_LOGPROBS}, got {k!r}")
+        if k and not self.logprobs:
+            raise InvalidRequest("top_logprobs needs logprobs=True")
         if len(self.force) > self.max_tokens:
             raise InvalidRequest(
                 f"force has {len(self.force)} tokens but max_tokens is {self.max_tokens}; "
