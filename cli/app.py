@@ -851,9 +851,24 @@ def bench_http(
     requests: Annotated[int, typer.Option(min=1, help="Requests per client, in turn.")] = 4,
     tokens: Annotated[int, typer.Option(min=1, help="Tokens per reply (greedy).")] = 16,
     rounds: Annotated[int, typer.Option(min=1, help="Rounds of (python, http).")] = 2,
+    overhead: Annotated[
+        bool, typer.Option(help="The workload through the Python API and over HTTP.")
+    ] = True,
+    workflow: Annotated[
+        bool,
+        typer.Option(help="A tree of thoughts over HTTP: text resent (baseline mode) vs by id."),
+    ] = False,
+    branches: Annotated[int, typer.Option(min=1, help="--workflow: proposals.")] = 4,
+    voters: Annotated[int, typer.Option(min=1, help="--workflow: votes.")] = 4,
+    structured: Annotated[
+        int, typer.Option(min=0, help="Requests of each structured kind to check (0: none).")
+    ] = 0,
 ) -> None:
-    """The HTTP layer's cost: the same chat workload through the Python API and through
-    `corps serve` with the openai client, side by side (needs corps[serve] and openai)."""
+    """The HTTP layer's cost (the same chat workload through the Python API and through
+    `corps serve` with the openai client, side by side); with --workflow, a workflow
+    over HTTP resending text against naming messages by id; with --structured N, parse
+    failures of JSON replies and tool calls, constrained and free. Needs corps[serve]
+    and openai."""
     try:
         import openai  # noqa: F401
         import uvicorn  # noqa: F401
@@ -865,13 +880,23 @@ def bench_http(
         cfg = EngineConfig.of(model, dtype=dtype)
     except CorpsError as exc:
         _bad(str(exc))
+    console = Console()
     try:
-        cells = bh.measure(cfg, model, clients, requests, tokens, rounds)
+        if overhead:
+            cells = bh.measure(cfg, model, clients, requests, tokens, rounds)
+            title = (f"chat over HTTP vs the Python API ({model}, {cfg.dtype}, {clients} clients"
+                     f" x {requests} requests x {tokens} tokens, median of {rounds})")  # fmt: skip
+            console.print(bh.table(cells, title))
+        if workflow:
+            flows = [bh.flow(cfg, model, by_id, branches, voters, tokens)
+                     for by_id in (False, True)]  # fmt: skip
+            title = f"tree of thoughts {branches}x{voters} over HTTP ({model}, {tokens} tokens)"
+            console.print(bh.flow_table(flows, title))
+        if structured:
+            counts = bh.structured(cfg, model, structured, max(tokens, 48))
+            console.print(bh.structured_table(counts, f"structured replies ({model})"))
     except CorpsError as exc:
         fail(exc)
-    title = (f"chat over HTTP vs the Python API ({model}, {cfg.dtype}, {clients} clients x "
-             f"{requests} requests x {tokens} tokens, median of {rounds})")  # fmt: skip
-    Console().print(bh.table(cells, title))
 
 
 @bench_app.command("workflows")

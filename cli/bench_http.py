@@ -4,7 +4,8 @@ The same workload twice per round, rounds alternating: N clients each making M
 chat requests one after another (a user message, a greedy reply of T tokens),
 once through the Python API (`prefill` + `decode` on an engine in this process)
 and once through `corps serve` on a loopback port with the official `openai`
-client (one per client thread), over an engine of the same settings. Every reply
+client (its async client, in a process of its own, as a server's clients are),
+over an engine of the same settings. Every reply
 is checked (a non-empty choice, its usage). Reported: requests and tokens per
 second, p50 / p99 latency per request, and HTTP over Python.
 """
@@ -18,6 +19,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 
 import anyio
 
@@ -90,10 +92,12 @@ class Server:
         from corps.engine.api.engine import Engine
 
         self.ready = threading.Event()
+        self.engine = None  # once ready: the server's engine (its stats are thread-safe)
 
         @asynccontextmanager
         async def opened():
             async with Engine.open(cfg) as engine:
+                self.engine = engine
                 self.ready.set()
                 yield engine
 
@@ -117,32 +121,61 @@ class Server:
 
 
 def http_cell(cfg, model: str, clients: int, requests: int, tokens: int) -> Cell:
-    """The workload through `corps serve` and the `openai` client."""
-    from openai import OpenAI
+    """The workload through `corps serve`, its clients (the `openai` SDK's async client,
+    one task each) in a process of their own, as a server's clients are: in this one
+    they would contend with the server for Python's interpreter lock."""
+    import multiprocessing
 
     with Server(cfg, model) as server:
+        ctx = multiprocessing.get_context("spawn")
+        results = ctx.Queue()
+        args = (server.url, model, clients, requests, tokens, results)
+        proc = ctx.Process(target=_client_process, args=args, daemon=True)
+        proc.start()
+        got = results.get(timeout=1800)
+        proc.join(60)
+    if isinstance(got, str):
+        raise RuntimeError(f"the HTTP clients failed: {got}")
+    seconds, tokens_got, latencies = got
+    return Cell("http", seconds, clients * requests, tokens_got, latencies)
 
-        def client(c: int) -> tuple[int, list[float]]:
-            api = OpenAI(base_url=server.url, api_key="none", max_retries=0)
-            got, lat = 0, []
-            for i in range(requests):
-                t0 = time.perf_counter()
-                r = api.chat.completions.create(
-                    model=model, messages=[{"role": "user", "content": prompt_of(c, i)}],
-                    max_tokens=tokens, temperature=0.0,
-                )  # fmt: skip
-                if not r.choices or r.usage.completion_tokens < 1:
-                    raise RuntimeError(f"an empty reply to client {c}, question {i}")
-                got += r.usage.completion_tokens
-                lat.append(time.perf_counter() - t0)
-            return got, lat
 
-        t0 = time.perf_counter()
-        with ThreadPoolExecutor(clients) as pool:
-            results = list(pool.map(client, range(clients)))
-        seconds = time.perf_counter() - t0
-    latencies = [x for _, lat in results for x in lat]
-    return Cell("http", seconds, clients * requests, sum(g for g, _ in results), latencies)
+def _client_process(url, model, clients, requests, tokens, results) -> None:
+    """The clients' process: (seconds, tokens, latencies) on `results`, or the error."""
+    import asyncio
+
+    try:
+        results.put(asyncio.run(_clients(url, model, clients, requests, tokens)))
+    except Exception as exc:  # reported to the parent, which raises it
+        results.put(repr(exc))
+
+
+async def _clients(url, model, clients, requests, tokens):
+    import asyncio
+
+    from openai import AsyncOpenAI
+
+    api = AsyncOpenAI(base_url=url, api_key="none", max_retries=0)
+    await api.models.list()  # connected before the clock starts
+    latencies: list[float] = []
+    got = 0
+
+    async def client(c: int) -> None:
+        nonlocal got
+        for i in range(requests):
+            t0 = time.perf_counter()
+            r = await api.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": prompt_of(c, i)}],
+                max_tokens=tokens, temperature=0.0,
+            )  # fmt: skip
+            if not r.choices or r.usage.completion_tokens < 1:
+                raise RuntimeError(f"an empty reply to client {c}, question {i}")
+            got += r.usage.completion_tokens
+            latencies.append(time.perf_counter() - t0)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(client(c) for c in range(clients)))
+    return time.perf_counter() - t0, got, latencies
 
 
 def measure(cfg, model: str, clients: int, requests: int, tokens: int, rounds: int):
@@ -168,4 +201,186 @@ def table(cells: dict[str, list[Cell]], title: str):
         p99 = statistics.median(c.pct(0.99) for c in runs)
         t.add_row(path, f"{rps:.2f}", f"{tps:.1f}", f"{p50 * 1000:.0f} ms", f"{p99 * 1000:.0f} ms",
                   f"{tps / base:.2f}x")  # fmt: skip
+    return t
+
+
+# ---- a workflow over HTTP: text resent (the plain API) vs messages by id ----
+
+QUESTION = "A train travels 60 km in 45 minutes. What is its speed in km/h?"
+
+
+@dataclass
+class Flow:
+    """One tree of thoughts run over HTTP."""
+
+    variant: str  # "plain (baseline mode)" or "by id (choreographed)"
+    wall_s: float
+    ttft_s: list[float]  # per call, from request to first content chunk
+    tokens_encoded: int  # the server's engine: tokens run through the model
+    tokens_reused: int
+
+
+def _first_token(api, model: str, messages: list[dict], tokens: int, seed: int):
+    """(seconds to the first content chunk, the reply's text, its message id)."""
+    t0 = time.perf_counter()
+    first, text, mid = None, [], None
+    for chunk in api.chat.completions.create(
+        model=model, messages=messages, max_tokens=tokens, temperature=0.8, seed=seed,
+        stream=True,
+    ):  # fmt: skip
+        if chunk.choices and chunk.choices[0].delta.content:
+            first = first or time.perf_counter() - t0
+            text.append(chunk.choices[0].delta.content)
+        extra = chunk.model_extra.get("corps") if chunk.model_extra else None
+        if extra:
+            mid = extra["id"]
+    return first or time.perf_counter() - t0, "".join(text), mid
+
+
+def flow(cfg, model: str, by_id: bool, branches: int, voters: int, tokens: int) -> Flow:
+    """Proposals over one question, then votes over all of them, each call a stream
+    (the calls of a stage at once): by id, or resending the text of everything."""
+    from openai import OpenAI
+
+    mode = "choreographed" if by_id else "baseline"
+    with Server(cfg.model_copy(update={"mode": mode}), model) as server:
+        api = OpenAI(base_url=server.url, api_key="none", max_retries=0)
+        engine = server.engine
+        before = engine.stats()
+        t0 = time.perf_counter()
+        q = api.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": QUESTION}], max_tokens=1
+        ).model_extra["corps"]["prompt"][-1]
+        question = {"role": "user", "corps_message_id": q} if by_id else {
+            "role": "user", "content": QUESTION}  # fmt: skip
+        with ThreadPoolExecutor(max(branches, voters)) as pool:
+            made = list(pool.map(lambda i: _first_token(api, model, [question], tokens, i),
+                                 range(branches)))  # fmt: skip
+            shown = [
+                {"role": "assistant", "corps_message_id": mid} if by_id
+                else {"role": "assistant", "content": text}
+                for _, text, mid in made
+            ]  # fmt: skip
+            ballot = [
+                question,
+                *shown,
+                {"role": "user", "content": "Which answer is right? Reply with its number."},
+            ]
+            votes = list(pool.map(lambda i: _first_token(api, model, ballot, 8, 100 + i),
+                                  range(voters)))  # fmt: skip
+        wall = time.perf_counter() - t0
+        after = engine.stats()
+    return Flow(
+        "by id (choreographed)" if by_id else "plain (baseline mode)",
+        wall,
+        [t for t, _, _ in made + votes],
+        after.tokens_encoded - before.tokens_encoded,
+        after.tokens_reused - before.tokens_reused,
+    )
+
+
+# ---- structured outputs and tool calls from the model ----
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 20},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    },
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 20}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+CITIES = ["Paris", "Lima", "Oslo", "Cairo", "Tokyo", "Quito", "Perth", "Seoul"]
+
+
+def is_person(text: str | None) -> bool:
+    """Whether `text` is JSON that `PERSON` accepts."""
+    import json
+
+    try:
+        v = json.loads(text or "")
+    except ValueError:
+        return False
+    if not isinstance(v, dict) or set(v) != {"name", "age"}:
+        return False
+    name, age = v["name"], v["age"]
+    return isinstance(name, str) and len(name) <= 20 and type(age) is int and 0 <= age <= 120
+
+
+def is_weather_call(message) -> bool:
+    """Whether the reply is one call of get_weather whose arguments parse and fit."""
+    import json
+
+    calls = message.tool_calls or []
+    if len(calls) != 1 or calls[0].function.name != "get_weather":
+        return False
+    try:
+        args = json.loads(calls[0].function.arguments)
+    except ValueError:
+        return False
+    return set(args) == {"city"} and isinstance(args["city"], str) and len(args["city"]) <= 20
+
+
+def structured(cfg, model: str, requests: int, tokens: int) -> dict[str, tuple[int, int]]:
+    """(failures, requests) per kind: JSON replies and tool calls, constrained (the
+    schema as response_format; tool_choice required) and free (asked in words; tool
+    offered with "auto")."""
+    from openai import OpenAI
+
+    with Server(cfg, model) as server:
+        api = OpenAI(base_url=server.url, api_key="none", max_retries=0)
+        fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+        ask_json = "Reply with only JSON: an object with a name (string) and an age (integer)"
+        counts = dict.fromkeys(("json constrained", "json free", "tool constrained",
+                                "tool free (auto)"), 0)  # fmt: skip
+        for i in range(requests):
+            who = f"{ask_json} for person number {i}."
+            chat = partial(api.chat.completions.create, model=model, max_tokens=tokens,
+                           temperature=0.7, seed=i)  # fmt: skip
+            msgs = [{"role": "user", "content": who}]
+            counts["json constrained"] += not is_person(
+                chat(messages=msgs, response_format=fmt).choices[0].message.content
+            )
+            counts["json free"] += not is_person(chat(messages=msgs).choices[0].message.content)
+            where = [{"role": "user", "content": f"What is the weather in {CITIES[i % 8]}?"}]
+            forced = chat(messages=where, tools=[WEATHER], tool_choice="required")
+            counts["tool constrained"] += not is_weather_call(forced.choices[0].message)
+            free = chat(messages=where, tools=[WEATHER], tool_choice="auto")
+            counts["tool free (auto)"] += not is_weather_call(free.choices[0].message)
+    return {k: (v, requests) for k, v in counts.items()}
+
+
+def flow_table(flows: list[Flow], title: str):
+    from rich.table import Table
+
+    t = Table(title=title)
+    for col in ("variant", "wall", "mean TTFT", "tokens encoded", "tokens reused"):
+        t.add_column(col, justify="right")
+    for f in flows:
+        t.add_row(f.variant, f"{f.wall_s:.2f} s", f"{statistics.fmean(f.ttft_s) * 1000:.0f} ms",
+                  str(f.tokens_encoded), str(f.tokens_reused))  # fmt: skip
+    return t
+
+
+def structured_table(counts: dict[str, tuple[int, int]], title: str):
+    from rich.table import Table
+
+    t = Table(title=title)
+    for col in ("replies", "parse failures", "of"):
+        t.add_column(col, justify="right")
+    for kind, (bad, n) in counts.items():
+        t.add_row(kind, str(bad), str(n))
     return t

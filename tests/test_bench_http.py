@@ -33,3 +33,33 @@ def test_the_command_prints_the_table(tiny_dirs):
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     assert "python" in result.output and "http" in result.output and "vs python" in result.output
+
+
+def test_a_workflow_by_id_encodes_less_than_text_resent(tiny_dirs):
+    cfg = EngineConfig.of(str(tiny_dirs["llama"]), dtype="float32", capacity=4096)
+    plain, by_id = (bench_http.flow(cfg, "tiny", b, branches=3, voters=2, tokens=6)
+                    for b in (False, True))  # fmt: skip
+    assert plain.variant.startswith("plain") and by_id.variant.startswith("by id")
+    assert len(plain.ttft_s) == len(by_id.ttft_s) == 5
+    assert 0 < by_id.tokens_encoded < plain.tokens_encoded
+    assert by_id.tokens_reused > 0
+
+
+def test_constrained_json_and_tool_calls_always_parse(tiny_dirs):
+    cfg = EngineConfig.of(str(tiny_dirs["llama"]), dtype="float32", capacity=4096)
+    counts = bench_http.structured(cfg, "tiny", requests=3, tokens=96)
+    assert counts["json constrained"] == (0, 3) and counts["tool constrained"] == (0, 3)
+    assert set(counts) == {"json constrained", "json free", "tool constrained", "tool free (auto)"}
+
+
+def test_the_checks_of_a_reply():
+    from types import SimpleNamespace as NS
+
+    assert bench_http.is_person('{"name": "Ada", "age": 36}')
+    assert not bench_http.is_person('{"name": "Ada"}') and not bench_http.is_person("Ada, 36")
+    assert not bench_http.is_person('{"name": "Ada", "age": true}')
+    call = NS(function=NS(name="get_weather", arguments='{"city": "Oslo"}'))
+    assert bench_http.is_weather_call(NS(tool_calls=[call]))
+    assert not bench_http.is_weather_call(NS(tool_calls=None))
+    bad = NS(function=NS(name="get_weather", arguments="{city"))
+    assert not bench_http.is_weather_call(NS(tool_calls=[bad]))
