@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 import threading
 from contextlib import asynccontextmanager
 
@@ -304,3 +305,22 @@ def test_corps_serve_refuses_bad_settings_before_loading(args, says):
 
     result = CliRunner().invoke(app, ["serve", *args], env={"COLUMNS": "200"})
     assert result.exit_code == 2 and says in result.output
+
+
+def test_a_langgraph_agent_runs_unchanged_and_its_resent_text_is_reused(served):
+    """examples/serve_langgraph.py: LangChain's ChatOpenAI in a LangGraph graph, pointed
+    at the server; each call resends the conversation, which the server finds."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parent.parent / "examples" / "serve_langgraph.py"
+    spec = importlib.util.spec_from_file_location("examples_serve_langgraph", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["examples_serve_langgraph"] = module  # LangGraph reads its State's hints
+    spec.loader.exec_module(module)
+    cached = served.app.state.metrics.cached_tokens
+    messages = module.run(served.url + "/v1", "tiny", api_key=KEY, max_tokens=8)
+    kinds = [type(m).__name__ for m in messages]
+    assert kinds == ["HumanMessage", "AIMessage", "HumanMessage", "AIMessage"]
+    assert all(isinstance(m.content, str) for m in messages)
+    assert served.app.state.metrics.cached_tokens > cached  # the resent turns were found
