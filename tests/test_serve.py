@@ -324,3 +324,17 @@ def test_a_langgraph_agent_runs_unchanged_and_its_resent_text_is_reused(served):
     assert kinds == ["HumanMessage", "AIMessage", "HumanMessage", "AIMessage"]
     assert all(isinstance(m.content, str) for m in messages)
     assert served.app.state.metrics.cached_tokens > cached  # the resent turns were found
+
+
+def test_concurrent_requests_with_the_same_new_message_encode_it_once(client):
+    import concurrent.futures
+
+    def one(i: int):
+        return ask(client, "a message nobody sent before", max_tokens=3, seed=i, temperature=1)
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        replies = list(pool.map(one, range(4)))
+    prompts = {tuple(r.model_extra["corps"]["prompt"]) for r in replies}
+    assert len(prompts) == 1  # one encoding, read by all four
+    cached = sorted(r.usage.prompt_tokens_details.cached_tokens for r in replies)
+    assert cached[0] == 0 and cached[1:] == [replies[0].usage.prompt_tokens] * 3

@@ -20,6 +20,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
+
 from corps.cache.handle import Handle
 from corps.cache.visibility import Private
 from corps.cli.serve.schema import ChatRequest, Message, NamedChoice, Sampling
@@ -40,6 +42,7 @@ class MessageCache:
         self.engine, self.size = engine, size
         self._owned: OrderedDict[int, tuple[tuple, Handle]] = OrderedDict()  # by message id
         self._by_key: dict[tuple, Handle] = {}
+        self._encoding: dict[tuple, anyio.Event] = {}  # keys being encoded now
 
     @staticmethod
     def key(
@@ -54,17 +57,24 @@ class MessageCache:
     ) -> tuple[Handle, bool]:  # fmt: skip
         """The message's handle, encoded now or found; and whether it was found."""
         key = self.key(owner, parents, offsets, role, text, private)
+        if key in self._encoding:  # a request beside this one is encoding it: share it
+            await self._encoding[key].wait()
         found = self._by_key.get(key)
         if found is not None and not found.freed:
             self._owned.move_to_end(found.id)
             return found, True
         given = offsets if any(o is not None for o in offsets) else None
         visibility = Private() if private else None
-        handle = await self.engine.prefill(
-            text, role=role, parents=list(parents), offsets=given, owner=owner,
-            visibility=visibility,
-        )  # fmt: skip
-        self.keep(key, handle)
+        self._encoding[key] = done = anyio.Event()
+        try:
+            handle = await self.engine.prefill(
+                text, role=role, parents=list(parents), offsets=given, owner=owner,
+                visibility=visibility,
+            )  # fmt: skip
+            self.keep(key, handle)
+        finally:
+            del self._encoding[key]
+            done.set()
         return handle, False
 
     def keep(self, key: tuple, handle: Handle) -> None:
