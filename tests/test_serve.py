@@ -39,14 +39,14 @@ CLOCK = {"type": "function", "function": {"name": "get_time", "parameters": NOTH
 class Served:
     """A server in its own thread; `ready` once its engine is open."""
 
-    def __init__(self, model_dir) -> None:
+    def __init__(self, model_dir, mode: str = "choreographed") -> None:
         self.ready = threading.Event()
         self.engine: Engine | None = None
 
         @asynccontextmanager
         async def opened():
             async with Engine.open(
-                str(model_dir), dtype="float32", capacity=4096, leak_policy="deny"
+                str(model_dir), dtype="float32", capacity=4096, leak_policy="deny", mode=mode
             ) as engine:
                 self.engine = engine
                 self.ready.set()
@@ -338,3 +338,20 @@ def test_concurrent_requests_with_the_same_new_message_encode_it_once(client):
     assert len(prompts) == 1  # one encoding, read by all four
     cached = sorted(r.usage.prompt_tokens_details.cached_tokens for r in replies)
     assert cached[0] == 0 and cached[1:] == [replies[0].usage.prompt_tokens] * 3
+
+
+def test_in_baseline_mode_cached_tokens_are_the_radix_cache_s(tiny_dirs):
+    """Baseline messages hold text only: what a resent conversation finds cached is the
+    prefix of its rendered prompt the radix cache holds."""
+    with Served(tiny_dirs["llama"], mode="baseline") as served:
+        client = served.client()
+        conv = [{"role": "system", "content": "you are terse"},
+                {"role": "user", "content": "hello world"}]  # fmt: skip
+        first = client.chat.completions.create(model="tiny", messages=conv, max_tokens=4,
+                                               temperature=0)  # fmt: skip
+        more = [*conv, {"role": "user", "content": "and then?"}]
+        again = client.chat.completions.create(model="tiny", messages=more, max_tokens=4,
+                                               temperature=0)  # fmt: skip
+        cached = again.usage.prompt_tokens_details.cached_tokens
+        assert first.usage.prompt_tokens_details.cached_tokens == 0
+        assert 0 < cached < again.usage.prompt_tokens

@@ -132,6 +132,7 @@ async def _answer(app: FastAPI, req, *, is_chat: bool):
         return _error(status, str(exc), kind)
     for h in replies:  # a resent reply is found, not encoded again
         state.cache.keep(_reply_key(req, prompt, h), h)
+    prompt.settle(state.engine, replies[0])
     state.metrics.count(prompt, replies)
     if is_chat:
         return chat.chat_response(state.engine, state.model, req, prompt, replies)
@@ -209,6 +210,7 @@ def _stream(app: FastAPI, req, prompt: chat.Prompt, args: dict, is_chat: bool):
                 return
             h = stream.handle
         state.cache.keep(_reply_key(req, prompt, h), h)
+        prompt.settle(state.engine, h)
         state.metrics.count(prompt, [h])
         finish = chat.finish_of(h)
         yield chunk({} if is_chat else "", finish, corps={"id": h.id})

@@ -117,6 +117,12 @@ class Prompt:
     def tokens(self) -> int:
         return sum(h.length for h in self.handles)
 
+    def settle(self, engine, reply: Handle) -> None:
+        """In baseline mode the messages hold text only and the reply re-encoded their
+        text: what was cached is the prefix its radix cache gave it."""
+        if engine.mode == "baseline":
+            self.cached_tokens = min(reply.tokens_reused, self.tokens)
+
     def given_offsets(self) -> list[int | None] | None:
         return self.offsets if any(o is not None for o in self.offsets) else None
 
