@@ -12,12 +12,9 @@ second, p50 / p99 latency per request, and HTTP over Python.
 
 from __future__ import annotations
 
-import socket
 import statistics
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
 
@@ -82,42 +79,12 @@ async def python_cell(cfg, clients: int, requests: int, tokens: int) -> Cell:
     return Cell("python", seconds, clients * requests, done, latencies)
 
 
-class Server:
-    """`corps serve`'s app on a free loopback port, in a thread of its own."""
+def served(cfg, model: str):
+    """`corps serve` over an engine of `cfg`, in this process (`BackgroundServer`)."""
+    from corps.cli.serve.background import BackgroundServer
+    from corps.engine.api.engine import Engine
 
-    def __init__(self, cfg, model: str) -> None:
-        import uvicorn
-
-        from corps.cli.serve.app import create_app
-        from corps.engine.api.engine import Engine
-
-        self.ready = threading.Event()
-        self.engine = None  # once ready: the server's engine (its stats are thread-safe)
-
-        @asynccontextmanager
-        async def opened():
-            async with Engine.open(cfg) as engine:
-                self.engine = engine
-                self.ready.set()
-                yield engine
-
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(256)
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1"
-        app = create_app(opened(), model=model)
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]})
-
-    def __enter__(self) -> Server:
-        self.thread.start()
-        if not self.ready.wait(600):
-            raise RuntimeError("the server's engine did not open in 10 minutes")
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(60)
+    return BackgroundServer(Engine.open(cfg), model=model)
 
 
 def http_cell(cfg, model: str, clients: int, requests: int, tokens: int) -> Cell:
@@ -126,10 +93,10 @@ def http_cell(cfg, model: str, clients: int, requests: int, tokens: int) -> Cell
     they would contend with the server for Python's interpreter lock."""
     import multiprocessing
 
-    with Server(cfg, model) as server:
+    with served(cfg, model) as server:
         ctx = multiprocessing.get_context("spawn")
         results = ctx.Queue()
-        args = (server.url, model, clients, requests, tokens, results)
+        args = (server.url + "/v1", model, clients, requests, tokens, results)
         proc = ctx.Process(target=_client_process, args=args, daemon=True)
         proc.start()
         got = results.get(timeout=1800)
@@ -243,8 +210,8 @@ def flow(cfg, model: str, by_id: bool, branches: int, voters: int, tokens: int) 
     from openai import OpenAI
 
     mode = "choreographed" if by_id else "baseline"
-    with Server(cfg.model_copy(update={"mode": mode}), model) as server:
-        api = OpenAI(base_url=server.url, api_key="none", max_retries=0)
+    with served(cfg.model_copy(update={"mode": mode}), model) as server:
+        api = OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
         engine = server.engine
         before = engine.stats()
         t0 = time.perf_counter()
@@ -340,8 +307,8 @@ def structured(cfg, model: str, requests: int, tokens: int) -> dict[str, tuple[i
     offered with "auto")."""
     from openai import OpenAI
 
-    with Server(cfg, model) as server:
-        api = OpenAI(base_url=server.url, api_key="none", max_retries=0)
+    with served(cfg, model) as server:
+        api = OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
         fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
         ask_json = "Reply with only JSON: an object with a name (string) and an age (integer)"
         counts = dict.fromkeys(("json constrained", "json free", "tool constrained",

@@ -4,10 +4,7 @@ on a free loopback port in this process (float32, so greedy replies are exact)."
 from __future__ import annotations
 
 import json
-import socket
 import sys
-import threading
-from contextlib import asynccontextmanager
 
 import jsonschema
 import pytest
@@ -15,7 +12,7 @@ import pytest
 openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
 
-from corps.cli.serve.app import create_app  # noqa: E402
+from corps.cli.serve.background import BackgroundServer  # noqa: E402
 from corps.engine.api.engine import Engine  # noqa: E402
 
 KEY = "sk-test"
@@ -36,39 +33,14 @@ NOTHING = {"type": "object", "properties": {}, "additionalProperties": False}
 CLOCK = {"type": "function", "function": {"name": "get_time", "parameters": NOTHING}}
 
 
-class Served:
-    """A server in its own thread; `ready` once its engine is open."""
+class Served(BackgroundServer):
+    """The tiny model served (float32, leak policy deny, the test key)."""
 
     def __init__(self, model_dir, mode: str = "choreographed") -> None:
-        self.ready = threading.Event()
-        self.engine: Engine | None = None
-
-        @asynccontextmanager
-        async def opened():
-            async with Engine.open(
-                str(model_dir), dtype="float32", capacity=4096, leak_policy="deny", mode=mode
-            ) as engine:
-                self.engine = engine
-                self.ready.set()
-                yield engine
-
-        self.app = create_app(opened(), model="tiny", api_key=KEY)
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(64)  # connections wait in the backlog until the server serves
-        port = self.sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
-        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]})
-
-    def __enter__(self) -> Served:
-        self.thread.start()
-        assert self.ready.wait(120), "the engine did not open"
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(60)
+        opened = Engine.open(
+            str(model_dir), dtype="float32", capacity=4096, leak_policy="deny", mode=mode
+        )
+        super().__init__(opened, model="tiny", api_key=KEY)
 
     def client(self, key: str = KEY) -> openai.OpenAI:
         return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0)

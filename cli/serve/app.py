@@ -77,11 +77,11 @@ def create_app(engine_cm, *, model: str, api_key: str | None = None) -> FastAPI:
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(req: ChatRequest, request: Request):
+    async def chat_completions(req: ChatRequest):
         return await _answer(app, req, is_chat=True)
 
     @app.post("/v1/completions")
-    async def completions(req: CompletionRequest, request: Request):
+    async def completions(req: CompletionRequest):
         return await _answer(app, req, is_chat=False)
 
     return app

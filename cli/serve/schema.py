@@ -8,6 +8,7 @@ to a request (see docs/serve.md).
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -75,8 +76,6 @@ class Message(_Body):
             return "".join(p.text for p in self.content if p.type == "text")
         if self.content is not None:
             return self.content
-        import json
-
         calls = [{"name": c.function.name, "arguments": json.loads(c.function.arguments or "{}")}
                  for c in self.tool_calls or []]  # fmt: skip
         return json.dumps(calls[0] if len(calls) == 1 else calls)

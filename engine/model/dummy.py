@@ -86,7 +86,6 @@ def install_dummy(shape: str, target: Path, tokenizer_dir: Path) -> Path:
 
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     config = dummy_config(shape, len(tokenizer))
-    config.architectures = [_ARCHS[config.model_type]]
     with staged(target, f".dummy-{shape}-", is_dummy_dir) as work:
         out = work / "model"
         config.save_pretrained(str(out))
@@ -107,11 +106,3 @@ def build_dummy(path: str | Path, *, dtype: torch.dtype, device: str | torch.dev
         with torch.device(device):
             model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     return model.eval()
-
-
-_ARCHS = {
-    "llama": "LlamaForCausalLM",
-    "mistral": "MistralForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-}
