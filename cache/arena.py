@@ -29,12 +29,16 @@ class ViewArena:
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
     ) -> None:
-        shape = (num_layers, num_kv_heads, capacity, head_dim)
+        # one token more than the capacity, never handed out: `scratch`
+        shape = (num_layers, num_kv_heads, capacity + 1, head_dim)
         self.k = torch.empty(shape, dtype=dtype, device=device)  # (L, Hkv, A, D), rotated keys
         self.v = torch.empty(shape, dtype=dtype, device=device)  # (L, Hkv, A, D)
         self.k_layers = self.k.unbind(0)
         self.v_layers = self.v.unbind(0)
         self.capacity = capacity
+        # the token padding rows of a static decode step append to and read (a view
+        # of one key; `corps.engine.model.static_decode`): no view ever holds it
+        self.scratch = capacity
         self._free: list[tuple[int, int]] = [(0, capacity)]  # sorted (start, length)
 
     def drop(self) -> None:

@@ -197,6 +197,12 @@ class Handle:
         return self._msg.figures.tokens_reused
 
     @property
+    def tokens_repaired(self) -> int:
+        """Rewired context tokens the call that made this message recomputed in its
+        own context (its repair, `corps.engine.repair`); counted in tokens_encoded."""
+        return self._msg.figures.tokens_repaired
+
+    @property
     def leaks(self) -> int:
         """Leaks recorded for the call that made this message (allow / warn policies)."""
         return self._msg.figures.leaks

@@ -28,12 +28,16 @@ class KVStore:
     ) -> None:
         if capacity <= 0:
             raise ValueError(f"capacity must be positive, got {capacity}")
-        shape = (num_layers, capacity, num_kv_heads, head_dim)
+        # one slot more than the capacity, never handed out: `scratch`
+        shape = (num_layers, capacity + 1, num_kv_heads, head_dim)
         # empty, not zeros: a slot is always written before it is read, and untouched
         # pages cost no memory, so a large store costs what it holds.
         self.k = torch.empty(shape, dtype=dtype, device=device)  # (L, S, Hkv, D)
         self.v = torch.empty(shape, dtype=dtype, device=device)  # (L, S, Hkv, D)
         self.capacity = capacity
+        # the slot padding rows of a static decode step write to (their K/V are
+        # dropped; `corps.engine.model.static_decode`): no message ever holds it
+        self.scratch = capacity
         # Lowest slots first: pop() from the end of a descending list.
         self._free: list[int] = list(range(capacity - 1, -1, -1))
 

@@ -43,6 +43,22 @@ def rewired(
 ) -> bool:
     """True unless a call at `offset` reading `parents` at `parent_offsets` reads a
     chain (see the module) starting at position `start` (the sink's length)."""
+    first = first_rewired(parents, parent_offsets, lookup, start)
+    if first < len(parents):
+        return True
+    return offset != start + sum(len(lookup(p).tokens) for p in parents)
+
+
+def first_rewired(
+    parents: Sequence[int],
+    parent_offsets: Sequence[int],
+    lookup: Callable[[int], Placed],
+    start: int,
+) -> int:
+    """The index of the first parent not read as a chain continues (see the module),
+    or len(parents) when they all are: that parent and every one after it read
+    encodings made in another context than the call's (a repair recomputes among
+    their tokens, `corps.engine.request.repair`)."""
     at = start
     for i, (pid, placed) in enumerate(zip(parents, parent_offsets, strict=True)):
         p = lookup(pid)
@@ -52,6 +68,6 @@ def rewired(
             and tuple(p.parent_offsets) == tuple(parent_offsets[:i])
         )
         if not chained:
-            return True
+            return i
         at += len(p.tokens)
-    return offset != at
+    return len(parents)

@@ -41,6 +41,14 @@ err = Console(stderr=True)
 #: `corps bench gpu --workflows` (corps.cli.bench_gpu.WORKFLOWS, named here without torch)
 _GPU_WORKFLOWS = ("debate", "tree_of_thoughts", "parallel_debate", "tree_of_thoughts_8x8")
 
+RepairOpt = Annotated[
+    str,
+    typer.Option(
+        help="What choreographed calls whose context is rewired recompute in their own "
+        "context: none, first:K, recompute:R (a share), full, or two joined by '+' "
+        "(docs/fidelity.md)."
+    ),
+]
 ModelOpt = Annotated[
     str, typer.Option("--model", "-m", help="Alias, local HF directory or hub id.")
 ]
@@ -332,6 +340,7 @@ def bench_workflow(
     plot_out: Annotated[
         str | None, typer.Option("--plot", help="PNG bar chart of the ratios (matplotlib).")
     ] = None,
+    repair: RepairOpt = "none",
 ) -> None:
     """One workflow in each implementation on equal work; ratios with 95% intervals."""
     from corps.cli import bench_workflow as bw
@@ -341,7 +350,11 @@ def bench_workflow(
     params, chosen = _bench_args(pattern, set_, impls)
     takes = registry.params_model(registry.get(pattern)).model_fields
     questions = [q for q, _ in MATH_PROBLEMS] if "question" in takes else None
-    report = _measure(bw, pattern, params, chosen, runs, warmup, model, dtype, questions)
+    try:
+        repair = EngineConfig.of(repair=repair).repair
+    except CorpsError as exc:
+        _bad(str(exc))
+    report = _measure(bw, pattern, params, chosen, runs, warmup, model, dtype, questions, repair)
     Console().print(bw.table(report), bw.ratio_table(report))
     _write(bw, [report], json_out, plot_out)
 
@@ -803,6 +816,13 @@ def bench_gpu(
     workflow_tokens: Annotated[int, typer.Option(min=1, help="Decode budget per call.")] = 64,
     runs: Annotated[int, typer.Option(min=1, help="Measured runs per workflow.")] = 2,
     repeats: Annotated[int, typer.Option(min=1, help="Best of this many timings.")] = 3,
+    graphs: Annotated[
+        str,
+        typer.Option(
+            help="Decode steps over static buffers: auto (CUDA graphs on a GPU), capture, "
+            "static or off. Unless off, decode is measured again with off, side by side."
+        ),
+    ] = "auto",
     out: Annotated[
         str | None, typer.Option("--out", help="JSON lines, one per figure, as they come.")
     ] = None,
@@ -822,14 +842,14 @@ def bench_gpu(
         _bad(f"--workflows: unknown {', '.join(unknown)}; pick of {', '.join(bg.WORKFLOWS)}")
     try:
         counts = tuple(int(x) for x in streams.split(",") if x.strip())
-        EngineConfig.of(model, dtype=dtype, device=device)
+        EngineConfig.of(model, dtype=dtype, device=device, graphs=graphs)
     except (ValueError, CorpsError) as exc:
         _bad(str(exc))
     settings = bg.Settings(
         model=model, dtype=dtype, device=device, prompt_tokens=prompt_tokens, spans=spans,
         span_tokens=span_tokens, context_tokens=context_tokens, decode_tokens=decode_tokens,
         streams=counts, stream_tokens=stream_tokens, workflows=chosen,
-        workflow_tokens=workflow_tokens, runs=runs, repeats=repeats,
+        workflow_tokens=workflow_tokens, runs=runs, repeats=repeats, graphs=graphs,
     )  # fmt: skip
     console = Console()
     console.print(f"[dim]{bg.device_name(device)}, torch {torch.__version__}[/]")
@@ -994,7 +1014,7 @@ def _run_bench(work: Callable[[], Awaitable[T]]) -> T:
         fail(exc)
 
 
-def _measure(bw, pattern, params, chosen, runs, warmup, model, dtype, questions):
+def _measure(bw, pattern, params, chosen, runs, warmup, model, dtype, questions, repair="none"):
     return _run_bench(
         lambda: bw.measure(
             pattern,
@@ -1005,6 +1025,7 @@ def _measure(bw, pattern, params, chosen, runs, warmup, model, dtype, questions)
             warmup=warmup,
             dtype=dtype,
             questions=questions,
+            repair=repair,
         )
     )
 

@@ -14,6 +14,9 @@ any section failed):
   once per token at the copy bandwidth measured on the device.
 - decode, many streams: `decode_many` of S streams against HF `generate` of a
   batch of S (tokens sampled per second).
+- graphs: when the engine runs decode steps through static buffers (`--graphs`,
+  CUDA graphs by default on a GPU), one stream and the first stream count again
+  on an engine with graphs="off": what the graphs are worth.
 - workflows: choreographed against the prefix-cached baseline on equal work
   (`corps.cli.bench_workflow.measure`): wall and mean TTFT ratios.
 
@@ -78,6 +81,7 @@ class Settings:
     workflow_tokens: int = 64
     runs: int = 2
     repeats: int = 3
+    graphs: str = "auto"  # EngineConfig.graphs of the measured engine
 
 
 def sync(device: str) -> None:
@@ -219,6 +223,34 @@ async def stream_figures(engine, hf: HFReference, s: Settings) -> list[Figure]:
     return out
 
 
+async def graph_figures(s: Settings, hf: HFReference, measured: list[Figure]) -> list[Figure]:
+    """One stream and the first stream count on an engine with graphs="off", against
+    the figures `measured` with the settings' graphs."""
+    from corps.engine.api.engine import Engine
+
+    eager_s = Settings(**{**asdict(s), "streams": s.streams[:1], "graphs": "off"})
+    async with Engine.open(s.model, dtype=s.dtype, device=s.device, graphs="off") as engine:
+        eager = await decode_figures(engine, hf, eager_s) + await stream_figures(
+            engine, hf, eager_s
+        )
+    with_graphs = {(f.section, f.name): f.corps for f in measured}
+    note = f"reference: graphs='off' (measured: graphs={s.graphs!r})"
+    return [
+        Figure("graphs", f.name, with_graphs[(f.section, f.name)], f.corps, f.unit, note)
+        for f in eager
+        if (f.section, f.name) in with_graphs and "bound" not in f.name
+    ]
+
+
+def release(device: str) -> None:
+    """Give cached device memory back before the next engine sizes its store."""
+    import gc
+
+    gc.collect()
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+
+
 async def workflow_figures(s: Settings) -> list[Figure]:
     from corps.cli.bench_workflow import measure
     from corps.patterns.samples import MATH_PROBLEMS
@@ -261,7 +293,7 @@ async def run(s: Settings, out: Path | None, console: Console) -> tuple[list[Fig
             with out.open("a") as f:
                 f.writelines(json.dumps(r) + "\n" for r in rows)
 
-    async with Engine.open(s.model, dtype=s.dtype, device=s.device) as engine:
+    async with Engine.open(s.model, dtype=s.dtype, device=s.device, graphs=s.graphs) as engine:
         hf = HFReference(engine.model_path, torch_dtype(s.dtype), s.device)
         for section, fn in (("prefill", prefill_figures), ("decode", decode_figures),
                             ("streams", stream_figures)):  # fmt: skip
@@ -269,9 +301,16 @@ async def run(s: Settings, out: Path | None, console: Console) -> tuple[list[Fig
                 keep(section, await fn(engine, hf, s))
             except Exception as exc:  # a failing section is reported; the others run
                 keep(section, exc)
-        del hf
-    if s.device.startswith("cuda"):
-        torch.cuda.empty_cache()
+        static = engine.stats().static_steps
+    release(s.device)
+    if static:  # the steps ran through static buffers: against the same steps eager
+        try:
+            keep("graphs", await graph_figures(s, hf, figures))
+        except Exception as exc:
+            keep("graphs", exc)
+        release(s.device)
+    del hf
+    release(s.device)
     try:
         keep("workflows", await workflow_figures(s))
     except Exception as exc:

@@ -110,7 +110,7 @@ def bench_decode(device: torch.device, calls: int, context: int, repeats: int) -
         num_layers=1, num_kv_heads=KV_HEADS, head_dim=DIM, capacity=calls * context,
         dtype=q.dtype, device=device,
     )  # fmt: skip
-    arena.k[0], arena.v[0] = ak, av
+    arena.k[0, :, : calls * context], arena.v[0, :, : calls * context] = ak, av
     idx = base[:, None] + torch.arange(context, device=device)[None]  # (B, N)
     plan = DecodePlan(  # each call's view one range: the context is the whole view
         arena, base + n - 1, idx.flatten(), (idx >= 0)[:, None], context, base, n, base + n, n,

@@ -144,10 +144,12 @@ async def measure(
     dtype: str = DEFAULT_DTYPE,
     questions: list[str] | None = None,
     device: str = "cpu",
+    repair: str = "none",
 ) -> Report:
     """Open one engine per implementation, warm up, then interleave `runs` runs.
 
     With `questions`, run r asks questions[r % len] unless params fix `question`.
+    `repair`: the choreographed engine's repair policy (`corps.engine.repair`).
     """
     from corps.agents import Runtime
     from corps.engine.api.engine import Engine
@@ -158,8 +160,9 @@ async def measure(
     async with AsyncExitStack() as stack:
         runtimes = {}
         for impl in order:
+            extra = {"repair": repair} if impl == "choreographed" else {}
             engine = await stack.enter_async_context(
-                Engine.open(model, mode=impl, dtype=dtype, device=device)
+                Engine.open(model, mode=impl, dtype=dtype, device=device, **extra)
             )
             runtimes[impl] = await stack.enter_async_context(Runtime(engine))
         samples = []

@@ -76,13 +76,33 @@ def _lines(pattern: str, inputs: Path | None, sets: list[str] | None, n: int | N
 
 
 def _config(model: str, label: str, dtype: str, **kw: Any) -> EngineConfig:
-    """'baseline', 'choreographed' or either '+ADAPTER_DIR'."""
-    mode, _, adapter = label.partition("+")
-    if mode not in ("baseline", "choreographed"):
+    """'baseline', 'choreographed', either '+ADAPTER_DIR', and a choreographed one
+    '@REPAIR' (a repair policy: choreographed@recompute:0.15)."""
+    rest, _, repair = label.partition("@")
+    mode, _, adapter = rest.partition("+")
+    if mode not in ("baseline", "choreographed") or (repair and mode != "choreographed"):
         raise BadConfig(
-            f"a configuration is baseline or choreographed[+ADAPTER_DIR], got {label!r}"
+            "a configuration is baseline[+ADAPTER_DIR] or choreographed[+ADAPTER_DIR]"
+            f"[@REPAIR], got {label!r}"
         )
-    return EngineConfig.of(model, mode=mode, dtype=dtype, adapter=adapter or None, **kw)
+    return EngineConfig.of(
+        model, mode=mode, dtype=dtype, adapter=adapter or None, repair=repair or "none", **kw
+    )
+
+
+def _repairs(repair: str | None) -> list[str]:
+    """The configurations of `--repair a,b,...`: choreographed, repaired by each
+    policy ("choreographed" for none), in the order given."""
+    from corps.engine.repair import parse_repair
+
+    labels = []
+    for part in (repair or "").split(","):
+        if part.strip():
+            policy = str(parse_repair(part))
+            labels.append("choreographed" if policy == "none" else f"choreographed@{policy}")
+    if len(set(labels)) != len(labels):
+        raise BadConfig(f"--repair: give distinct policies, got {repair!r}")
+    return labels
 
 
 def _progress(total: int, what: str) -> Progress:
@@ -129,6 +149,18 @@ def fidelity(
         Path | None,
         typer.Option(help="Also replay with this LoRA adapter (choreographed and baseline)."),
     ] = None,
+    repair: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated repair policies to replay choreographed with, each a "
+            "point of the fidelity-vs-cost curve: none, first:K, recompute:R, full, A+B "
+            "(e.g. none,first:4,recompute:0.15,full)."
+        ),
+    ] = None,
+    plot: Annotated[
+        Path | None,
+        typer.Option("--plot", help="PNG: each replay's gap against its mean TTFT (matplotlib)."),
+    ] = None,
     model: Model = DEFAULT_MODEL,
     dtype: Dtype = "float32",
     concurrency: Concurrency = 4,
@@ -136,13 +168,15 @@ def fidelity(
 ) -> None:
     """How much choreography changes a workflow: sample baseline runs at temperature 1,
     replay each choreographed with every decode forced to the baseline's tokens, and
-    compare how the two score those tokens, per role."""
+    compare how the two score those tokens, per role. With --repair, one replay per
+    repair policy, and a curve of gap against cost (recomputed tokens, TTFT, wall)."""
     from corps.patterns.evaluation import fidelity as fid
 
     try:
         lines = _lines(pattern, inputs, set_, n)
         base = _config(model, "baseline", dtype)
-        configs = {"choreographed": _config(model, "choreographed", dtype)}
+        labels = _repairs(repair) or ["choreographed"]
+        configs = {label: _config(model, label, dtype) for label in labels}
         if adapter is not None:  # labelled "+adapter": the directory is printed once
             for mode in ("choreographed", "baseline"):
                 configs[f"{mode}+adapter"] = _config(model, f"{mode}+{adapter}", dtype)
@@ -159,8 +193,9 @@ def fidelity(
     async def main() -> Any:
         async with AsyncExitStack() as stack:
             rts = await _runtimes(stack, {"baseline": base, **configs})
-            with _progress(len(lines), f"{name}: baseline runs, replayed") as bar:
-                task = bar.add_task("", total=len(lines))
+            total = len(lines) * (1 + len(labels))
+            with _progress(total, f"{name}: baseline runs, then each replay") as bar:
+                task = bar.add_task("", total=total)
                 replays = {label: rts[label] for label in labels}
                 return await fid.measure(
                     rts["baseline"], replays, name, lines, seeds, concurrency=concurrency,
@@ -172,8 +207,13 @@ def fidelity(
             report = anyio.run(main)
         except CorpsError as exc:
             _exit(str(exc), 1)
-    for label, rows in report.tables().items():
+    tables = report.tables()
+    for label, rows in tables.items():
         _fidelity_table(f"{name}: baseline vs {label} ({len(lines)} runs, {dtype})", rows)
+    if len(tables) > 1:
+        _curve_table(f"{name}: fidelity against cost ({len(lines)} runs, {dtype})", report)
+    if plot is not None:
+        _plot_curve(report, plot, f"{name}, {len(lines)} runs")
     if adapter is not None:
         out.print(f"adapter: {adapter}")
     for i, why in report.failed:
@@ -203,6 +243,69 @@ def _fidelity_table(title: str, rows: Sequence[Any]) -> None:
     )
 
 
+def _curve_table(title: str, report: Any) -> None:
+    """One row per replay: its overall gap, how much of the first replay's gap it
+    closes, agreement, the context it recomputed, and its cost against the first
+    replay's and the baseline's."""
+    tables = report.tables()
+    first = next(iter(tables))
+    ref, ref_ttft = tables[first][-1].gap, tables[first][-1].ttft
+    t = Table(title=title, title_justify="left")
+    short = _short(first)
+    for col in ("replay", "gap", "closes", "agree", "recomputed", "TTFT ms",
+                "TTFT / " + short, "wall / " + short, "wall / baseline"):  # fmt: skip
+        t.add_column(col, justify="left" if col == "replay" else "right")
+    wall = report.wall
+    for label, rows in tables.items():
+        r = rows[-1]
+        closes = 1 - r.gap / ref if ref and not math.isnan(ref) else math.nan
+        t.add_row(
+            _short(label), _f(r.gap, 4), f"{closes:.0%}" if not math.isnan(closes) else "-",
+            _f(r.agreement), f"{r.recomputed:.0%}", _f(r.ttft and r.ttft * 1000, 1),
+            _ratio(r.ttft, ref_ttft), _ratio(wall.get(label), wall.get(first)),
+            _ratio(wall.get(label), wall.get("baseline")),
+        )  # fmt: skip
+    out.print(t)
+    out.print(
+        f"[dim]closes: share of {first}'s gap removed; recomputed: share of the reused "
+        "context tokens recomputed instead; TTFT: mean over the replay's turns; wall: "
+        "each replay over every input, alone (the baseline: its sampling)[/]"
+    )
+
+
+def _short(label: str) -> str:
+    """A replay's label in the curve: its repair policy, or what else it is."""
+    if label == "choreographed":
+        return "none"
+    return label.removeprefix("choreographed@")
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}x" if a is not None and b else "-"
+
+
+def _plot_curve(report: Any, path: Path, title: str) -> None:
+    """Each replay as a point: overall gap against mean TTFT, labelled."""
+    from corps.cli.plotting import pyplot
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    for label, rows in report.tables().items():
+        r = rows[-1]
+        if r.ttft is None:
+            continue
+        ax.scatter([r.ttft * 1000], [r.gap])
+        at = (r.ttft * 1000, r.gap)
+        ax.annotate(_short(label), at, textcoords="offset points", xytext=(4, 4), fontsize=8)
+    ax.axhline(0.0, color="grey", linewidth=0.8)
+    ax.set_xlabel("mean TTFT of the replayed turns (ms)")
+    ax.set_ylabel("log-loss gap vs baseline (nats/token)")
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 # ---- corps eval ----
 
 
@@ -211,8 +314,18 @@ def evaluate(
     inputs: Annotated[Path, typer.Option(help="JSON lines with the references to score against.")],
     configs: Annotated[
         str,
-        typer.Option(help="Comma-separated: baseline, choreographed, choreographed+ADAPTER_DIR."),
+        typer.Option(
+            help="Comma-separated: baseline, choreographed, choreographed+ADAPTER_DIR, "
+            "choreographed@REPAIR (a repair policy, e.g. choreographed@recompute:0.15)."
+        ),
     ] = "baseline,choreographed",
+    repair: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated repair policies: one choreographed configuration each, "
+            "after --configs (none, first:K, recompute:R, full, A+B)."
+        ),
+    ] = None,
     n: Annotated[int | None, typer.Option(min=1, help="Only the first N lines.")] = None,
     set_: Sets = None,
     seed: Seed = 0,
@@ -231,6 +344,7 @@ def evaluate(
         scorer(name)
         lines = _lines(pattern, inputs, set_, n)
         labels = [c.strip() for c in configs.split(",") if c.strip()]
+        labels += [label for label in _repairs(repair) if label not in labels]
         if len(labels) < 1 or len(set(labels)) != len(labels):
             raise BadConfig(f"--configs: give distinct configurations, got {configs!r}")
         cfgs = {label: _config(model, label, dtype) for label in labels}

@@ -120,6 +120,14 @@ def run(
     ] = None,
     compile: CompileOpt = False,
     compile_gemms: CompileGemmsOpt = "library",
+    repair: Annotated[
+        str,
+        typer.Option(
+            help="What choreographed calls whose context is rewired recompute in their own "
+            "context: none (default), first:K, recompute:R (a share), full, or two joined "
+            "by '+' (docs/fidelity.md)."
+        ),
+    ] = "none",
     live: Annotated[
         bool | None,
         typer.Option(
@@ -182,6 +190,7 @@ def run(
             adapter=adapter,
             compile=compile,
             compile_gemms=compile_gemms,
+            repair=repair,
         )
         check_adapter_of(config, err)
         if otel_endpoint is not None:

@@ -431,6 +431,8 @@ def call_detail(trace: Trace, call_id: int, full: bool = False) -> Group:
         f"queued {c.start:.3f}s · ttft {ms(e.ttft_s)} · decode {ms(e.decode_s)} · "
         f"encoded {e.encoded} · reused {e.reused} · generated {e.generated}"
     )
+    if e.repaired:
+        facts += f" · repaired {e.repaired} ({e.repair})"
     if e.message is not None:
         facts += f" · made m{e.message}"
     parts: list = [head, Text(facts)]

@@ -32,6 +32,7 @@ _HOME = {
     "PrefillRequest": "corps.engine.request.requests",
     "SamplingParams": "corps.engine.request.sampling_params",
     "EngineStats": "corps.engine.stats",
+    "Repair": "corps.engine.repair",
 }
 __all__ = [
     "AuditEvent",
@@ -53,6 +54,7 @@ __all__ = [
     "Pending",
     "PrefillArgs",
     "PrefillRequest",
+    "Repair",
     "SamplingParams",
     "Selection",
     "TextStream",
@@ -77,6 +79,7 @@ if TYPE_CHECKING:
         NonFiniteLogits,
         UnsupportedModel,
     )
+    from corps.engine.repair import Repair
     from corps.engine.request.chat import ChatFormat
     from corps.engine.request.requests import DecodeArgs, DecodeRequest, PrefillArgs, PrefillRequest
     from corps.engine.request.sampling_params import SamplingParams

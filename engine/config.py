@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from corps.cache.errors import InvalidRequest
 from corps.cache.visibility import LEAK_POLICIES, check_policy
+from corps.engine.repair import parse_repair
 
 Mode = Literal["choreographed", "baseline", "hf"]
 Dtype = Literal["auto", "mixed", "float32", "bfloat16", "float16"]
@@ -29,6 +30,7 @@ Attention = Literal["torch", "triton", "flex", "triton+flex"]
 OtelProtocol = Literal["http/protobuf", "grpc"]
 PolicyName = Literal["fcfs", "workflow", "objective"]
 CompileGemms = Literal["library", "autotune"]
+Graphs = Literal["auto", "capture", "static", "off"]
 
 #: Engine modes: choreography, the prefix-cached baseline, and transformers `generate`.
 MODES: tuple[str, ...] = get_args(Mode)
@@ -42,6 +44,8 @@ DTYPES: tuple[str, ...] = get_args(Dtype)
 CONTEXTS: tuple[str, ...] = get_args(Contexts)
 #: Attention backends (`corps.engine.attention`); None picks by device.
 ATTENTION_BACKENDS: tuple[str, ...] = get_args(Attention)
+#: How decode-only steps run (`corps.engine.model.static_decode`).
+GRAPHS: tuple[str, ...] = get_args(Graphs)
 
 DEFAULT_MODEL = "smollm2-135m"
 DEFAULT_DTYPE = "auto"
@@ -174,6 +178,17 @@ class EngineConfig(BaseModel):
       library's for each product shape on this machine, keeping the faster; on
       an Intel Xeon with AMX a stream decoded 1.3x faster than with "library",
       at a compile half again as long (docs/benchmarks.md).
+    - `graphs`: decode-only steps (one row per call) over static buffers padded
+      to a batch-size bucket (`corps.engine.model.static_decode`). "capture": each
+      bucket's step captured as a CUDA graph on its first use and replayed after
+      (one launch a step instead of hundreds; CUDA only); "static": the same
+      buffers run eagerly (exact against the ordinary step: how the path is tested
+      without a GPU); "off": every step eager with its own shapes; "auto" (the
+      default): "capture" on CUDA, "off" elsewhere.
+    - `repair`: what a choreographed call whose context is rewired recomputes of its
+      parents' encodings in its own context, unless the call names its own
+      (`corps.engine.repair`): "none" (default), "first:K", "recompute:R", "full",
+      or two joined by "+".
     - `jump_forward`: when a decode's constraint allows exactly one continuation
       for several tokens (a JSON key, punctuation), append them without sampling
       and encode them together in the next step (True); False samples each one.
@@ -199,6 +214,8 @@ class EngineConfig(BaseModel):
     otel: str | None = None
     auto_free: bool = False
     jump_forward: bool = True
+    graphs: Graphs = "auto"
+    repair: str = "none"
     compile: bool = False
     compile_gemms: CompileGemms = "library"
     admission: bool = True
@@ -252,6 +269,14 @@ class EngineConfig(BaseModel):
             raise ValueError(why)
         return Path(value).expanduser()
 
+    @field_validator("repair")
+    @classmethod
+    def _repair(cls, value: str) -> str:
+        try:
+            return str(parse_repair(value))  # canonical: "recompute:0.15"
+        except InvalidRequest as exc:
+            raise ValueError(str(exc)) from None
+
     @field_validator("device")
     @classmethod
     def _device(cls, value: str) -> str:
@@ -296,6 +321,16 @@ class EngineConfig(BaseModel):
                 "decode step: set compile=True too (--compile)",
                 ("compile_gemms",),
             )
+        if self.graphs == "capture" and not self.device.startswith("cuda"):
+            raise BadConfig(
+                f"graphs='capture' records CUDA graphs: not on device={self.device!r} "
+                "(use graphs='static' to run the same static buffers without capture)",
+                ("graphs",),
+            )
+        if self.graphs in ("capture", "static") and self.mode == "hf":
+            raise BadConfig(
+                f"graphs={self.graphs!r} runs our decode step: not for mode='hf'", ("graphs",)
+            )
         if self.contexts == "store" and self.attention not in (None, "torch"):
             raise BadConfig(
                 f'contexts="store" needs the torch attention backend, not {self.attention!r} '
@@ -326,6 +361,7 @@ _ALLOWED = {
     "contexts": CONTEXTS,
     "attention": ATTENTION_BACKENDS,
     "leak_policy": LEAK_POLICIES,
+    "graphs": GRAPHS,
 }
 _FIELDS = tuple(EngineConfig.model_fields)
 

@@ -49,6 +49,12 @@ class EngineStats:
     # seconds capturing it took when the engine opened (corps.engine.model.compiled_decode)
     compiled_steps: int = 0
     step_compile_s: float = 0.0
+    # graphs != "off": decode-only steps run over static buffers, the CUDA graphs
+    # captured (one per batch bucket) and the seconds their warm-up and capture took
+    # (corps.engine.model.static_decode)
+    static_steps: int = 0
+    graphs_captured: int = 0
+    graph_capture_s: float = 0.0
     constraints_compiled: int = 0  # distinct constraints compiled (each once per engine)
     constraint_compile_s: float = 0.0  # seconds they took, all together
     tokens_jumped: int = 0  # tokens constraints forced, appended without a step each
@@ -60,6 +66,12 @@ class EngineStats:
     messages_evicted: int = 0
     tokens_evicted: int = 0
     tokens_recomputed: int = 0
+    # repairs (corps.engine.exec.repair_rows): the engine's default policy, rewired context
+    # tokens recomputed in their readers' contexts (counted in tokens_encoded, not in
+    # tokens_reused), and rewired tokens the deviation probe ran (its layers only)
+    repair: str = "none"
+    tokens_repaired: int = 0
+    tokens_probed: int = 0
 
     @property
     def prefix_hit_rate(self) -> float:

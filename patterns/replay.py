@@ -42,6 +42,9 @@ class TurnScores:
     logprobs: tuple[float, ...]  # of each token (Handle.logprobs)
     greedy: tuple[int, ...]  # the argmax at each position (Handle.greedy)
     message: int = -1  # the id of the message the turn made (in its engine)
+    ttft_s: float | None = None  # submit to first token (Handle.ttft)
+    reused: int = 0  # context tokens read as encoded (Handle.tokens_reused)
+    repaired: int = 0  # rewired context tokens recomputed (Handle.tokens_repaired)
 
 
 class Replay:
@@ -72,6 +75,9 @@ class Replay:
                 tuple(handle.logprobs),
                 tuple(handle.greedy),
                 handle.id,
+                handle.ttft,
+                handle.tokens_reused,
+                handle.tokens_repaired,
             )
 
     def force(self, index: int) -> tuple[int, ...] | None:

@@ -28,11 +28,15 @@ def invoke(tiny_dirs, *args):
 
 def test_every_section_on_a_tiny_model(tiny_dirs, tmp_path):
     out = tmp_path / "gpu.jsonl"
-    result = invoke(tiny_dirs, "--workflows", "debate", "--out", str(out))
+    result = invoke(tiny_dirs, "--workflows", "debate", "--graphs", "static", "--out", str(out))
     assert result.exit_code == 0, result.output
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     sections = [x["section"] for x in lines]
-    assert sections == ["prefill"] * 2 + ["decode"] * 2 + ["streams"] * 2 + ["workflows"] * 2
+    assert sections == (
+        ["prefill"] * 2 + ["decode"] * 2 + ["streams"] * 2 + ["graphs"] * 2 + ["workflows"] * 2
+    )
+    graphs = [x["name"] for x in lines if x["section"] == "graphs"]
+    assert graphs == ["one stream, 8 tokens", "2 streams x 3"]  # against graphs="off"
     assert all(x["corps"] > 0 and x["reference"] > 0 for x in lines)
     assert {x["name"] for x in lines if x["section"] == "streams"} == {
         "2 streams x 3",

@@ -29,6 +29,8 @@ def cases(draw):
         dim=draw(st.sampled_from([64, 128])),
         dtype=draw(st.sampled_from([torch.float32, torch.bfloat16])),
         seed=draw(st.integers(0, 2**16)),
+        # None: splits of SPLIT keys from the longest; else that many per view (graphs)
+        splits=draw(st.sampled_from([None, 1, 3, 16])),
     )
 
 
@@ -51,7 +53,7 @@ def test_kernel_matches_reference(case):
     ak, av, base, n = arena_for(case["ctx"], hkv, d, dt, g)
     q = torch.randn(len(case["ctx"]), hkv * case["group"], d, generator=g).to(dt)
     scale = d**-0.5
-    got = decode_attention(q, ak, av, base, n, scale)
+    got = decode_attention(q, ak, av, base, n, scale, splits=case["splits"])
     want = decode_attention_ref(q, ak, av, base, n, scale)
     assert got.dtype == q.dtype and got.shape == q.shape
     assert torch.allclose(got.float(), want.float(), atol=TOL[dt], rtol=TOL[dt])

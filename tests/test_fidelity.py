@@ -44,9 +44,31 @@ async def test_overlapping_questions_open_a_gap(tiny_dirs):
     done = []
     report = await _measure(tiny_dirs, [BLOCKED] * 3, on_done=lambda: done.append(1))
     total = report.tables()["choreographed"][-1]
-    assert len(done) == 3 and total.turns == 3
+    assert len(done) == 6 and total.turns == 3  # each input sampled, then replayed
     assert abs(total.gap) > 1e-3 and total.agreement < 1.0
     assert report.as_dict()["replays"]["choreographed"][-1]["gap"] == total.gap
+
+
+async def test_a_full_repair_reads_what_the_baseline_reads(tiny_dirs):
+    """Replayed with every rewired token recomputed in its reader's context, the
+    blocked workflow (serial: each question where the baseline reads it) scores the
+    baseline's tokens as the baseline does (float32);
+    the report says what each replay recomputed and how long it took."""
+    async with (
+        open_tiny(tiny_dirs, "llama", mode="baseline") as b,
+        open_tiny(tiny_dirs, "llama") as c,
+        open_tiny(tiny_dirs, "llama", repair="full") as f,
+        Runtime(b) as rb,
+        Runtime(c) as rc,
+        Runtime(f) as rf,
+    ):
+        replays = {"choreographed": rc, "choreographed@full": rf}
+        serial = {**BLOCKED, "layout": "serial"}  # q2 after q1, encoded without it
+        report = await fidelity.measure(rb, replays, "multi_qa", [serial] * 2, [0, 1])
+    plain, full = (report.tables()[k][-1] for k in replays)
+    assert abs(plain.gap) > 1e-3 and abs(full.gap) < 1e-4 and full.agreement == 1.0
+    assert plain.recomputed == 0.0 and 0.0 < full.recomputed < 1.0
+    assert full.ttft is not None and set(report.wall) == {"baseline", *replays}
 
 
 async def test_a_failing_input_is_reported_and_the_others_measured(tiny_dirs):

@@ -77,7 +77,7 @@ def test_bad_inputs_are_one_line_and_exit_2(tiny_dirs, tmp_path, pairs):
         (["fidelity", "multi-qa", "--inputs", tmp_path / "empty.jsonl"], "has no inputs"),
         (["eval", "debate", "--inputs", pairs], "unknown parameter 'questions'"),
         (["eval", "map-reduce", "--inputs", pairs], "no task score for map_reduce"),
-        (["eval", "multi-qa", "--inputs", pairs, "--configs", "hf"], "baseline or choreographed"),
+        (["eval", "multi-qa", "--inputs", pairs, "--configs", "hf"], "a configuration is baseline"),
         (["distill", "multi-qa", "--inputs", pairs, "--train", 8, "--val", 2, "--out", tmp_path],
          "needs 10"),
         (["distill", "multi-qa", "--inputs", pairs, "--train", 1, "--val", 1, "--out", tmp_path,
@@ -99,3 +99,32 @@ def test_an_adapter_of_another_rank_or_model_fails_before_loading(tiny_dirs, tmp
         r = _invoke(*command, "--model", tiny_dirs["llama"], "--adapter", tmp_path / "q")
         assert r.exit_code == 2, (command, r.output)
         assert "another" in r.output, r.output
+
+
+def test_fidelity_and_eval_take_repair_policies(tiny_dirs, tmp_path, pairs):
+    """--repair replays (or scores) one choreographed configuration per policy and
+    prints the curve; on the serial layout "full" reads what the baseline reads."""
+    pytest.importorskip("matplotlib")
+    common = ["--model", tiny_dirs["llama"], *FREE, "--set", "layout=serial"]
+    fid = _invoke("fidelity", "multi-qa", "--inputs", pairs, "--n", 2, *common,
+                  "--repair", "none,first:2,full", "--json", tmp_path / "f.json",
+                  "--plot", tmp_path / "curve.png")  # fmt: skip
+    assert fid.exit_code == 0, fid.output
+    assert "fidelity against cost (2 runs, float32)" in fid.output
+    report = json.loads((tmp_path / "f.json").read_text())
+    replays = report["replays"]
+    assert list(replays) == ["choreographed", "choreographed@first:2", "choreographed@full"]
+    assert abs(replays["choreographed@full"][-1]["gap"]) < 1e-4
+    assert replays["choreographed"][-1]["tokens_repaired"] == 0
+    assert replays["choreographed@full"][-1]["recomputed"] > 0
+    assert set(report["wall_s"]) == {"baseline", *replays}
+    assert (tmp_path / "curve.png").stat().st_size > 0
+
+    ev = _invoke("eval", "multi-qa", "--inputs", pairs, "--n", 2, *common, "--dtype", "float32",
+                 "--repair", "full", "--json", tmp_path / "e.json")  # fmt: skip
+    assert ev.exit_code == 0, ev.output
+    configs = json.loads((tmp_path / "e.json").read_text())["configs"]
+    assert list(configs) == ["baseline", "choreographed", "choreographed@full"]
+
+    bad = _invoke("fidelity", "multi-qa", "--inputs", pairs, *common, "--repair", "some")
+    assert bad.exit_code == 2 and "repair 'some'" in bad.output

@@ -29,7 +29,7 @@ ALLOWED = {
     "sched": {"shared", "request", "trace", "exec"},
     "api": {"shared", "request", "trace", "exec", "sched", "model", "attention", "distill"},
 }
-SHARED = {"errors", "config", "stats"}
+SHARED = {"errors", "config", "stats", "repair"}
 
 
 def modules() -> dict[str, Path]:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from corps.cache.rewired import rewired
+from corps.cache.rewired import first_rewired, rewired
 
 
 @dataclass
@@ -64,3 +64,17 @@ def test_anything_else_is_rewired(offset, parents, offsets, why):
 def test_the_sink_length_sets_where_a_chain_starts():
     assert not is_rewired(5, (1,), (2,), start=2)
     assert is_rewired(5, (1,), (2,), start=0)
+
+
+@pytest.mark.parametrize(
+    "parents, offsets, first",
+    [
+        ((1, 2, 3), (2, 5, 9), 3),  # a chain: nothing rewired
+        ((1, 2, 4), (2, 5, 9), 2),  # 4 never saw 2
+        ((1, 4, 2), (2, 5, 9), 2),  # 4 reads as a chain continues, 2 does not
+        ((2,), (2,), 0),  # 2 was encoded over 1
+        ((1, 2), (2, 8), 1),  # 2 moved
+    ],
+)
+def test_the_first_rewired_parent_is_where_the_chain_breaks(parents, offsets, first):
+    assert first_rewired(parents, offsets, TABLE.__getitem__, 2) == first

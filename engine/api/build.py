@@ -17,6 +17,7 @@ from corps.engine.model.adapter_files import check_for_model, read_scope
 from corps.engine.model.names import corps_home, resolve_model
 from corps.engine.model.tuning import KernelChoice, measure, rows_within, weight_format
 from corps.engine.model.weights import load_hf, load_weights, read_spec, torch_dtype
+from corps.engine.repair import parse_repair
 from corps.engine.sched.cost import StepCost
 from corps.engine.sched.policies import LATENCY_SLOWDOWN
 
@@ -75,7 +76,17 @@ def build_executor(cfg: EngineConfig, console: Console | None = None) -> Executo
         core.kernel_choice = choice
         if cfg.compile:
             _compile_step(core, console, cfg.compile_gemms)
+        core.use_graphs(graphs_of(cfg))
+        core.repair = parse_repair(cfg.repair)
     return core
+
+
+def graphs_of(cfg: EngineConfig) -> str:
+    """How the engine of `cfg` runs decode-only steps: "capture", "static" or "off"
+    ("auto": capture on CUDA, off elsewhere)."""
+    if cfg.graphs != "auto":
+        return cfg.graphs
+    return "capture" if cfg.device.startswith("cuda") else "off"
 
 
 def _compile_step(core: Core, console: Console | None, gemms: str = "library") -> None:

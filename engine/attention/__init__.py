@@ -23,7 +23,7 @@ from corps.engine.attention.cuda import (
 )
 from corps.engine.attention.plan import GROUP_MIN_SAVED, DecodePlan
 from corps.engine.attention.routing import SHORT_SPAN_PAIRS, SeqSpan, StepSplit, split_step
-from corps.engine.attention.sdpa import SdpaAttention, attend_parts, causal_mask
+from corps.engine.attention.sdpa import SdpaAttention, attend_parts, causal_mask, repair_mask
 
 __all__ = [
     "BACKENDS",
@@ -40,6 +40,7 @@ __all__ = [
     "TritonFlexAttention",
     "attend_parts",
     "causal_mask",
+    "repair_mask",
     "select_backend",
     "split_step",
 ]

@@ -35,6 +35,7 @@ class TritonAttention(SdpaAttention):
         return decode_attention(
             q, ak, av, plan.ctx_base, plan.lengths, scale,
             max_n=plan.longest, ctx_len=plan.ctx_len, own_base=plan.own_base,
+            splits=plan.splits,
         )  # fmt: skip
 
 
@@ -60,7 +61,7 @@ class FlexAttention(SdpaAttention):
         from corps.engine.kernels.flex_prefill import PrefillMask
 
         arena = spans[0].view.arena
-        if arena is None or any(sp.view.arena is not arena for sp in spans):
+        if arena is None or any(sp.view.arena is not arena or sp.at is not None for sp in spans):
             return super().plan_prefill(spans)  # the torch reference's per-span masks
         dev = arena.k.device
         views = [sp.view for sp in spans]

@@ -55,6 +55,9 @@ class DecodePlan:
     groups: tuple[tuple[Any, Tensor], ...] = ()  # (SharedContext, (Bg,) call indices)
     t: int = 1  # rows of the longest span; 1 for a decode step
     padded: Tensor | None = None  # (T,) each row's index among the B x t padded rows
+    # a static plan (`static`): splits per view of a decode kernel reading ragged
+    # views, fixed so that its launch reads no length (None: sized from `longest`)
+    splits: int | None = None
 
     @classmethod
     def of(
@@ -101,6 +104,37 @@ class DecodePlan:
         mask, padded = _row_masks(rows, m, width)
         return cls(arena, write, idx.flatten(), mask, width, cb, cl, ob, n,
                    max(lengths), groups, max(rows), padded)  # fmt: skip
+
+    @classmethod
+    def static(
+        cls,
+        arena: ViewArena,
+        write: Tensor,
+        ctx_base: Tensor,
+        ctx_len: Tensor,
+        own_base: Tensor,
+        lengths: Tensor,
+        width: int | None,
+        splits: int | None = None,
+    ) -> DecodePlan:
+        """A one-row-per-call plan built from tensors alone (B,) each, no host value
+        read from them: what a CUDA graph replays (`corps.engine.model.static_decode`).
+        Every view is gathered whole, padded to `width` keys (>= the longest), and
+        nothing is grouped; `longest` is `width`, an upper bound. With `width` None
+        nothing is gathered: a decode kernel that reads ragged views takes each
+        view's ranges itself, in `splits` splits."""
+        if width is None:
+            none = write.new_zeros(0)
+            return cls(arena, write, none, none.bool(), 0, ctx_base, ctx_len, own_base,
+                       lengths, 0, splits=splits)  # fmt: skip
+        ar = torch.arange(width, device=write.device)  # (N,)
+        j = torch.minimum(ar[None, :], lengths[:, None] - 1)  # (B, N), pads repeat the last
+        idx = torch.where(
+            j < ctx_len[:, None], ctx_base[:, None] + j, own_base[:, None] + j - ctx_len[:, None]
+        )  # (B, N) arena index of each gathered key
+        mask = (ar[None, :] < lengths[:, None])[:, None]  # (B, 1, N)
+        return cls(arena, write, idx.flatten(), mask, width, ctx_base, ctx_len, own_base,
+                   lengths, width, splits=splits)  # fmt: skip
 
     @cached_property
     def rows(self) -> Tensor:

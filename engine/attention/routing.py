@@ -31,6 +31,10 @@ class SeqSpan:
     end: int
     view: CallView
     adapted: bool = False  # the rows take an adapter kept apart (`corps.engine.model.adapter_rows`)
+    # repair rows (`corps.engine.exec.repair_rows`): the view indices (t,) inside the call's
+    # context the rows recompute (each writes there, sees the view up to itself);
+    # None: the rows extend the view
+    at: Tensor | None = None
 
 
 def split_step(
@@ -69,8 +73,8 @@ def _batched(
     """The spans attended through a batched plan, with their plan: the decodes,
     then the short spans when some read a shared context and their padded scores
     stay under SHORT_SPAN_PAIRS."""
-    ones = [sp for sp in spans if sp.end - sp.start == 1]
-    short = [sp for sp in spans if 1 < sp.end - sp.start <= att.short_span_rows]
+    ones = [sp for sp in spans if sp.end - sp.start == 1 and sp.at is None]
+    short = [sp for sp in spans if 1 < sp.end - sp.start <= att.short_span_rows and sp.at is None]
     if all(sp.view.contiguous for sp in short) or _padded_pairs(short) > SHORT_SPAN_PAIRS:
         short = []
     out = []
@@ -133,7 +137,7 @@ def _renumbered(spans) -> tuple[SeqSpan, ...]:
     """The spans numbered over their own rows, in order (for attending them apart)."""
     out, t = [], 0
     for sp in spans:
-        out.append(SeqSpan(t, t + sp.end - sp.start, sp.view))
+        out.append(SeqSpan(t, t + sp.end - sp.start, sp.view, sp.adapted, sp.at))
         t += sp.end - sp.start
     return tuple(out)
 

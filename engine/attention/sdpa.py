@@ -29,16 +29,27 @@ class SdpaAttention:
         gather_rotate_ref(store_k, store_v, slots, positions, cos, sin, out_k, out_v)
 
     def plan_prefill(self, spans) -> tuple[Tensor | None, ...]:
-        """Each span's causal mask, built once per step for all layers (`causal_mask`)."""
-        return tuple(causal_mask(sp.end - sp.start, sp.view, sp.view.own_k.dtype) for sp in spans)
+        """Each span's causal mask, built once per step for all layers (`causal_mask`,
+        `repair_mask` for repair rows)."""
+        return tuple(
+            causal_mask(sp.end - sp.start, sp.view, sp.view.own_k.dtype)
+            if sp.at is None
+            else repair_mask(sp.at, sp.view.length, sp.view.own_k.dtype)
+            for sp in spans
+        )
 
     def attend_spans(self, layer, q, k, v, spans, plan, scale) -> Tensor:
-        """Each span appends to and attends through its own view, one at a time;
+        """Each span appends to and attends through its own view, one at a time (repair
+        rows write inside the view and see it up to themselves, `attend_repair`);
         `plan` is `plan_prefill(spans)`."""
         outs = []
         for sp, mask in zip(spans, plan, strict=True):
-            sp.view.append(layer, k[sp.start : sp.end], v[sp.start : sp.end])
-            outs.append(self.attend(layer, q[sp.start : sp.end], sp.view, scale, mask))
+            rows = slice(sp.start, sp.end)
+            if sp.at is not None:
+                outs.append(attend_repair(layer, q[rows], k[rows], v[rows], sp, mask, scale))
+                continue
+            sp.view.append(layer, k[rows], v[rows])
+            outs.append(self.attend(layer, q[rows], sp.view, scale, mask))
         return outs[0] if len(outs) == 1 else torch.cat(outs)  # (T, Hq, D)
 
     def attend_decode(
@@ -149,6 +160,38 @@ def causal_mask(t: int, view: CallView, dtype: torch.dtype = torch.float32) -> T
     dev = view.own_k.device
     hidden = torch.arange(n, device=dev)[None, :] > (n - t + torch.arange(t, device=dev))[:, None]
     return torch.zeros(hidden.shape, dtype=dtype, device=dev).masked_fill_(hidden, float("-inf"))
+
+
+def repair_mask(at: Tensor, n: int, dtype: torch.dtype = torch.float32) -> Tensor:
+    """Additive mask (t, n) of repair rows at view indices `at` (t,) over a view of n
+    keys: row i sees the keys up to and including its own index."""
+    hidden = torch.arange(n, device=at.device)[None, :] > at[:, None]
+    return torch.zeros(hidden.shape, dtype=dtype, device=at.device).masked_fill_(
+        hidden, float("-inf")
+    )
+
+
+def attend_repair(
+    layer: int, q: Tensor, k: Tensor, v: Tensor, span, mask: Tensor, scale: float
+) -> Tensor:
+    """Repair rows of one call (`corps.engine.exec.repair_rows`): write their rotated keys
+    and values k, v (t, Hkv, D) over the view's at the span's indices, then attend
+    their queries q (t, Hq, D) over the view's context, row i up to its own index
+    (`mask`, `repair_mask`). The view is the call's own (one range). (t, Hq, D)."""
+    view = span.view
+    n = view.length
+    keys, values = view.k_layers[layer], view.v_layers[layer]  # (Hkv, C + E, D)
+    keys.index_copy_(1, span.at, k.transpose(0, 1))
+    values.index_copy_(1, span.at, v.transpose(0, 1))
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1)[None],  # (1, Hq, t, D)
+        keys[None, :, :n],  # (1, Hkv, n, D)
+        values[None, :, :n],
+        attn_mask=mask,
+        scale=scale,
+        enable_gqa=q.shape[1] != keys.shape[0],
+    )  # (1, Hq, t, D)
+    return out[0].transpose(0, 1)  # (t, Hq, D)
 
 
 def attend_parts(

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from torch import Tensor
 
 from corps.engine.exec.call import Call
-from corps.engine.exec.step_plan import StepOutput
+from corps.engine.exec.step_plan import PENDING, REPAIR, StepOutput
 
 if TYPE_CHECKING:
     from corps.engine.exec.core import Core
@@ -27,7 +27,10 @@ def advance(
 ) -> None:
     """Move `c` on after its entry (start, n) ran; `logits` are its rows, `pick` the
     token drawn for it with the step's other calls (None: it draws alone)."""
-    if start < 0:
+    if start == REPAIR:  # context tokens recomputed: its prompt runs after them
+        c.repair.done += n
+        return
+    if start == PENDING:
         c.encoded_pending()
         if c.done:  # its last token and footer are encoded: the turn is closed
             return

@@ -22,9 +22,10 @@ import torch
 from torch import Tensor
 
 from corps.engine.exec.call import Call
+from corps.engine.exec.step_plan import PENDING, REPAIR
 from corps.engine.model.runner import ForwardBatch, SeqSpan
 
-PlanEntry = tuple[Call, int, int]  # (call, first feed index or -1, n tokens)
+PlanEntry = tuple[Call, int, int]  # (call, first feed index, PENDING or REPAIR, n tokens)
 
 
 @dataclass
@@ -49,7 +50,15 @@ def build_batch(plan: list[PlanEntry], device: torch.device) -> Batch:
             rows += lead_rows
             counts.append(len(lead_rows))
             continue
-        if start < 0:  # the pending sampled token, any it jumped to, a finishing footer
+        at = None
+        if start == REPAIR:  # context tokens recomputed over the call's own view
+            r, i = c.repair, c.repair.done
+            ids += r.ids[i : i + n]
+            pos += r.positions[i : i + n]
+            slots += [r.slot] * n  # the store keeps the encodings others read
+            at = long_tensor(r.at[i : i + n], device)
+            mine = []
+        elif start == PENDING:  # the pending sampled token, any it jumped to, a footer
             behind = 1 + len(c.jumped)  # generated tokens not encoded yet
             first = c.feed_start + len(c.feed) + len(c.generated) + len(c.closed) - behind
             ids += [c.pending, *c.jumped, *c.closing]  # n tokens
@@ -63,7 +72,7 @@ def build_batch(plan: list[PlanEntry], device: torch.device) -> Batch:
             mine = feed_rows(c, start, n, t)
             if key is not None:
                 leaders[key] = (c, mine)
-        spans.append(SeqSpan(t, t + n, c.view, c.adapted))
+        spans.append(SeqSpan(t, t + n, c.view, c.adapted, at))
         c.encoded += n
         rows += mine
         counts.append(len(mine))
@@ -112,7 +121,9 @@ def logit_rows(plan: list[PlanEntry], counts: list[int]) -> list[tuple[Call, int
 
 def samples(c: Call, start: int, n: int) -> bool:
     """Whether plan entry (c, start, n) ends in a row the call samples its next token from."""
-    if start < 0:
+    if start == REPAIR:
+        return False
+    if start == PENDING:
         return not c.finishing
     return c.plan.is_decode and start + n == len(c.feed)
 

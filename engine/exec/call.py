@@ -10,7 +10,7 @@ decoding state through the transitions below, by the executor's postprocess
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -19,6 +19,9 @@ from corps.cache.messages import Message
 from corps.cache.radix import Node
 from corps.cache.view import CallView
 from corps.engine.request.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from corps.engine.exec.repair_rows import RepairRows
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,7 @@ class Call:
     finish_reason: str | None = None  # why a decode stopped (see Sampler.stops)
     spans: list[int] = field(default_factory=list)  # tokens it encoded in each step
     first_spans: tuple[int, ...] = ()  # a recompute: the spans its feed was first encoded in
+    repair: RepairRows | None = None  # context tokens it recomputes first (`exec.repair_rows`)
 
     @property
     def status(self) -> str:

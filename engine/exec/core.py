@@ -39,11 +39,20 @@ from corps.engine.exec.grammars import apply as apply_masks
 from corps.engine.exec.memory import Memory, Victims
 from corps.engine.exec.planner import Planner
 from corps.engine.exec.recompute import restore
+from corps.engine.exec.repair_rows import plan_repair, rewired_ranges
 from corps.engine.exec.sampler import Sampler
-from corps.engine.exec.step_plan import StepOutput, StepPlan, decode_keys, plan_rows
+from corps.engine.exec.step_plan import (
+    PENDING,
+    REPAIR,
+    StepOutput,
+    StepPlan,
+    decode_keys,
+    plan_rows,
+)
 from corps.engine.model.runner import ModelRunner
 from corps.engine.model.tuning import KernelChoice
 from corps.engine.model.weights import Weights
+from corps.engine.repair import NONE, Repair
 from corps.engine.request.chat import ChatFormat
 from corps.engine.request.requests import DecodeRequest, PrefillRequest
 from corps.engine.stats import EngineStats
@@ -134,6 +143,9 @@ class Core:
         self.tokens_reused = 0
         self.tokens_jumped = 0  # tokens constraints forced, appended without sampling
         self.tokens_recomputed = 0  # tokens of evicted encodings made again (`restore`)
+        self.repair = NONE  # the repair of calls that name none (EngineConfig.repair)
+        self.tokens_repaired = 0  # rewired context tokens recomputed (`exec.repair_rows`)
+        self.tokens_probed = 0  # rewired tokens the repair's deviation probe ran
         self.jump_forward = jump_forward
         self.forward_seconds = 0.0  # time spent in the model's forward
         self.sink = make_sink(self)
@@ -181,15 +193,41 @@ class Core:
         baseline = self.prefixes is not None
         prompt = len(call.plan.prefix) if baseline else len(call.ctx_slots) + len(call.feed)
         self.memory.check_fits(call, prompt, call.plan.generated_max)
+        repair = self.repair_of(request, call)
         try:
             self.memory.reserve(call, call.plan.generated_max, evict)
-            self.memory.gather(call, len(call.feed) + call.plan.generated_max)
+            self.memory.gather(call, len(call.feed) + call.plan.generated_max, own=not repair.none)
+            if not repair.none:
+                call.repair = plan_repair(self, call, repair)
         except BaseException:
             self.abort(call)
             raise
-        call.reused = len(call.ctx_slots)
+        repaired = len(call.repair.ids) if call.repair is not None else 0
+        call.reused = len(call.ctx_slots) - repaired
         self.tokens_reused += call.reused
+        self.tokens_repaired += repaired
+        self.tokens_probed += call.repair.probed if call.repair is not None else 0
         return call
+
+    def repair_of(self, request: PrefillRequest | DecodeRequest, call: Call) -> Repair:
+        """The repair a call gets (`corps.engine.repair`): its request's, else
+        the engine's; none in baseline mode (nothing is rewired) and for a call whose
+        context is a chain."""
+        repair = request.repair if request.repair is not None else self.repair
+        if repair.none or self.mode != "choreographed" or call.plan.kind == "sink":
+            return NONE
+        return repair if rewired_ranges(self, call) else NONE
+
+    def use_graphs(self, how: str) -> None:
+        """Run decode-only steps over static buffers (`EngineConfig.graphs`): "capture"
+        (CUDA graphs), "static" (the same buffers, eagerly) or "off"."""
+        from corps.engine.model.static_decode import StaticDecode
+
+        self.runner.static = (
+            None
+            if how == "off"
+            else StaticDecode(self.runner, self.arena, capture=how == "capture")
+        )
 
     def reset_peaks(self) -> None:
         """Peaks start over from what is held now (`Engine.reset_peak_stats`)."""
@@ -211,7 +249,7 @@ class Core:
         plan's entries whose calls got them, as (call, first feed index or -1, n)."""
         entries: list[PlanEntry] = []
         for e in plan.entries:
-            if not e.is_chunk:
+            if e.is_decode:
                 try:
                     self.memory.next_slots(e.call, e.n)
                 except CacheFullError as exc:
@@ -223,12 +261,13 @@ class Core:
 
     def _run(self, plan: list[PlanEntry], out: StepOutput) -> None:
         """The forward over the plan's rows, the sampling, and each call's advance."""
-        for c, _, n in plan:
-            c.spans.append(n)
+        for c, start, n in plan:
+            if start != REPAIR:  # the spans its message was encoded in (a recompute's)
+                c.spans.append(n)
         out.calls, out.rows = len(plan), sum(n for _, _, n in plan)
         out.chunks = sum(start >= 0 for _, start, _ in plan)
-        out.keys = decode_keys([c.next_keys for c, _, n in plan if n == 1])
-        out.encoded = any(start >= 0 or c.finishing for c, start, _ in plan)
+        out.keys = decode_keys([c.next_keys for c, s, n in plan if n == 1 and s == PENDING])
+        out.encoded = any(start != PENDING or c.finishing for c, start, _ in plan)
         # constrained calls' masks are computed on another thread while the forward runs
         constrained = [c for c, start, n in plan if c.matcher is not None and samples(c, start, n)]
         masks = self.grammars.masks_async([c.matcher for c in constrained]) if constrained else None
@@ -345,7 +384,7 @@ class Core:
     def stats(self) -> EngineStats:
         memory = self.memory
         radix = self.prefixes.radix if self.prefixes is not None else None
-        graph = self.runner.compiled
+        graph, static = self.runner.compiled, self.runner.static
         return EngineStats(
             mode=self.mode,
             capacity=self.store.capacity,
@@ -371,8 +410,16 @@ class Core:
             weight_bytes=self.runner.weight_bytes,
             forward_s=self.forward_seconds,
             compiled_steps=sum(graph.steps.values()) if graph else 0,
+            static_steps=static.runs if static else 0,
+            graphs_captured=sum(s.graph is not None for s in static.steps.values())
+            if static
+            else 0,
+            graph_capture_s=static.capture_seconds if static else 0.0,
             step_compile_s=graph.compile_seconds if graph else 0.0,
             messages_evicted=memory.messages_evicted,
             tokens_evicted=memory.tokens_evicted,
             tokens_recomputed=self.tokens_recomputed,
+            tokens_repaired=self.tokens_repaired,
+            tokens_probed=self.tokens_probed,
+            repair=str(self.repair),
         )

@@ -97,8 +97,10 @@ class Memory:
             got = self.alloc(n + generated, request, evict)
             c.slots, c.spare = got[:n], got[n:]
 
-    def gather(self, c: Call, extra: int) -> None:
-        """c's view: its context rotated (or read from the store) plus room for `extra`."""
+    def gather(self, c: Call, extra: int, own: bool = False) -> None:
+        """c's view: its context rotated (or read from the store) plus room for `extra`.
+        `own`: a context of its own, copied, shared with no one (a repaired call
+        rewrites some of it, `corps.engine.exec.repair_rows`)."""
         c.view = open_view(
             self.store,
             self.rope,
@@ -107,8 +109,8 @@ class Memory:
             extra,
             self.arena,
             fill=self._fill,
-            pool=self.contexts,
-            scratch=self.scratch,
+            pool=None if own else self.contexts,
+            scratch=None if own else self.scratch,
         )
         with self.lock:
             self.own_view_tokens += c.view.capacity

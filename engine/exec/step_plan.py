@@ -22,6 +22,9 @@ when `Core.step` decided them):
   call is prefilling (so decodes never starve prefills either).
 - A recompute (`Call.first_spans`) encodes its feed in the spans it was first
   encoded in; a span that does not fit what is left waits a step.
+- A repaired call (`corps.engine.exec.repair_rows`) runs its repair rows before its
+  prompt, as prompt chunks are run (in order, chunks of at most PREFILL_CHUNK); its
+  prompt's first chunk may follow them in the same step.
 """
 
 from __future__ import annotations
@@ -30,15 +33,28 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from corps.engine.exec.call import Call
+from corps.engine.model.static_decode import BUCKETS, bucket_for
 
 #: Longest piece of one call's prompt encoded in a single forward step.
 PREFILL_CHUNK = 512
 #: While calls are prefilling, they get at least 1/PREFILL_SHARE of each step's tokens.
 PREFILL_SHARE = 8
-#: Row counts a decode-only step is padded to (a CUDA graph is captured per bucket).
-BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+#: `Rows.start` of a decoding call's pending token (and what follows it).
+PENDING = -1
+#: `Rows.start` of a call's repair rows (`corps.engine.exec.repair_rows`).
+REPAIR = -2
 
 NO_BUDGET = 1 << 62
+__all__ = [
+    "BUCKETS",
+    "PENDING",
+    "REPAIR",
+    "Rows",
+    "StepOutput",
+    "StepPlan",
+    "next_rows",
+    "plan_rows",
+]
 
 
 @dataclass
@@ -68,6 +84,16 @@ class Rows:
         """A piece of the call's prompt (its feed), not its sampled token."""
         return self.start >= 0
 
+    @property
+    def is_decode(self) -> bool:
+        """The call's pending sampled token (what it jumped to, its footer)."""
+        return self.start == PENDING
+
+    @property
+    def is_repair(self) -> bool:
+        """Rows recomputing tokens of the call's context (`RepairRows`)."""
+        return self.start == REPAIR
+
 
 @dataclass(frozen=True)
 class StepPlan:
@@ -94,9 +120,9 @@ class StepPlan:
         smallest of `BUCKETS` >= its rows); None for a step that encodes prompt
         chunks, jumped tokens or footers, or is larger than every bucket: those
         run with their exact shapes."""
-        if not self.entries or any(e.is_chunk or e.n != 1 for e in self.entries):
+        if not self.entries or any(not e.is_decode or e.n != 1 for e in self.entries):
             return None
-        return next((b for b in BUCKETS if b >= len(self.entries)), None)
+        return bucket_for(len(self.entries))
 
     def __bool__(self) -> bool:
         return bool(self.entries)
@@ -109,6 +135,8 @@ def next_rows(c: Call) -> int:
     nothing left to run."""
     if c.pending is not None:
         return 1 + len(c.jumped) + len(c.closing)
+    if c.repair is not None and c.repair.left:
+        return min(c.repair.left, PREFILL_CHUNK)
     left = len(c.feed) - c.fed
     if left <= 0:
         return 0
@@ -122,7 +150,7 @@ def plan_rows(calls: Sequence[Call], budget: int | None = None) -> StepPlan:
     tokens (None: no bound). Pure: reads the calls, changes nothing."""
     left = NO_BUDGET if budget is None else budget
     decoding = [c for c in calls if c.pending is not None]
-    prefilling = sum(len(c.feed) - c.fed for c in calls if c.pending is None)
+    prefilling = sum(len(c.feed) - c.fed + repair_left(c) for c in calls if c.pending is None)
     # prompt chunks keep a share of every step; decodes past the rest wait one step
     decodes = left - min(prefilling, max(1, left // PREFILL_SHARE))
     entries: list[Rows] = []
@@ -131,17 +159,32 @@ def plan_rows(calls: Sequence[Call], budget: int | None = None) -> StepPlan:
             break
         n = next_rows(c)
         decodes -= n
-        entries.append(Rows(c, -1, n))
+        entries.append(Rows(c, PENDING, n))
         left -= n
     for c in calls:
-        if c.pending is not None or c.fed >= len(c.feed) or left <= 0:
+        if c.pending is not None or left <= 0:
             continue
-        n = next_rows(c) if c.first_spans else min(next_rows(c), left)
+        if repair_left(c):  # before its prompt: the prompt attends to what it repairs
+            n = min(next_rows(c), left)
+            entries.append(Rows(c, REPAIR, n))
+            left -= n
+            if n < repair_left(c) or left <= 0:
+                continue
+            # its prompt may follow in the same step: attention runs a call's spans in
+            # order, layer by layer, so the prompt reads the recomputed encodings
+        if c.fed >= len(c.feed):
+            continue
+        n = next_rows(c) if c.first_spans else min(len(c.feed) - c.fed, PREFILL_CHUNK, left)
         if n > left:
             continue  # a recompute's span waits for a step with room for it whole
         entries.append(Rows(c, c.fed, n))
         left -= n
     return StepPlan(tuple(entries), tuple(calls))
+
+
+def repair_left(c: Call) -> int:
+    """Repair rows the call has still to run."""
+    return c.repair.left if c.repair is not None else 0
 
 
 def decode_keys(lengths: list[int]) -> int:

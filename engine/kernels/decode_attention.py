@@ -18,6 +18,12 @@ one program per (call, query head, split) computes a partial softmax (running
 max m, normaliser l, weighted sum acc) over its split in blocks of BLOCK keys;
 a second launch merges the splits of each (call, head). Long contexts thus use
 many programs even when B is 1.
+
+With `splits` given, the launch does not depend on the lengths at all (a CUDA
+graph can replay it whatever the views hold): every call's view is cut into
+that many splits, each of ceil(n / splits) keys rounded up to BLOCK, computed
+in the kernel from n; splits past a short view's end find no keys and weigh
+nothing in the merge.
 """
 
 from __future__ import annotations
@@ -63,6 +69,7 @@ def _kernels():
         q, ak, av, base, n, clen, own, pm, pl, pacc, scale,
         s_qb, s_qh, s_kh, s_kp,  # q strides (call, head); arena strides (head, position)
         G: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr, BLOCK: tl.constexpr, NSPLIT,
+        FIXED: tl.constexpr,  # NSPLIT splits per view, sized from its length
     ):  # fmt: skip
         b = tl.program_id(0)
         h = tl.program_id(1)
@@ -77,8 +84,12 @@ def _kernels():
         m = -1e30
         norm = 0.0
         acc = tl.zeros([D], dtype=tl.float32)
-        lo = s * SPLIT
-        hi = tl.minimum(lo + SPLIT, length)
+        if FIXED:
+            per = tl.cdiv(tl.cdiv(length, NSPLIT), BLOCK) * BLOCK
+        else:
+            per = SPLIT
+        lo = s * per
+        hi = tl.minimum(lo + per, length)
         for j in range(lo, hi, BLOCK):
             p = j + tl.arange(0, BLOCK)  # (BLOCK,) positions in the context
             live = p < hi
@@ -124,9 +135,11 @@ def _kernels():
 def decode_attention(
     q: Tensor, arena_k: Tensor, arena_v: Tensor, base: Tensor, n: Tensor, scale: float,
     max_n: int | None = None, ctx_len: Tensor | None = None, own_base: Tensor | None = None,
+    splits: int | None = None,
 ) -> Tensor:  # fmt: skip
     """The Triton kernels (same contract as `decode_attention_ref`). `max_n` is
-    max(n) if the caller knows it (saves a device sync)."""
+    max(n) if the caller knows it (saves a device sync); `splits` fixes the number
+    of splits per view instead (the launch then reads no length on the host)."""
     b, hq, dim = q.shape
     hkv = arena_k.shape[0]
     if hq % hkv:
@@ -138,8 +151,11 @@ def decode_attention(
     out = torch.empty_like(q)
     if b == 0:
         return out
-    longest = int(n.max()) if max_n is None else max_n
-    nsplit = max(1, -(-longest // SPLIT))
+    if splits is not None:
+        nsplit = splits
+    else:
+        longest = int(n.max()) if max_n is None else max_n
+        nsplit = max(1, -(-longest // SPLIT))
     pm = torch.empty(b * hq * nsplit, dtype=torch.float32, device=q.device)
     pl = torch.empty_like(pm)
     pacc = torch.empty(b * hq * nsplit * dim, dtype=torch.float32, device=q.device)
@@ -149,7 +165,7 @@ def decode_attention(
     partial[(b, hq, nsplit)](
         q, arena_k, arena_v, base, n, c, own, pm, pl, pacc, scale,
         q.stride(0), q.stride(1), arena_k.stride(0), arena_k.stride(1),
-        G=hq // hkv, D=dim, SPLIT=SPLIT, BLOCK=BLOCK, NSPLIT=nsplit,
+        G=hq // hkv, D=dim, SPLIT=SPLIT, BLOCK=BLOCK, NSPLIT=nsplit, FIXED=splits is not None,
     )  # fmt: skip
     merge[(b, hq)](pm, pl, pacc, out, out.stride(0), out.stride(1), D=dim, NSPLIT=nsplit)
     return out

@@ -70,7 +70,7 @@ class CompiledDecode:
         else None."""
         if self.disabled or len(batch.spans) != 1 or batch.input_ids.shape[0] != 1:
             return None
-        if batch.spans[0].adapted:  # the graph holds the base weights only
+        if batch.spans[0].adapted or batch.spans[0].at is not None:  # base weights; decodes
             return None
         view = batch.spans[0].view
         if view.contiguous:  # one slice, read as two

@@ -16,12 +16,14 @@ from corps.engine.attention import (
     AttentionBackend,
     SdpaAttention,
     SeqSpan,
+    repair_mask,
     split_step,
 )
 from corps.engine.model.weights import Weights
 
 if TYPE_CHECKING:
     from corps.engine.model.compiled_decode import CompiledDecode
+    from corps.engine.model.static_decode import StaticDecode
 
 
 @dataclass(frozen=True)
@@ -60,12 +62,17 @@ class ModelRunner:
         self.group_min_saved: int | None = GROUP_MIN_SAVED
         # lone one-row steps through a captured graph (EngineConfig.compile), else None
         self.compiled: CompiledDecode | None = None
+        # decode-only steps over static buffers, CUDA graphs on a GPU (EngineConfig.graphs)
+        self.static: StaticDecode | None = None
 
     def release(self) -> None:
         """Drop the weights and the captured step (the engine closed): their memory
         goes back as soon as nothing else holds them."""
         self.w = None
         self.compiled = None
+        if self.static is not None:
+            self.static.release()
+            self.static = None
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> Tensor:
@@ -74,15 +81,33 @@ class ModelRunner:
             logits = self.compiled.forward(batch, *parts)
             if logits is not None:
                 return logits
-        spec, w = self.spec, self.w
+        if self.static is not None and (key := self.static.key(batch)) is not None:
+            return self.static.forward(batch, key)
+        w = self.w
         if w.lora is not None:  # the rows an adapter kept apart applies to, or None
             w.lora.set(adapted_rows(batch), batch.input_ids.shape[0])
-        x = w.embed[batch.input_ids].to(w.dtype)  # (T, E)
         split = split_step(
             self.attention, batch.spans, batch.input_ids.device, self.group_min_saved
         )
-        cos = w.rope.cos[batch.positions].unsqueeze(1)  # (T, 1, D)
-        sin = w.rope.sin[batch.positions].unsqueeze(1)  # (T, 1, D)
+        attention, scale = self.attention, self.scale
+
+        def attend(i: int, q: Tensor, k_rot: Tensor, v: Tensor) -> Tensor:
+            return split.attend(attention, i, q, k_rot, v, scale)  # (T, Hq, D)
+
+        x = self.layers(batch.input_ids, batch.positions, batch.slots, attend)
+        for span in batch.spans:
+            if span.at is None:  # repair rows rewrite the view; they do not extend it
+                span.view.advance(span.end - span.start)
+        return self.logits(x[batch.logit_rows])  # (N, V)
+
+    def layers(self, ids: Tensor, positions: Tensor, slots: Tensor, attend) -> Tensor:
+        """Every decoder layer over tokens `ids` (T,) at `positions` (T,): each layer
+        writes its unrotated K/V to the store at `slots` (T,) and attends through
+        `attend(layer, q, k_rot, v) -> (T, Hq, D)`. The last hidden states (T, E)."""
+        spec, w = self.spec, self.w
+        x = w.embed[ids].to(w.dtype)  # (T, E)
+        cos = w.rope.cos[positions].unsqueeze(1)  # (T, 1, D)
+        sin = w.rope.sin[positions].unsqueeze(1)  # (T, 1, D)
         for i, lw in enumerate(w.layers):
             q, k_rot, k, v = layer_qkv(
                 x,
@@ -96,16 +121,65 @@ class ModelRunner:
                 spec.num_kv_heads,
                 spec.rms_norm_eps,
             )
-            self.store.write(i, batch.slots, k, v)
-            attn = split.attend(self.attention, i, q, k_rot, v, self.scale)  # (T, Hq, D)
+            self.store.write(i, slots, k, v)
+            attn = attend(i, q, k_rot, v)  # (T, Hq, D)
             x = layer_mlp(
                 x, attn.reshape(q.shape[0], -1), lw.o, lw.post_norm, lw.gate_up, lw.down,
                 spec.rms_norm_eps,
             )  # fmt: skip
-        for span in batch.spans:
-            span.view.advance(span.end - span.start)
-        h = rms_norm(x[batch.logit_rows], w.final_norm, spec.rms_norm_eps)
-        return w.lm_head(h)  # (N, V)
+        return x
+
+    @torch.inference_mode()
+    def deviation(
+        self, view, ids: list[int], positions: list[int], at: list[int], layer: int
+    ) -> Tensor:
+        """How far recomputing tokens `ids` (R,) at `positions`, view indices `at`, in
+        the context of `view` moves their keys and values of `layer`: per token, the
+        norm of the change of its rotated key plus that of its value (R,) float32
+        (`corps.engine.exec.repair_rows`). The layers before run as repair rows would (each
+        token over the view up to itself, every probed token recomputed), over copies
+        of the view's layers: the view is left as it was."""
+        spec, w = self.spec, self.w
+        dev = view.own_k.device
+        ids_t, pos_t, at_t = (torch.tensor(v, device=dev) for v in (ids, positions, at))
+        if w.lora is not None:  # the probe runs the base weights
+            w.lora.set(None, len(ids))
+        n = view.length
+        mask = repair_mask(at_t, n, view.own_k.dtype)  # (R, n)
+        x = w.embed[ids_t].to(w.dtype)  # (R, E)
+        cos = w.rope.cos[pos_t].unsqueeze(1)  # (R, 1, D)
+        sin = w.rope.sin[pos_t].unsqueeze(1)
+        for i in range(layer + 1):
+            lw = w.layers[i]
+            q, k_rot, _, v = layer_qkv(
+                x, lw.input_norm, lw.qkv, lw.q_norm, lw.k_norm, cos, sin, spec.num_heads,
+                spec.num_kv_heads, spec.rms_norm_eps,
+            )  # fmt: skip
+            keys, values = view.k_layers[i][:, :n], view.v_layers[i][:, :n]  # (Hkv, n, D)
+            if i == layer:
+                dk = k_rot - keys[:, at_t].transpose(0, 1)  # (R, Hkv, D)
+                dv = v - values[:, at_t].transpose(0, 1)
+                return dk.float().flatten(1).norm(dim=1) + dv.float().flatten(1).norm(dim=1)
+            keys = keys.index_copy(1, at_t, k_rot.transpose(0, 1))  # copies
+            values = values.index_copy(1, at_t, v.transpose(0, 1))
+            attn = F.scaled_dot_product_attention(
+                q.transpose(0, 1)[None],
+                keys[None],
+                values[None],
+                attn_mask=mask,
+                scale=self.scale,
+                enable_gqa=spec.num_heads != spec.num_kv_heads,
+            )[0].transpose(0, 1)  # (R, Hq, D)
+            x = layer_mlp(
+                x, attn.reshape(len(ids), -1), lw.o, lw.post_norm, lw.gate_up, lw.down,
+                spec.rms_norm_eps,
+            )  # fmt: skip
+        raise ValueError(f"layer {layer} is past the model's {len(w.layers)} layers")
+
+    def logits(self, x: Tensor) -> Tensor:
+        """Next-token logits (N, V) of hidden states x (N, E)."""
+        w = self.w
+        return w.lm_head(rms_norm(x, w.final_norm, self.spec.rms_norm_eps))
 
 
 def adapted_rows(batch: ForwardBatch) -> Tensor | None:

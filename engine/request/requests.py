@@ -16,6 +16,7 @@ from typing import Any, TypedDict
 from corps.cache.handle import Handle
 from corps.cache.visibility import Private, Public, Shared, Visibility, check_policy
 from corps.engine.errors import InvalidRequest
+from corps.engine.repair import Repair, parse_repair
 from corps.engine.request.constraint import KINDS, constraint_of
 from corps.engine.request.sampling_params import SamplingParams
 from corps.engine.request.workflow import Objective, check_objective
@@ -32,7 +33,9 @@ class PrefillArgs(TypedDict, total=False):
     the agent making the call. visibility: Public(), Private() or Shared(readers).
     leak_policy: this call's leak policy (else the agent's, else the engine's).
     objective: "latency" or "throughput" for the scheduling policy (else the agent's,
-    else its workflow's; `corps.engine.request.workflow`).
+    else its workflow's; `corps.engine.request.workflow`). repair: which rewired
+    parent encodings to recompute in this call's context, e.g. "recompute:0.15"
+    (`corps.engine.repair`; else the engine's `repair`).
     """
 
     role: str
@@ -44,6 +47,7 @@ class PrefillArgs(TypedDict, total=False):
     visibility: Visibility | None
     leak_policy: str | None
     objective: Objective | None
+    repair: str | Repair | None
 
 
 class DecodeArgs(TypedDict, total=False):
@@ -68,6 +72,7 @@ class DecodeArgs(TypedDict, total=False):
     visibility: Visibility | None
     leak_policy: str | None
     objective: Objective | None
+    repair: str | Repair | None
     sampling: SamplingParams
     max_tokens: int | None
     temperature: float | None
@@ -97,6 +102,7 @@ class PrefillRequest:
     visibility: Visibility | None = None
     leak_policy: str | None = None
     objective: Objective | None = None
+    repair: Repair | None = None  # None: the engine's
 
     def __post_init__(self) -> None:
         _check_common(self)
@@ -119,6 +125,7 @@ class DecodeRequest:
     visibility: Visibility | None = None
     leak_policy: str | None = None
     objective: Objective | None = None
+    repair: Repair | None = None  # None: the engine's
 
     def __post_init__(self) -> None:
         _check_common(self)
@@ -193,6 +200,8 @@ def _check_common(req: PrefillRequest | DecodeRequest) -> None:
     role, parents, owner, visibility = req.role, req.parents, req.owner, req.visibility
     if req.leak_policy is not None:
         check_policy(req.leak_policy)
+    if req.repair is not None:  # a string becomes its Repair (frozen: set once, here)
+        object.__setattr__(req, "repair", parse_repair(req.repair))
     check_objective(req.objective)
     if not isinstance(role, str) or not role:
         raise InvalidRequest(f"role must be a non-empty string, got {role!r}")

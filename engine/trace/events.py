@@ -88,6 +88,8 @@ class CallEnd(_Event):
     first_token: float | None = None  # t of its first sampled token (decode)
     encoded: int = 0  # tokens run through the model
     reused: int = 0  # cached tokens attended to without re-encoding
+    repaired: int = 0  # rewired context tokens recomputed in its context (encoded, not reused)
+    repair: str | None = None  # the repair policy it ran under, when it recomputed any
     generated: int = 0
     ttft_s: float | None = None
     decode_s: float | None = None

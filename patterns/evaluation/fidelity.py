@@ -13,14 +13,18 @@ compare how each mode scores those tokens. `measure` does that per input:
 - the first greedy divergence: the first position of a turn where the argmaxes
   differ (how soon a greedy run would have taken another path).
 
-A replay is any engine: choreographed, choreographed with an adapter, or the
-baseline with an adapter (the adapter's effect on the model's normal behaviour).
+A replay is any engine: choreographed, choreographed with an adapter or a repair
+policy (`corps.engine.repair`), or the baseline with an adapter (the adapter's
+effect on the model's normal behaviour). Each replay runs over every input in
+turn, alone, so its wall time is its own; with its turns' TTFT and the context
+tokens it recomputed, a set of replays is a curve of fidelity against cost.
 """
 
 from __future__ import annotations
 
 import inspect
 import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -91,9 +95,16 @@ class Row:
     agree: int = 0  # positions whose argmax is the same in both modes
     diverged: int = 0  # turns with at least one such position that differs
     first: list[int] = field(default_factory=list)  # each diverged turn's first position
+    ttfts: list[float] = field(default_factory=list)  # the replay's turns' TTFT (s)
+    reused: int = 0  # context tokens the replay's turns read as encoded
+    repaired: int = 0  # context tokens they recomputed (a repair)
 
     def add(self, base: TurnScores, other: TurnScores) -> None:
         n = min(len(base.logprobs), len(other.logprobs))
+        if other.ttft_s is not None:
+            self.ttfts.append(other.ttft_s)
+        self.reused += other.reused
+        self.repaired += other.repaired
         self.turns += 1
         self.tokens += n
         self.baseline_nll -= sum(base.logprobs[:n])
@@ -123,6 +134,17 @@ class Row:
         return self.agree / self.tokens if self.tokens else math.nan
 
     @property
+    def ttft(self) -> float | None:
+        """Mean TTFT of the replay's turns (seconds)."""
+        return sum(self.ttfts) / len(self.ttfts) if self.ttfts else None
+
+    @property
+    def recomputed(self) -> float:
+        """Share of the replay's reused context tokens it recomputed instead."""
+        total = self.reused + self.repaired
+        return self.repaired / total if total else 0.0
+
+    @property
     def first_divergence(self) -> float | None:
         """Mean position of the first differing argmax, over the turns that diverge."""
         return sum(self.first) / len(self.first) if self.first else None
@@ -132,7 +154,8 @@ class Row:
             role=self.role, turns=self.turns, tokens=self.tokens,
             baseline_loss=self.baseline_loss, replay_loss=self.replay_loss, gap=self.gap,
             agreement=self.agreement, diverged_turns=self.diverged,
-            first_divergence=self.first_divergence,
+            first_divergence=self.first_divergence, ttft_s=self.ttft,
+            tokens_reused=self.reused, tokens_repaired=self.repaired, recomputed=self.recomputed,
         )  # fmt: skip
 
 
@@ -157,6 +180,8 @@ class Report:
     pattern: str
     pairs: dict[str, list[Pair]]
     failed: list[tuple[int, str]] = field(default_factory=list)  # (input index, why)
+    # seconds each replay (and "baseline", the sampling) took over all the inputs
+    wall: dict[str, float] = field(default_factory=dict)
 
     def tables(self) -> dict[str, list[Row]]:
         return {label: table(p) for label, p in self.pairs.items()}
@@ -167,6 +192,7 @@ class Report:
             inputs=len(next(iter(self.pairs.values()), [])),
             failed=[dict(index=i, error=e) for i, e in self.failed],
             replays={k: [r.as_dict() for r in rows] for k, rows in self.tables().items()},
+            wall_s=self.wall,
         )
 
 
@@ -180,22 +206,34 @@ async def measure(
     concurrency: int = 4,
     on_done: Callable[[], None] | None = None,
 ) -> Report:
-    """Sample input i at seed i in `base_rt` (a baseline runtime), replay it forced in
-    each of `replays` (label -> runtime), and pair the scores of every turn."""
+    """Sample input i at seed i in `base_rt` (a baseline runtime), then replay every
+    input forced in each of `replays` (label -> runtime), one replay after another,
+    and pair the scores of every turn. An input that fails anywhere is left out of
+    every replay's pairs (and listed in `failed`). `on_done` runs once per input
+    sampled and once per input replayed in each replay."""
     report = Report(pattern, {label: [] for label in replays})
+    params = [sampling_params(pattern, inputs[i], seeds[i]) for i in range(len(inputs))]
+    recorded: dict[int, Replay] = {}
 
-    async def one(i: int) -> None:
-        params = sampling_params(pattern, inputs[i], seeds[i])
-        recorded, _ = await sample(base_rt, pattern, params)
-        got = {}
-        for label, rt in replays.items():
-            forced, _ = await replay(rt, pattern, params, recorded)
-            got[label] = Pair(i, recorded.scores, forced.scores)
-        for label, pair in got.items():  # all replays of an input, or none of them
-            report.pairs[label].append(pair)
+    async def sample_one(i: int) -> None:
+        recorded[i], _ = await sample(base_rt, pattern, params[i])
 
-    failed = await each(range(len(inputs)), one, concurrency=concurrency, on_done=on_done)
-    report.failed = list(failed.items())
-    for pairs in report.pairs.values():
-        pairs.sort(key=lambda p: p.index)
+    t0 = time.perf_counter()
+    failed = dict(await each(range(len(inputs)), sample_one, concurrency=concurrency,
+                             on_done=on_done))  # fmt: skip
+    report.wall["baseline"] = time.perf_counter() - t0
+    got: dict[str, dict[int, Pair]] = {label: {} for label in replays}
+    for label, rt in replays.items():
+
+        async def replay_one(i: int, rt=rt, label=label) -> None:
+            forced, _ = await replay(rt, pattern, params[i], recorded[i])
+            got[label][i] = Pair(i, recorded[i].scores, forced.scores)
+
+        t0 = time.perf_counter()
+        failed.update(await each(sorted(recorded), replay_one, concurrency=concurrency,
+                                 on_done=on_done))  # fmt: skip
+        report.wall[label] = time.perf_counter() - t0
+    for label, pairs in got.items():  # all replays of an input, or none of them
+        report.pairs[label] = [p for i, p in sorted(pairs.items()) if i not in failed]
+    report.failed = sorted(failed.items())
     return report

@@ -1,0 +1,101 @@
+"""`Repair`: which reused encodings a call recomputes in its own context.
+
+A choreographed call reads its parents' encodings as they were made. When its
+context is rewired (`corps.cache.rewired`: parents encoded apart, moved, or over
+context it does not read), those encodings differ from what encoding its
+context afresh would give, and answers can suffer (the paper's blockage). A
+repair recomputes some of the rewired tokens' keys and values in the call's
+actual context (its parents at its offsets, in order, causally) before the call
+attends; the recomputed encodings are the call's own (nothing another call
+reads changes). Policies, written as strings (`--repair`, `repair=`):
+
+- "none": read every encoding as it is (the default);
+- "first:K": the first K tokens of each rewired parent (EPIC's false sinks: an
+  independently encoded message carries attention-sink keys at its start);
+- "recompute:R": a share R (0..1) of the rewired tokens, those whose layer-1
+  keys and values move most in the call's context (CacheBlend's criterion,
+  measured by a two-layer probe over every rewired token);
+- "full": every rewired token (the upper bound: the call reads what encoding its
+  whole context in order would give);
+- "A+B": the union of two (e.g. "first:4+recompute:0.1").
+
+Torch-free: the engine's planner turns a Repair into rows (`corps.engine.exec.repair_rows`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from corps.engine.errors import InvalidRequest
+
+#: The probe's layer: keys and values of layer 1 are the first that depend on context.
+PROBE_LAYER = 1
+
+
+@dataclass(frozen=True)
+class Repair:
+    """A repair policy: the first `first` tokens of each rewired parent, plus a share
+    `ratio` of the rewired tokens by deviation, or every one (`full`)."""
+
+    first: int = 0
+    ratio: float = 0.0
+    full: bool = False
+
+    def __post_init__(self) -> None:
+        if self.first < 0 or not 0.0 <= self.ratio <= 1.0:
+            raise InvalidRequest(f"repair: first must be >= 0 and ratio in [0, 1], got {self}")
+
+    @property
+    def none(self) -> bool:
+        """Nothing is recomputed."""
+        return not (self.full or self.first or self.ratio)
+
+    @property
+    def probes(self) -> bool:
+        """Whether choosing the tokens needs the deviation probe."""
+        return not self.full and 0.0 < self.ratio < 1.0
+
+    def __str__(self) -> str:
+        if self.full or self.ratio >= 1.0:
+            return "full"
+        parts = ([f"first:{self.first}"] if self.first else []) + (
+            [f"recompute:{self.ratio:g}"] if self.ratio else []
+        )
+        return "+".join(parts) or "none"
+
+
+NONE = Repair()
+
+
+def parse_repair(value: str | Repair | None) -> Repair:
+    """A Repair from its string ("none", "first:4", "recompute:0.15", "full",
+    "first:4+recompute:0.1"), a Repair, or None (none). InvalidRequest says what
+    it takes."""
+    if value is None:
+        return NONE
+    if isinstance(value, Repair):
+        return value
+    if not isinstance(value, str):
+        raise InvalidRequest(f"repair must be a string such as 'recompute:0.15', got {value!r}")
+    first, ratio, full = 0, 0.0, False
+    for part in value.strip().lower().split("+"):
+        name, _, arg = part.strip().partition(":")
+        try:
+            if name == "none" and not arg:
+                continue
+            if name == "full" and not arg:
+                full = True
+            elif name == "first" and int(arg) >= 0:
+                first = max(first, int(arg))
+            elif name == "recompute" and 0.0 <= float(arg) <= 1.0:
+                ratio = max(ratio, float(arg))
+            else:
+                raise ValueError
+        except ValueError:
+            raise InvalidRequest(
+                f"repair {value!r}: each part is none, full, first:K (tokens) or "
+                "recompute:R (a share 0..1), joined by '+'"
+            ) from None
+    if ratio >= 1.0:  # every rewired token
+        full, ratio = True, 0.0
+    return Repair(first, ratio, full)

@@ -1,0 +1,43 @@
+"""engine/repair.py: repair policies from their strings, and back."""
+
+from __future__ import annotations
+
+import pytest
+
+from corps.engine.errors import InvalidRequest
+from corps.engine.repair import NONE, Repair, parse_repair
+
+
+@pytest.mark.parametrize(
+    ("text", "want", "canonical"),
+    [
+        ("none", Repair(), "none"),
+        ("", Repair(), "none"),
+        ("first:4", Repair(first=4), "first:4"),
+        ("recompute:0.15", Repair(ratio=0.15), "recompute:0.15"),
+        ("full", Repair(full=True), "full"),
+        ("recompute:1", Repair(full=True), "full"),
+        (" First:4 + recompute:0.10 ", Repair(first=4, ratio=0.1), "first:4+recompute:0.1"),
+    ],
+)
+def test_policies_parse_to_their_canonical_form(text, want, canonical):
+    if not text:
+        text = "none"
+    got = parse_repair(text)
+    assert got == want and str(got) == canonical
+    assert parse_repair(str(got)) == got
+
+
+def test_what_a_policy_needs():
+    assert NONE.none and parse_repair(None) is NONE and not NONE.probes
+    assert parse_repair("recompute:0.3").probes and not parse_repair("first:2").probes
+    assert not parse_repair("full").probes and not parse_repair("recompute:0").probes
+    assert parse_repair("recompute:0").none  # a share of nothing recomputes nothing
+
+
+@pytest.mark.parametrize(
+    "bad", ["all", "first", "first:x", "recompute:1.5", "first:-1", "full:2", 3]
+)
+def test_bad_policies_say_what_they_take(bad):
+    with pytest.raises(InvalidRequest, match="repair"):
+        parse_repair(bad)

@@ -1,0 +1,219 @@
+"""engine/exec/repair_rows.py: a call's repair recomputes rewired context tokens in its
+own context, as transformers computes them there, and touches nothing else."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from corps.cache.visibility import Private
+from corps.engine.exec.step_plan import plan_rows
+from corps.engine.request.requests import DecodeRequest, PrefillRequest
+from corps.engine.request.sampling_params import SamplingParams
+
+from conftest import open_tiny
+from helpers import run_calls
+
+TOL = 1e-4
+TEXTS = ("You are a careful solver.", "What is seven times six?", "Name a prime above ten.")
+
+
+def prefill(core, message, **kw):
+    (h,), _ = run_calls(core, [PrefillRequest(message, **kw)])
+    return h
+
+
+def parallel(core):
+    """A system prompt and two questions encoded apart on it (at the same offset)."""
+    sys = prefill(core, TEXTS[0], role="system")
+    q1 = prefill(core, TEXTS[1], parents=[sys])
+    q2 = prefill(core, TEXTS[2], parents=[sys], offsets=[0])
+    return sys, q1, q2
+
+
+def greedy(n, **kw):
+    return SamplingParams(max_tokens=n, ignore_eos=True, **kw)
+
+
+def hf_greedy(hf, ids, n):
+    hf.generation_config.eos_token_id = None
+    out = hf.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                      pad_token_id=0)  # fmt: skip
+    return out[0, len(ids) :].tolist()
+
+
+def header_of(h, n, core):
+    footer = core.fmt.encode(core.fmt.frame("assistant")[1])
+    return h.tokens[: len(h.tokens) - n - len(footer)]
+
+
+def test_full_repair_reads_what_encoding_the_context_in_order_gives(tiny_dirs, tiny_hf, backend):
+    """Both questions read together: choreographed, q2 never saw q1; repaired in full,
+    the call reads what transformers computes for the whole conversation."""
+    core = open_tiny(tiny_dirs, "llama")._core
+    hf = tiny_hf["llama"]
+    sys, q1, q2 = parallel(core)
+    seq = core.fmt.sink + sys.tokens + q1.tokens + q2.tokens
+    got = {}
+    for repair in ("none", "full"):
+        (h,) = run_calls(core, [DecodeRequest(parents=[sys, q1, q2], sampling=greedy(12),
+                                              repair=repair)])[0]  # fmt: skip
+        got[repair] = h
+    full = got["full"]
+    assert full.generated == hf_greedy(hf, seq + header_of(full, 12, core), 12)
+    assert got["none"].generated != full.generated  # the tiny model does read q1 in q2
+    stats = core.stats()  # q2 is the rewired parent: all of it, once (the "full" call)
+    assert (stats.tokens_repaired, stats.tokens_probed) == (q2.length, 0)
+
+
+def test_on_a_chain_nothing_is_repaired(tiny_dirs):
+    core = open_tiny(tiny_dirs, "llama")._core
+    sys = prefill(core, TEXTS[0], role="system")
+    q1 = prefill(core, TEXTS[1], parents=[sys])
+    got = []
+    for repair in ("none", "full", "recompute:0.5"):
+        (h,) = run_calls(core, [DecodeRequest(parents=[sys, q1], sampling=greedy(8),
+                                              repair=repair)])[0]  # fmt: skip
+        got.append(h.generated)
+    assert got[0] == got[1] == got[2]
+    assert (core.stats().tokens_repaired, core.stats().tokens_probed) == (0, 0)
+
+
+def test_empty_policies_are_none_and_first_k_past_every_parent_is_full(tiny_dirs):
+    core = open_tiny(tiny_dirs, "llama")._core
+    sys, q1, q2 = parallel(core)
+    run = {}
+    for repair in ("none", "recompute:0", "first:0", "full", "first:1000"):
+        (h,) = run_calls(core, [DecodeRequest(parents=[sys, q2, q1], sampling=greedy(10),
+                                              repair=repair)])[0]  # fmt: skip
+        run[repair] = h.generated
+    assert run["none"] == run["recompute:0"] == run["first:0"]
+    assert run["full"] == run["first:1000"]
+
+
+def repaired_view(core, request):
+    """Admit `request`, run its repair rows only, and return the call (view intact)."""
+    call = core.admit(request)
+    while call.repair is not None and call.repair.left:
+        out = core.step(plan_rows([call]))
+        assert not out.failed
+    return call
+
+
+def hf_kv(hf, view_k, view_v, j: int, token: int, position: int):
+    """Transformers' keys and values (L, Hkv, D) of `token` at `position` after the
+    view's first j keys and values (every layer): what a recomputed token must hold."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    if j:
+        for layer in range(view_k.shape[0]):
+            cache.update(view_k[layer][None, :, :j], view_v[layer][None, :, :j], layer)
+    with torch.no_grad():
+        out = hf(
+            input_ids=torch.tensor([[token]]),
+            position_ids=torch.tensor([[position]]),
+            cache_position=torch.tensor([j]),
+            past_key_values=cache,
+            use_cache=True,
+        )
+    keys = torch.stack([layer.keys[0, :, j] for layer in out.past_key_values.layers])
+    values = torch.stack([layer.values[0, :, j] for layer in out.past_key_values.layers])
+    return keys, values
+
+
+@settings(
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    policy=st.sampled_from(
+        ["first:1", "first:3", "recompute:0.3", "first:2+recompute:0.2", "full"]
+    ),
+    order=st.permutations([0, 1, 2]),
+    gap=st.integers(0, 6),
+)
+def test_a_recomputed_tokens_encoding_is_transformers_in_the_calls_context(
+    tiny_dirs, tiny_hf, policy, order, gap
+):
+    """Whatever the policy and layout, each recomputed token holds what transformers
+    computes for it over the view before it (reused keys, and recomputed ones where
+    earlier tokens were recomputed); every other token keeps its reused encoding."""
+    core = open_tiny(tiny_dirs, "llama")._core
+    hf = tiny_hf["llama"]
+    msgs = parallel(core)
+    parents = [msgs[i] for i in order]
+    offsets, at = [], len(core.fmt.sink)
+    for i, p in enumerate(parents):
+        at += gap if i == 1 else 0
+        offsets.append(at)
+        at += p.length
+    request = DecodeRequest(parents=parents, offsets=offsets, sampling=greedy(2), repair=policy)
+    plain = core.admit(DecodeRequest(parents=parents, offsets=offsets, sampling=greedy(2)))
+    call = repaired_view(core, request)
+    try:
+        rows = call.repair
+        assert rows is not None and rows.at == sorted(rows.at)
+        k, v = call.view.k, call.view.v  # (L, Hkv, n, D) rotated keys, values
+        n = call.view.ctx_len  # the context (its prompt may have run in the same step)
+        for j, tok, pos in zip(rows.at, rows.ids, rows.positions, strict=True):
+            want_k, want_v = hf_kv(hf, k, v, j, tok, pos)
+            assert (k[:, :, j] - want_k).abs().max().item() <= TOL
+            assert (v[:, :, j] - want_v).abs().max().item() <= TOL
+        kept = [j for j in range(n) if j not in set(rows.at)]
+        assert torch.equal(k[:, :, kept], plain.view.k[:, :, kept])  # reused as they were
+        assert torch.equal(v[:, :, kept], plain.view.v[:, :, kept])
+    finally:
+        core.abort(call)
+        core.abort(plain)
+    core.check()
+
+
+async def test_a_repair_changes_nothing_another_reader_reads(tiny_dirs):
+    """Two concurrent readers of the same parents, one repaired: the other decodes what
+    it decodes alone, and the store and every message are as before."""
+    async with open_tiny(tiny_dirs, "llama") as engine:
+        sys = await engine.prefill(TEXTS[0], role="system")
+        q1 = await engine.prefill(TEXTS[1], parents=[sys])
+        q2 = await engine.prefill(TEXTS[2], parents=[sys], offsets=[0])
+        kw = dict(parents=[sys, q1, q2], max_tokens=10, ignore_eos=True)
+        alone = await engine.decode(**kw)
+        repaired, other = await engine.decode_many([dict(repair="full", **kw), kw])
+        assert other.generated == alone.generated
+        assert repaired.tokens_repaired == q2.length and other.tokens_repaired == 0
+        again = await engine.decode(**kw)  # q2's stored encoding is still its own
+        assert again.generated == alone.generated
+        engine.check()
+
+
+async def test_the_leak_audit_still_flags_a_repaired_call(tiny_dirs):
+    async with open_tiny(tiny_dirs, "llama", leak_policy="allow") as engine:
+        secret = await engine.prefill("always defect", owner="alice", visibility=Private())
+        shared = await engine.prefill("hello world", parents=[secret], owner="alice")
+        other = await engine.prefill("what now", owner="alice")
+        await engine.decode(parents=[other, shared], max_tokens=2, owner="bob", repair="full")
+        assert [leak.reader for leak in engine.leaks()] == ["bob"]
+
+
+async def test_sixteen_repaired_calls_share_their_steps(tiny_dirs):
+    """Repair rows are prefill rows of the fused steps: sixteen parallel repaired calls
+    take the steps one repaired call takes, not sixteen times as many."""
+    steps = {}
+    for n in (1, 16):
+        async with open_tiny(tiny_dirs, "llama", repair="recompute:0.15") as engine:
+            sys = await engine.prefill(TEXTS[0], role="system")
+            qs = await engine.prefill_many(
+                [dict(message=f"question {i}: {TEXTS[1]}", parents=[sys]) for i in range(4)]
+            )
+            before = engine.stats()
+            got = await engine.decode_many(
+                [
+                    dict(parents=[sys, *qs], max_tokens=4, ignore_eos=True, seed=i, temperature=1.0)
+                    for i in range(n)
+                ]
+            )
+            after = engine.stats()
+            assert all(h.tokens_repaired > 0 for h in got)
+            assert after.tokens_probed - before.tokens_probed == n * 3 * qs[1].length
+            steps[n] = after.steps - before.steps
+    assert steps[16] == steps[1]
