@@ -74,6 +74,9 @@ class Message:
     # preemption (`corps.engine.exec.memory`): how its tokens went through the model (tokens
     # per forward step, in order), so an evicted encoding is recomputed step for step
     spans: tuple[int, ...] = ()
+    # the repair policy its call ran (a string, `corps.engine.repair`; "" for none): a
+    # recompute of its evicted encoding repairs its context the same way
+    repair: str = ""
     evicted: bool = False  # its encoding was dropped for room; recomputed when read
     read_at: int = 0  # when a call last pinned it (the memory's tick): least recent yields
     started: float = 0.0  # when the workflow that made it started (a policy's victim order)

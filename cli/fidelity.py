@@ -254,7 +254,9 @@ def _curve_table(title: str, report: Any) -> None:
     short = _short(first)
     for col in ("replay", "gap", "closes", "agree", "recomputed", "TTFT ms",
                 "TTFT / " + short, "wall / " + short, "wall / baseline"):  # fmt: skip
-        t.add_column(col, justify="left" if col == "replay" else "right")
+        first_col = col == "replay"  # a label is never cut: it wraps
+        t.add_column(col, justify="left" if first_col else "right", overflow="fold",
+                     min_width=14 if first_col else None)  # fmt: skip
     wall = report.wall
     for label, rows in tables.items():
         r = rows[-1]
@@ -378,7 +380,9 @@ def evaluate(
             _exit(str(exc), 1)
     t = Table(title=f"{name}: task score, {len(lines)} inputs", title_justify="left")
     for col in ("configuration", "score", "scored", "vs " + labels[0], "p", "significant"):
-        t.add_column(col, justify="left" if col == "configuration" else "right")
+        first_col = col == "configuration"  # a label is never cut: it wraps
+        t.add_column(col, justify="left" if first_col else "right", overflow="fold",
+                     min_width=22 if first_col else None)  # fmt: skip
     report: dict[str, Any] = dict(pattern=name, inputs=len(lines), configs={})
     for s in results:
         row = dict(score=s.mean, scored=sum(x is not None for x in s.scores), errors=s.errors,

@@ -17,7 +17,12 @@ reads changes). Policies, written as strings (`--repair`, `repair=`):
   measured by a two-layer probe over every rewired token);
 - "full": every rewired token (the upper bound: the call reads what encoding its
   whole context in order would give);
-- "A+B": the union of two (e.g. "first:4+recompute:0.1").
+- "temp:T": recompute nothing, but read the rewired tokens' keys at attention
+  temperature T (APE's, for contexts encoded in parallel: T < 1 sharpens the
+  call's attention over them), by scaling those keys by 1/T in the call's own
+  copy of its context;
+- "A+B": the union of two (e.g. "first:4+recompute:0.1", "first:4+temp:0.8"; a
+  temperature applies to the rewired tokens not recomputed).
 
 Torch-free: the engine's planner turns a Repair into rows (`corps.engine.exec.repair_rows`).
 """
@@ -35,20 +40,24 @@ PROBE_LAYER = 1
 @dataclass(frozen=True)
 class Repair:
     """A repair policy: the first `first` tokens of each rewired parent, plus a share
-    `ratio` of the rewired tokens by deviation, or every one (`full`)."""
+    `ratio` of the rewired tokens by deviation, or every one (`full`); the rest read
+    at attention `temperature`."""
 
     first: int = 0
     ratio: float = 0.0
     full: bool = False
+    temperature: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.first < 0 or not 0.0 <= self.ratio <= 1.0:
-            raise InvalidRequest(f"repair: first must be >= 0 and ratio in [0, 1], got {self}")
+        if self.first < 0 or not 0.0 <= self.ratio <= 1.0 or not 0.0 < self.temperature:
+            raise InvalidRequest(
+                f"repair: first must be >= 0, ratio in [0, 1] and temp > 0, got {self}"
+            )
 
     @property
     def none(self) -> bool:
-        """Nothing is recomputed."""
-        return not (self.full or self.first or self.ratio)
+        """The call reads its context as it is."""
+        return not (self.full or self.first or self.ratio) and self.temperature == 1.0
 
     @property
     def probes(self) -> bool:
@@ -61,6 +70,7 @@ class Repair:
         parts = ([f"first:{self.first}"] if self.first else []) + (
             [f"recompute:{self.ratio:g}"] if self.ratio else []
         )
+        parts += [f"temp:{self.temperature:g}"] if self.temperature != 1.0 else []
         return "+".join(parts) or "none"
 
 
@@ -77,7 +87,7 @@ def parse_repair(value: str | Repair | None) -> Repair:
         return value
     if not isinstance(value, str):
         raise InvalidRequest(f"repair must be a string such as 'recompute:0.15', got {value!r}")
-    first, ratio, full = 0, 0.0, False
+    first, ratio, full, temperature = 0, 0.0, False, 1.0
     for part in value.strip().lower().split("+"):
         name, _, arg = part.strip().partition(":")
         try:
@@ -89,13 +99,17 @@ def parse_repair(value: str | Repair | None) -> Repair:
                 first = max(first, int(arg))
             elif name == "recompute" and 0.0 <= float(arg) <= 1.0:
                 ratio = max(ratio, float(arg))
+            elif name == "temp" and float(arg) > 0.0:
+                temperature = float(arg)
             else:
                 raise ValueError
         except ValueError:
             raise InvalidRequest(
-                f"repair {value!r}: each part is none, full, first:K (tokens) or "
-                "recompute:R (a share 0..1), joined by '+'"
+                f"repair {value!r}: each part is none, full, first:K (tokens), "
+                "recompute:R (a share 0..1) or temp:T (> 0), joined by '+'"
             ) from None
     if ratio >= 1.0:  # every rewired token
         full, ratio = True, 0.0
-    return Repair(first, ratio, full)
+    if full:  # nothing is left to read at a temperature
+        first, temperature = 0, 1.0
+    return Repair(first, ratio, full, temperature)

@@ -610,20 +610,23 @@ async def test_a_constrained_decode_with_logprobs_takes_one_step_per_token(tiny_
     assert all(lp <= 0 for lp in h.logprobs)
 
 
-@pytest.mark.parametrize("mode", ["choreographed", "baseline", "hf"])
+@pytest.mark.parametrize("mode", ["choreographed", "baseline", "hf", "static"])
 async def test_closing_an_engine_gives_back_every_tensor_it_allocated(tiny_dirs, mode):
-    """Once its block ends, the engine object (still held) holds no weights, KV memory
-    or RoPE tables: on a GPU their memory goes back at once (2.18 GB stayed allocated
-    after an engine on a 1B model closed)."""
-    engine = open_tiny(tiny_dirs, "llama", mode=mode)
+    """Once its block ends, the engine object (still held) holds no weights, KV memory,
+    RoPE tables or static decode buffers: on a GPU their memory goes back at once
+    (2.18 GB stayed allocated after an engine on a 1B model closed)."""
+    kw = dict(graphs="static") if mode == "static" else dict(mode=mode)
+    engine = open_tiny(tiny_dirs, "llama", **kw)
     async with engine:
         q = await engine.prefill("hello world")
-        await engine.decode(parents=[q], max_tokens=4)
+        await engine.decode_many([dict(parents=[q], max_tokens=4) for _ in range(3)])
+        assert (engine.stats().static_steps > 0) == (mode == "static")
         held = reachable_tensor_bytes(engine)
         weights = engine.stats().weight_bytes
     assert held >= weights > 0
     assert reachable_tensor_bytes(engine) < 0.01 * held
     assert engine.stats().weight_bytes == weights  # its figures stay readable
+    assert (engine.stats().static_steps > 0) == (mode == "static")
 
 
 @pytest.mark.parametrize("mode", ["choreographed", "baseline", "hf"])

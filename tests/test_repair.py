@@ -18,6 +18,9 @@ from corps.engine.repair import NONE, Repair, parse_repair
         ("full", Repair(full=True), "full"),
         ("recompute:1", Repair(full=True), "full"),
         (" First:4 + recompute:0.10 ", Repair(first=4, ratio=0.1), "first:4+recompute:0.1"),
+        ("temp:0.8", Repair(temperature=0.8), "temp:0.8"),
+        ("first:4+temp:1.25", Repair(first=4, temperature=1.25), "first:4+temp:1.25"),
+        ("full+temp:0.5", Repair(full=True), "full"),
     ],
 )
 def test_policies_parse_to_their_canonical_form(text, want, canonical):
@@ -33,10 +36,11 @@ def test_what_a_policy_needs():
     assert parse_repair("recompute:0.3").probes and not parse_repair("first:2").probes
     assert not parse_repair("full").probes and not parse_repair("recompute:0").probes
     assert parse_repair("recompute:0").none  # a share of nothing recomputes nothing
+    assert not parse_repair("temp:0.8").none and parse_repair("temp:1").none
 
 
 @pytest.mark.parametrize(
-    "bad", ["all", "first", "first:x", "recompute:1.5", "first:-1", "full:2", 3]
+    "bad", ["all", "first", "first:x", "recompute:1.5", "first:-1", "full:2", "temp:0", 3]
 )
 def test_bad_policies_say_what_they_take(bad):
     with pytest.raises(InvalidRequest, match="repair"):

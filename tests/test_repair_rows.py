@@ -217,3 +217,54 @@ async def test_sixteen_repaired_calls_share_their_steps(tiny_dirs):
             assert after.tokens_probed - before.tokens_probed == n * 3 * qs[1].length
             steps[n] = after.steps - before.steps
     assert steps[16] == steps[1]
+
+
+def test_a_temperature_scales_the_rewired_keys_the_call_reads(tiny_dirs):
+    """temp:T leaves the store and other readers alone and divides the call's own
+    copy of each rewired key by T (chosen tokens excepted: they are recomputed)."""
+    core = open_tiny(tiny_dirs, "llama")._core
+    sys, q1, q2 = parallel(core)
+    parents = [sys, q1, q2]
+    plain = core.admit(DecodeRequest(parents=parents, sampling=greedy(2)))
+    warm = core.admit(DecodeRequest(parents=parents, sampling=greedy(2), repair="temp:0.5"))
+    mixed = repaired_view(
+        core, DecodeRequest(parents=parents, sampling=greedy(2), repair="first:2+temp:0.5")
+    )
+    try:
+        n = plain.view.ctx_len
+        rewired = range(n - q2.length, n)
+        before = range(n - q2.length)
+        assert warm.repair is None  # nothing recomputed
+        assert torch.equal(warm.view.k[:, :, before], plain.view.k[:, :, before])
+        assert torch.equal(warm.view.v[:, :, :n], plain.view.v[:, :, :n])
+        assert torch.allclose(warm.view.k[:, :, rewired], plain.view.k[:, :, rewired] / 0.5)
+        tail = range(n - q2.length + 2, n)  # after the two recomputed ones
+        assert mixed.repair.at == [n - q2.length, n - q2.length + 1]
+        assert torch.allclose(mixed.view.k[:, :, tail], plain.view.k[:, :, tail] / 0.5)
+    finally:
+        for c in (plain, warm, mixed):
+            core.abort(c)
+    core.check()
+
+
+async def test_an_evicted_repaired_encoding_is_recomputed_repaired(tiny_dirs):
+    """A message whose call repaired its context is made again the same way when its
+    evicted encoding is read: the same K/V, bit for bit (float32)."""
+    from corps.engine.sched.policies import least_recent
+
+    async with open_tiny(tiny_dirs, "llama") as engine:
+        core = engine._core  # internal: the store's slots and the eviction itself
+        sys = await engine.prefill(TEXTS[0], role="system")
+        q1 = await engine.prefill(TEXTS[1], parents=[sys])
+        q2 = await engine.prefill(TEXTS[2], parents=[sys], offsets=[0])
+        a = await engine.decode(parents=[sys, q1, q2], max_tokens=6, repair="first:3")
+        msg = core.table.get(a.id)
+        assert msg.repair == "first:3"
+        slots = torch.tensor(msg.slots)
+        before = core.store.k[:, slots].clone(), core.store.v[:, slots].clone()
+        assert core.memory.evict(len(msg.slots), least_recent) > 0 and msg.evicted
+        core.restore([a])
+        slots = torch.tensor(msg.slots)
+        assert torch.equal(core.store.k[:, slots], before[0])
+        assert torch.equal(core.store.v[:, slots], before[1])
+        core.check()

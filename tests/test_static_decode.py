@@ -89,6 +89,37 @@ async def test_steps_the_buffers_cannot_describe_run_as_before(tiny_dirs):
         assert engine.stats().static_steps > runs
 
 
+async def test_closing_drops_the_buffers_and_keeps_the_counts(tiny_dirs):
+    engine = open_tiny(tiny_dirs, "llama", graphs="static")
+    async with engine:
+        q = await engine.prefill("hello world")
+        await engine.decode_many([dict(parents=[q], max_tokens=3) for _ in range(3)])
+        runs = engine.stats().static_steps
+        static = engine._core.runner.static  # internal: the buffers themselves
+        assert static.steps and runs > 0
+    assert not static.steps and static.pool is None
+    assert engine.stats().static_steps == runs
+
+
+async def test_a_refused_capture_warns_and_decodes_eagerly(tiny_dirs):
+    """Stand-in for a kernel CUDA cannot capture: the step still runs, over the
+    buffers, and so does every later one."""
+    async with open_tiny(tiny_dirs, "llama", graphs="static") as engine:
+        q = await engine.prefill("hello world")
+        want = (await engine.decode(parents=[q], max_tokens=6, ignore_eos=True)).generated
+        static = engine._core.runner.static  # internal: make it try to capture
+        static.steps.clear()
+
+        def refuse(step, key):
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+        static.capture, static._capture = True, refuse
+        with pytest.warns(RuntimeWarning, match="capturing a decode step failed"):
+            got = await engine.decode(parents=[q], max_tokens=6, ignore_eos=True)
+        assert got.generated == want and not static.capture
+        assert "not permitted" in static.refused
+
+
 def test_buckets_and_widths():
     assert [bucket_for(n) for n in (1, 2, 3, 5, 16, 17, 512)] == [1, 2, 4, 8, 16, 32, 512]
     assert bucket_for(BUCKETS[-1] + 1) is None

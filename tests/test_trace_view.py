@@ -276,3 +276,18 @@ def test_a_workflow_that_waited_at_the_gate_starts_when_it_arrived_there(traces)
     line = next(x.split() for x in text.splitlines() if x.strip().startswith("a "))
     assert line[1:6] == ["1", "3.50", "29%", "57%", "0%"]  # calls, latency, gate, running, queued
     assert "gate: waiting to start" in text
+
+
+async def test_a_repaired_call_says_what_it_recomputed(tiny_dirs, tmp_path):
+    from conftest import open_tiny
+
+    path = tmp_path / "repair.jsonl"
+    async with open_tiny(tiny_dirs, "llama", trace=path) as engine:
+        sys = await engine.prefill("you are a careful solver", role="system")
+        q1 = await engine.prefill("what is seven times six", parents=[sys])
+        q2 = await engine.prefill("name a prime", parents=[sys], offsets=[0])
+        h = await engine.decode(parents=[sys, q1, q2], max_tokens=3, repair="first:2")
+    trace = Trace.load(path)
+    call = next(c for c in trace.calls.values() if c.end and c.end.message == h.id)
+    assert (call.end.repaired, call.end.repair) == (2, "first:2")
+    assert "repaired 2 (first:2)" in render(tv.call_detail(trace, call.id), width=200)

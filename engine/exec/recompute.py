@@ -20,6 +20,8 @@ from corps.cache.handle import Handle
 from corps.cache.messages import Message
 from corps.engine.exec.call import Call, CallPlan
 from corps.engine.exec.memory import Memory, Victims
+from corps.engine.exec.repair_rows import plan_repair
+from corps.engine.repair import parse_repair
 
 if TYPE_CHECKING:
     from corps.engine.exec.core import Core
@@ -68,9 +70,12 @@ def _recompute(core: Core, m: Message, evict: Victims | None, made: list[Message
             memory.pin([p])
             held.append(p)
         call = recompute_call(core, m)
+        repair = parse_repair(m.repair or None)
         try:
             memory.reserve(call, 0, evict)
-            memory.gather(call, len(call.feed))
+            memory.gather(call, len(call.feed), own=not repair.none)
+            if not repair.none:  # its context repaired as when it was first encoded
+                call.repair = plan_repair(core, call, repair)
             core.run_alone(call)
         except BaseException:
             core.abort(call)

@@ -43,6 +43,7 @@ def register(
             top_logprobs=tuple(c.top),
             complete=complete,
             spans=tuple(c.spans),
+            repair=str(c.repair.policy) if c.repair is not None else "",
             value=constraint.parse(c.text) if constraint is not None and complete else None,
         )
     )

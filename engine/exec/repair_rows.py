@@ -64,11 +64,32 @@ def rewired_ranges(core: Core, c: Call) -> list[tuple[int, int]]:
 
 def plan_repair(core: Core, c: Call, repair: Repair) -> RepairRows | None:
     """The rows that repair `c` (its view open, its context its own), or None when
-    the policy picks nothing (a chain, "none", a share rounding to no token)."""
+    the policy picks nothing (a chain, "none", a share rounding to no token). A
+    temperature is applied here, to the rewired keys not chosen (`warm`)."""
     ranges = rewired_ranges(core, c)
     every = [j for s, n in ranges for j in range(s, s + n)]
     if repair.none or not every:
         return None
+    rows = choose(core, c, repair, ranges, every)
+    if repair.temperature != 1.0:
+        chosen = set(rows.at) if rows is not None else set()
+        warm(c, [j for j in every if j not in chosen], repair.temperature)
+    return rows
+
+
+def warm(c: Call, at: list[int], temperature: float) -> None:
+    """Scale the keys at view indices `at` by 1 / temperature in every layer of the
+    call's own context: its queries then attend over them at that temperature."""
+    if at:
+        idx = torch.tensor(at, device=c.view.k.device)
+        keys = c.view.k  # (L, Hkv, n, D), the call's own copy
+        keys.index_copy_(2, idx, keys.index_select(2, idx) / temperature)
+
+
+def choose(
+    core: Core, c: Call, repair: Repair, ranges: list[tuple[int, int]], every: list[int]
+) -> RepairRows | None:
+    """The recomputed tokens among the rewired ones `every` (in `ranges`), or None."""
     tokens = context_tokens(core, c)
     chosen: set[int] = set()
     probed = 0

@@ -130,13 +130,19 @@ class StepPlan:
 
 def next_rows(c: Call) -> int:
     """Rows the call brings to its next step when the budget does not cut it: its
-    pending token with what it jumped to and its closing footer when decoding, else
-    the next chunk of its prompt (a recompute: its next recorded span); 0 when it has
-    nothing left to run."""
+    pending token with what it jumped to and its closing footer when decoding, its
+    repair rows (`corps.engine.exec.repair_rows`), else the next chunk of its prompt
+    (`next_chunk`); 0 when it has nothing left to run."""
     if c.pending is not None:
         return 1 + len(c.jumped) + len(c.closing)
     if c.repair is not None and c.repair.left:
         return min(c.repair.left, PREFILL_CHUNK)
+    return next_chunk(c)
+
+
+def next_chunk(c: Call) -> int:
+    """The next chunk of the call's prompt: at most PREFILL_CHUNK tokens, or for a
+    recompute its next recorded span; 0 when its prompt is all encoded."""
     left = len(c.feed) - c.fed
     if left <= 0:
         return 0
@@ -174,7 +180,7 @@ def plan_rows(calls: Sequence[Call], budget: int | None = None) -> StepPlan:
             # order, layer by layer, so the prompt reads the recomputed encodings
         if c.fed >= len(c.feed):
             continue
-        n = next_rows(c) if c.first_spans else min(len(c.feed) - c.fed, PREFILL_CHUNK, left)
+        n = next_chunk(c) if c.first_spans else min(next_chunk(c), left)
         if n > left:
             continue  # a recompute's span waits for a step with room for it whole
         entries.append(Rows(c, c.fed, n))

@@ -70,9 +70,8 @@ class ModelRunner:
         goes back as soon as nothing else holds them."""
         self.w = None
         self.compiled = None
-        if self.static is not None:
+        if self.static is not None:  # its buffers and graphs go; its counts stay readable
             self.static.release()
-            self.static = None
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> Tensor:

@@ -26,7 +26,9 @@ those buffers, the weights, the store and the arena:
 two eager warm-up runs on a side stream (Triton compiles, cuBLAS picks its
 kernels), into one memory pool all graphs share, and replayed from then on.
 `capture=False`: the same function runs eagerly over the same buffers: on a CPU
-it tests, against the ordinary step, everything but the capture itself.
+it tests, against the ordinary step, everything but the capture itself. A
+capture that fails (a kernel that cannot be captured) warns once and the
+engine goes on with the buffers run eagerly: the step it was for still runs.
 A step the buffers cannot describe (a prompt chunk, a jumped token or a footer,
 views outside the arena or read from the store, an adapter kept apart, more calls
 than the largest bucket) runs through the ordinary step.
@@ -35,6 +37,7 @@ than the largest bucket) runs through the ordinary step.
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -91,6 +94,7 @@ class StaticDecode:
         self.heads = runner.spec.num_heads
         self.steps: dict[tuple[int, int | None], StaticStep] = {}
         self.pool = torch.cuda.graph_pool_handle() if capture else None
+        self.refused: str | None = None  # why capturing stopped, if it did
         self.runs = 0  # steps run through the static buffers
         self.capture_seconds = 0.0  # warm-up and capture of every graph, all together
 
@@ -130,7 +134,17 @@ class StaticDecode:
             step.graph.replay()
             logits = step.logits
         elif self.capture:
-            logits = self._capture(step, key)
+            try:
+                logits = self._capture(step, key)
+            except Exception as exc:  # a capture refused: the same buffers, eagerly
+                self.capture, self.refused = False, f"{type(exc).__name__}: {exc}"
+                warnings.warn(
+                    f"graphs: capturing a decode step failed ({self.refused}); decode "
+                    "steps run eagerly over the same buffers from now on",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                logits = self._run(step.inputs, key)
         else:
             logits = self._run(step.inputs, key)
         for sp in batch.spans:

@@ -41,6 +41,8 @@ class Corps:
     NEW_OFFSET = "corps.new_offset"
     ENCODED = "corps.tokens.encoded"
     REUSED = "corps.tokens.reused"
+    REPAIRED = "corps.tokens.repaired"  # rewired context tokens recomputed (in ENCODED)
+    REPAIR = "corps.repair"
     MESSAGE = "corps.message.id"
     MODE = "corps.mode"
 
@@ -160,6 +162,8 @@ def call_attributes(
             _attr(Corps.ENCODED, e.encoded),
             _attr(Corps.REUSED, e.reused),
         ]
+        if e.repaired:
+            attrs += [_attr(Corps.REPAIRED, e.repaired), _attr(Corps.REPAIR, e.repair or "")]
         if e.new_offset is not None:
             attrs.append(_attr(Corps.NEW_OFFSET, e.new_offset))
         if e.ttft_s is not None:
