@@ -47,6 +47,7 @@ EXPORTS = {
         "Pending",
         "PrefillArgs",
         "PrefillRequest",
+        "Repair",
         "SamplingParams",
         "Selection",
         "TextStream",
