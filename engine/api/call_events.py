@@ -8,7 +8,7 @@ from pydantic import BaseModel
 
 from corps.cache.messages import MessageTable
 from corps.engine.errors import EngineClosed
-from corps.engine.sched.job import Job, repaired
+from corps.engine.sched.job import Job
 from corps.engine.trace.events import (
     CallEnd,
     CallQueued,
@@ -74,7 +74,7 @@ def end_events(rec: Recorder, table: MessageTable, job: Job) -> list[BaseModel]:
                 new_offset=call.plan.offset,
                 encoded=call.encoded,
                 reused=call.reused,
-                repaired=repaired(call),
+                repaired=call.repaired,
                 repair=str(call.repair.policy) if call.repair is not None else None,
                 generated=len(call.generated),
             )

@@ -114,6 +114,11 @@ class Call:
         return "prefilling" if self.fed else "waiting"
 
     @property
+    def repaired(self) -> int:
+        """Context tokens it recomputes (`corps.engine.exec.repair_rows`)."""
+        return len(self.repair.ids) if self.repair is not None else 0
+
+    @property
     def budget_left(self) -> int:
         """Tokens the decode may still generate."""
         return self.plan.sampling.max_tokens - len(self.generated)

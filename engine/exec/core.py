@@ -202,10 +202,9 @@ class Core:
         except BaseException:
             self.abort(call)
             raise
-        repaired = len(call.repair.ids) if call.repair is not None else 0
-        call.reused = len(call.ctx_slots) - repaired
+        call.reused = len(call.ctx_slots) - call.repaired
         self.tokens_reused += call.reused
-        self.tokens_repaired += repaired
+        self.tokens_repaired += call.repaired
         self.tokens_probed += call.repair.probed if call.repair is not None else 0
         return call
 

@@ -71,7 +71,7 @@ class Job:
         return CallFigures(
             tokens_encoded=call.encoded if call is not None else 0,
             tokens_reused=call.reused if call is not None else 0,
-            tokens_repaired=repaired(call),
+            tokens_repaired=call.repaired if call is not None else 0,
             ttft_s=ttft,
             leaks=self.leaks,
         )
@@ -116,8 +116,3 @@ class Job:
         if self.handle is None:  # cancelled (Pending.cancel) before it finished
             raise CallCancelled("this call was cancelled before it finished; it left no message")
         return self.handle
-
-
-def repaired(call) -> int:
-    """Context tokens a call recomputed (`corps.engine.exec.repair_rows`)."""
-    return len(call.repair.ids) if call is not None and call.repair is not None else 0
