@@ -368,7 +368,9 @@ def reachable_tensor_bytes(root) -> int:
             continue
         seen.add(id(obj))
         if isinstance(obj, torch.Tensor):
-            if obj.device.type != "meta":
+            if obj.is_mkldnn:  # oneDNN's packed weights: opaque, no storage to read
+                storages[id(obj)] = obj.numel() * obj.element_size()
+            elif obj.device.type != "meta":
                 storage = obj.untyped_storage()
                 storages[storage.data_ptr()] = storage.nbytes()
             continue
