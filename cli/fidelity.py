@@ -153,8 +153,8 @@ def fidelity(
         str | None,
         typer.Option(
             help="Comma-separated repair policies to replay choreographed with, each a "
-            "point of the fidelity-vs-cost curve: none, first:K, recompute:R, full, A+B "
-            "(e.g. none,first:4,recompute:0.15,full)."
+            "point of the fidelity-vs-cost curve: none, first:K, recompute:R, full, temp:T, "
+            "serial, A+B (e.g. none,first:4,recompute:0.15,full,serial+full)."
         ),
     ] = None,
     plot: Annotated[
@@ -325,7 +325,7 @@ def evaluate(
         str | None,
         typer.Option(
             help="Comma-separated repair policies: one choreographed configuration each, "
-            "after --configs (none, first:K, recompute:R, full, A+B)."
+            "after --configs (none, first:K, recompute:R, full, temp:T, serial, A+B)."
         ),
     ] = None,
     n: Annotated[int | None, typer.Option(min=1, help="Only the first N lines.")] = None,

@@ -188,7 +188,7 @@ class EngineConfig(BaseModel):
     - `repair`: what a choreographed call whose context is rewired recomputes of its
       parents' encodings in its own context, unless the call names its own
       (`corps.engine.repair`): "none" (default), "first:K", "recompute:R", "full",
-      or two joined by "+".
+      "temp:T", "serial" (its parents laid end to end first), or several joined by "+".
     - `jump_forward`: when a decode's constraint allows exactly one continuation
       for several tokens (a JSON key, punctuation), append them without sampling
       and encode them together in the next step (True); False samples each one.

@@ -21,6 +21,14 @@ reads changes). Policies, written as strings (`--repair`, `repair=`):
   temperature T (APE's, for contexts encoded in parallel: T < 1 sharpens the
   call's attention over them), by scaling those keys by 1/T in the call's own
   copy of its context;
+- "serial": before anything is recomputed, lay the call's parents end to end
+  (the first where the call puts it, each next right after) and its message right
+  after them, as the baseline's text sits, whatever offsets the call gave: a pure
+  re-positioning (CacheBlend's first step; keys rotate, nothing is encoded).
+  Parents the call overlaps (a parallel layout, e.g. multi-QA's) otherwise sit at
+  positions no recompute can correct; the call gives up the positions the overlap
+  saved. Combine it: "serial+full" reads what the baseline reads (when the first parent
+  starts the conversation);
 - "A+B": the union of two (e.g. "first:4+recompute:0.1", "first:4+temp:0.8"; a
   temperature applies to the rewired tokens not recomputed).
 
@@ -41,12 +49,14 @@ PROBE_LAYER = 1
 class Repair:
     """A repair policy: the first `first` tokens of each rewired parent, plus a share
     `ratio` of the rewired tokens by deviation, or every one (`full`); the rest read
-    at attention `temperature`."""
+    at attention `temperature`; with `serial`, the call's parents laid end to end
+    first (its offsets and new_offset replaced)."""
 
     first: int = 0
     ratio: float = 0.0
     full: bool = False
     temperature: float = 1.0
+    serial: bool = False
 
     def __post_init__(self) -> None:
         if self.first < 0 or not 0.0 <= self.ratio <= 1.0 or not 0.0 < self.temperature:
@@ -56,7 +66,8 @@ class Repair:
 
     @property
     def none(self) -> bool:
-        """The call reads its context as it is."""
+        """Nothing is recomputed or read at a temperature (`serial` may still have laid
+        the context out)."""
         return not (self.full or self.first or self.ratio) and self.temperature == 1.0
 
     @property
@@ -65,10 +76,13 @@ class Repair:
         return not self.full and 0.0 < self.ratio < 1.0
 
     def __str__(self) -> str:
+        serial = ["serial"] if self.serial else []
         if self.full or self.ratio >= 1.0:
-            return "full"
-        parts = ([f"first:{self.first}"] if self.first else []) + (
-            [f"recompute:{self.ratio:g}"] if self.ratio else []
+            return "+".join([*serial, "full"])
+        parts = (
+            serial
+            + ([f"first:{self.first}"] if self.first else [])
+            + ([f"recompute:{self.ratio:g}"] if self.ratio else [])
         )
         parts += [f"temp:{self.temperature:g}"] if self.temperature != 1.0 else []
         return "+".join(parts) or "none"
@@ -79,7 +93,7 @@ NONE = Repair()
 
 def parse_repair(value: str | Repair | None) -> Repair:
     """A Repair from its string ("none", "first:4", "recompute:0.15", "full",
-    "first:4+recompute:0.1"), a Repair, or None (none). InvalidRequest says what
+    "first:4+recompute:0.1", "serial+full"), a Repair, or None (none). InvalidRequest says what
     it takes."""
     if value is None:
         return NONE
@@ -87,7 +101,7 @@ def parse_repair(value: str | Repair | None) -> Repair:
         return value
     if not isinstance(value, str):
         raise InvalidRequest(f"repair must be a string such as 'recompute:0.15', got {value!r}")
-    first, ratio, full, temperature = 0, 0.0, False, 1.0
+    first, ratio, full, temperature, serial = 0, 0.0, False, 1.0, False
     for part in value.strip().lower().split("+"):
         name, _, arg = part.strip().partition(":")
         try:
@@ -95,6 +109,8 @@ def parse_repair(value: str | Repair | None) -> Repair:
                 continue
             if name == "full" and not arg:
                 full = True
+            elif name == "serial" and not arg:
+                serial = True
             elif name == "first" and int(arg) >= 0:
                 first = max(first, int(arg))
             elif name == "recompute" and 0.0 <= float(arg) <= 1.0:
@@ -106,10 +122,10 @@ def parse_repair(value: str | Repair | None) -> Repair:
         except ValueError:
             raise InvalidRequest(
                 f"repair {value!r}: each part is none, full, first:K (tokens), "
-                "recompute:R (a share 0..1) or temp:T (> 0), joined by '+'"
+                "recompute:R (a share 0..1), temp:T (> 0) or serial, joined by '+'"
             ) from None
     if ratio >= 1.0:  # every rewired token
         full, ratio = True, 0.0
     if full:  # nothing is left to read at a temperature
         first, temperature = 0, 1.0
-    return Repair(first, ratio, full, temperature)
+    return Repair(first, ratio, full, temperature, serial)

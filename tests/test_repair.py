@@ -21,6 +21,9 @@ from corps.engine.repair import NONE, Repair, parse_repair
         ("temp:0.8", Repair(temperature=0.8), "temp:0.8"),
         ("first:4+temp:1.25", Repair(first=4, temperature=1.25), "first:4+temp:1.25"),
         ("full+temp:0.5", Repair(full=True), "full"),
+        ("serial", Repair(serial=True), "serial"),
+        ("full+serial", Repair(full=True, serial=True), "serial+full"),
+        ("serial+recompute:0.15", Repair(ratio=0.15, serial=True), "serial+recompute:0.15"),
     ],
 )
 def test_policies_parse_to_their_canonical_form(text, want, canonical):
@@ -37,10 +40,12 @@ def test_what_a_policy_needs():
     assert not parse_repair("full").probes and not parse_repair("recompute:0").probes
     assert parse_repair("recompute:0").none  # a share of nothing recomputes nothing
     assert not parse_repair("temp:0.8").none and parse_repair("temp:1").none
+    assert parse_repair("serial").none  # it lays the context out and recomputes nothing
 
 
 @pytest.mark.parametrize(
-    "bad", ["all", "first", "first:x", "recompute:1.5", "first:-1", "full:2", "temp:0", 3]
+    "bad",
+    ["all", "first", "first:x", "serial:1", "recompute:1.5", "first:-1", "full:2", "temp:0", 3],
 )
 def test_bad_policies_say_what_they_take(bad):
     with pytest.raises(InvalidRequest, match="repair"):

@@ -67,6 +67,32 @@ def test_full_repair_reads_what_encoding_the_context_in_order_gives(tiny_dirs, t
     assert (stats.tokens_repaired, stats.tokens_probed) == (q2.length, 0)
 
 
+def test_serial_lays_overlapping_parents_end_to_end(tiny_dirs, tiny_hf):
+    """Questions read at one offset (multi-QA's parallel layout): no recompute gives the
+    ordered conversation's tokens, "serial" moves them end to end (as reading them with
+    default offsets does), and "serial+full" reads what transformers computes."""
+    core = open_tiny(tiny_dirs, "llama")._core
+    sys, q1, q2 = parallel(core)
+    at = q1.offset
+    overlap = dict(offsets=[None, at, at], new_offset=at + max(q1.length, q2.length))
+    seq = core.fmt.sink + sys.tokens + q1.tokens + q2.tokens
+    got = {}
+    for label, kw in [
+        ("full", dict(overlap, repair="full")),
+        ("serial", dict(overlap, repair="serial")),
+        ("default offsets", {}),
+        ("serial+full", dict(overlap, repair="serial+full")),
+    ]:
+        (h,) = run_calls(core, [DecodeRequest(parents=[sys, q1, q2], sampling=greedy(12), **kw)])[0]
+        got[label] = h
+    full = got["serial+full"]
+    assert full.generated == hf_greedy(tiny_hf["llama"], seq + header_of(full, 12, core), 12)
+    assert got["serial"].generated == got["default offsets"].generated
+    assert got["full"].generated != full.generated  # overlapping positions stay wrong
+    assert got["serial"].offset == at + q1.length + q2.length == got["serial+full"].offset
+    assert got["full"].offset == at + max(q1.length, q2.length)
+
+
 def test_on_a_chain_nothing_is_repaired(tiny_dirs):
     core = open_tiny(tiny_dirs, "llama")._core
     sys = prefill(core, TEXTS[0], role="system")

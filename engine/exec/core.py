@@ -14,6 +14,7 @@ it was.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -177,6 +178,7 @@ class Core:
         """
         if self.mode == "choreographed":
             self.restore(request.parents, evict)
+        request = self.laid_out(request)
         if isinstance(request, DecodeRequest):
             call = self.planner.decode(request)
             if request.sampling.constraint is not None:
@@ -207,6 +209,17 @@ class Core:
         self.tokens_repaired += call.repaired
         self.tokens_probed += call.repair.probed if call.repair is not None else 0
         return call
+
+    def laid_out(self, request: PrefillRequest | DecodeRequest) -> PrefillRequest | DecodeRequest:
+        """The request as it runs: under a `serial` repair (`Repair.serial`, choreographed
+        mode), its parents end to end from where it puts the first, its message right
+        after them; else as it is."""
+        repair = request.repair if request.repair is not None else self.repair
+        if not repair.serial or self.mode != "choreographed":
+            return request
+        first = request.offsets[0] if request.offsets else None
+        offsets = [first] + [None] * (len(request.parents) - 1) if request.parents else None
+        return dataclasses.replace(request, offsets=offsets, new_offset=None)
 
     def repair_of(self, request: PrefillRequest | DecodeRequest, call: Call) -> Repair:
         """The repair a call gets (`corps.engine.repair`): its request's, else
