@@ -15,16 +15,19 @@ BLOCKED = dict(questions=["what is two plus two", "name a colour"], answers=None
                layout="parallel", max_tokens=6, constrained=False)  # fmt: skip
 
 
-async def _measure(tiny_dirs, lines, **kw):
+async def _measure(tiny_dirs, lines, stats=None, **kw):
     async with (
         open_tiny(tiny_dirs, "llama", mode="baseline") as b,
         open_tiny(tiny_dirs, "llama") as c,
         Runtime(b) as rb,
         Runtime(c) as rc,
     ):
-        return await fidelity.measure(
+        report = await fidelity.measure(
             rb, {"choreographed": rc}, "multi_qa", lines, list(range(len(lines))), **kw
         )
+        if stats is not None:
+            stats["choreographed"] = c.stats()
+        return report
 
 
 async def test_a_chain_workflow_has_no_gap(tiny_dirs):
@@ -41,10 +44,13 @@ async def test_a_chain_workflow_has_no_gap(tiny_dirs):
 async def test_overlapping_questions_open_a_gap(tiny_dirs):
     """Two questions that never saw each other (blockage): the replay scores the
     baseline's tokens differently, and the report says where they first diverge."""
-    done = []
-    report = await _measure(tiny_dirs, [BLOCKED] * 3, on_done=lambda: done.append(1))
+    done, stats = [], {}
+    report = await _measure(tiny_dirs, [BLOCKED] * 3, stats, on_done=lambda: done.append(1))
     total = report.tables()["choreographed"][-1]
     assert len(done) == 6 and total.turns == 3  # each input sampled, then replayed
+    forced = sum(len(t.tokens) for p in report.pairs["choreographed"] for t in p.baseline.values())
+    first = sum(len(t.tokens) for t in report.pairs["choreographed"][0].baseline.values())
+    assert stats["choreographed"].tokens_sampled == forced + first  # input 0 once more, untimed
     assert abs(total.gap) > 1e-3 and total.agreement < 1.0
     assert report.as_dict()["replays"]["choreographed"][-1]["gap"] == total.gap
 
@@ -69,6 +75,25 @@ async def test_a_full_repair_reads_what_the_baseline_reads(tiny_dirs):
     assert abs(plain.gap) > 1e-3 and abs(full.gap) < 1e-4 and full.agreement == 1.0
     assert plain.recomputed == 0.0 and 0.0 < full.recomputed < 1.0
     assert full.ttft is not None and set(report.wall) == {"baseline", *replays}
+
+
+async def test_serial_full_repairs_questions_read_at_one_offset(tiny_dirs):
+    """Parallel multi-QA: recomputing the second question where it overlaps the first
+    leaves a gap; laid end to end first ("serial+full"), the replay reads what the
+    baseline reads (float32)."""
+    async with (
+        open_tiny(tiny_dirs, "llama", mode="baseline") as b,
+        open_tiny(tiny_dirs, "llama", repair="full") as f,
+        open_tiny(tiny_dirs, "llama", repair="serial+full") as s,
+        Runtime(b) as rb,
+        Runtime(f) as rf,
+        Runtime(s) as rs,
+    ):
+        replays = {"choreographed@full": rf, "choreographed@serial+full": rs}
+        report = await fidelity.measure(rb, replays, "multi_qa", [BLOCKED] * 2, [0, 1])
+    full, serial = (report.tables()[k][-1] for k in replays)
+    assert abs(full.gap) > 1e-3 and abs(serial.gap) < 1e-4 and serial.agreement == 1.0
+    assert serial.recomputed == full.recomputed > 0.0  # the second question, entire
 
 
 async def test_a_failing_input_is_reported_and_the_others_measured(tiny_dirs):

@@ -16,8 +16,10 @@ compare how each mode scores those tokens. `measure` does that per input:
 A replay is any engine: choreographed, choreographed with an adapter or a repair
 policy (`corps.engine.repair`), or the baseline with an adapter (the adapter's
 effect on the model's normal behaviour). Each replay runs over every input in
-turn, alone, so its wall time is its own; with its turns' TTFT and the context
-tokens it recomputed, a set of replays is a curve of fidelity against cost.
+turn, alone, after one untimed replay of the first input (whichever replay ran
+first would otherwise also pay the process's warm-up), so its wall time is its
+own; with its turns' TTFT and the context tokens it recomputed, a set of replays
+is a curve of fidelity against cost.
 """
 
 from __future__ import annotations
@@ -196,6 +198,21 @@ class Report:
         )
 
 
+async def warm(
+    rt, pattern: str, params: Sequence[Mapping[str, Any]], recorded: Mapping[int, Replay]
+) -> None:
+    """Replay the first recorded input once in `rt`, untimed and unscored, so a
+    replay's times do not include what the first one to run pays alone (the
+    allocator's and the kernels' first calls); a failure here is the timed pass's
+    to report."""
+
+    async def one(i: int) -> None:
+        await replay(rt, pattern, params[i], recorded[i])
+
+    if recorded:
+        await each([min(recorded)], one, concurrency=1)
+
+
 async def measure(
     base_rt,
     replays: Mapping[str, Any],
@@ -207,10 +224,11 @@ async def measure(
     on_done: Callable[[], None] | None = None,
 ) -> Report:
     """Sample input i at seed i in `base_rt` (a baseline runtime), then replay every
-    input forced in each of `replays` (label -> runtime), one replay after another,
-    and pair the scores of every turn. An input that fails anywhere is left out of
-    every replay's pairs (and listed in `failed`). `on_done` runs once per input
-    sampled and once per input replayed in each replay."""
+    input forced in each of `replays` (label -> runtime), one replay after another
+    (each `warm`ed first), and pair the scores of every turn. An input that fails
+    anywhere is left out of every replay's pairs (and listed in `failed`). `on_done`
+    runs once per input sampled and once per input replayed in each replay (not for
+    the warm-up)."""
     report = Report(pattern, {label: [] for label in replays})
     params = [sampling_params(pattern, inputs[i], seeds[i]) for i in range(len(inputs))]
     recorded: dict[int, Replay] = {}
@@ -229,6 +247,7 @@ async def measure(
             forced, _ = await replay(rt, pattern, params[i], recorded[i])
             got[label][i] = Pair(i, recorded[i].scores, forced.scores)
 
+        await warm(rt, pattern, params, recorded)
         t0 = time.perf_counter()
         failed.update(await each(sorted(recorded), replay_one, concurrency=concurrency,
                                  on_done=on_done))  # fmt: skip
