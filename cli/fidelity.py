@@ -288,20 +288,33 @@ def _ratio(a: float | None, b: float | None) -> str:
 
 def _plot_curve(report: Any, path: Path, title: str) -> None:
     """Each replay as a point: overall gap against mean TTFT, labelled."""
+    points = [(label, rows[-1].ttft, rows[-1].gap) for label, rows in report.tables().items()]
+    _plot_points(points, path, title, "log-loss gap vs baseline (nats/token)", zero=True)
+
+
+def _plot_points(
+    points: list[tuple[str, float | None, float | None]],
+    path: Path,
+    title: str,
+    ylabel: str,
+    *,
+    zero: bool = False,
+) -> None:
+    """Each (label, mean TTFT s, y) as a labelled point (those without both left out)."""
     from corps.cli.plotting import pyplot
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    for label, rows in report.tables().items():
-        r = rows[-1]
-        if r.ttft is None:
+    for label, ttft, y in points:
+        if ttft is None or y is None:
             continue
-        ax.scatter([r.ttft * 1000], [r.gap])
-        at = (r.ttft * 1000, r.gap)
+        ax.scatter([ttft * 1000], [y])
+        at = (ttft * 1000, y)
         ax.annotate(_short(label), at, textcoords="offset points", xytext=(4, 4), fontsize=8)
-    ax.axhline(0.0, color="grey", linewidth=0.8)
-    ax.set_xlabel("mean TTFT of the replayed turns (ms)")
-    ax.set_ylabel("log-loss gap vs baseline (nats/token)")
+    if zero:
+        ax.axhline(0.0, color="grey", linewidth=0.8)
+    ax.set_xlabel("mean TTFT (ms)")
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -335,9 +348,15 @@ def evaluate(
     dtype: Annotated[str, typer.Option(help="Engine precision (auto by default).")] = "auto",
     concurrency: Concurrency = 8,
     json_out: Json = None,
+    plot: Annotated[
+        Path | None,
+        typer.Option("--plot", help="PNG: each configuration's score against its mean TTFT."),
+    ] = None,
 ) -> None:
     """The workflow's task score per configuration on the same inputs and seeds, with
-    paired significance against the first (McNemar for right/wrong, bootstrap otherwise)."""
+    paired significance against the first (McNemar for right/wrong, bootstrap otherwise),
+    and what each cost: the share of the context its calls recomputed (a repair), mean
+    TTFT and wall time, against the first's."""
     from corps.patterns.evaluation import evaluate as ev
     from corps.patterns.evaluation.scoring import scorer
 
@@ -386,7 +405,9 @@ def evaluate(
     report: dict[str, Any] = dict(pattern=name, inputs=len(lines), configs={})
     for s in results:
         row = dict(score=s.mean, scored=sum(x is not None for x in s.scores), errors=s.errors,
-                   scores=s.scores)  # fmt: skip
+                   scores=s.scores, mean_ttft_s=s.ttft, wall_s=s.wall_s,
+                   tokens_reused=s.reused, tokens_repaired=s.repaired,
+                   recomputed=s.recomputed)  # fmt: skip
         cells = ["", "", ""]
         if s is not results[0]:
             c = ev.compare(results[0], s)
@@ -397,11 +418,40 @@ def evaluate(
         report["configs"][s.label] = row
         t.add_row(s.label, _f(s.mean), f"{row['scored']}/{len(lines)}", *cells)
     out.print(t)
+    _eval_costs(f"{name}: what each configuration cost", results)
     for s in results:
         for i, why in sorted(s.errors.items())[:5]:
             err.print(f"{s.label} run {i}: {why}", highlight=False)
     if json_out is not None:
         json_out.write_text(json.dumps(report, indent=2) + "\n")
+    if plot is not None:
+        _plot_points(
+            [(s.label, s.ttft, s.mean) for s in results], plot,
+            f"{name}, {len(lines)} inputs", "task score",
+        )  # fmt: skip
+
+
+def _eval_costs(title: str, results: list[Any]) -> None:
+    """One row per configuration: the context it recomputed, its mean TTFT and wall
+    time, against the first configuration's."""
+    first = results[0]
+    t = Table(title=title, title_justify="left")
+    for col in ("configuration", "recomputed", "TTFT ms", "TTFT / first", "wall s",
+                "wall / first"):  # fmt: skip
+        first_col = col == "configuration"
+        t.add_column(col, justify="left" if first_col else "right", overflow="fold",
+                     min_width=22 if first_col else None)  # fmt: skip
+    for s in results:
+        t.add_row(
+            s.label, f"{s.recomputed:.0%}", _f(s.ttft and s.ttft * 1000, 1),
+            _ratio(s.ttft, first.ttft), f"{s.wall_s:.1f}", _ratio(s.wall_s, first.wall_s),
+        )  # fmt: skip
+    out.print(t)
+    out.print(
+        "[dim]recomputed: share of the context tokens the calls recomputed instead of "
+        "reusing; TTFT: mean over the runs of each run's mean; wall: the pass over every "
+        "input, after one untimed run of the first[/]"
+    )
 
 
 # ---- corps distill ----

@@ -3,11 +3,17 @@
 `scores` runs the pattern on every input line (its references split off, seed i
 for line i, the pattern's own sampling settings) and scores each result with the
 pattern's scorer (`corps.patterns.evaluation.scoring`); a run that fails scores None and
-says why. `compare` pairs two configurations' scores on the inputs both scored.
+says why. It also keeps what the runs cost: their TTFT, the context their calls
+reused and recomputed (a repair), and the wall time of the whole pass, timed
+after one untimed run of the first line (the warm-up a first configuration
+would otherwise pay alone). `compare` pairs two configurations' scores on the
+inputs both scored.
 """
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +23,7 @@ from corps.patterns.evaluation.scoring import Score, scorer, split_line
 from corps.patterns.evaluation.significance import Comparison
 from corps.patterns.evaluation.significance import compare as paired
 from corps.patterns.registry import run_pattern
+from corps.patterns.result import PatternResult
 
 
 @dataclass
@@ -24,11 +31,26 @@ class Scores:
     label: str
     scores: list[Score | None]
     errors: dict[int, str] = field(default_factory=dict)
+    ttfts: list[float] = field(default_factory=list)  # each run's mean TTFT (s)
+    reused: int = 0  # context tokens the runs' calls read as encoded
+    repaired: int = 0  # context tokens they recomputed instead (a repair)
+    wall_s: float = 0.0  # the pass over every line (after the warm-up)
 
     @property
     def mean(self) -> float | None:
         got = [float(s) for s in self.scores if s is not None]
         return sum(got) / len(got) if got else None
+
+    @property
+    def ttft(self) -> float | None:
+        """Mean over the runs of each run's mean TTFT (s)."""
+        return sum(self.ttfts) / len(self.ttfts) if self.ttfts else None
+
+    @property
+    def recomputed(self) -> float:
+        """Share of the context tokens the calls recomputed instead of reusing."""
+        context = self.reused + self.repaired
+        return self.repaired / context if context else 0.0
 
 
 async def scores(
@@ -44,13 +66,27 @@ async def scores(
     score = scorer(pattern)
     out = Scores(label, [None] * len(lines))
 
-    async def one(i: int) -> None:
+    async def run(i: int) -> PatternResult:
         params, _ = split_line(lines[i])
-        result = await run_pattern(rt, pattern, {**params, "seed": seeds[i]})
-        out.scores[i] = score(result, lines[i])
+        return await run_pattern(rt, pattern, {**params, "seed": seeds[i]})
 
+    async def one(i: int) -> None:
+        result = await run(i)
+        out.scores[i] = score(result, lines[i])
+        if result.mean_ttft_s is not None and not math.isnan(result.mean_ttft_s):
+            out.ttfts.append(result.mean_ttft_s)
+        out.repaired += sum(h.tokens_repaired for h in result.messages)
+        out.reused += result.tokens_reused
+
+    async def warm(i: int) -> None:
+        await run(i)
+
+    if lines:  # a failure here is the timed pass's to report
+        await each([0], warm, concurrency=1)
     # an input that fails scores None and says why; the others go on
+    t0 = time.perf_counter()
     out.errors = await each(range(len(lines)), one, concurrency=concurrency, on_done=on_done)
+    out.wall_s = time.perf_counter() - t0
     return out
 
 
