@@ -32,8 +32,11 @@ class Agent:
     across restarts), `mailbox_size` (bounded), `max_concurrency` (1: one message
     at a time, FIFO), `supervision` ("restart", "stop" or "escalate") with
     `max_restarts`, `leak_policy` (None: the engine's default; a call's own
-    `leak_policy=` overrides both) and `objective` ("latency" or "throughput" for
-    the engine's scheduling policy; None: the workflow's; a call's own overrides).
+    `leak_policy=` overrides both), `objective` ("latency" or "throughput" for
+    the engine's scheduling policy; None: the workflow's; a call's own overrides)
+    and `repair` (a repair policy such as "recompute:0.15" for its calls whose
+    context is rewired, `corps.engine.repair`; None: the workflow's, else the
+    engine's; a call's own overrides).
 
     Every handle the agent receives (messages, payload fields, replies) is bound
     to it: reading the content of a message it cannot see raises AccessDenied.
@@ -46,6 +49,7 @@ class Agent:
     max_restarts: ClassVar[int] = 3
     leak_policy: ClassVar[str | None] = None
     objective: ClassVar[str | None] = None
+    repair: ClassVar[str | None] = None
 
     def __init__(self, name: str, runtime: Runtime, system_prompt: Handle | None) -> None:
         self.name = name
@@ -74,6 +78,8 @@ class Agent:
         kw["leak_policy"] = kw.get("leak_policy") or self.leak_policy  # None: the engine's
         if kw.get("objective") is None and self.objective is not None:
             kw["objective"] = self.objective  # else the workflow's
+        if kw.get("repair") is None and self.repair is not None:
+            kw["repair"] = self.repair  # else the workflow's, else the engine's
         return kw
 
     async def prefill(self, message: Text, **args: Unpack[PrefillArgs]) -> Handle:

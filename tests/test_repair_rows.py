@@ -3,11 +3,14 @@ own context, as transformers computes them there, and touches nothing else."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from corps.agents import Agent, Runtime
 from corps.cache.visibility import Private
+from corps.engine.errors import InvalidRequest
 from corps.engine.exec.step_plan import plan_rows
 from corps.engine.request.requests import DecodeRequest, PrefillRequest
 from corps.engine.request.sampling_params import SamplingParams
@@ -210,6 +213,33 @@ async def test_a_repair_changes_nothing_another_reader_reads(tiny_dirs):
         again = await engine.decode(**kw)  # q2's stored encoding is still its own
         assert again.generated == alone.generated
         engine.check()
+
+
+async def test_a_repair_set_on_the_workflow_or_the_agent_applies_unless_the_call_names_one(
+    tiny_dirs,
+):
+    """Precedence: the call's `repair=`, else its agent's, else its workflow's, else
+    the engine's (none here)."""
+
+    class Full(Agent):
+        repair = "full"
+
+        async def handle(self, msg):  # msg: a nudge; it reads the questions
+            return await self.decode(**kw)
+
+    async with open_tiny(tiny_dirs, "llama") as engine, Runtime(engine) as rt:
+        sys = await engine.prefill(TEXTS[0], role="system")
+        q1 = await engine.prefill(TEXTS[1], parents=[sys])
+        q2 = await engine.prefill(TEXTS[2], parents=[sys], offsets=[0])
+        kw = dict(parents=[sys, q1, q2], max_tokens=2, ignore_eos=True)
+        assert (await engine.decode(**kw)).tokens_repaired == 0
+        with engine.workflow("repaired", repair="full"):
+            assert (await engine.decode(**kw)).tokens_repaired == q2.length
+            assert (await engine.decode(**kw, repair="none")).tokens_repaired == 0
+        await rt.spawn(Full, "solver")
+        assert (await rt.ask("solver", q2)).tokens_repaired == q2.length
+        with pytest.raises(InvalidRequest, match="repair"):
+            engine.workflow("bad", repair="most").__enter__()
 
 
 async def test_the_leak_audit_still_flags_a_repaired_call(tiny_dirs):

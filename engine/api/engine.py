@@ -31,6 +31,7 @@ from corps.engine.distill.graph import MessageGraph, message_graph
 from corps.engine.errors import InvalidRequest
 from corps.engine.exec.executor import Executor
 from corps.engine.exec.torch_thread import TORCH
+from corps.engine.repair import Repair
 from corps.engine.request.chat import ChatFormat
 from corps.engine.request.requests import (
     DecodeArgs,
@@ -416,11 +417,15 @@ class Engine:
         return await select(self._submit, self._core.fmt, self.free, options, header, by, common)
 
     @staticmethod
-    def workflow(name: str, objective: Objective = "throughput") -> AbstractContextManager:
+    def workflow(
+        name: str, objective: Objective = "throughput", repair: str | Repair | None = None
+    ) -> AbstractContextManager:
         """`with engine.workflow("chat-42", objective="latency"):` tags every call made
         inside, agents' calls asked from inside included, with this workflow and
-        objective, which the scheduling policy reads (`corps.engine.sched.policies`)."""
-        return workflow(name, objective)
+        objective, which the scheduling policy reads (`corps.engine.sched.policies`).
+        `repair` (e.g. "recompute:0.15", `corps.engine.repair`): the repair of its
+        calls that name none and whose agent names none (None: the engine's)."""
+        return workflow(name, objective, repair)
 
     def stream(self, **args: Unpack[DecodeArgs]) -> TextStream:
         """`async for delta in engine.stream(...)`: text deltas; then `.handle`."""

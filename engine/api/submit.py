@@ -8,6 +8,7 @@ result nobody will receive is freed, and its message gets its figures.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Mapping
 from functools import partial
@@ -85,6 +86,8 @@ class Submitter:
         the calls of its task group (`deduce_objective`)."""
         pins = self.core.pin(request.parents)
         wf = CURRENT.get()
+        if request.repair is None and wf is not None and wf.repair is not None:
+            request = dataclasses.replace(request, repair=wf.repair)  # else the engine's
         objective, critical = deduce_objective(request.objective, wf, size, self.deduce)
         job = Job(
             request, id=cid, workflow=wf, objective=objective, critical=critical,

@@ -6,7 +6,9 @@ agents' mailboxes with each ask (`corps.agents.envelope`), so an agent's
 decode carries the workflow that asked it. `objective` is "latency" (someone
 waits on each token: chat, the last steps of an interactive workflow) or
 "throughput" (a data set run, the default); a call's own `objective=` or its
-agent's overrides it. Calls submitted together (one `decode_many`, one
+agent's overrides it. `repair` (`corps.engine.repair`) is the repair policy of
+the workflow's calls that name none (and whose agent names none); None: the
+engine's. Calls submitted together (one `decode_many`, one
 `prefill_many`, an agent's fused turns) form a task group, which the `workflow`
 and `objective` policies admit whole. In a latency workflow, a call made alone
 is latency-critical and a task group's calls are not
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from corps.cache.errors import InvalidRequest
+from corps.engine.repair import Repair, parse_repair
 
 Objective = Literal["latency", "throughput"]
 OBJECTIVES: tuple[str, ...] = get_args(Objective)
@@ -32,10 +35,12 @@ _ids = itertools.count(1)
 
 @dataclass(frozen=True)
 class Workflow:
-    """A workflow's tag: its name, objective and when it started (perf_counter)."""
+    """A workflow's tag: its name, objective, repair policy (None: the engine's) and
+    when it started (perf_counter)."""
 
     name: str
     objective: Objective = "throughput"
+    repair: Repair | None = None
     started: float = field(default_factory=time.perf_counter)
     id: int = field(default_factory=lambda: next(_ids))
 
@@ -53,10 +58,12 @@ def check_objective(value: str | None) -> str | None:
 
 
 @contextmanager
-def workflow(name: str, objective: Objective = "throughput") -> Iterator[Workflow]:
+def workflow(
+    name: str, objective: Objective = "throughput", repair: str | Repair | None = None
+) -> Iterator[Workflow]:
     """Tag every call made inside (and by agents asked from inside) with this workflow."""
     check_objective(objective)
-    tag = Workflow(name, objective)
+    tag = Workflow(name, objective, None if repair is None else parse_repair(repair))
     token = CURRENT.set(tag)
     try:
         yield tag
