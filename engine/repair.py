@@ -14,7 +14,9 @@ reads changes). Policies, written as strings (`--repair`, `repair=`):
   independently encoded message carries attention-sink keys at its start);
 - "recompute:R": a share R (0..1) of the rewired tokens, those whose layer-1
   keys and values move most in the call's context (CacheBlend's criterion,
-  measured by a two-layer probe over every rewired token);
+  measured by a two-layer probe over every rewired token, run in the call's
+  first step batched with the other calls' probes); with "first:K", R more
+  besides the first K;
 - "full": every rewired token (the upper bound: the call reads what encoding its
   whole context in order would give);
 - "temp:T": recompute nothing, but read the rewired tokens' keys at attention
@@ -27,9 +29,9 @@ reads changes). Policies, written as strings (`--repair`, `repair=`):
   re-positioning (CacheBlend's first step; keys rotate, nothing is encoded).
   Parents the call overlaps (a parallel layout, e.g. multi-QA's) otherwise sit at
   positions no recompute can correct; the call gives up the positions the overlap
-  saved. Combine it: "serial+full" reads what the baseline reads (when the first parent
-  starts the conversation);
-- "A+B": the union of two (e.g. "first:4+recompute:0.1", "first:4+temp:0.8"; a
+  saved. Combine it: "serial+full" reads what the baseline reads (when the first
+  parent starts the conversation);
+- "A+B": several together (e.g. "first:4+recompute:0.1", "first:4+temp:0.8"; a
   temperature applies to the rewired tokens not recomputed).
 
 Torch-free: the engine's planner turns a Repair into rows (`corps.engine.exec.repair_rows`).

@@ -251,11 +251,19 @@ async def test_the_leak_audit_still_flags_a_repaired_call(tiny_dirs):
         assert [leak.reader for leak in engine.leaks()] == ["bob"]
 
 
-async def test_sixteen_repaired_calls_share_their_steps(tiny_dirs):
-    """Repair rows are prefill rows of the fused steps: sixteen parallel repaired calls
-    take the steps one repaired call takes, not sixteen times as many."""
-    steps = {}
+async def test_sixteen_repaired_calls_share_their_steps(tiny_dirs, monkeypatch):
+    """Repair rows are prefill rows of the fused steps and their probes run batched in
+    the first: sixteen parallel repaired calls take the steps and the probe passes one
+    repaired call takes, not sixteen times as many."""
+    from corps.engine.model.runner import ModelRunner
+
+    passes, deviation = [], ModelRunner.deviation
+    monkeypatch.setattr(ModelRunner, "deviation",
+                        lambda self, items, layer: passes.append(len(items))
+                        or deviation(self, items, layer))  # fmt: skip
+    steps, probes = {}, {}
     for n in (1, 16):
+        passes.clear()
         async with open_tiny(tiny_dirs, "llama", repair="recompute:0.15") as engine:
             sys = await engine.prefill(TEXTS[0], role="system")
             qs = await engine.prefill_many(
@@ -272,7 +280,35 @@ async def test_sixteen_repaired_calls_share_their_steps(tiny_dirs):
             assert all(h.tokens_repaired > 0 for h in got)
             assert after.tokens_probed - before.tokens_probed == n * 3 * qs[1].length
             steps[n] = after.steps - before.steps
+            probes[n] = list(passes)
     assert steps[16] == steps[1]
+    assert probes == {1: [1], 16: [16]}  # one pass, every call's tokens in it
+
+
+def test_a_batched_probe_measures_each_call_as_alone(tiny_dirs):
+    """The probe of several calls in one pass gives each call the deviations it gets
+    probed alone (float32), whatever its layout."""
+    core = open_tiny(tiny_dirs, "llama")._core
+    sys, q1, q2 = parallel(core)
+    requests = [
+        DecodeRequest(parents=[sys, q1, q2], sampling=greedy(2), repair="recompute:0.5"),
+        DecodeRequest(parents=[sys, q2, q1], offsets=[0, 30, 60], sampling=greedy(2),
+                      repair="recompute:0.3"),
+        DecodeRequest(parents=[q2, sys], sampling=greedy(2), repair="recompute:0.7"),
+    ]  # fmt: skip
+    calls = [core.admit(r) for r in requests]
+    try:
+        items = [(c.view, c.repair.probe.ids, c.repair.probe.positions, c.repair.probe.every)
+                 for c in calls]  # fmt: skip
+        together = core.runner.deviation(items, 1)
+        for item, dev in zip(items, together, strict=True):
+            (alone,) = core.runner.deviation([item], 1)
+            assert dev.shape == (len(item[1]),)
+            torch.testing.assert_close(dev, alone, rtol=1e-5, atol=1e-5)
+    finally:
+        for c in calls:
+            core.abort(c)
+    core.check()
 
 
 def test_a_temperature_scales_the_rewired_keys_the_call_reads(tiny_dirs):

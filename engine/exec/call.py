@@ -116,7 +116,7 @@ class Call:
     @property
     def repaired(self) -> int:
         """Context tokens it recomputes (`corps.engine.exec.repair_rows`)."""
-        return len(self.repair.ids) if self.repair is not None else 0
+        return self.repair.total if self.repair is not None else 0
 
     @property
     def budget_left(self) -> int:

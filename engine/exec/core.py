@@ -40,7 +40,7 @@ from corps.engine.exec.grammars import apply as apply_masks
 from corps.engine.exec.memory import Memory, Victims
 from corps.engine.exec.planner import Planner
 from corps.engine.exec.recompute import restore
-from corps.engine.exec.repair_rows import plan_repair, rewired_ranges
+from corps.engine.exec.repair_rows import plan_repair, probe, rewired_ranges
 from corps.engine.exec.sampler import Sampler
 from corps.engine.exec.step_plan import (
     PENDING,
@@ -283,6 +283,7 @@ class Core:
         # constrained calls' masks are computed on another thread while the forward runs
         constrained = [c for c, start, n in plan if c.matcher is not None and samples(c, start, n)]
         masks = self.grammars.masks_async([c.matcher for c in constrained]) if constrained else None
+        probe(self, [c for c, start, _ in plan if start == REPAIR])  # their rows, chosen now
         logits, rows = self._forward(plan)
         sampling_rows = logit_rows(plan, rows)
         for c, r in sampling_rows:  # the model's own distribution, before any mask

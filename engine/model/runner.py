@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -129,23 +130,26 @@ class ModelRunner:
         return x
 
     @torch.inference_mode()
-    def deviation(
-        self, view, ids: list[int], positions: list[int], at: list[int], layer: int
-    ) -> Tensor:
-        """How far recomputing tokens `ids` (R,) at `positions`, view indices `at`, in
-        the context of `view` moves their keys and values of `layer`: per token, the
-        norm of the change of its rotated key plus that of its value (R,) float32
-        (`corps.engine.exec.repair_rows`). The layers before run as repair rows would (each
-        token over the view up to itself, every probed token recomputed), over copies
-        of the view's layers: the view is left as it was."""
+    def deviation(self, items: list[tuple], layer: int) -> list[Tensor]:
+        """For each (view, ids, positions, at) in `items`: how far recomputing tokens
+        `ids` (R,) at `positions`, view indices `at`, in the context of `view` moves
+        their keys and values of `layer`: per token, the norm of the change of its
+        rotated key plus that of its value (R,) float32 (`corps.engine.exec.repair_rows`).
+        The layers before run as repair rows would (each token over its view up to
+        itself, every probed token recomputed), over copies of the views' layers: the
+        views are left as they were. All items' rows share each projection and MLP;
+        attention runs per view."""
         spec, w = self.spec, self.w
-        dev = view.own_k.device
-        ids_t, pos_t, at_t = (torch.tensor(v, device=dev) for v in (ids, positions, at))
+        dev = items[0][0].own_k.device
+        ids_t = torch.tensor([t for _, ids, _, _ in items for t in ids], device=dev)
+        pos_t = torch.tensor([p for _, _, pos, _ in items for p in pos], device=dev)
+        ats = [torch.tensor(at, device=dev) for _, _, _, at in items]
+        bounds = list(itertools.accumulate([len(at) for _, _, _, at in items], initial=0))
         if w.lora is not None:  # the probe runs the base weights
-            w.lora.set(None, len(ids))
-        n = view.length
-        mask = repair_mask(at_t, n, view.own_k.dtype)  # (R, n)
-        x = w.embed[ids_t].to(w.dtype)  # (R, E)
+            w.lora.set(None, len(ids_t))
+        masks = [repair_mask(at, view.length, view.own_k.dtype) for (view, *_), at in
+                 zip(items, ats, strict=True)]  # (R_i, n_i) each  # fmt: skip
+        x = w.embed[ids_t].to(w.dtype)  # (R, E), every item's rows
         cos = w.rope.cos[pos_t].unsqueeze(1)  # (R, 1, D)
         sin = w.rope.sin[pos_t].unsqueeze(1)
         for i in range(layer + 1):
@@ -154,23 +158,29 @@ class ModelRunner:
                 x, lw.input_norm, lw.qkv, lw.q_norm, lw.k_norm, cos, sin, spec.num_heads,
                 spec.num_kv_heads, spec.rms_norm_eps,
             )  # fmt: skip
-            keys, values = view.k_layers[i][:, :n], view.v_layers[i][:, :n]  # (Hkv, n, D)
+            out = []
+            for (view, *_), at, mask, a, b in zip(items, ats, masks, bounds[:-1], bounds[1:],
+                                                  strict=True):  # fmt: skip
+                n = view.length
+                keys, values = view.k_layers[i][:, :n], view.v_layers[i][:, :n]  # (Hkv, n, D)
+                if i == layer:
+                    dk = k_rot[a:b] - keys[:, at].transpose(0, 1)  # (R_i, Hkv, D)
+                    dv = v[a:b] - values[:, at].transpose(0, 1)
+                    out.append(
+                        dk.float().flatten(1).norm(dim=1) + dv.float().flatten(1).norm(dim=1)
+                    )
+                    continue
+                keys = keys.index_copy(1, at, k_rot[a:b].transpose(0, 1))  # copies
+                values = values.index_copy(1, at, v[a:b].transpose(0, 1))
+                out.append(F.scaled_dot_product_attention(
+                    q[a:b].transpose(0, 1)[None], keys[None], values[None], attn_mask=mask,
+                    scale=self.scale, enable_gqa=spec.num_heads != spec.num_kv_heads,
+                )[0].transpose(0, 1))  # (R_i, Hq, D)  # fmt: skip
             if i == layer:
-                dk = k_rot - keys[:, at_t].transpose(0, 1)  # (R, Hkv, D)
-                dv = v - values[:, at_t].transpose(0, 1)
-                return dk.float().flatten(1).norm(dim=1) + dv.float().flatten(1).norm(dim=1)
-            keys = keys.index_copy(1, at_t, k_rot.transpose(0, 1))  # copies
-            values = values.index_copy(1, at_t, v.transpose(0, 1))
-            attn = F.scaled_dot_product_attention(
-                q.transpose(0, 1)[None],
-                keys[None],
-                values[None],
-                attn_mask=mask,
-                scale=self.scale,
-                enable_gqa=spec.num_heads != spec.num_kv_heads,
-            )[0].transpose(0, 1)  # (R, Hq, D)
+                return out
+            attn = torch.cat(out)  # (R, Hq, D)
             x = layer_mlp(
-                x, attn.reshape(len(ids), -1), lw.o, lw.post_norm, lw.gate_up, lw.down,
+                x, attn.reshape(len(ids_t), -1), lw.o, lw.post_norm, lw.gate_up, lw.down,
                 spec.rms_norm_eps,
             )  # fmt: skip
         raise ValueError(f"layer {layer} is past the model's {len(w.layers)} layers")
