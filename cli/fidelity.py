@@ -253,7 +253,8 @@ def _curve_table(title: str, report: Any) -> None:
     t = Table(title=title, title_justify="left")
     short = _short(first)
     for col in ("replay", "gap", "closes", "agree", "recomputed", "TTFT ms",
-                "TTFT / " + short, "wall / " + short, "wall / baseline"):  # fmt: skip
+                "TTFT / " + short, "TTFT / baseline", "wall / " + short,
+                "wall / baseline"):  # fmt: skip
         first_col = col == "replay"  # a label is never cut: it wraps
         t.add_column(col, justify="left" if first_col else "right", overflow="fold",
                      min_width=14 if first_col else None)  # fmt: skip
@@ -264,14 +265,16 @@ def _curve_table(title: str, report: Any) -> None:
         t.add_row(
             _short(label), _f(r.gap, 4), f"{closes:.0%}" if not math.isnan(closes) else "-",
             _f(r.agreement), f"{r.recomputed:.0%}", _f(r.ttft and r.ttft * 1000, 1),
-            _ratio(r.ttft, ref_ttft), _ratio(wall.get(label), wall.get(first)),
+            _ratio(r.ttft, ref_ttft), _ratio(r.ttft, r.baseline_ttft),
+            _ratio(wall.get(label), wall.get(first)),
             _ratio(wall.get(label), wall.get("baseline")),
         )  # fmt: skip
     out.print(t)
     out.print(
         f"[dim]closes: share of {first}'s gap removed; recomputed: share of the reused "
-        "context tokens recomputed instead; TTFT: mean over the replay's turns; wall: "
-        "each replay over every input, alone (the baseline: its sampling)[/]"
+        "context tokens recomputed instead; TTFT: mean over the replay's turns (the "
+        "baseline's: over the same turns as it sampled them); wall: each replay over every "
+        "input, alone (the baseline: its sampling)[/]"
     )
 
 

@@ -75,6 +75,7 @@ async def test_a_full_repair_reads_what_the_baseline_reads(tiny_dirs):
     assert abs(plain.gap) > 1e-3 and abs(full.gap) < 1e-4 and full.agreement == 1.0
     assert plain.recomputed == 0.0 and 0.0 < full.recomputed < 1.0
     assert full.ttft is not None and set(report.wall) == {"baseline", *replays}
+    assert full.baseline_ttft is not None and full.baseline_ttft == plain.baseline_ttft
 
 
 async def test_serial_full_repairs_questions_read_at_one_offset(tiny_dirs):

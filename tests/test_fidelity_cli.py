@@ -117,6 +117,8 @@ def test_fidelity_and_eval_take_repair_policies(tiny_dirs, tmp_path, pairs):
     assert abs(replays["choreographed@full"][-1]["gap"]) < 1e-4
     assert replays["choreographed"][-1]["tokens_repaired"] == 0
     assert replays["choreographed@full"][-1]["recomputed"] > 0
+    assert replays["choreographed@full"][-1]["baseline_ttft_s"] > 0
+    assert "as it sampled them" in fid.output  # the TTFT / baseline column's legend
     assert set(report["wall_s"]) == {"baseline", *replays}
     assert (tmp_path / "curve.png").stat().st_size > 0
 

@@ -98,6 +98,7 @@ class Row:
     diverged: int = 0  # turns with at least one such position that differs
     first: list[int] = field(default_factory=list)  # each diverged turn's first position
     ttfts: list[float] = field(default_factory=list)  # the replay's turns' TTFT (s)
+    base_ttfts: list[float] = field(default_factory=list)  # the baseline's (its sampling)
     reused: int = 0  # context tokens the replay's turns read as encoded
     repaired: int = 0  # context tokens they recomputed (a repair)
 
@@ -105,6 +106,8 @@ class Row:
         n = min(len(base.logprobs), len(other.logprobs))
         if other.ttft_s is not None:
             self.ttfts.append(other.ttft_s)
+        if base.ttft_s is not None:
+            self.base_ttfts.append(base.ttft_s)
         self.reused += other.reused
         self.repaired += other.repaired
         self.turns += 1
@@ -141,6 +144,11 @@ class Row:
         return sum(self.ttfts) / len(self.ttfts) if self.ttfts else None
 
     @property
+    def baseline_ttft(self) -> float | None:
+        """Mean TTFT of the same turns when the baseline sampled them (seconds)."""
+        return sum(self.base_ttfts) / len(self.base_ttfts) if self.base_ttfts else None
+
+    @property
     def recomputed(self) -> float:
         """Share of the replay's reused context tokens it recomputed instead."""
         total = self.reused + self.repaired
@@ -157,6 +165,7 @@ class Row:
             baseline_loss=self.baseline_loss, replay_loss=self.replay_loss, gap=self.gap,
             agreement=self.agreement, diverged_turns=self.diverged,
             first_divergence=self.first_divergence, ttft_s=self.ttft,
+            baseline_ttft_s=self.baseline_ttft,
             tokens_reused=self.reused, tokens_repaired=self.repaired, recomputed=self.recomputed,
         )  # fmt: skip
 
@@ -225,7 +234,8 @@ async def measure(
 ) -> Report:
     """Sample input i at seed i in `base_rt` (a baseline runtime), then replay every
     input forced in each of `replays` (label -> runtime), one replay after another
-    (each `warm`ed first), and pair the scores of every turn. An input that fails
+    (the sampling and each replay warmed first on input 0, untimed), and pair the
+    scores of every turn. An input that fails
     anywhere is left out of every replay's pairs (and listed in `failed`). `on_done`
     runs once per input sampled and once per input replayed in each replay (not for
     the warm-up)."""
@@ -236,6 +246,11 @@ async def measure(
     async def sample_one(i: int) -> None:
         recorded[i], _ = await sample(base_rt, pattern, params[i])
 
+    async def warm_sample(i: int) -> None:
+        await sample(base_rt, pattern, params[i])
+
+    if inputs:  # untimed, as each replay is (`warm`)
+        await each([0], warm_sample, concurrency=1)
     t0 = time.perf_counter()
     failed = dict(await each(range(len(inputs)), sample_one, concurrency=concurrency,
                              on_done=on_done))  # fmt: skip
