@@ -95,7 +95,7 @@ class DecodePlan:
         width = max(a - b for a, b in zip(lengths, skips, strict=True))  # no device sync
         ar = torch.arange(width, device=dev)  # (N,)
         j = skip[:, None] + torch.minimum(ar[None, :], m[:, None] - 1)  # (B, N), pads repeat
-        idx = torch.where(j < cl[:, None], cb[:, None] + j, ob[:, None] + j - cl[:, None])
+        idx = arena_index(j, cb, cl, ob)  # (B, N)
         groups = tuple((views[ix[0]].ctx, torch.tensor(ix, device=dev)) for ix in grouped)
         # new rows go after each call's own tokens: own_base + own length + i
         first = [v.own_base + v.length - v.ctx_len for v in views]
@@ -129,9 +129,7 @@ class DecodePlan:
                        lengths, 0, splits=splits)  # fmt: skip
         ar = torch.arange(width, device=write.device)  # (N,)
         j = torch.minimum(ar[None, :], lengths[:, None] - 1)  # (B, N), pads repeat the last
-        idx = torch.where(
-            j < ctx_len[:, None], ctx_base[:, None] + j, own_base[:, None] + j - ctx_len[:, None]
-        )  # (B, N) arena index of each gathered key
+        idx = arena_index(j, ctx_base, ctx_len, own_base)  # (B, N)
         mask = (ar[None, :] < lengths[:, None])[:, None]  # (B, 1, N)
         return cls(arena, write, idx.flatten(), mask, width, ctx_base, ctx_len, own_base,
                    lengths, width, splits=splits)  # fmt: skip
@@ -201,3 +199,11 @@ def _row_masks(rows: list[int], m: Tensor, width: int) -> tuple[Tensor, Tensor |
     seen = m[:, None] - (r[:, None] - 1 - ti[None, :]).clamp(min=0)  # (B, t)
     padded = [b * t + i for b, rb in enumerate(rows) for i in range(rb)]
     return ar[None, None, :] < seen[:, :, None], torch.tensor(padded, device=dev)  # (B, t, N)
+
+
+def arena_index(j: Tensor, ctx_base: Tensor, ctx_len: Tensor, own_base: Tensor) -> Tensor:
+    """The arena index (B, N) of key j (B, N) of each view: its context's first
+    ctx_len keys from ctx_base, then its own tokens from own_base (each (B,))."""
+    return torch.where(
+        j < ctx_len[:, None], ctx_base[:, None] + j, own_base[:, None] + j - ctx_len[:, None]
+    )
