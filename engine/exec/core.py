@@ -214,18 +214,22 @@ class Core:
         """The request as it runs: under a `serial` repair (`Repair.serial`, choreographed
         mode), its parents end to end from where it puts the first, its message right
         after them; else as it is."""
-        repair = request.repair if request.repair is not None else self.repair
-        if not repair.serial or self.mode != "choreographed":
+        if not self.requested(request).serial or self.mode != "choreographed":
             return request
         first = request.offsets[0] if request.offsets else None
         offsets = [first] + [None] * (len(request.parents) - 1) if request.parents else None
         return dataclasses.replace(request, offsets=offsets, new_offset=None)
 
+    def requested(self, request: PrefillRequest | DecodeRequest) -> Repair:
+        """The repair a request names (its agent's or workflow's filled in at
+        submission), else the engine's."""
+        return request.repair if request.repair is not None else self.repair
+
     def repair_of(self, request: PrefillRequest | DecodeRequest, call: Call) -> Repair:
         """The repair a call gets (`corps.engine.repair`): its request's, else
         the engine's; none in baseline mode (nothing is rewired) and for a call whose
         context is a chain."""
-        repair = request.repair if request.repair is not None else self.repair
+        repair = self.requested(request)
         if repair.none or self.mode != "choreographed" or call.plan.kind == "sink":
             return NONE
         return repair if rewired_ranges(self, call) else NONE

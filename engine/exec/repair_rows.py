@@ -103,17 +103,31 @@ def plan_repair(core: Core, c: Call, repair: Repair) -> RepairRows | None:
         fixed = every
     else:
         fixed = [s + j for s, n in ranges for j in range(min(repair.first, n))]
-    k = min(round(repair.ratio * len(every)), len(every) - len(fixed)) if not repair.full else 0
+    k = min(round(repair.ratio * len(every)), len(every) - len(fixed))
     rows = RepairRows(len(fixed) + k, core.store.scratch, len(every), repair)
     if k:  # chosen in the call's first step, with the other calls' probes
         rows.probe = Probe(every, [tokens[j] for j in every], [positions[j] for j in every],
                            fixed, k)  # fmt: skip
         rows.probed = len(every)
         return rows
-    rows.take(fixed, tokens, positions)
-    if repair.temperature != 1.0:
-        warm(c, [j for j in every if j not in set(fixed)], repair.temperature)
+    settle(c, rows, fixed, every, tokens, positions)
     return rows if rows.total else None
+
+
+def settle(
+    c: Call,
+    rows: RepairRows,
+    chosen: list[int],
+    every: list[int],
+    tokens: dict[int, int],
+    positions: dict[int, int],
+) -> None:
+    """`rows` recompute the view indices `chosen`; the other rewired ones (`every`)
+    are read at the policy's temperature (`warm`)."""
+    rows.take(chosen, tokens, positions)
+    if rows.policy.temperature != 1.0:
+        picked = set(chosen)
+        warm(c, [j for j in every if j not in picked], rows.policy.temperature)
 
 
 def probe(core: Core, calls: list[Call]) -> None:
@@ -130,12 +144,10 @@ def probe(core: Core, calls: list[Call]) -> None:
         fixed = set(p.fixed)
         free = torch.tensor([j not in fixed for j in p.every], device=dev.device)
         top = torch.topk(dev.masked_fill(~free, float("-inf")), p.k).indices.tolist()
-        chosen = [*p.fixed, *(p.every[i] for i in top)]
-        rows.take(chosen, dict(zip(p.every, p.ids, strict=True)),
-                  dict(zip(p.every, p.positions, strict=True)))  # fmt: skip
         rows.probe = None
-        if rows.policy.temperature != 1.0:
-            warm(c, [j for j in p.every if j not in set(chosen)], rows.policy.temperature)
+        settle(c, rows, [*p.fixed, *(p.every[i] for i in top)], p.every,
+               dict(zip(p.every, p.ids, strict=True)),
+               dict(zip(p.every, p.positions, strict=True)))  # fmt: skip
 
 
 def warm(c: Call, at: list[int], temperature: float) -> None:
