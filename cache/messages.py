@@ -212,7 +212,7 @@ class MessageTable:
         msg = self.get(mid)
         if msg.freed:
             raise UnknownHandle(
-                f"message {mid} ({msg.role}: {_preview(msg.text)}) was freed; its encoding is "
+                f"message {mid} ({msg.role}) was freed; its encoding is "
                 f"gone, prefill its text again to use it"
             )
         return msg
@@ -221,10 +221,6 @@ class MessageTable:
         """A snapshot of every message, freed ones included."""
         with self._lock:
             return list(self._messages.values())
-
-
-def _preview(text: str, n: int = 32) -> str:
-    return repr(text if len(text) <= n else text[: n - 1] + "…")
 
 
 class DetachedTable:

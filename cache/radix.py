@@ -7,6 +7,10 @@ unlocked leaves are evicted, least recently used first.
 Nodes remember which call inserted them (`creator`), so a call that inserted
 part of its prompt early (to share it with calls running beside it) and then
 failed can take back exactly what it added and nobody uses (`drop`).
+
+A `salt` keeps trees apart: prefixes cached under one salt are never matched
+under another (vLLM's `cache_salt`), so tenants of one server cannot learn each
+other's prompts from cache hits. None is the engine's own, unsalted tree.
 """
 
 from __future__ import annotations
@@ -39,18 +43,30 @@ class Match:
 
 class RadixCache:
     def __init__(self) -> None:
-        self.root = Node()
+        self.roots: dict[str | None, Node] = {None: Node()}
         self._clock = itertools.count(1)
         self.size = 0  # tokens held
         self.hit_tokens = 0
         self.query_tokens = 0
 
-    def match(self, tokens: list[int], *, count: bool = True) -> Match:
-        """Longest cached prefix of tokens. Splits the last edge if the match ends inside it.
+    @property
+    def root(self) -> Node:
+        """The unsalted tree's root."""
+        return self.roots[None]
+
+    def _root(self, salt: str | None) -> Node:
+        root = self.roots.get(salt)
+        if root is None:
+            root = self.roots[salt] = Node()
+        return root
+
+    def match(self, tokens: list[int], *, count: bool = True, salt: str | None = None) -> Match:
+        """Longest cached prefix of tokens (under `salt`). Splits the last edge if the
+        match ends inside it.
 
         `count=False` leaves the hit-rate counters alone (the engine's own lookups).
         """
-        node, i, slots, creators = self.root, 0, [], []
+        node, i, slots, creators = self._root(salt), 0, [], []
         now = next(self._clock)
         node.last_used = now
         while i < len(tokens) and tokens[i] in node.children:
@@ -67,9 +83,11 @@ class RadixCache:
             self.hit_tokens += i
         return Match(i, slots, node, tuple(creators))
 
-    def peek(self, tokens: list[int]) -> int:
-        """Length of the longest cached prefix of tokens; changes nothing."""
-        node, i = self.root, 0
+    def peek(self, tokens: list[int], salt: str | None = None) -> int:
+        """Length of the longest cached prefix of tokens (under `salt`); changes nothing."""
+        node, i = self.roots.get(salt), 0
+        if node is None:
+            return 0
         while i < len(tokens) and tokens[i] in node.children:
             child = node.children[tokens[i]]
             n = _common(child.key, tokens, i)
@@ -79,14 +97,18 @@ class RadixCache:
             node = child
         return i
 
-    def insert(self, tokens: list[int], slots: list[int], creator: int | None = None) -> list[int]:
-        """Cache tokens with their slots; returns the slots that duplicate cached ones.
+    def insert(
+        self, tokens: list[int], slots: list[int], creator: int | None = None,
+        salt: str | None = None,
+    ) -> list[int]:  # fmt: skip
+        """Cache tokens (under `salt`) with their slots; returns the slots that duplicate
+        cached ones.
 
         The caller releases the returned slots to the store. New nodes are tagged
         with `creator`.
         """
         assert len(tokens) == len(slots)
-        node, i, dup = self.root, 0, []
+        node, i, dup = self._root(salt), 0, []
         now = next(self._clock)
         while i < len(tokens):
             child = node.children.get(tokens[i])
@@ -126,6 +148,7 @@ class RadixCache:
             self.size -= len(leaf.key)
             if self._is_free_leaf(parent):
                 heapq.heappush(heap, (parent.last_used, id(parent), parent))
+        self._prune()
         return freed
 
     def drop(self, creator: int) -> list[int]:
@@ -140,7 +163,14 @@ class RadixCache:
             self.size -= len(leaf.key)
             if parent.creator == creator and self._is_free_leaf(parent):
                 leaves.append(parent)
+        self._prune()
         return freed
+
+    def _prune(self) -> None:
+        """Forget the salted trees left empty (a server's tenants come and go)."""
+        empty = [s for s, r in self.roots.items() if s is not None and not r.children]
+        for salt in [s for s in empty if self.roots[s].lock == 0]:
+            del self.roots[salt]
 
     def holds(self, creator: int) -> bool:
         """Whether any node `creator` inserted is still in the tree."""
@@ -157,7 +187,7 @@ class RadixCache:
         return slots
 
     def _is_free_leaf(self, node: Node) -> bool:
-        return node is not self.root and not node.children and node.lock == 0
+        return node.parent is not None and not node.children and node.lock == 0
 
     def _split(self, child: Node, n: int) -> Node:
         """Cut child's edge after n tokens; returns the new upper node."""
@@ -175,7 +205,7 @@ class RadixCache:
         return upper
 
     def _nodes(self):
-        stack = [self.root]
+        stack = list(self.roots.values())
         while stack:
             node = stack.pop()
             yield node

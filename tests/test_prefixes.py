@@ -128,3 +128,22 @@ def test_baseline_call_that_fails_takes_back_the_prefix_it_shared(tiny_dirs):
     assert core.prefixes.radix.size == 60  # b still reads a's stem: it stays; a's own token goes
     core.abort(b)
     assert core.prefixes.radix.size == 0 and core.store.used_slots == used  # as if neither ran
+
+
+async def test_a_cache_salt_reuses_only_its_own_prefixes(tiny_dirs):
+    """Baseline: a decode finds the prompt a call with its salt cached, and nothing of a
+    call with another salt (or none): tenants cannot learn each other's prompts from
+    cache hits. The tokens are the same either way (float32)."""
+    async with open_tiny(tiny_dirs, "llama", mode="baseline") as engine:
+        q = await engine.prefill("a long question about the vault and its code")
+
+        async def ask(salt):
+            return await engine.decode(parents=[q], max_tokens=3, temperature=0, cache_salt=salt)
+
+        first = await ask("tenant-a")
+        other, unsalted = await ask("tenant-b"), await ask(None)
+        again = await ask("tenant-a")
+        assert first.tokens_reused == other.tokens_reused == unsalted.tokens_reused == 0
+        assert again.tokens_reused > 0
+        assert first.tokens == other.tokens == unsalted.tokens == again.tokens
+        engine.check()

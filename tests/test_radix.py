@@ -60,3 +60,19 @@ def test_drop_takes_back_only_a_creators_free_leaves():
     assert r.drop(2) == [] and r.drop(1) == []  # locked: a running call reads it
     r.unlock(lock)
     assert r.drop(2) == [3] and r.drop(1) == [0, 1] and r.size == 0 and not r.holds(1)
+
+
+def test_a_salt_keeps_trees_apart():
+    """What one salt cached is never matched under another (nor unsalted), each salt's
+    tree evicts like the rest, and an emptied salted tree is forgotten."""
+    r = RadixCache()
+    r.insert([1, 2, 3], [10, 11, 12], salt="a")
+    assert r.match([1, 2, 3], salt="b").length == 0
+    assert r.match([1, 2, 3]).length == 0 and r.peek([1, 2, 3], "b") == 0
+    assert r.match([1, 2, 3], salt="a").slots == [10, 11, 12]
+    assert r.insert([1, 2, 3], [20, 21, 22], salt="b") == []  # not a duplicate: b's own
+    assert sorted(r.check_idle()) == [10, 11, 12, 20, 21, 22] and r.size == 6
+    assert sorted(r.evict(6)) == [10, 11, 12, 20, 21, 22]
+    assert set(r.roots) == {None}
+    r.insert([5], [30], creator=7, salt="c")
+    assert r.drop(7) == [30] and set(r.roots) == {None}

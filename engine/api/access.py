@@ -43,9 +43,11 @@ class AuditEvent:
 
 
 def describe(msg: Message) -> str:
+    """A message named by id, owner and role: never its text, which errors, warnings,
+    leak records and exported traces must not carry (a refusal would quote the very
+    message it protects)."""
     owner = msg.owner or "the engine"
-    text = msg.text if len(msg.text) <= 40 else msg.text[:39] + "…"
-    return f"message {msg.id} ({owner}'s {msg.role}: {text!r})"
+    return f"message {msg.id} ({owner}'s {msg.role})"
 
 
 def check_access(table: MessageTable, reader: str | None, parents: Sequence[Handle]) -> None:

@@ -41,6 +41,7 @@ class CallPlan:
     sampling: SamplingParams | None = None  # a decode's; None for a prefill
     frame_len: int = 0  # leading own tokens that are role framing, not text
     footer: tuple[int, ...] = ()  # the role's closing tokens (a framed decode)
+    salt: str | None = None  # the baseline prefix cache's namespace (DecodeRequest.cache_salt)
 
     @property
     def is_decode(self) -> bool:

@@ -66,7 +66,9 @@ class Planner:
         self._check_vocab(list(req.sampling.force))
         footer = self.fmt.encode(self.fmt.frame(req.role)[1]) if req.frame else []
         frame_len = len(self.fmt.encode(self.fmt.frame(req.role)[0])) if req.frame else 0
-        decode = dict(sampling=req.sampling, frame_len=frame_len, footer=tuple(footer))
+        decode = dict(
+            sampling=req.sampling, frame_len=frame_len, footer=tuple(footer), salt=req.cache_salt
+        )
         call = self._plan(req, header, "", "decode", **decode)
         call.generator = req.sampling.generator()
         return call

@@ -39,7 +39,7 @@ class PrefixSharing:
 
     def match(self, c: Call) -> None:
         """Point c's context at the longest cached prefix of its prompt; lock it."""
-        match = self.radix.match(c.plan.prefix)
+        match = self.radix.match(c.plan.prefix, salt=c.plan.salt)
         hit = min(match.length, len(c.plan.prefix) - 1)  # re-encode >= 1 token to get logits
         if c.want_logits:  # every own token's logits are wanted: encode them all
             hit = min(hit, len(c.plan.prefix) - c.plan.own)
@@ -61,10 +61,11 @@ class PrefixSharing:
         Only calls still encoding their prompt are waited for, so a hold always ends."""
         if not self._filling:
             return False
-        cached = self.radix.peek(c.plan.prefix)
+        cached = self.radix.peek(c.plan.prefix, c.plan.salt)
         return any(
             _common_len(c.plan.prefix, other.plan.prefix) - cached >= HOLD_MIN_SHARED
             for other in self._filling
+            if other.plan.salt == c.plan.salt
         )
 
     def cache_fed(self, c: Call) -> None:
@@ -76,8 +77,9 @@ class PrefixSharing:
         with self._lock:
             end = c.feed_start + c.fed
             tokens, slots = c.plan.prefix[:end], c.ctx_slots + c.slots[: c.fed]
-            self.store.release(self.radix.insert(tokens, slots, creator=c.uid))
-            match = self.radix.match(tokens, count=False)
+            salt = c.plan.salt
+            self.store.release(self.radix.insert(tokens, slots, creator=c.uid, salt=salt))
+            match = self.radix.match(tokens, count=False, salt=salt)
             self.radix.lock(match.node)
             self.radix.unlock(c.lock)
             c.lock = match.node
@@ -91,7 +93,8 @@ class PrefixSharing:
         tree, which owns their slots from now on."""
         with self._lock:
             slots = c.ctx_slots + c.slots
-            self.store.release(self.radix.insert(tokens, slots, creator=c.uid or None))
+            dup = self.radix.insert(tokens, slots, creator=c.uid or None, salt=c.plan.salt)
+            self.store.release(dup)
             self.radix.unlock(c.lock)
             c.lock, c.slots = None, []
             self._end(c, failed=False)

@@ -59,7 +59,9 @@ class DecodeArgs(TypedDict, total=False):
     ignore_eos, force, logprobs), which override the `sampling` given. At most one of regex,
     json_schema (a dict, its JSON or a pydantic model class), choices (the text is
     one of them) or grammar (Lark) constrains the generated text to match it
-    (`corps.engine.request.constraint`).
+    (`corps.engine.request.constraint`). cache_salt (baseline mode): the call reuses
+    only prompt prefixes cached by calls with the same salt, and its own are found only
+    by them (a server gives each tenant its own).
     """
 
     role: str
@@ -88,6 +90,7 @@ class DecodeArgs(TypedDict, total=False):
     json_schema: Mapping[str, Any] | str | type | None
     choices: Sequence[str] | None
     grammar: str | None
+    cache_salt: str | None
 
 
 @dataclass(frozen=True)
@@ -126,9 +129,12 @@ class DecodeRequest:
     leak_policy: str | None = None
     objective: Objective | None = None
     repair: Repair | None = None  # None: the engine's
+    cache_salt: str | None = None  # baseline: reuse only prefixes cached under this salt
 
     def __post_init__(self) -> None:
         _check_common(self)
+        if self.cache_salt is not None and not isinstance(self.cache_salt, str):
+            raise InvalidRequest(f"cache_salt must be a string, got {type(self.cache_salt)}")
         if not isinstance(self.sampling, SamplingParams):
             raise InvalidRequest(f"sampling must be a SamplingParams, got {self.sampling!r}")
         if not isinstance(self.header, str):
