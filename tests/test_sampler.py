@@ -77,3 +77,15 @@ def test_next_token_replays_a_forced_token_and_draws_alone_without_a_pick():
     logits[0, 4] = 5.0
     assert s.next_token(_call(force=(8,), max_tokens=1), logits, pick=4) == 8
     assert s.next_token(_call(), logits, pick=None) == 4
+
+
+def test_a_seed_of_any_size_is_a_seed_reduced_to_the_generator_s_range():
+    """manual_seed refuses past 64 bits; a client's 10**23 (or -1) is still a seed, the
+    same one as its value modulo 2**64, and seeds in range draw as they always did."""
+
+    def draws(seed):
+        return torch.rand(4, generator=SamplingParams(temperature=1.0, seed=seed).generator())
+
+    assert torch.equal(draws(10**23), draws(10**23 % 2**64))
+    assert torch.equal(draws(-1), draws(2**64 - 1))
+    assert torch.equal(draws(7), torch.rand(4, generator=torch.Generator().manual_seed(7)))

@@ -223,6 +223,12 @@ class Engine:
         return self._core.mode
 
     @property
+    def context_length(self) -> int:
+        """Logical positions a call may reach (the model's context length): a message's
+        last token, and every token a decode may generate, sit below it."""
+        return self._core.max_positions
+
+    @property
     def policy(self) -> Policy:
         """The batching loop's scheduling policy (`corps.engine.sched.policies`): its name,
         and for `objective` its bounds and what it has learnt of the step cost

@@ -22,6 +22,7 @@ class Executor(Protocol):
     mode: str
     precision: str  # the dtype name the engine was opened with
     model_path: Path
+    max_positions: int  # the model's context length (logical positions)
     tokenizer: object
     fmt: ChatFormat
     table: MessageTable

@@ -90,7 +90,10 @@ class SamplingParams:
         # An unseeded call draws its seed from the OS, not torch.seed(): that reseeds the
         # process's global generator (a side effect on the user's RNG) and, through
         # torch.cuda's lazy init, cost ~0.8 ms per call here.
-        gen.manual_seed(self.seed if self.seed is not None else secrets.randbits(63))
+        # Any int is a seed: reduced to the generator's 64-bit range (manual_seed raises
+        # past it), so a huge seed from a client is a seed, not a crash.
+        seed = self.seed % 2**64 if self.seed is not None else secrets.randbits(63)
+        gen.manual_seed(seed)
         return gen
 
 
