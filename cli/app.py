@@ -132,6 +132,25 @@ def serve(
         str | None,
         typer.Option(help="Require `Authorization: Bearer KEY` on /v1/ (default: none)."),
     ] = None,
+    keys: Annotated[
+        Path | None,
+        typer.Option(help="A TOML key file: each API key's tenant and agents (docs/serve.md)."),
+    ] = None,
+    max_body: Annotated[
+        int, typer.Option(min=1024, help="Largest request body in bytes (413 past it).")
+    ] = 4 << 20,
+    max_queue: Annotated[
+        int, typer.Option(min=1, help="Requests answered at once (429 past it).")
+    ] = 256,
+    max_prompt_tokens: Annotated[
+        int | None, typer.Option(min=1, help="Longest prompt (default: the context length).")
+    ] = None,
+    request_timeout: Annotated[
+        float, typer.Option(min=0.001, help="Seconds one request, a stream included, may take.")
+    ] = 600.0,
+    shutdown_grace: Annotated[
+        float, typer.Option(min=0.001, help="Seconds SIGTERM waits for requests to finish.")
+    ] = 30.0,
 ) -> None:
     """An OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models,
     /health, /metrics) over one engine; messages by id as an extension. Needs
@@ -140,9 +159,19 @@ def serve(
         import uvicorn
 
         from corps.cli.serve.app import create_app
+        from corps.cli.serve.limits import Limits
+        from corps.cli.serve.principals import Keys
     except ImportError as exc:
         _bad(f"corps serve needs its extra: pip install 'corps[serve]' ({exc.name} is missing)")
     from corps.engine.api.engine import Engine
+
+    if keys is not None and api_key is not None:
+        _bad("--keys and --api-key: give one (a key file can hold the single key too)")
+    try:
+        ring = Keys.load(keys) if keys is not None else None
+    except ValueError as exc:
+        _bad(f"--keys: {exc}")
+    limits = Limits(max_body, max_queue, request_timeout, max_prompt_tokens, shutdown_grace)
 
     try:
         cfg = EngineConfig.of(
@@ -153,8 +182,9 @@ def serve(
         _bad(str(exc))
     if cfg.mode == "hf":
         _bad("--mode: corps serve runs choreographed or baseline")
-    app_ = create_app(Engine.open(cfg), model=model, api_key=api_key)
-    uvicorn.run(app_, host=host, port=port, log_level="warning")
+    app_ = create_app(Engine.open(cfg), model=model, api_key=api_key, keys=ring, limits=limits)
+    uvicorn.run(app_, host=host, port=port, log_level="warning",
+                timeout_graceful_shutdown=shutdown_grace)  # fmt: skip
 
 
 @app.command()

@@ -72,7 +72,8 @@ def test_a_chat_reply_with_usage_and_its_message_id(client):
     assert choice.finish_reason in ("stop", "length")
     assert r.usage.completion_tokens > 0 and r.usage.prompt_tokens > 0
     assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
-    assert isinstance(choice.message.model_extra["corps"]["id"], int)
+    mid = choice.message.model_extra["corps"]["id"]
+    assert mid.startswith("msg_") and len(mid) == 36  # opaque: 128 random bits
 
 
 def test_greedy_replies_are_the_same_streamed_or_not_and_usage_comes_last(client):
@@ -154,9 +155,9 @@ def test_errors_are_openai_exceptions_with_their_status(served, client):
     bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}
     with pytest.raises(openai.BadRequestError):  # a schema llguidance cannot compile
         ask(client, response_format=bad)
-    with pytest.raises(openai.NotFoundError, match="no message"):
+    with pytest.raises(openai.NotFoundError, match="no such message"):
         client.chat.completions.create(
-            model="tiny", messages=[{"role": "user", "corps_message_id": 10**9}]
+            model="tiny", messages=[{"role": "user", "corps_message_id": "msg_" + "0" * 32}]
         )
     with pytest.raises(openai.AuthenticationError):
         ask(served.client("wrong"))

@@ -2,67 +2,126 @@
 
 Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`,
 `GET /health`, `GET /metrics` (Prometheus text). Every request's calls go to the
-engine's one batching loop, so concurrent requests share its fused steps. A bad
-request (malformed JSON, a field of the wrong type, a schema that does not
-compile, an unknown or freed message id, a context too long) is answered 4xx
-with an OpenAI-style error object before anything is queued; a client that
-goes away mid-stream cancels its call, which gives back what it held.
+engine's one batching loop, so concurrent requests share its fused steps.
+
+The edge (docs/serve.md, "Security model"): a request is its API key's principal
+(`principals`), reading as that principal's tenant and agent, never as the
+engine's sees-everything reader; it is checked whole before anything is encoded
+(`chat.prompt_of`), and what it encoded is given back if it fails, is refused or
+is cut. Every failure is an OpenAI error object (`errors`), a streamed one
+included: refused before the stream starts (its 4xx), or failed in it (an error
+event, then `[DONE]`). Bodies, prompts, requests in flight and time per request
+are bounded (`limits`).
 """
 
 from __future__ import annotations
 
 import json
-import secrets
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.exceptions import HTTPException
 
-from corps.cache.errors import CacheFullError, CorpsError, InvalidRequest, UnknownHandle
-from corps.cache.visibility import AccessDenied, LeakageError
+from corps.cache.errors import CorpsError
 from corps.cli.serve import chat
+from corps.cli.serve.errors import ServeError, from_engine
+from corps.cli.serve.limits import BodyLimit, Gate, Limits, check_prompt, token_bytes
+from corps.cli.serve.messages import MessageCache
 from corps.cli.serve.metrics import Metrics
-from corps.cli.serve.schema import ChatRequest, CompletionRequest, error_body
-from corps.engine.errors import EngineBusy, EngineClosed
+from corps.cli.serve.principals import Keys, Principal, Who
+from corps.cli.serve.schema import ChatRequest, CompletionRequest
+
+log = logging.getLogger("corps.serve")
 
 
-def create_app(engine_cm, *, model: str, api_key: str | None = None) -> FastAPI:
+def create_app(
+    engine_cm, *, model: str, api_key: str | None = None, keys: Keys | None = None,
+    limits: Limits | None = None,
+) -> FastAPI:  # fmt: skip
     """The app over the engine `engine_cm` opens (an async context manager, entered
-    when the app starts: `Engine.open(...)`); `model` is the name it answers to."""
+    when the app starts: `Engine.open(...)`); `model` is the name it answers to.
+    `keys` (or one `api_key`) authenticate requests as principals; neither: local use,
+    every request tenant "local"."""
+    if keys is None:
+        keys = Keys.single(api_key) if api_key is not None else Keys(None)
+    limits = limits or Limits()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with engine_cm as engine:
             app.state.engine = engine
-            app.state.cache = chat.MessageCache(engine)
+            app.state.cache = MessageCache(engine)
+            app.state.token_bytes = token_bytes(engine.tokenizer)
+            context = engine.context_length
+            app.state.prompt_limit = min(limits.max_prompt_tokens or context, context)
             yield
             app.state.cache.clear()
 
     app = FastAPI(title="corps", lifespan=lifespan)
-    app.state.model = model
+    app.state.model, app.state.limits = model, limits
     app.state.metrics = Metrics()
+    app.state.gate = Gate(limits.max_queue)
+    app.add_middleware(BodyLimit, limit=limits.max_body)
 
     @app.middleware("http")
-    async def guard(request: Request, call_next):
+    async def authenticate(request: Request, call_next):
         app.state.metrics.requests += 1
-        if api_key is not None and request.url.path.startswith("/v1/"):
-            given = request.headers.get("authorization", "")
-            if not secrets.compare_digest(given, f"Bearer {api_key}"):
-                return _error(401, "invalid or missing API key", "authentication_error")
+        if request.url.path.startswith("/v1/"):
+            principal = keys.principal(request.headers.get("authorization", ""))
+            if principal is None:
+                return _refuse(app, ServeError(401, "invalid or missing API key",
+                                               "authentication_error"))  # fmt: skip
+            request.state.principal = principal
         return await call_next(request)
+
+    _handlers(app)
+    _routes(app)
+    return app
+
+
+def _handlers(app: FastAPI) -> None:
+    """Every failure as an OpenAI error object."""
+
+    @app.exception_handler(ServeError)
+    async def refused(request: Request, exc: ServeError):
+        return _refuse(app, exc)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError):
         first = exc.errors()[0] if exc.errors() else {}
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-        message = f"{where}: {first.get('msg', 'invalid request')}" if where else str(exc)
-        return _error(400, message, "invalid_request_error", where or None)
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
+        what = first.get("msg", "invalid request")  # pydantic's words, never the input
+        return _refuse(app, ServeError(400, f"{where}: {what}" if where else what, param=where))
 
+    @app.exception_handler(HTTPException)
+    async def http(request: Request, exc: HTTPException):
+        if exc.status_code == 404:
+            message = f"no route {request.method} {request.url.path[:200]}"
+        else:
+            message = str(exc.detail)[:500]
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return _refuse(app, ServeError(exc.status_code, message, kind))
+
+    @app.exception_handler(Exception)
+    async def bug(request: Request, exc: Exception):
+        log.error("unexpected %s", type(exc).__name__, exc_info=exc)
+        return _refuse(app, ServeError(500, "the server failed on this request", "server_error"))
+
+
+def _refuse(app: FastAPI, exc: ServeError) -> JSONResponse:
+    app.state.metrics.refused(exc.status)
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+def _routes(app: FastAPI) -> None:
     @app.get("/health")
     async def health() -> dict:
         return {"status": "ok"}
@@ -73,88 +132,85 @@ def create_app(engine_cm, *, model: str, api_key: str | None = None) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
-        text = app.state.metrics.render(app.state.engine.stats())
+        text = app.state.metrics.render(app.state.engine.stats(), app.state.gate.inside)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(req: ChatRequest):
-        return await _answer(app, req, is_chat=True)
+    async def chat_completions(req: ChatRequest, request: Request):
+        return await _answer(app, req, request.state.principal, is_chat=True)
 
     @app.post("/v1/completions")
-    async def completions(req: CompletionRequest):
-        return await _answer(app, req, is_chat=False)
-
-    return app
+    async def completions(req: CompletionRequest, request: Request):
+        return await _answer(app, req, request.state.principal, is_chat=False)
 
 
 def _model_card(model: str) -> dict:
     return {"id": model, "object": "model", "created": 0, "owned_by": "corps"}
 
 
-def _error(status: int, message: str, kind: str, param: str | None = None) -> JSONResponse:
-    return JSONResponse(error_body(message, kind, param), status_code=status)
+def refusal(exc: BaseException, who: Who) -> BaseException:
+    """What a failure of `who`'s request is answered with (ServeError for the expected
+    ones; anything else is raised as it is: a bug)."""
+    if isinstance(exc, CorpsError):
+        return from_engine(exc, who.label)
+    if isinstance(exc, TimeoutError):
+        return ServeError(503, "the request ran past the server's deadline; ask for fewer "
+                               "tokens or retry", "server_error")  # fmt: skip
+    return exc
 
 
-def _status_of(exc: BaseException) -> tuple[int, str]:
-    """The HTTP status and OpenAI error type of an engine error."""
-    if isinstance(exc, UnknownHandle):
-        return 404, "not_found_error"
-    if isinstance(exc, AccessDenied | LeakageError):
-        return 403, "permission_error"
-    if isinstance(exc, EngineBusy):
-        return 429, "rate_limit_error"
-    if isinstance(exc, CacheFullError):
-        return 507, "server_error"
-    if isinstance(exc, EngineClosed):
-        return 503, "server_error"
-    if isinstance(exc, InvalidRequest):
-        return 400, "invalid_request_error"
-    return 500, "server_error"
-
-
-async def _answer(app: FastAPI, req, *, is_chat: bool):
+async def _answer(app: FastAPI, req, principal: Principal, *, is_chat: bool):
     state = app.state
     if req.model is not None and req.model != state.model:
-        return _error(404, f"model {req.model!r} is not served here (this is {state.model!r})",
-                      "not_found_error", "model")  # fmt: skip
+        raise ServeError(404, f"model {req.model[:100]!r} is not served here (this is "
+                              f"{state.model!r})", "not_found_error", "model")  # fmt: skip
     if req.stream and req.n > 1:
-        return _error(400, "stream with n > 1 is not supported; ask n=1 or stream=false",
-                      "invalid_request_error", "n")  # fmt: skip
+        raise ServeError(400, "stream with n > 1 is not supported; ask n=1 or stream=false",
+                         param="n")  # fmt: skip
+    who = principal.acting_as(req.corps_agent)
+    state.gate.take()
+    prompt: chat.Prompt | None = None
     try:
-        prompt = await _prompt(state, req, is_chat)
-        args = chat.decode_args(req, prompt, chat=is_chat)
-        if req.stream:
-            return _stream(app, req, prompt, args, is_chat)
-        replies = await state.engine.decode_many([dict(args, seed=s) for s in chat.seeds(req)])
-    except CorpsError as exc:
-        status, kind = _status_of(exc)
-        state.metrics.errors += 1
-        return _error(status, str(exc), kind)
+        prompt = await _prompt(state, req, who, is_chat)
+        args = chat.decode_args(req, prompt, who, chat=is_chat)
+        if req.stream:  # from here the stream releases the prompt and the gate
+            return await _stream(app, req, prompt, args, who, is_chat)
+        with anyio.fail_after(state.limits.timeout_s):
+            replies = await state.engine.decode_many([dict(args, seed=s) for s in chat.seeds(req)])
+    except BaseException as exc:
+        if prompt is not None:
+            prompt.release(state.cache, ok=False)
+        state.gate.leave()
+        raise refusal(exc, who) from None
     for h in replies:  # a resent reply is found, not encoded again
-        state.cache.keep(_reply_key(req, prompt, h), h)
+        state.cache.keep(_reply_key(who, prompt, h), h, who.tenant)
     prompt.settle(state.engine, replies[0])
+    prompt.release(state.cache, ok=True)
+    state.gate.leave()
     state.metrics.count(prompt, replies)
     if is_chat:
-        return chat.chat_response(state.engine, state.model, req, prompt, replies)
+        return chat.chat_response(state.engine, state.cache, state.model, req, prompt, replies)
     return _completion_response(state, req, prompt, replies)
 
 
-async def _prompt(state, req, chat_request: bool) -> chat.Prompt:
+async def _prompt(state, req, who: Who, chat_request: bool) -> chat.Prompt:
     """A chat's messages in the store; a completion's prompt is its decode's header."""
     if chat_request:
-        return await chat.prompt_of(state.engine, state.cache, req)
+        return await chat.prompt_of(state.engine, state.cache, req, who, state.prompt_limit,
+                                    state.token_bytes)  # fmt: skip
+    size = len(chat.completion_prompt(req).encode("utf-8", "surrogatepass"))
+    check_prompt(size, 0, chat.max_tokens_of(req), state.prompt_limit, state.token_bytes)
     return chat.Prompt()
 
 
-def _reply_key(req, prompt: chat.Prompt, h) -> tuple:
-    return chat.MessageCache.key(req.corps_agent, prompt.handles, prompt.offsets,
-                                 "assistant", h.text)  # fmt: skip
+def _reply_key(who: Who, prompt: chat.Prompt, h) -> tuple:
+    return MessageCache.key(who.reader, prompt.handles, prompt.offsets, "assistant", h.text)
 
 
 def _completion_response(state, req: CompletionRequest, prompt: chat.Prompt, replies) -> dict:
     choices = [
         {"index": i, "text": _continuation(state, req, h), "finish_reason": chat.finish_of(h),
-         "logprobs": None, "corps": {"id": h.id}}
+         "logprobs": None, "corps": {"id": state.cache.public_id(h)}}
         for i, h in enumerate(replies)
     ]  # fmt: skip
     prompt_tokens = replies[0].generated_from
@@ -165,25 +221,48 @@ def _completion_response(state, req: CompletionRequest, prompt: chat.Prompt, rep
         "model": state.model,
         "choices": choices,
         "usage": chat.usage(prompt_tokens, sum(len(h.generated) for h in replies), 0),
+        "corps": chat.extension(state.cache, prompt, replies),
     }
+
+
+def _shown_prompt(state, req: CompletionRequest) -> str:
+    """A completion's prompt as its decode's text begins with it (its header decoded)."""
+    fmt = state.engine.chat
+    return fmt.decode([t for t in fmt.encode(chat.completion_prompt(req))
+                       if t not in fmt.stop_ids])  # fmt: skip
 
 
 def _continuation(state, req: CompletionRequest, h) -> str:
     """What a completion added to its prompt (all of the text with `echo`)."""
     text = h.text
-    prompt = chat.completion_prompt(req)
-    if req.echo or not text.startswith(prompt):
-        return text if req.echo else state.engine.tokenizer.decode(h.generated)
-    return text[len(prompt) :]
+    if req.echo:
+        return text
+    shown = _shown_prompt(state, req)
+    return (
+        text[len(shown) :] if text.startswith(shown) else state.engine.tokenizer.decode(h.generated)
+    )
 
 
-def _stream(app: FastAPI, req, prompt: chat.Prompt, args: dict, is_chat: bool):
+async def _next(deltas, deadline: float) -> str | None:
+    """The stream's next delta (None: it ended), by `deadline` (TimeoutError)."""
+    with anyio.fail_after(max(deadline - anyio.current_time(), 0)):
+        try:
+            return await deltas.__anext__()
+        except StopAsyncIteration:
+            return None
+
+
+async def _stream(app: FastAPI, req, prompt: chat.Prompt, args: dict, who: Who, is_chat: bool):
     """Server-sent events: a chunk per text delta, the finish reason, usage if asked,
-    then `[DONE]`. Leaving early (the client went away) cancels the call."""
+    then `[DONE]`. The call is admitted and its first delta awaited before the 200,
+    so a refusal is a 4xx; a failure later is an error event, then `[DONE]`. Leaving
+    early (the client went away) cancels the call and gives back the prompt."""
     state = app.state
     cid = f"{'chatcmpl' if is_chat else 'cmpl'}-{uuid.uuid4().hex}"
     kind = "chat.completion.chunk" if is_chat else "text_completion"
     created = int(time.time())
+    deadline = anyio.current_time() + state.limits.timeout_s
+    skip = 0 if is_chat or req.echo else len(_shown_prompt(state, req))
 
     def chunk(delta: dict | str | None, finish: str | None = None, **extra: Any) -> str:
         if is_chat:
@@ -194,29 +273,68 @@ def _stream(app: FastAPI, req, prompt: chat.Prompt, args: dict, is_chat: bool):
                 "choices": [] if extra.get("usage") else [choice], **extra}  # fmt: skip
         return f"data: {json.dumps(body)}\n\n"
 
-    # made now: a request the engine refuses (a bad constraint) fails before the 200
     stream = state.engine.stream(**dict(args, seed=req.seed))
+    deltas = stream.__aiter__()
+    try:
+        first = await _next(deltas, deadline)
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await stream.aclose()
+        raise
+
+    ok = False
 
     async def events() -> AsyncIterator[str]:
-        async with stream:
+        nonlocal skip, ok
+        try:
             if is_chat:
                 yield chunk({"role": "assistant", "content": ""})
-            try:
-                async for delta in stream:
-                    yield chunk({"content": delta} if is_chat else delta)
-            except CorpsError as exc:  # failed mid-stream: an error event, then the end
-                _, err_kind = _status_of(exc)
-                yield f"data: {json.dumps(error_body(str(exc), err_kind))}\n\n"
-                return
+            delta = first
+            while delta is not None:
+                shown, skip = delta[skip:], max(0, skip - len(delta))
+                if shown:
+                    yield chunk({"content": shown} if is_chat else shown)
+                delta = await _next(deltas, deadline)
             h = stream.handle
-        state.cache.keep(_reply_key(req, prompt, h), h)
-        prompt.settle(state.engine, h)
-        state.metrics.count(prompt, [h])
-        finish = chat.finish_of(h)
-        yield chunk({} if is_chat else "", finish, corps={"id": h.id})
-        if req.stream_options is not None and req.stream_options.include_usage:
-            used = chat.usage(prompt.tokens, len(h.generated), prompt.cached_tokens)
-            yield chunk(None, usage=used)
+            state.cache.keep(_reply_key(who, prompt, h), h, who.tenant)
+            prompt.settle(state.engine, h)
+            state.metrics.count(prompt, [h])
+            ok = True
+            ext = {**chat.extension(state.cache, prompt, [h]), "id": state.cache.public_id(h)}
+            yield chunk({} if is_chat else "", chat.finish_of(h), corps=ext)
+            if req.stream_options is not None and req.stream_options.include_usage:
+                prompt_tokens = prompt.tokens if is_chat else h.generated_from
+                used = chat.usage(prompt_tokens, len(h.generated), prompt.cached_tokens)
+                yield chunk(None, usage=used)
+        except Exception as exc:  # failed mid-stream: an error event, then the end
+            err = refusal(exc, who)
+            if not isinstance(err, ServeError):
+                log.error("unexpected %s in a stream", type(exc).__name__, exc_info=exc)
+                err = ServeError(500, "the server failed on this request", "server_error")
+            state.metrics.refused(err.status)
+            yield f"data: {json.dumps(err.body())}\n\n"
         yield "data: [DONE]\n\n"
 
-    return StreamingResponse(events(), media_type="text/event-stream")
+    async def end() -> None:
+        with anyio.CancelScope(shield=True):
+            if not ok:
+                await stream.aclose()
+            prompt.release(state.cache, ok=ok)
+            state.gate.leave()
+
+    return _Events(events(), end)
+
+
+class _Events(StreamingResponse):
+    """Server-sent events that run `end` once the response is over, however it ended
+    (finished, failed, or the client gone before or while it was sent)."""
+
+    def __init__(self, events: AsyncIterator[str], end) -> None:
+        super().__init__(events, media_type="text/event-stream")
+        self._end = end
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._end()

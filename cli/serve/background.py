@@ -15,8 +15,9 @@ class BackgroundServer:
     once the engine is open (`s.engine`); leaving stops the server and closes it."""
 
     def __init__(
-        self, engine_cm: AbstractAsyncContextManager, *, model: str, api_key: str | None = None
-    ) -> None:
+        self, engine_cm: AbstractAsyncContextManager, *, model: str, api_key: str | None = None,
+        keys=None, limits=None,
+    ) -> None:  # fmt: skip
         import uvicorn
 
         self.ready = threading.Event()
@@ -29,12 +30,15 @@ class BackgroundServer:
                 self.ready.set()
                 yield engine
 
-        self.app = create_app(opened(), model=model, api_key=api_key)
+        self.app = create_app(opened(), model=model, api_key=api_key, keys=keys, limits=limits)
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(256)  # connections wait in the backlog until the server serves
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning"))
+        grace = limits.shutdown_grace_s if limits is not None else None
+        self.server = uvicorn.Server(
+            uvicorn.Config(self.app, log_level="warning", timeout_graceful_shutdown=grace)
+        )
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]})
 
     def __enter__(self) -> BackgroundServer:

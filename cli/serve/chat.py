@@ -2,13 +2,17 @@
 
 A chat's messages become messages of the store: each attends to the ones before
 it (a chain: what the baseline's causal prompt is), and the reply attends to
-all of them. `MessageCache` keeps encoded prompt messages by what they attend
-to, their role and text, so a client that resends a conversation (as the plain
-OpenAI API makes it do) reuses the encodings of every message it already sent,
-the replies it got included; in baseline mode the radix cache does the same
-for the rendered prompt. The extension lets a message name a stored message by
-id instead (`corps_message_id`, optionally at an `offset`): read as it is,
-never encoded again, under the engine's visibility rules.
+all of them. The server's `MessageCache` finds a message a client resends
+(the replies it got included), so only what is new is encoded; in baseline
+mode the radix cache does the same for the rendered prompt, salted per tenant.
+The extension lets a message name a stored message by its opaque id instead
+(`corps_message_id`, optionally at an `offset`): read as it is, never encoded
+again, under the engine's visibility rules as the request's reader sees them.
+
+Everything a request says is checked before its first message is encoded: the
+ids it names (its tenant's, live, readable by its reader, and under the deny
+policy not built on context it may not see) and its size. What it encodes is
+claimed until it ends, and given back if it fails (`Prompt.release`).
 """
 
 from __future__ import annotations
@@ -16,93 +20,20 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-import anyio
-
 from corps.cache.handle import Handle
-from corps.cache.visibility import Private
+from corps.cache.visibility import can_read
+from corps.cli.serve.errors import ServeError
+from corps.cli.serve.limits import check_prompt
+from corps.cli.serve.messages import MessageCache
+from corps.cli.serve.principals import Who
 from corps.cli.serve.schema import ChatRequest, Message, NamedChoice, Sampling
 
 #: finish reasons of the engine (`Handle.finish_reason`) as OpenAI's
 FINISH = {"max_tokens": "length", "forced": "length"}
-#: prompt messages the cache keeps encoded (least recently used freed first)
-CACHE_MESSAGES = 4096
 DEFAULT_MAX_TOKENS = 256
-
-
-class MessageCache:
-    """The messages the server made (prompt messages and replies), least recently used
-    freed first, and the latest of them by (owner, visibility, the ids it attends to,
-    where, role, text): what a resent message is found by."""
-
-    def __init__(self, engine, size: int = CACHE_MESSAGES) -> None:
-        self.engine, self.size = engine, size
-        self._owned: OrderedDict[int, tuple[tuple, Handle]] = OrderedDict()  # by message id
-        self._by_key: dict[tuple, Handle] = {}
-        self._encoding: dict[tuple, anyio.Event] = {}  # keys being encoded now
-
-    @staticmethod
-    def key(
-        owner: str | None, parents: list[Handle], offsets: list, role: str, text: str,
-        private: bool = False,
-    ) -> tuple:  # fmt: skip
-        return (owner, private, tuple(h.id for h in parents), tuple(offsets), role, text)
-
-    async def encode(
-        self, role: str, text: str, parents: list[Handle], offsets: list, owner: str | None,
-        private: bool = False,
-    ) -> tuple[Handle, bool]:  # fmt: skip
-        """The message's handle, encoded now or found; and whether it was found."""
-        key = self.key(owner, parents, offsets, role, text, private)
-        if key in self._encoding:  # a request beside this one is encoding it: share it
-            await self._encoding[key].wait()
-        found = self._by_key.get(key)
-        if found is not None and not found.freed:
-            self._owned.move_to_end(found.id)
-            return found, True
-        given = offsets if any(o is not None for o in offsets) else None
-        visibility = Private() if private else None
-        self._encoding[key] = done = anyio.Event()
-        try:
-            handle = await self.engine.prefill(
-                text, role=role, parents=list(parents), offsets=given, owner=owner,
-                visibility=visibility,
-            )  # fmt: skip
-            self.keep(key, handle)
-        finally:
-            del self._encoding[key]
-            done.set()
-        return handle, False
-
-    def keep(self, key: tuple, handle: Handle) -> None:
-        """Own `handle` (freed when it is the least recently used past `size`), and
-        find it by `key` from now on."""
-        self._by_key[key] = handle
-        self._owned[handle.id] = (key, handle)
-        self._owned.move_to_end(handle.id)
-        while len(self._owned) > self.size:
-            self._drop(*self._owned.popitem(last=False)[1])
-
-    def _drop(self, key: tuple, handle: Handle) -> None:
-        if self._by_key.get(key) is handle:
-            del self._by_key[key]
-        if not handle.freed:
-            self.engine.free(handle)
-
-    def __len__(self) -> int:
-        return len(self._owned)
-
-    def tokens(self) -> int:
-        """Tokens of the live messages it owns (the store slots it holds)."""
-        return sum(h.length for _, h in self._owned.values() if not h.freed)
-
-    def clear(self) -> None:
-        """Free every message it owns."""
-        while self._owned:
-            self._drop(*self._owned.popitem()[1])
 
 
 @dataclass
@@ -112,10 +43,18 @@ class Prompt:
     handles: list[Handle] = field(default_factory=list)
     offsets: list[int | None] = field(default_factory=list)
     cached_tokens: int = 0  # tokens of messages that were in the store before the request
+    claimed: list[Handle] = field(default_factory=list)  # from the cache, until it ends
+    leaks: int = 0  # leaks recorded by the messages it encoded (policies allow, warn)
 
     @property
     def tokens(self) -> int:
         return sum(h.length for h in self.handles)
+
+    def release(self, cache: MessageCache, *, ok: bool) -> None:
+        """The request ended: what it encoded stays if `ok`, else goes (unless another
+        request that found it meanwhile keeps it)."""
+        claimed, self.claimed = self.claimed, []
+        cache.release(claimed, ok=ok)
 
     def settle(self, engine, reply: Handle) -> None:
         """In baseline mode the messages hold text only and the reply re-encoded their
@@ -127,29 +66,84 @@ class Prompt:
         return self.offsets if any(o is not None for o in self.offsets) else None
 
 
-async def prompt_of(engine, cache: MessageCache, req: ChatRequest) -> Prompt:
-    """Each message of the request as a handle (encoded, found, or named by id)."""
-    prompt, agent = Prompt(), req.corps_agent
-    messages = list(req.messages)
+def max_tokens_of(req: Sampling) -> int:
+    return getattr(req, "max_completion_tokens", None) or req.max_tokens or DEFAULT_MAX_TOKENS
+
+
+async def prompt_of(
+    engine, cache: MessageCache, req: ChatRequest, who: Who, limit: int, per_token: int
+) -> Prompt:
+    """Each message of the request as a handle (encoded, found, or named by id), after
+    checking the whole request; on failure nothing it encoded is kept."""
+    named = named_messages(engine, cache, req, who)
     tools = tools_prompt(req)
+    new_bytes = len((tools or "").encode())
+    for i, m in enumerate(req.messages):
+        if i not in named:
+            new_bytes += len(m.text().encode("utf-8", "surrogatepass"))
+    check_prompt(new_bytes, sum(h.length for h in named.values()), max_tokens_of(req), limit,
+                 per_token)  # fmt: skip
+    todo: list[tuple[int | None, Message]] = list(enumerate(req.messages))
     if tools is not None:
-        messages.insert(0, Message(role="system", content=tools))
-    for m in messages:
-        if m.corps_message_id is not None:
-            h = engine.handle(m.corps_message_id, reader=agent)
-            offset = m.offset
-            prompt.cached_tokens += h.length
-        else:
-            role = "system" if m.role == "developer" else m.role
-            private = m.corps_visibility == "private"
-            h, found = await cache.encode(
-                role, m.text(), prompt.handles, prompt.offsets, agent, private
-            )
-            offset = None
-            prompt.cached_tokens += h.length if found else 0
-        prompt.handles.append(h)
-        prompt.offsets.append(offset)
+        todo.insert(0, (None, Message(role="system", content=tools)))
+    prompt = Prompt()
+    try:
+        for i, m in todo:
+            await _add(prompt, cache, who, named.get(i) if i is not None else None, m)
+    except BaseException:
+        prompt.release(cache, ok=False)
+        raise
     return prompt
+
+
+async def _add(prompt: Prompt, cache: MessageCache, who: Who, named: Handle | None, m) -> None:
+    if named is not None:
+        cache.claim(named)  # kept while the request reads it
+        prompt.claimed.append(named)
+        prompt.handles.append(named)
+        prompt.offsets.append(m.offset)
+        prompt.cached_tokens += named.length
+        return
+    role = "system" if m.role == "developer" else m.role
+    private = m.corps_visibility == "private"
+    h, found = await cache.encode(
+        role, m.text(), prompt.handles, prompt.offsets, who.reader, who.tenant, private
+    )
+    prompt.claimed.append(h)
+    prompt.cached_tokens += h.length if found else 0
+    prompt.leaks += 0 if found else h.leaks
+    prompt.handles.append(h)
+    prompt.offsets.append(None)
+
+
+def named_messages(engine, cache: MessageCache, req: ChatRequest, who: Who) -> dict[int, Handle]:
+    """The messages the request names by id, by their index: each its tenant's and live
+    (else 404, the same for an id of another tenant: its existence is not confirmed),
+    readable by its reader (else 403), and under the deny policy not built on context
+    the reader may not see (else 403)."""
+    deny = engine.mode == "choreographed" and engine.leak_policy == "deny"
+    out = {}
+    for i, m in enumerate(req.messages):
+        if m.corps_message_id is None:
+            continue
+        where = f"messages[{i}].corps_message_id"
+        h = cache.find(who.tenant, m.corps_message_id)
+        if h is None:
+            raise ServeError(404, f"{where}: no such message (unknown, freed, or not this "
+                                  f"key's)", "not_found_error", where)  # fmt: skip
+        if not can_read(who.reader, h.owner, h.visibility):
+            raise ServeError(
+                403, f"{where}: {who.label} may not read this message: it is private to "
+                f"another agent", "permission_error", where,
+            )  # fmt: skip
+        if deny and any(not can_read(who.reader, s.owner, s.visibility) for s in h.sources):
+            raise ServeError(
+                403, f"{where}: this message's encoding carries context {who.label} may not "
+                f"see (leak policy deny); name the messages it was built from that you may "
+                f"read, or send its content again", "permission_error", where,
+            )  # fmt: skip
+        out[i] = h
+    return out
 
 
 def tools_prompt(req: ChatRequest) -> str | None:
@@ -183,18 +177,18 @@ def call_schema(req: ChatRequest) -> dict | None:
     return shapes[0] if len(shapes) == 1 else {"anyOf": shapes}
 
 
-def decode_args(req: Sampling, prompt: Prompt, *, chat: bool) -> dict[str, Any]:
-    """The `DecodeArgs` of one choice (without its seed)."""
-    max_tokens = getattr(req, "max_completion_tokens", None) or req.max_tokens
+def decode_args(req: Sampling, prompt: Prompt, who: Who, *, chat: bool) -> dict[str, Any]:
+    """The `DecodeArgs` of one choice (without its seed), made as `who`."""
     args: dict[str, Any] = dict(
         parents=list(prompt.handles),
         offsets=prompt.given_offsets(),
-        max_tokens=max_tokens or DEFAULT_MAX_TOKENS,
+        max_tokens=max_tokens_of(req),
         temperature=req.temperature,
         top_p=req.top_p,
         stop=tuple([req.stop] if isinstance(req.stop, str) else req.stop or ()),
         logprobs=req.logprobs,
-        owner=req.corps_agent,
+        owner=who.reader,
+        cache_salt=who.tenant,  # baseline: no prefix reused across tenants
     )
     if not chat:  # a completion continues its prompt, unframed
         args.update(frame=False, header=completion_prompt(req))
@@ -262,12 +256,12 @@ def usage(prompt_tokens: int, completion: int, cached: int) -> dict:
     }
 
 
-def chat_choice(engine, req: ChatRequest, i: int, h: Handle) -> dict:
+def chat_choice(engine, req: ChatRequest, i: int, h: Handle, public_id: str) -> dict:
     text = h.text
     calls = tool_calls(req, text)
     finish = "tool_calls" if calls else finish_of(h)
     message: dict[str, Any] = {"role": "assistant", "content": None if calls else text,
-                               "corps": {"id": h.id}}  # fmt: skip
+                               "corps": {"id": public_id}}  # fmt: skip
     if calls:
         message["tool_calls"] = calls
     lp = logprobs_of(engine, h) if req.logprobs else None
@@ -279,14 +273,24 @@ def finish_of(h: Handle) -> str:
     return FINISH.get(h.finish_reason or "", "stop")
 
 
-def chat_response(engine, model: str, req: ChatRequest, prompt: Prompt, replies) -> dict:
+def extension(cache: MessageCache, prompt: Prompt, replies) -> dict:
+    """The response's `corps` field: its prompt's message ids, and the leaks its calls
+    recorded (under the warn and allow policies a leak is reported, not refused)."""
+    leaks = prompt.leaks + sum(h.leaks for h in replies)
+    return {"prompt": [cache.public_id(h) for h in prompt.handles], "leaks": leaks}
+
+
+def chat_response(
+    engine, cache: MessageCache, model: str, req: ChatRequest, prompt: Prompt, replies
+) -> dict:
     generated = sum(len(h.generated) for h in replies)
+    choices = [chat_choice(engine, req, i, h, cache.public_id(h)) for i, h in enumerate(replies)]
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [chat_choice(engine, req, i, h) for i, h in enumerate(replies)],
+        "choices": choices,
         "usage": usage(prompt.tokens, generated, prompt.cached_tokens),
-        "corps": {"prompt": [h.id for h in prompt.handles]},
+        "corps": extension(cache, prompt, replies),
     }

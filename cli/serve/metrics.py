@@ -3,13 +3,16 @@ in Prometheus' text exposition format (`GET /metrics`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
 
 @dataclass
 class Metrics:
+    """Counters only: labels are status codes, never anything a client sent."""
+
     requests: int = 0  # HTTP requests received
-    errors: int = 0  # requests answered with an engine error
+    errors: Counter = field(default_factory=Counter)  # requests refused or failed, by status
     completions: int = 0  # choices generated
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -22,11 +25,15 @@ class Metrics:
         self.completion_tokens += sum(len(h.generated) for h in replies)
         self.cached_tokens += prompt.cached_tokens
 
-    def render(self, stats) -> str:
-        """The text exposition of these counters and the engine's `EngineStats`."""
+    def refused(self, status: int) -> None:
+        self.errors[status] += 1
+
+    def render(self, stats, inside: int = 0) -> str:
+        """The text exposition of these counters, the requests inside the server now and
+        the engine's `EngineStats`."""
         rows = [
             ("corps_http_requests_total", "counter", "HTTP requests received", self.requests),
-            ("corps_http_errors_total", "counter", "requests failed by the engine", self.errors),
+            ("corps_http_requests_inside", "gauge", "requests being answered now", inside),
             ("corps_completions_total", "counter", "choices generated", self.completions),
             ("corps_prompt_tokens_total", "counter", "prompt tokens", self.prompt_tokens),
             ("corps_completion_tokens_total", "counter", "tokens generated",
@@ -43,8 +50,14 @@ class Metrics:
             ("corps_store_capacity_tokens", "gauge", "KV store slots", stats.capacity),
             ("corps_steps_total", "counter", "fused forward steps", stats.steps),
             ("corps_step_seconds_total", "counter", "seconds spent in steps", stats.step_s),
+            ("corps_leaks_total", "counter", "calls' reads of context hidden from their reader "
+             "(leak policies allow and warn)", stats.leaks),
         ]  # fmt: skip
         out = []
         for name, kind, about, value in rows:
             out += [f"# HELP {name} {about}", f"# TYPE {name} {kind}", f"{name} {value}"]
+        name = "corps_http_errors_total"
+        out += [f"# HELP {name} requests answered with an error, by status",
+                f"# TYPE {name} counter"]  # fmt: skip
+        out += [f'{name}{{status="{s}"}} {n}' for s, n in sorted(self.errors.items())]
         return "\n".join(out) + "\n"

@@ -3,7 +3,9 @@
 Known fields are typed and checked; unknown fields are accepted and ignored (as
 OpenAI-compatible servers do, so clients that send more still work). The corps
 extension adds `corps_message_id` (and `offset`) to a message and `corps_agent`
-to a request (see docs/serve.md).
+to a request (see docs/serve.md). Every field is bounded: a body's size is
+limited before it is parsed (`limits.BodyLimit`), and each list and string here
+has a ceiling, so no field makes the server hold or loop over more than it says.
 """
 
 from __future__ import annotations
@@ -11,7 +13,12 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from corps.cli.serve.principals import NAME
+
+#: an opaque message id over HTTP (MessageCache.public_id); others are "no such message"
+MESSAGE_ID = Field(default=None, min_length=1, max_length=100)
 
 
 class _Body(BaseModel):
@@ -35,8 +42,17 @@ class NamedChoice(_Body):
 
 
 class ToolCallFunction(_Body):
-    name: str
+    name: str = Field(max_length=64)
     arguments: str
+
+    @field_validator("arguments")
+    @classmethod
+    def _json(cls, v: str) -> str:
+        try:
+            json.loads(v or "{}")
+        except (ValueError, RecursionError):
+            raise ValueError("a tool call's arguments must be a JSON text") from None
+        return v
 
 
 class ToolCall(_Body):
@@ -58,7 +74,7 @@ class Message(_Body):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
-    corps_message_id: int | None = Field(default=None, ge=0)
+    corps_message_id: str | None = MESSAGE_ID
     offset: int | None = Field(default=None, ge=0)
     corps_visibility: Literal["public", "private"] | None = None  # of a message encoded now
 
@@ -103,13 +119,13 @@ class Sampling(_Body):
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    seed: int | None = None
-    stop: str | list[str] | None = None
+    seed: int | None = None  # any size: the engine reduces it to its generator's range
+    stop: str | list[str] | None = Field(default=None, max_length=16)
     n: int = Field(default=1, ge=1, le=16)
     stream: bool = False
     stream_options: StreamOptions | None = None
     logprobs: bool = False
-    corps_agent: str | None = None
+    corps_agent: str | None = Field(default=None, pattern=NAME.pattern)
 
 
 class ChatRequest(Sampling):
@@ -132,8 +148,3 @@ class ChatRequest(Sampling):
 class CompletionRequest(Sampling):
     prompt: str | list[str]
     echo: bool = False
-
-
-def error_body(message: str, kind: str, param: str | None = None, code: str | None = None):
-    """An OpenAI-style error object."""
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
