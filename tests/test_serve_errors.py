@@ -163,8 +163,8 @@ def test_a_streamed_failure_ends_with_an_error_event_and_done(served, monkeypatc
 
     before = state(served)
     monkeypatch.setattr(engine, "stream", failing)
-    r = post(served, {"stream": True, "max_tokens": 8, "temperature": 0,
-                      "messages": [{"role": "user", "content": "one more new message"}]})  # fmt: skip
+    new = [{"role": "user", "content": "one more new message"}]
+    r = post(served, {"stream": True, "max_tokens": 8, "temperature": 0, "messages": new})
     monkeypatch.undo()
     events = [e[len("data: ") :] for e in r.text.strip().split("\n\n")]
     assert r.status_code == 200 and events[-1] == "[DONE]"
