@@ -151,6 +151,9 @@ def serve(
     shutdown_grace: Annotated[
         float, typer.Option(min=0.001, help="Seconds SIGTERM waits for requests to finish.")
     ] = 30.0,
+    keep_messages: Annotated[
+        int, typer.Option(min=0, help="Encoded messages kept for resends and ids (LRU).")
+    ] = 4096,
 ) -> None:
     """An OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models,
     /health, /metrics) over one engine; messages by id as an extension. Needs
@@ -171,7 +174,8 @@ def serve(
         ring = Keys.load(keys) if keys is not None else None
     except ValueError as exc:
         _bad(f"--keys: {exc}")
-    limits = Limits(max_body, max_queue, request_timeout, max_prompt_tokens, shutdown_grace)
+    limits = Limits(max_body, max_queue, request_timeout, max_prompt_tokens, shutdown_grace,
+                    keep_messages)  # fmt: skip
 
     try:
         cfg = EngineConfig.of(

@@ -58,7 +58,7 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with engine_cm as engine:
             app.state.engine = engine
-            app.state.cache = MessageCache(engine)
+            app.state.cache = MessageCache(engine, limits.keep_messages)
             app.state.token_bytes = token_bytes(engine.tokenizer)
             context = engine.context_length
             app.state.prompt_limit = min(limits.max_prompt_tokens or context, context)

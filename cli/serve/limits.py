@@ -10,6 +10,7 @@ and its time.
 - `Gate`: at most `max_queue` requests in the server at once; the next gets 429
   with `Retry-After`.
 - `timeout_s`: the deadline of one request, stream included (503 past it).
+- `keep_messages`: how many encoded messages the server keeps for resends and ids.
 """
 
 from __future__ import annotations
@@ -32,11 +33,14 @@ class Limits:
     timeout_s: float = 600.0  # seconds a request (a stream included) may take
     max_prompt_tokens: int | None = None  # None: the model's context length
     shutdown_grace_s: float = 30.0  # seconds SIGTERM waits for requests before cancelling
+    keep_messages: int = 4096  # encoded messages kept for resends and ids (LRU; 0: none)
 
     def __post_init__(self) -> None:
         for name in ("max_body", "max_queue", "timeout_s", "shutdown_grace_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        if self.keep_messages < 0:
+            raise ValueError(f"keep_messages must be >= 0, got {self.keep_messages}")
         if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
             raise ValueError(f"max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
 

@@ -29,9 +29,6 @@ import anyio
 from corps.cache.handle import Handle
 from corps.cache.visibility import Private
 
-#: messages the cache keeps encoded (least recently used freed first)
-CACHE_MESSAGES = 4096
-
 
 @dataclass(eq=False)
 class Kept:
@@ -44,7 +41,7 @@ class Kept:
 
 
 class MessageCache:
-    def __init__(self, engine, size: int = CACHE_MESSAGES) -> None:
+    def __init__(self, engine, size: int = 4096) -> None:
         self.engine, self.size = engine, size
         self._owned: OrderedDict[int, Kept] = OrderedDict()  # by message id, LRU first
         self._by_key: dict[tuple, Kept] = {}
@@ -70,9 +67,10 @@ class MessageCache:
         """A request reads `handle` (found by `find`) until it releases it."""
         self._owned[handle.id].claims += 1
 
-    def public_id(self, handle: Handle) -> str:
-        """The opaque id clients name `handle` by."""
-        return self._owned[handle.id].public_id
+    def public_id(self, handle: Handle) -> str | None:
+        """The opaque id clients name `handle` by (None: no longer kept)."""
+        kept = self._owned.get(handle.id)
+        return kept.public_id if kept is not None else None
 
     async def encode(
         self, role: str, text: str, parents: list[Handle], offsets: list, owner: str,
@@ -96,16 +94,18 @@ class MessageCache:
                 text, role=role, parents=list(parents), offsets=given, owner=owner,
                 visibility=visibility,
             )  # fmt: skip
-            self.keep(key, handle, tenant, committed=False).claims += 1
+            self.keep(key, handle, tenant, committed=False, claims=1)
         finally:
             del self._encoding[key]
             done.set()
         return handle, False
 
-    def keep(self, key: tuple, handle: Handle, tenant: str, *, committed: bool = True) -> Kept:
-        """Own `handle` (freed when it is the least recently used past `size`), find it
-        by `key` and by a new opaque id from now on."""
-        kept = Kept(key, handle, tenant, f"msg_{secrets.token_hex(16)}", committed=committed)
+    def keep(
+        self, key: tuple, handle: Handle, tenant: str, *, committed: bool = True, claims: int = 0
+    ) -> Kept:
+        """Own `handle` (freed when it is the least recently used past `size` and not
+        claimed), find it by `key` and by a new opaque id from now on."""
+        kept = Kept(key, handle, tenant, f"msg_{secrets.token_hex(16)}", claims, committed)
         self._by_key[key] = kept
         self._by_public[kept.public_id] = kept
         self._owned[handle.id] = kept
@@ -123,6 +123,7 @@ class MessageCache:
             kept.committed |= ok
             if kept.claims <= 0 and not kept.committed:
                 self._drop(self._owned.pop(h.id))
+        self._evict()
 
     def _evict(self) -> None:
         over = len(self._owned) - self.size
