@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 
+from corps.engine.errors import InvalidRequest
 from corps.engine.exec.draw import sample
 from corps.engine.exec.sampler import Sampler
 from corps.engine.request.sampling_params import SamplingParams
@@ -89,3 +91,23 @@ def test_a_seed_of_any_size_is_a_seed_reduced_to_the_generator_s_range():
     assert torch.equal(draws(10**23), draws(10**23 % 2**64))
     assert torch.equal(draws(-1), draws(2**64 - 1))
     assert torch.equal(draws(7), torch.rand(4, generator=torch.Generator().manual_seed(7)))
+
+
+def test_logit_bias_bans_favours_and_shifts_in_one_batched_write():
+    """-100 bans a token (never drawn, even as argmax), +100 leaves only the biased
+    tokens, a small bias adds to the score; rows without a bias are untouched."""
+    from corps.engine.exec.draw import bias
+
+    logits = torch.tensor([[5.0, 1.0, 0.0], [5.0, 1.0, 0.0], [5.0, 1.0, 0.0], [5.0, 1.0, 0.0]])
+    params = [
+        SamplingParams(logit_bias={0: -100}),
+        SamplingParams(logit_bias={2: 100}),
+        SamplingParams(logit_bias=((1, 4.5),)),
+    ]
+    bias(logits, [(0, params[0]), (1, params[1]), (2, params[2])])
+    assert logits[0, 0] == float("-inf") and int(logits[0].argmax()) == 1
+    assert logits[1].isinf().tolist() == [True, True, False]
+    assert logits[2].tolist() == [5.0, 5.5, 0.0] and logits[3].tolist() == [5.0, 1.0, 0.0]
+    for bad in ({-1: 1.0}, {3: 101.0}, {True: 1.0}):
+        with pytest.raises(InvalidRequest):
+            SamplingParams(logit_bias=bad)

@@ -124,7 +124,7 @@ def test_a_json_schema_reply_validates(client):
 )
 def test_forced_tool_calls_parse_and_name_a_given_tool(client, choice):
     r = ask(client, "weather in Paris?", tools=[WEATHER, CLOCK], tool_choice=choice,
-            max_tokens=120)  # fmt: skip
+            max_tokens=120, parallel_tool_calls=False)  # fmt: skip
     c = r.choices[0]
     assert c.finish_reason == "tool_calls" and c.message.content is None
     (call,) = c.message.tool_calls

@@ -16,18 +16,16 @@ are bounded (`limits`).
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 import anyio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException
 
 from corps.cache.errors import CorpsError
@@ -38,6 +36,8 @@ from corps.cli.serve.messages import MessageCache
 from corps.cli.serve.metrics import Metrics
 from corps.cli.serve.principals import Keys, Principal, Who
 from corps.cli.serve.schema import ChatRequest, CompletionRequest
+from corps.cli.serve.stream import open_stream
+from corps.cli.serve.tools import syntax_of
 
 log = logging.getLogger("corps.serve")
 
@@ -60,6 +60,7 @@ def create_app(
             app.state.engine = engine
             app.state.cache = MessageCache(engine, limits.keep_messages)
             app.state.token_bytes = token_bytes(engine.tokenizer)
+            app.state.syntax = syntax_of(getattr(engine.tokenizer, "chat_template", None))
             context = engine.context_length
             app.state.prompt_limit = min(limits.max_prompt_tokens or context, context)
             yield
@@ -164,17 +165,18 @@ async def _answer(app: FastAPI, req, principal: Principal, *, is_chat: bool):
     if req.model is not None and req.model != state.model:
         raise ServeError(404, f"model {req.model[:100]!r} is not served here (this is "
                               f"{state.model!r})", "not_found_error", "model")  # fmt: skip
-    if req.stream and req.n > 1:
-        raise ServeError(400, "stream with n > 1 is not supported; ask n=1 or stream=false",
-                         param="n")  # fmt: skip
     who = principal.acting_as(req.corps_agent)
     state.gate.take()
     prompt: chat.Prompt | None = None
     try:
         prompt = await _prompt(state, req, who, is_chat)
-        args = chat.decode_args(req, prompt, who, chat=is_chat)
+        args = chat.decode_args(req, prompt, who, chat=is_chat, syntax=state.syntax)
         if req.stream:  # from here the stream releases the prompt and the gate
-            return await _stream(app, req, prompt, args, who, is_chat)
+
+            def keep(h):
+                state.cache.keep(_reply_key(who, prompt, h), h, who.tenant)
+
+            return await open_stream(state, req, prompt, args, who, is_chat, refusal, keep)
         with anyio.fail_after(state.limits.timeout_s):
             replies = await state.engine.decode_many([dict(args, seed=s) for s in chat.seeds(req)])
     except BaseException as exc:
@@ -189,7 +191,9 @@ async def _answer(app: FastAPI, req, principal: Principal, *, is_chat: bool):
     state.gate.leave()
     state.metrics.count(prompt, replies)
     if is_chat:
-        return chat.chat_response(state.engine, state.cache, state.model, req, prompt, replies)
+        return chat.chat_response(
+            state.engine, state.cache, state.model, req, prompt, replies, state.syntax
+        )
     return _completion_response(state, req, prompt, replies)
 
 
@@ -197,7 +201,7 @@ async def _prompt(state, req, who: Who, chat_request: bool) -> chat.Prompt:
     """A chat's messages in the store; a completion's prompt is its decode's header."""
     if chat_request:
         return await chat.prompt_of(state.engine, state.cache, req, who, state.prompt_limit,
-                                    state.token_bytes)  # fmt: skip
+                                    state.token_bytes, state.syntax)  # fmt: skip
     size = len(chat.completion_prompt(req).encode("utf-8", "surrogatepass"))
     check_prompt(size, 0, chat.max_tokens_of(req), state.prompt_limit, state.token_bytes)
     return chat.Prompt()
@@ -219,17 +223,11 @@ def _completion_response(state, req: CompletionRequest, prompt: chat.Prompt, rep
         "object": "text_completion",
         "created": int(time.time()),
         "model": state.model,
+        "system_fingerprint": chat.fingerprint(state.model),
         "choices": choices,
         "usage": chat.usage(prompt_tokens, sum(len(h.generated) for h in replies), 0),
         "corps": chat.extension(state.cache, prompt, replies),
     }
-
-
-def _shown_prompt(state, req: CompletionRequest) -> str:
-    """A completion's prompt as its decode's text begins with it (its header decoded)."""
-    fmt = state.engine.chat
-    return fmt.decode([t for t in fmt.encode(chat.completion_prompt(req))
-                       if t not in fmt.stop_ids])  # fmt: skip
 
 
 def _continuation(state, req: CompletionRequest, h) -> str:
@@ -237,104 +235,7 @@ def _continuation(state, req: CompletionRequest, h) -> str:
     text = h.text
     if req.echo:
         return text
-    shown = _shown_prompt(state, req)
+    shown = chat.shown_prompt(state.engine, req)
     return (
         text[len(shown) :] if text.startswith(shown) else state.engine.tokenizer.decode(h.generated)
     )
-
-
-async def _next(deltas, deadline: float) -> str | None:
-    """The stream's next delta (None: it ended), by `deadline` (TimeoutError)."""
-    with anyio.fail_after(max(deadline - anyio.current_time(), 0)):
-        try:
-            return await deltas.__anext__()
-        except StopAsyncIteration:
-            return None
-
-
-async def _stream(app: FastAPI, req, prompt: chat.Prompt, args: dict, who: Who, is_chat: bool):
-    """Server-sent events: a chunk per text delta, the finish reason, usage if asked,
-    then `[DONE]`. The call is admitted and its first delta awaited before the 200,
-    so a refusal is a 4xx; a failure later is an error event, then `[DONE]`. Leaving
-    early (the client went away) cancels the call and gives back the prompt."""
-    state = app.state
-    cid = f"{'chatcmpl' if is_chat else 'cmpl'}-{uuid.uuid4().hex}"
-    kind = "chat.completion.chunk" if is_chat else "text_completion"
-    created = int(time.time())
-    deadline = anyio.current_time() + state.limits.timeout_s
-    skip = 0 if is_chat or req.echo else len(_shown_prompt(state, req))
-
-    def chunk(delta: dict | str | None, finish: str | None = None, **extra: Any) -> str:
-        if is_chat:
-            choice = {"index": 0, "delta": delta or {}, "finish_reason": finish, "logprobs": None}
-        else:
-            choice = {"index": 0, "text": delta or "", "finish_reason": finish, "logprobs": None}
-        body = {"id": cid, "object": kind, "created": created, "model": state.model,
-                "choices": [] if extra.get("usage") else [choice], **extra}  # fmt: skip
-        return f"data: {json.dumps(body)}\n\n"
-
-    stream = state.engine.stream(**dict(args, seed=req.seed))
-    deltas = stream.__aiter__()
-    try:
-        first = await _next(deltas, deadline)
-    except BaseException:
-        with anyio.CancelScope(shield=True):
-            await stream.aclose()
-        raise
-
-    ok = False
-
-    async def events() -> AsyncIterator[str]:
-        nonlocal skip, ok
-        try:
-            if is_chat:
-                yield chunk({"role": "assistant", "content": ""})
-            delta = first
-            while delta is not None:
-                shown, skip = delta[skip:], max(0, skip - len(delta))
-                if shown:
-                    yield chunk({"content": shown} if is_chat else shown)
-                delta = await _next(deltas, deadline)
-            h = stream.handle
-            state.cache.keep(_reply_key(who, prompt, h), h, who.tenant)
-            prompt.settle(state.engine, h)
-            state.metrics.count(prompt, [h])
-            ok = True
-            ext = {**chat.extension(state.cache, prompt, [h]), "id": state.cache.public_id(h)}
-            yield chunk({} if is_chat else "", chat.finish_of(h), corps=ext)
-            if req.stream_options is not None and req.stream_options.include_usage:
-                prompt_tokens = prompt.tokens if is_chat else h.generated_from
-                used = chat.usage(prompt_tokens, len(h.generated), prompt.cached_tokens)
-                yield chunk(None, usage=used)
-        except Exception as exc:  # failed mid-stream: an error event, then the end
-            err = refusal(exc, who)
-            if not isinstance(err, ServeError):
-                log.error("unexpected %s in a stream", type(exc).__name__, exc_info=exc)
-                err = ServeError(500, "the server failed on this request", "server_error")
-            state.metrics.refused(err.status)
-            yield f"data: {json.dumps(err.body())}\n\n"
-        yield "data: [DONE]\n\n"
-
-    async def end() -> None:
-        with anyio.CancelScope(shield=True):
-            if not ok:
-                await stream.aclose()
-            prompt.release(state.cache, ok=ok)
-            state.gate.leave()
-
-    return _Events(events(), end)
-
-
-class _Events(StreamingResponse):
-    """Server-sent events that run `end` once the response is over, however it ended
-    (finished, failed, or the client gone before or while it was sent)."""
-
-    def __init__(self, events: AsyncIterator[str], end) -> None:
-        super().__init__(events, media_type="text/event-stream")
-        self._end = end
-
-    async def __call__(self, scope, receive, send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await self._end()

@@ -17,7 +17,6 @@ claimed until it ends, and given back if it fails (`Prompt.release`).
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from corps.cli.serve.limits import check_prompt
 from corps.cli.serve.messages import MessageCache
 from corps.cli.serve.principals import Who
 from corps.cli.serve.schema import ChatRequest, Message, NamedChoice, Sampling
+from corps.cli.serve.tools import Offer, Syntax, parse
 
 #: finish reasons of the engine (`Handle.finish_reason`) as OpenAI's
 FINISH = {"max_tokens": "length", "forced": "length"}
@@ -71,16 +71,19 @@ def max_tokens_of(req: Sampling) -> int:
 
 
 async def prompt_of(
-    engine, cache: MessageCache, req: ChatRequest, who: Who, limit: int, per_token: int
-) -> Prompt:
+    engine, cache: MessageCache, req: ChatRequest, who: Who, limit: int, per_token: int,
+    syntax: Syntax,
+) -> Prompt:  # fmt: skip
     """Each message of the request as a handle (encoded, found, or named by id), after
-    checking the whole request; on failure nothing it encoded is kept."""
+    checking the whole request; on failure nothing it encoded is kept. Earlier tool
+    calls are written in `syntax`, and the tools offered told in a system message."""
     named = named_messages(engine, cache, req, who)
-    tools = tools_prompt(req)
+    offer = offer_of(req, syntax)
+    tools = offer.instructions() if offer is not None else None
     new_bytes = len((tools or "").encode())
     for i, m in enumerate(req.messages):
         if i not in named:
-            new_bytes += len(m.text().encode("utf-8", "surrogatepass"))
+            new_bytes += len(m.text(syntax).encode("utf-8", "surrogatepass"))
     check_prompt(new_bytes, sum(h.length for h in named.values()), max_tokens_of(req), limit,
                  per_token)  # fmt: skip
     todo: list[tuple[int | None, Message]] = list(enumerate(req.messages))
@@ -89,14 +92,16 @@ async def prompt_of(
     prompt = Prompt()
     try:
         for i, m in todo:
-            await _add(prompt, cache, who, named.get(i) if i is not None else None, m)
+            await _add(prompt, cache, who, named.get(i) if i is not None else None, m, syntax)
     except BaseException:
         prompt.release(cache, ok=False)
         raise
     return prompt
 
 
-async def _add(prompt: Prompt, cache: MessageCache, who: Who, named: Handle | None, m) -> None:
+async def _add(
+    prompt: Prompt, cache: MessageCache, who: Who, named: Handle | None, m, syntax: Syntax
+) -> None:
     if named is not None:
         cache.claim(named)  # kept while the request reads it
         prompt.claimed.append(named)
@@ -104,10 +109,10 @@ async def _add(prompt: Prompt, cache: MessageCache, who: Who, named: Handle | No
         prompt.offsets.append(m.offset)
         prompt.cached_tokens += named.length
         return
-    role = "system" if m.role == "developer" else m.role
+    role = {"developer": "system", "function": "tool"}.get(m.role, m.role)
     private = m.corps_visibility == "private"
     h, found = await cache.encode(
-        role, m.text(), prompt.handles, prompt.offsets, who.reader, who.tenant, private
+        role, m.text(syntax), prompt.handles, prompt.offsets, who.reader, who.tenant, private
     )
     prompt.claimed.append(h)
     prompt.cached_tokens += h.length if found else 0
@@ -146,38 +151,20 @@ def named_messages(engine, cache: MessageCache, req: ChatRequest, who: Who) -> d
     return out
 
 
-def tools_prompt(req: ChatRequest) -> str | None:
-    """The system message that tells the model its tools (None: no tools offered)."""
+def offer_of(req: ChatRequest, syntax: Syntax) -> Offer | None:
+    """The tools the request offers the reply (None: none, or tool_choice "none")."""
     if not req.tools or req.tool_choice == "none":
         return None
-    listed = "\n".join(
-        json.dumps({"name": t.function.name, "description": t.function.description,
-                    "parameters": t.function.parameters}) for t in req.tools
-    )  # fmt: skip
-    return (
-        "You can call these tools. To call one, reply with only a JSON object "
-        '{"name": <tool name>, "arguments": <its arguments>}.\n' + listed
-    )
-
-
-def call_schema(req: ChatRequest) -> dict | None:
-    """The JSON schema a reply must match to be a tool call the request forces
-    (tool_choice "required" or a named tool); None when the model may answer freely."""
-    tools = req.tools or []
     choice = req.tool_choice
-    if isinstance(choice, NamedChoice):
-        tools = [t for t in tools if t.function.name == choice.function["name"]]
-    elif choice != "required":
-        return None
-    shapes = [
-        {"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
-         "properties": {"name": {"const": t.function.name}, "arguments": t.function.parameters}}
-        for t in tools
-    ]  # fmt: skip
-    return shapes[0] if len(shapes) == 1 else {"anyOf": shapes}
+    name = choice.function["name"] if isinstance(choice, NamedChoice) else (choice or "auto")
+    tools = tuple((t.function.name, t.function.description, t.function.parameters)
+                  for t in req.tools)  # fmt: skip
+    return Offer(syntax, tools, name, req.parallel_tool_calls)
 
 
-def decode_args(req: Sampling, prompt: Prompt, who: Who, *, chat: bool) -> dict[str, Any]:
+def decode_args(
+    req: Sampling, prompt: Prompt, who: Who, *, chat: bool, syntax: Syntax | None = None
+) -> dict[str, Any]:
     """The `DecodeArgs` of one choice (without its seed), made as `who`."""
     args: dict[str, Any] = dict(
         parents=list(prompt.handles),
@@ -190,15 +177,17 @@ def decode_args(req: Sampling, prompt: Prompt, who: Who, *, chat: bool) -> dict[
         owner=who.reader,
         cache_salt=who.tenant,  # baseline: no prefix reused across tenants
     )
+    if req.logit_bias:
+        args["logit_bias"] = {int(t): b for t, b in req.logit_bias.items()}
     if not chat:  # a completion continues its prompt, unframed
         args.update(frame=False, header=completion_prompt(req))
         return args
     if req.top_logprobs:  # type: ignore[attr-defined]
         args["top_logprobs"] = req.top_logprobs  # type: ignore[attr-defined]
-    schema = call_schema(req)  # type: ignore[arg-type]
+    offer = offer_of(req, syntax) if syntax is not None else None  # type: ignore[arg-type]
     fmt = req.response_format  # type: ignore[attr-defined]
-    if schema is not None:
-        args["json_schema"] = schema
+    if offer is not None:  # text or calls, each call well-formed
+        args["grammar"] = offer.grammar()
     elif fmt is not None and fmt.type == "json_object":
         args["json_schema"] = {"type": "object"}
     elif fmt is not None and fmt.type == "json_schema":
@@ -210,26 +199,15 @@ def completion_prompt(req) -> str:
     return req.prompt if isinstance(req.prompt, str) else "".join(req.prompt)
 
 
+def shown_prompt(engine, req) -> str:
+    """A completion's prompt as its decode's text begins with it (its header decoded)."""
+    fmt = engine.chat
+    return fmt.decode([t for t in fmt.encode(completion_prompt(req)) if t not in fmt.stop_ids])
+
+
 def seeds(req: Sampling) -> list[int | None]:
     """One seed per choice: the request's, then the next ones (None: unseeded)."""
     return [None if req.seed is None else req.seed + i for i in range(req.n)]
-
-
-def tool_calls(req: ChatRequest, text: str) -> list[dict] | None:
-    """The reply as tool calls, if it is one (forced, or offered and the model chose
-    to); None: a plain answer."""
-    if not req.tools or req.tool_choice == "none":
-        return None
-    try:
-        call = json.loads(text)
-    except ValueError:
-        return None
-    names = {t.function.name for t in req.tools}
-    if not isinstance(call, dict) or call.get("name") not in names or "arguments" not in call:
-        return None
-    args = json.dumps(call["arguments"])
-    return [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-             "function": {"name": call["name"], "arguments": args}}]  # fmt: skip
 
 
 def logprobs_of(engine, h: Handle) -> dict:
@@ -256,16 +234,41 @@ def usage(prompt_tokens: int, completion: int, cached: int) -> dict:
     }
 
 
-def chat_choice(engine, req: ChatRequest, i: int, h: Handle, public_id: str) -> dict:
-    text = h.text
-    calls = tool_calls(req, text)
-    finish = "tool_calls" if calls else finish_of(h)
-    message: dict[str, Any] = {"role": "assistant", "content": None if calls else text,
+def reply_of(req: ChatRequest, syntax: Syntax, h: Handle) -> tuple[str | None, list, str]:
+    """A reply's content, its tool calls (`tools.Call`) and its finish reason: "tool_calls"
+    (or the legacy "function_call") when it called, "length" when its budget cut it."""
+    finish = finish_of(h)
+    if offer_of(req, syntax) is None:
+        return h.text, [], finish
+    content, calls = parse(syntax, h.text)
+    if calls and finish != "length":
+        finish = "function_call" if req.functions is not None else "tool_calls"
+    return content, calls, finish
+
+
+def chat_choice(
+    engine, req: ChatRequest, i: int, h: Handle, public_id: str | None, syntax: Syntax
+) -> dict:
+    content, calls, finish = reply_of(req, syntax, h)
+    message: dict[str, Any] = {"role": "assistant", "content": content,
                                "corps": {"id": public_id}}  # fmt: skip
-    if calls:
-        message["tool_calls"] = calls
+    if calls and req.functions is not None:
+        message["function_call"] = calls[0].openai()["function"]
+    elif calls:
+        message["tool_calls"] = [c.openai() for c in calls]
     lp = logprobs_of(engine, h) if req.logprobs else None
     return {"index": i, "message": message, "finish_reason": finish, "logprobs": lp}
+
+
+def fingerprint(model: str) -> str:
+    """OpenAI's `system_fingerprint`: what served the reply (corps' version, the model)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        ours = version("corps")
+    except PackageNotFoundError:
+        ours = "dev"
+    return f"fp_corps-{ours}-{model}"[:120]
 
 
 def finish_of(h: Handle) -> str:
@@ -281,15 +284,18 @@ def extension(cache: MessageCache, prompt: Prompt, replies) -> dict:
 
 
 def chat_response(
-    engine, cache: MessageCache, model: str, req: ChatRequest, prompt: Prompt, replies
-) -> dict:
+    engine, cache: MessageCache, model: str, req: ChatRequest, prompt: Prompt, replies,
+    syntax: Syntax,
+) -> dict:  # fmt: skip
     generated = sum(len(h.generated) for h in replies)
-    choices = [chat_choice(engine, req, i, h, cache.public_id(h)) for i, h in enumerate(replies)]
+    choices = [chat_choice(engine, req, i, h, cache.public_id(h), syntax)
+               for i, h in enumerate(replies)]  # fmt: skip
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
+        "system_fingerprint": fingerprint(model),
         "choices": choices,
         "usage": usage(prompt.tokens, generated, prompt.cached_tokens),
         "corps": extension(cache, prompt, replies),

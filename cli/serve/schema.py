@@ -69,10 +69,11 @@ class ContentPart(_Body):
 class Message(_Body):
     """A chat message: its content, or (the extension) a message of the store by id."""
 
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
+    function_call: ToolCallFunction | None = None  # the legacy form of one tool call
     tool_call_id: str | None = None
     corps_message_id: str | None = MESSAGE_ID
     offset: int | None = Field(default=None, ge=0)
@@ -80,21 +81,26 @@ class Message(_Body):
 
     @model_validator(mode="after")
     def _content_or_id(self) -> Message:
+        if self.function_call is not None and not self.tool_calls:
+            self.tool_calls = [ToolCall(function=self.function_call)]
         if self.corps_message_id is None and self.content is None and not self.tool_calls:
             raise ValueError("a message needs content, tool_calls or corps_message_id")
         if self.offset is not None and self.corps_message_id is None:
             raise ValueError("offset places a message given by corps_message_id")
         return self
 
-    def text(self) -> str:
-        """The content as text (parts joined; an assistant's tool calls as their JSON)."""
+    def text(self, syntax=None) -> str:
+        """The content as text (parts joined; an assistant's tool calls as `syntax`, a
+        `tools.Syntax`, writes them: as the model would have)."""
         if isinstance(self.content, list):
             return "".join(p.text for p in self.content if p.type == "text")
         if self.content is not None:
             return self.content
-        calls = [{"name": c.function.name, "arguments": json.loads(c.function.arguments or "{}")}
+        calls = [(c.function.name, json.loads(c.function.arguments or "{}"))
                  for c in self.tool_calls or []]  # fmt: skip
-        return json.dumps(calls[0] if len(calls) == 1 else calls)
+        if syntax is None:
+            from corps.cli.serve.tools import JSON_CALLS as syntax
+        return syntax.render(calls)
 
 
 class JsonSchemaFormat(_Body):
@@ -125,7 +131,18 @@ class Sampling(_Body):
     stream: bool = False
     stream_options: StreamOptions | None = None
     logprobs: bool = False
+    logit_bias: dict[str, float] | None = Field(default=None, max_length=300)
     corps_agent: str | None = Field(default=None, pattern=NAME.pattern)
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for key, bias in (v or {}).items():
+            if not key.isdigit() or len(key) > 9:
+                raise ValueError(f"logit_bias keys are token ids, got {key[:20]!r}")
+            if not -100 <= bias <= 100:
+                raise ValueError("logit_bias values are in [-100, 100]")
+        return v
 
 
 class ChatRequest(Sampling):
@@ -133,15 +150,30 @@ class ChatRequest(Sampling):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     response_format: ResponseFormat | None = None
-    tools: list[Tool] | None = None
+    tools: list[Tool] | None = Field(default=None, max_length=128)
     tool_choice: Literal["none", "auto", "required"] | NamedChoice | None = None
+    parallel_tool_calls: bool = True
+    # the legacy function-calling fields, read as tools and tool_choice
+    functions: list[FunctionDef] | None = Field(default=None, max_length=128)
+    function_call: Literal["none", "auto"] | dict[str, str] | None = None
 
     @model_validator(mode="after")
     def _choice_names_a_tool(self) -> ChatRequest:
+        if self.functions is not None:
+            if self.tools is not None:
+                raise ValueError("give tools or the legacy functions, not both")
+            self.tools = [Tool(function=f) for f in self.functions]
+            call = self.function_call
+            self.tool_choice = (
+                NamedChoice(function=call) if isinstance(call, dict) else call
+            )  # fmt: skip
+            self.parallel_tool_calls = False  # a legacy reply holds one function_call
         if isinstance(self.tool_choice, NamedChoice):
             name = self.tool_choice.function.get("name")
             if name not in {t.function.name for t in self.tools or []}:
-                raise ValueError(f"tool_choice names {name!r}, which is not among the tools")
+                raise ValueError(
+                    f"tool_choice names {str(name)[:64]!r}, which is not among the tools"
+                )
         return self
 
 

@@ -34,6 +34,7 @@ from corps.engine.errors import InvalidRequest
 from corps.engine.exec.advance import advance
 from corps.engine.exec.batch import PlanEntry, build_batch, logit_rows, long_tensor, samples
 from corps.engine.exec.call import Call, CallPlan
+from corps.engine.exec.draw import bias
 from corps.engine.exec.finish import finish_decode, finish_prefill, make_sink
 from corps.engine.exec.grammars import Grammars
 from corps.engine.exec.grammars import apply as apply_masks
@@ -293,6 +294,7 @@ class Core:
         for c, r in sampling_rows:  # the model's own distribution, before any mask
             if c.plan.sampling.logprobs:
                 c.scores = torch.log_softmax(logits[r].float(), dim=-1)  # (V,)
+        bias(logits, [(r, c.plan.sampling) for c, r in sampling_rows if c.plan.sampling.logit_bias])
         if masks is not None:
             row_of = {id(c): r for c, r in sampling_rows}
             apply_masks(logits, [row_of[id(c)] for c in constrained], masks.result())

@@ -64,6 +64,7 @@ class Planner:
         header = self._header_tokens(req)
         self._check_vocab(header)
         self._check_vocab(list(req.sampling.force))
+        self._check_vocab([t for t, _ in req.sampling.logit_bias])
         footer = self.fmt.encode(self.fmt.frame(req.role)[1]) if req.frame else []
         frame_len = len(self.fmt.encode(self.fmt.frame(req.role)[0])) if req.frame else 0
         decode = dict(

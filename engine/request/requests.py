@@ -56,7 +56,8 @@ class DecodeArgs(TypedDict, total=False):
     As `PrefillArgs` (role "assistant" by default), plus header (text or ids the
     message starts with) and the sampling settings: either `sampling=SamplingParams(...)`
     or its fields as keywords (max_tokens, temperature, top_p, top_k, seed, stop,
-    ignore_eos, force, logprobs), which override the `sampling` given. At most one of regex,
+    ignore_eos, force, logprobs, top_logprobs, logit_bias), which override the
+    `sampling` given. At most one of regex,
     json_schema (a dict, its JSON or a pydantic model class), choices (the text is
     one of them) or grammar (Lark) constrains the generated text to match it
     (`corps.engine.request.constraint`). cache_salt (baseline mode): the call reuses
@@ -86,6 +87,7 @@ class DecodeArgs(TypedDict, total=False):
     force: Sequence[int] | None
     logprobs: bool | None
     top_logprobs: int | None
+    logit_bias: Mapping[int, float] | Sequence[tuple[int, float]] | None
     regex: str | None
     json_schema: Mapping[str, Any] | str | type | None
     choices: Sequence[str] | None
@@ -166,6 +168,10 @@ def decode_request(args: Mapping[str, Any] | DecodeRequest) -> DecodeRequest:
     if "stop" in sampling:
         stop = sampling["stop"]
         sampling["stop"] = (stop,) if isinstance(stop, str) else tuple(stop)
+    if "logit_bias" in sampling:
+        bias = sampling["logit_bias"]
+        pairs = bias.items() if isinstance(bias, Mapping) else bias
+        sampling["logit_bias"] = tuple(sorted(pairs))
     if "force" in sampling:
         sampling["force"] = tuple(sampling["force"])
         if "max_tokens" not in sampling and (

@@ -31,6 +31,9 @@ class SamplingParams:
     emitted token, its log-probability under the model's own distribution at that
     position (temperature 1, no top-p/top-k, before any constraint's mask) and the
     token greedy decoding would have emitted there (`Handle.logprobs`, `Handle.greedy`).
+    `logit_bias` adds to a token's score before the draw, as (token id, bias) pairs
+    with biases in [-100, 100]: -100 bans the token (its score becomes -inf), 100
+    makes it the only one (OpenAI's semantics); a given dict is turned into pairs.
     """
 
     max_tokens: int = 256
@@ -44,8 +47,17 @@ class SamplingParams:
     constraint: Constraint | None = None  # what the generated text must match
     logprobs: bool = False  # note each emitted token's log-probability (Handle.logprobs)
     top_logprobs: int = 0  # with logprobs: the k most likely tokens too (Handle.top_logprobs)
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100])
 
     def __post_init__(self) -> None:
+        if isinstance(self.logit_bias, dict):
+            object.__setattr__(self, "logit_bias", tuple(sorted(self.logit_bias.items())))
+        for pair in self.logit_bias:
+            t, b = pair if isinstance(pair, tuple) and len(pair) == 2 else (None, None)
+            if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+                raise InvalidRequest(f"logit_bias keys must be token ids, got {t!r}")
+            if not _number(b) or not -100 <= b <= 100:
+                raise InvalidRequest(f"logit_bias values must be in [-100, 100], got {b!r}")
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
             raise InvalidRequest(f"max_tokens must be an int, got {self.max_tokens!r}")
         if self.max_tokens <= 0:

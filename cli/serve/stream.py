@@ -1,0 +1,209 @@
+"""A streamed reply of `corps serve`: server-sent events in OpenAI's chunk format.
+
+One stream per choice (`n` of them, their chunks interleaved by `index`). Each
+call is admitted and its first delta awaited before the 200, so a refusal is a
+4xx like the unstreamed one; a failure later is an error event, then `[DONE]`.
+Text comes as `content` deltas; a reply that calls tools as tool-call deltas
+(`tools.Streamer`): the first of each call with its index, id, type and name,
+then fragments of its arguments, the choice's last chunk `finish_reason:
+"tool_calls"` (or "length" if its budget cut it). Logprobs, when asked, come
+with each choice's last chunk (the SDK joins a choice's chunks). With
+`stream_options.include_usage` a usage chunk follows. However the response ends
+(finished, failed, the client gone), `end` runs once: a call not finished is
+cancelled and the prompt's messages are given back unless it succeeded.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+from fastapi.responses import StreamingResponse
+
+from corps.cli.serve import chat
+from corps.cli.serve.errors import ServeError
+from corps.cli.serve.tools import Streamer
+
+log = logging.getLogger("corps.serve")
+
+
+@dataclass
+class Choice:
+    """One streamed choice: its engine stream, its deltas, and what it has shown."""
+
+    index: int
+    stream: Any  # the engine's TextStream
+    deltas: Any = None  # its async iterator
+    first: str | None = None  # the delta awaited before the 200
+    skip: int = 0  # completions: prompt characters still to drop
+    calls: Streamer | None = None  # chat with tools: text or tool-call deltas
+    handle: Any = None  # once finished
+    done: bool = False
+    extra: dict = field(default_factory=dict)
+
+
+async def _next(deltas, deadline: float) -> str | None:
+    """The stream's next delta (None: it ended), by `deadline` (TimeoutError)."""
+    with anyio.fail_after(max(deadline - anyio.current_time(), 0)):
+        try:
+            return await deltas.__anext__()
+        except StopAsyncIteration:
+            return None
+
+
+async def open_stream(
+    state, req, prompt: chat.Prompt, args: dict, who, is_chat: bool, refusal: Callable,
+    keep: Callable,
+) -> StreamingResponse:  # fmt: skip
+    """The response of a streamed request whose prompt is in the store. `refusal` maps
+    a failure to its ServeError; `keep(handle)` keeps a finished reply."""
+    deadline = anyio.current_time() + state.limits.timeout_s
+    offer = chat.offer_of(req, state.syntax) if is_chat else None
+    skip = 0 if is_chat or req.echo else len(chat.shown_prompt(state.engine, req))
+    choices = [
+        Choice(i, state.engine.stream(**dict(args, seed=seed)), skip=skip,
+               calls=Streamer(state.syntax) if offer is not None else None)
+        for i, seed in enumerate(chat.seeds(req))
+    ]  # fmt: skip
+    try:
+        for c in choices:  # admitted, and a first delta, before the 200
+            c.deltas = c.stream.__aiter__()
+            c.first = await _next(c.deltas, deadline)
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            for c in choices:
+                await c.stream.aclose()
+        raise
+    sse = _Chunks(state, req, is_chat)
+    ok = False
+
+    async def events() -> AsyncIterator[str]:
+        nonlocal ok
+        try:
+            if is_chat:
+                for c in choices:
+                    yield sse.chunk(c.index, {"role": "assistant", "content": ""})
+            async for c, delta in _interleaved(choices, deadline):
+                for d in _shown(c, delta, is_chat):
+                    yield sse.chunk(c.index, d)
+            for c in choices:
+                keep(c.handle)
+                prompt.settle(state.engine, c.handle)
+            state.metrics.count(prompt, [c.handle for c in choices])
+            ok = True
+            for c in choices:
+                yield sse.chunk(c.index, {} if is_chat else "", **_last(state, req, prompt, c))
+            if req.stream_options is not None and req.stream_options.include_usage:
+                yield sse.usage(prompt, [c.handle for c in choices], is_chat)
+        except Exception as exc:  # failed mid-stream: an error event, then the end
+            err = refusal(exc, who)
+            if not isinstance(err, ServeError):
+                log.error("unexpected %s in a stream", type(exc).__name__, exc_info=exc)
+                err = ServeError(500, "the server failed on this request", "server_error")
+            state.metrics.refused(err.status)
+            yield f"data: {json.dumps(err.body())}\n\n"
+        yield "data: [DONE]\n\n"
+
+    async def end() -> None:
+        with anyio.CancelScope(shield=True):
+            if not ok:
+                for c in choices:
+                    await c.stream.aclose()
+            prompt.release(state.cache, ok=ok)
+            state.gate.leave()
+
+    return _Events(events(), end)
+
+
+async def _interleaved(choices: list[Choice], deadline: float):
+    """(choice, delta) from every choice in turn until all have ended (each choice's
+    deltas are buffered by the engine meanwhile, so none waits on the others)."""
+    pending = {c.index: c.first for c in choices}
+    while not all(c.done for c in choices):
+        for c in choices:
+            if c.done:
+                continue
+            delta = pending.pop(c.index, None)
+            if delta is None:
+                delta = await _next(c.deltas, deadline)
+            if delta is None:
+                c.done, c.handle = True, c.stream.handle
+                continue
+            yield c, delta
+
+
+def _shown(c: Choice, delta: str, is_chat: bool) -> list[dict | str]:
+    """What a choice's text delta shows: content, tool-call deltas, or (completions)
+    text past the prompt."""
+    if not is_chat:
+        shown, c.skip = delta[c.skip :], max(0, c.skip - len(delta))
+        return [shown] if shown else []
+    if c.calls is not None:
+        return c.calls.feed(delta)
+    return [{"content": delta}]
+
+
+def _last(state, req, prompt: chat.Prompt, c: Choice) -> dict:
+    """The extra fields of a choice's last chunk: finish reason, logprobs, the ids."""
+    h = c.handle
+    finish = chat.finish_of(h)
+    if c.calls is not None:
+        _, _, finish = chat.reply_of(req, state.syntax, h)
+    ext = {**chat.extension(state.cache, prompt, [h]), "id": state.cache.public_id(h)}
+    is_chat = getattr(req, "messages", None) is not None
+    lp = chat.logprobs_of(state.engine, h) if req.logprobs and is_chat else None
+    return {"finish": finish, "logprobs": lp, "corps": ext}
+
+
+class _Chunks:
+    """The chunk bodies of one streamed response."""
+
+    def __init__(self, state, req, is_chat: bool) -> None:
+        self.state, self.req, self.is_chat = state, req, is_chat
+        self.id = f"{'chatcmpl' if is_chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self.kind = "chat.completion.chunk" if is_chat else "text_completion"
+        self.created = int(time.time())
+
+    def _body(self, choices: list, **extra: Any) -> str:
+        body = {"id": self.id, "object": self.kind, "created": self.created,
+                "model": self.state.model,
+                "system_fingerprint": chat.fingerprint(self.state.model),
+                "choices": choices, **extra}  # fmt: skip
+        return f"data: {json.dumps(body)}\n\n"
+
+    def chunk(
+        self, index: int, delta: dict | str, finish: str | None = None, logprobs=None, **extra
+    ) -> str:
+        if self.is_chat:
+            choice = {"index": index, "delta": delta, "finish_reason": finish,
+                      "logprobs": logprobs}  # fmt: skip
+        else:
+            choice = {"index": index, "text": delta, "finish_reason": finish,
+                      "logprobs": logprobs}  # fmt: skip
+        return self._body([choice], **extra)
+
+    def usage(self, prompt: chat.Prompt, replies: list, is_chat: bool) -> str:
+        prompt_tokens = prompt.tokens if is_chat else replies[0].generated_from
+        generated = sum(len(h.generated) for h in replies)
+        return self._body([], usage=chat.usage(prompt_tokens, generated, prompt.cached_tokens))
+
+
+class _Events(StreamingResponse):
+    """Server-sent events that run `end` once the response is over, however it ended
+    (finished, failed, or the client gone before or while it was sent)."""
+
+    def __init__(self, events: AsyncIterator[str], end) -> None:
+        super().__init__(events, media_type="text/event-stream")
+        self._end = end
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._end()
