@@ -86,9 +86,11 @@ async def open_stream(
     async def events() -> AsyncIterator[str]:
         nonlocal ok
         try:
-            if is_chat:
+            if is_chat:  # a reply that may call tools has no content until it shows text
+                role = {"role": "assistant"} if offer is not None else {
+                    "role": "assistant", "content": ""}  # fmt: skip
                 for c in choices:
-                    yield sse.chunk(c.index, {"role": "assistant", "content": ""})
+                    yield sse.chunk(c.index, role)
             async for c, delta in _interleaved(choices, deadline):
                 for d in _shown(c, delta, is_chat):
                     yield sse.chunk(c.index, d)

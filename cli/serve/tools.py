@@ -122,7 +122,13 @@ class Call:
 
 def parse(syntax: Syntax, text: str) -> tuple[str | None, list[Call]]:
     """A reply as (content, calls): text that does not begin like a call is content;
-    otherwise its calls, the last possibly cut (`complete` False)."""
+    otherwise its calls, the last possibly cut (`complete` False). A call cut before
+    its name is written is left out (a stream never announced it)."""
+    content, calls = _parse(syntax, text)
+    return content, [c for c in calls if c.name is not None]
+
+
+def _parse(syntax: Syntax, text: str) -> tuple[str | None, list[Call]]:
     if not text.startswith(syntax.first):
         return text, []
     calls: list[Call] = []
@@ -259,7 +265,7 @@ class Streamer:
         return self._call_deltas()
 
     def _call_deltas(self) -> list[dict]:
-        _, calls = parse(self.syntax, self.text)
+        _, calls = _parse(self.syntax, self.text)
         out = []
         for index, call in enumerate(calls):
             if call.name is None:

@@ -41,6 +41,7 @@ def sample(
     return forced(params, index, token)
 
 
+@torch.inference_mode()  # the logits are the forward's inference tensors
 def bias(logits: Tensor, rows: Sequence[tuple[int, SamplingParams]]) -> None:
     """Add each row's `logit_bias` to its logits (N, V) in place, in one indexed write
     for all of them: -100 bans a token (-inf), 100 leaves it the only choice."""

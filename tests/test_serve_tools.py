@@ -1,0 +1,306 @@
+"""cli/serve/tools.py: tool-call syntax per model family, the grammar of tool replies,
+and their parse whole, cut and streamed; then against a real uvicorn server with the
+official `openai` client: streamed calls the SDK's stream helper rebuilds exactly as
+the unstreamed reply, cut calls, `auto` replies that never break, parallel calls,
+legacy functions, logit_bias, streamed logprobs and n > 1."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+
+import jsonschema
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from llguidance import LLMatcher
+
+from corps.cli.serve.tools import (
+    HERMES,
+    JSON_CALLS,
+    LLAMA3,
+    Offer,
+    Streamer,
+    parse,
+    syntax_of,
+)
+
+WEATHER_ARGS = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 12}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
+NOTHING = {"type": "object", "properties": {}, "additionalProperties": False}
+TOOLS = (("get_weather", "The weather in a city", WEATHER_ARGS), ("get_time", "", NOTHING))
+SYNTAXES = [JSON_CALLS, HERMES, LLAMA3]
+
+
+def test_the_syntax_follows_the_chat_template():
+    assert syntax_of("{{ '<tool_call>' }}") is HERMES  # Qwen2.5 / Qwen3 / Hermes
+    assert syntax_of("<|start_header_id|>ipython<|end_header_id|>") is LLAMA3
+    assert syntax_of("<|im_start|>{{ message['role'] }}") is JSON_CALLS  # SmolLM2
+    assert syntax_of(None) is JSON_CALLS
+
+
+@pytest.mark.parametrize("syntax", SYNTAXES, ids=lambda s: s.name)
+@pytest.mark.parametrize("choice", ["auto", "required", "get_weather"])
+@pytest.mark.parametrize("parallel", [True, False])
+def test_every_offer_compiles(syntax, choice, parallel):
+    grammar = Offer(syntax, TOOLS, choice, parallel).grammar()
+    assert LLMatcher.validate_grammar(LLMatcher.grammar_from_lark(grammar)) == ""
+
+
+@pytest.mark.parametrize("syntax", SYNTAXES, ids=lambda s: s.name)
+def test_whole_cut_and_parallel_replies_parse(syntax):
+    one = syntax.render([("get_weather", {"city": "Paris"})])
+    two = syntax.render([("get_weather", {"city": "Oslo"}), ("get_time", {})])
+    assert parse(syntax, "It is sunny.") == ("It is sunny.", [])
+    content, (call,) = parse(syntax, one)
+    assert content is None and (call.name, call.arguments, call.complete) == (
+        "get_weather", '{"city": "Paris"}', True)  # fmt: skip
+    _, calls = parse(syntax, two)
+    assert [(c.name, c.arguments, c.complete) for c in calls] == [
+        ("get_weather", '{"city": "Oslo"}', True), ("get_time", "{}", True)]  # fmt: skip
+    cut = one[: one.index("Paris") + 2]
+    _, (call,) = parse(syntax, cut)
+    assert (call.name, call.arguments, call.complete) == ("get_weather", '{"city": "Pa', False)
+
+
+@given(
+    syntax=st.sampled_from(SYNTAXES),
+    calls=st.lists(
+        st.tuples(st.sampled_from(["get_weather", "f"]),
+                  st.dictionaries(st.sampled_from(["city", "n", "x"]),
+                                  st.one_of(st.text(max_size=6), st.integers(-99, 999),
+                                            st.lists(st.booleans(), max_size=2)), max_size=3)),
+        min_size=1, max_size=3),
+    cuts=st.lists(st.integers(0, 200), max_size=12),
+    keep=st.integers(1, 400),
+)  # fmt: skip
+def test_streamed_deltas_rebuild_the_parse_of_the_whole(syntax, calls, cuts, keep):
+    """Oracle: `parse` of the whole (possibly cut) text. However the text is split into
+    deltas, the tool-call deltas rebuild, as the SDK joins them, the same calls."""
+    text = syntax.render(calls)[:keep]
+    streamer = Streamer(syntax)
+    built: dict[int, dict] = {}
+    bounds = sorted({0, len(text), *[c for c in cuts if c < len(text)]})
+    for a, b in itertools.pairwise(bounds):
+        for d in streamer.feed(text[a:b]):
+            assert "content" not in d
+            for tc in d["tool_calls"]:
+                slot = built.setdefault(tc["index"], {"name": None, "arguments": ""})
+                if "id" in tc:
+                    assert slot["name"] is None  # announced once, first
+                    slot["name"] = tc["function"]["name"]
+                slot["arguments"] += tc["function"]["arguments"]
+    _, whole = parse(syntax, text)
+    expected = [(c.name, c.arguments) for c in whole]
+    assert [(built[i]["name"], built[i]["arguments"]) for i in sorted(built)] == expected
+
+
+def test_free_text_streams_as_content():
+    s = Streamer(JSON_CALLS)
+    assert s.feed("Hel") == [{"content": "Hel"}] and s.feed("lo {") == [{"content": "lo {"}]
+
+
+# ---- against a server ----
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("uvicorn")
+
+from corps.cli.serve.background import BackgroundServer  # noqa: E402
+from corps.engine.api.engine import Engine  # noqa: E402
+
+WEATHER = {"type": "function", "function": {"name": "get_weather",
+           "description": "The weather in a city", "parameters": WEATHER_ARGS}}  # fmt: skip
+CLOCK = {"type": "function", "function": {"name": "get_time", "parameters": NOTHING}}
+
+
+def serve(model_dir, **kw):
+    opened = Engine.open(str(model_dir), dtype="float32", capacity=8192, **kw)
+    return BackgroundServer(opened, model="m")
+
+
+@pytest.fixture(scope="module")
+def served(tiny_dirs):
+    with serve(tiny_dirs["llama"]) as s:
+        yield s
+
+
+@pytest.fixture
+def client(served):
+    return openai.OpenAI(base_url=served.url + "/v1", api_key="none", max_retries=0)
+
+
+def streamed(client, **kw):
+    """The completion the SDK's stream helper accumulates from the chunks (its snapshot:
+    `get_final_completion` refuses a reply cut by max_tokens)."""
+    with client.chat.completions.stream(**kw) as stream:
+        for _ in stream:
+            pass
+        return stream.current_completion_snapshot
+
+
+def messages(text="weather in Paris?"):
+    return [{"role": "user", "content": text}]
+
+
+def calls_of(message) -> list[tuple[str, str]]:
+    return [(c.function.name, c.function.arguments) for c in message.tool_calls or []]
+
+
+@pytest.mark.parametrize(
+    "choice", ["required", "auto", {"type": "function", "function": {"name": "get_weather"}}]
+)
+@pytest.mark.parametrize("prompt", ["weather in Paris?", "what time is it", "hello"])
+def test_streamed_calls_rebuild_exactly_the_unstreamed_ones(client, choice, prompt):
+    """Greedy, the same request streamed and not: the SDK's stream helper accumulates
+    the same content, calls (names and argument text) and finish reason."""
+    kw = dict(model="m", messages=messages(prompt), tools=[WEATHER, CLOCK], tool_choice=choice,
+              max_tokens=80, temperature=0)  # fmt: skip
+    whole = client.chat.completions.create(**kw).choices[0]
+    final = streamed(client, **kw).choices[0]
+    assert calls_of(final.message) == calls_of(whole.message)
+    assert final.message.content == whole.message.content
+    assert final.finish_reason == whole.finish_reason
+    if whole.finish_reason == "tool_calls":
+        for name, arguments in calls_of(whole.message):
+            schema = WEATHER_ARGS if name == "get_weather" else NOTHING
+            jsonschema.validate(json.loads(arguments), schema)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_call_cut_by_max_tokens_comes_back_as_a_call_with_finish_length(client, stream):
+    """The same greedy call, whole and cut two tokens before its end: the cut one is in
+    tool_calls, same name, its arguments a prefix of the whole's, finish "length"."""
+    kw = dict(model="m", messages=messages(), tools=[WEATHER], tool_choice="required",
+              temperature=0, parallel_tool_calls=False)  # fmt: skip
+    whole = client.chat.completions.create(**kw, max_tokens=200)
+    ((name, arguments),) = calls_of(whole.choices[0].message)
+    budget = whole.usage.completion_tokens - 2
+    if stream:
+        choice = streamed(client, **kw, max_tokens=budget).choices[0]
+    else:
+        choice = client.chat.completions.create(**kw, max_tokens=budget).choices[0]
+    assert choice.finish_reason == "length"
+    ((cut_name, cut_arguments),) = calls_of(choice.message)
+    assert cut_name == name and arguments.startswith(cut_arguments) and cut_arguments != arguments
+
+
+def test_parallel_calls_each_well_formed_and_one_when_not_parallel(client):
+    """Seeded samples over two tools: every call of every reply validates; with
+    parallel_tool_calls false there is exactly one call."""
+    seen_many = False
+    for seed in range(6):
+        kw = dict(model="m", messages=messages(), tools=[WEATHER, CLOCK],
+                  tool_choice="required", max_tokens=120, temperature=1.0, seed=seed)  # fmt: skip
+        r = client.chat.completions.create(**kw).choices[0]
+        if r.finish_reason == "tool_calls":
+            seen_many |= len(r.message.tool_calls) > 1
+            for name, arguments in calls_of(r.message):
+                jsonschema.validate(json.loads(arguments),
+                                    WEATHER_ARGS if name == "get_weather" else NOTHING)  # fmt: skip
+        one = client.chat.completions.create(**kw, parallel_tool_calls=False).choices[0]
+        assert len(one.message.tool_calls or []) <= 1
+    assert seen_many  # the random model writes more than one call in some of them
+
+
+def test_legacy_functions_are_tools(client):
+    r = client.chat.completions.create(
+        model="m", messages=messages(), max_tokens=80, temperature=0,
+        functions=[WEATHER["function"]], function_call={"name": "get_weather"},
+    ).choices[0]  # fmt: skip
+    assert r.finish_reason == "function_call" and r.message.function_call.name == "get_weather"
+    jsonschema.validate(json.loads(r.message.function_call.arguments), WEATHER_ARGS)
+
+
+def test_logit_bias_bans_and_favours_the_greedy_token(client, tiny_dirs):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_dirs["llama"]))
+    kw = dict(model="m", messages=messages("hello"), max_tokens=1, temperature=0, logprobs=True)
+    first = client.chat.completions.create(**kw).choices[0].logprobs.content[0].token
+    ids = [i for i in range(len(tok)) if tok.decode([i]) == first]
+    banned = client.chat.completions.create(**kw, logit_bias={str(i): -100 for i in ids})
+    assert banned.choices[0].logprobs.content[0].token != first
+    other = next(i for i in range(40, len(tok)) if tok.decode([i]) not in ("", first))
+    favoured = client.chat.completions.create(**kw, logit_bias={str(other): 100})
+    assert favoured.choices[0].logprobs.content[0].token == tok.decode([other])
+
+
+def test_streamed_logprobs_and_n_equal_the_unstreamed(client):
+    kw = dict(model="m", messages=messages("hello"), max_tokens=6, temperature=1.0, seed=11,
+              n=3, logprobs=True)  # fmt: skip
+    whole = client.chat.completions.create(**kw)
+    final = streamed(client, **kw)
+    assert [c.index for c in final.choices] == [0, 1, 2]
+    for a, b in zip(whole.choices, final.choices, strict=True):
+        assert a.message.content == b.message.content
+        assert [x.token for x in a.logprobs.content] == [x.token for x in b.logprobs.content]
+        assert [x.logprob for x in a.logprobs.content] == pytest.approx(
+            [x.logprob for x in b.logprobs.content]
+        )
+    assert final.system_fingerprint == whole.system_fingerprint and whole.system_fingerprint
+
+
+def auto_replies(client, n_prompts=10, n=10, max_tokens=48, nudge: dict | None = None) -> list:
+    """n_prompts x n sampled `auto` replies; the second half with `nudge` (a logit_bias
+    towards a call's first token: a random model rarely starts one on its own)."""
+    out = []
+    for i in range(n_prompts):
+        bias = nudge if nudge and i >= n_prompts // 2 else None
+        r = client.chat.completions.create(
+            model="m", messages=messages(f"question {i}: what is the weather or the time?"),
+            tools=[WEATHER, CLOCK], max_tokens=max_tokens, temperature=1.0, seed=i, n=n,
+            logit_bias=bias,
+        )  # fmt: skip
+        out += r.choices
+    return out
+
+
+def assert_no_broken_call(choices) -> None:
+    """A reply that starts a call parses against its tool's schema unless cut."""
+    for c in choices:
+        if c.message.tool_calls and c.finish_reason != "length":
+            assert c.finish_reason == "tool_calls"
+            for name, arguments in calls_of(c.message):
+                jsonschema.validate(json.loads(arguments),
+                                    WEATHER_ARGS if name == "get_weather" else NOTHING)  # fmt: skip
+        elif not c.message.tool_calls:
+            assert not (c.message.content or "").startswith(("{", "<tool_call>"))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral", "qwen3-hermes"])
+def test_auto_never_breaks_a_call_on_each_family(tiny_dirs, tmp_path, arch):
+    """100 sampled `auto` replies per family (and Qwen's own `<tool_call>` syntax, from
+    a chat template that has it): 0 replies that start a call and fail to parse."""
+    model_dir = tiny_dirs[arch.split("-")[0]]
+    if arch.endswith("hermes"):
+        model_dir = tmp_path / "hermes"
+        shutil.copytree(tiny_dirs["qwen3"], model_dir)
+        template = model_dir / "chat_template.jinja"
+        template.write_text(template.read_text() + "{# tools: <tool_call> #}")
+    with serve(model_dir) as s:
+        syntax = s.app.state.syntax
+        assert (syntax is HERMES) == arch.endswith("hermes")
+        (first,) = s.engine.tokenizer.encode(syntax.first, add_special_tokens=False)
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0)
+        choices = auto_replies(client, nudge={str(first): 6.0})
+    assert len(choices) == 100
+    assert_no_broken_call(choices)
+    assert any(c.message.tool_calls for c in choices)  # both kinds of reply occur
+    assert any(not c.message.tool_calls for c in choices)
+
+
+def test_auto_never_breaks_a_call_on_the_default_model(real_dir):
+    """The 135M model left alone answers in text; nudged towards "{" (half of the
+    prompts), it calls, and every call it finishes parses against its schema."""
+    with serve(real_dir) as s:
+        (first,) = s.engine.tokenizer.encode("{", add_special_tokens=False)
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0)
+        choices = auto_replies(client, max_tokens=40, nudge={str(first): 5.0})
+    assert len(choices) == 100
+    assert_no_broken_call(choices)
+    assert any(c.message.tool_calls for c in choices)
