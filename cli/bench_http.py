@@ -301,33 +301,78 @@ def is_weather_call(message) -> bool:
     return set(args) == {"city"} and isinstance(args["city"], str) and len(args["city"]) <= 20
 
 
+def broken_call(message) -> bool:
+    """Whether a reply began a tool call that does not parse as one of get_weather (a
+    text answer is not broken)."""
+    text = (message.content or "").lstrip()
+    if not message.tool_calls and not text.startswith(("{", "<tool_call>")):
+        return False
+    return not is_weather_call(message)
+
+
+def streamed_message(api, **kw):
+    """The message the openai SDK's stream helper accumulates from a streamed reply."""
+    with api.chat.completions.stream(**kw) as stream:
+        for _ in stream:
+            pass
+        return stream.current_completion_snapshot.choices[0].message
+
+
 def structured(cfg, model: str, requests: int, tokens: int) -> dict[str, tuple[int, int]]:
     """(failures, requests) per kind: JSON replies and tool calls, constrained (the
-    schema as response_format; tool_choice required) and free (asked in words; tool
-    offered with "auto")."""
+    schema as response_format; tools offered, the reply constrained to text or calls)
+    and free (asked in words, nothing constrained), tool calls streamed and not. A
+    forced call fails unless it is one call of get_weather that parses; an `auto` or
+    free reply fails only if it began a call that does not parse."""
     from openai import OpenAI
 
     with served(cfg, model) as server:
         api = OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
         fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
         ask_json = "Reply with only JSON: an object with a name (string) and an age (integer)"
-        counts = dict.fromkeys(("json constrained", "json free", "tool constrained",
-                                "tool free (auto)"), 0)  # fmt: skip
+        kinds = ("json constrained", "json free", "tool required", "tool required, streamed",
+                 "tool auto", "tool auto, streamed", "tool free (asked in words)")  # fmt: skip
+        counts = dict.fromkeys(kinds, 0)
+        in_words = (
+            "You can call get_weather(city). To call it, reply with only a JSON object "
+            '{"name": "get_weather", "arguments": {"city": <the city>}}.'
+        )
         for i in range(requests):
             who = f"{ask_json} for person number {i}."
-            chat = partial(api.chat.completions.create, model=model, max_tokens=tokens,
-                           temperature=0.7, seed=i)  # fmt: skip
+            kw = dict(model=model, max_tokens=tokens, temperature=0.7, seed=i)
+            chat = partial(api.chat.completions.create, **kw)
             msgs = [{"role": "user", "content": who}]
             counts["json constrained"] += not is_person(
                 chat(messages=msgs, response_format=fmt).choices[0].message.content
             )
             counts["json free"] += not is_person(chat(messages=msgs).choices[0].message.content)
             where = [{"role": "user", "content": f"What is the weather in {CITIES[i % 8]}?"}]
-            forced = chat(messages=where, tools=[WEATHER], tool_choice="required")
-            counts["tool constrained"] += not is_weather_call(forced.choices[0].message)
-            free = chat(messages=where, tools=[WEATHER], tool_choice="auto")
-            counts["tool free (auto)"] += not is_weather_call(free.choices[0].message)
+            for choice, stream in (("required", False), ("required", True), ("auto", False),
+                                   ("auto", True)):  # fmt: skip
+                ask = dict(messages=where, tools=[WEATHER], tool_choice=choice,
+                           parallel_tool_calls=False)  # fmt: skip
+                message = streamed_message(api, **kw, **ask) if stream else (
+                    chat(**ask).choices[0].message)  # fmt: skip
+                kind = f"tool {choice}" + (", streamed" if stream else "")
+                counts[kind] += (not is_weather_call(message)) if choice == "required" else (
+                    broken_call(message))  # fmt: skip
+            words = [{"role": "system", "content": in_words}, *where]
+            counts["tool free (asked in words)"] += broken_call(
+                _as_call(chat(messages=words).choices[0].message)
+            )
     return {k: (v, requests) for k, v in counts.items()}
+
+
+def _as_call(message):
+    """A free reply read as the server would read a call: its text parsed as one."""
+    from types import SimpleNamespace
+
+    from corps.cli.serve.tools import JSON_CALLS, parse
+
+    _, calls = parse(JSON_CALLS, (message.content or "").lstrip())
+    tool_calls = [SimpleNamespace(function=SimpleNamespace(name=c.name, arguments=c.arguments))
+                  for c in calls if c.complete]  # fmt: skip
+    return SimpleNamespace(content=message.content, tool_calls=tool_calls or None)
 
 
 def flow_table(flows: list[Flow], title: str):

@@ -51,8 +51,12 @@ def test_a_workflow_by_id_reads_more_from_the_store_than_text_resent(tiny_dirs):
 def test_constrained_json_and_tool_calls_always_parse(tiny_dirs):
     cfg = EngineConfig.of(str(tiny_dirs["llama"]), dtype="float32", capacity=4096)
     counts = bench_http.structured(cfg, "tiny", requests=3, tokens=96)
-    assert counts["json constrained"] == (0, 3) and counts["tool constrained"] == (0, 3)
-    assert set(counts) == {"json constrained", "json free", "tool constrained", "tool free (auto)"}
+    assert counts["json constrained"] == (0, 3)
+    for kind in ("tool required", "tool required, streamed", "tool auto", "tool auto, streamed"):
+        assert counts[kind] == (0, 3), kind
+    assert set(counts) == {"json constrained", "json free", "tool required",
+                           "tool required, streamed", "tool auto", "tool auto, streamed",
+                           "tool free (asked in words)"}  # fmt: skip
 
 
 def test_the_checks_of_a_reply():
@@ -66,3 +70,6 @@ def test_the_checks_of_a_reply():
     assert not bench_http.is_weather_call(NS(tool_calls=None))
     bad = NS(function=NS(name="get_weather", arguments="{city"))
     assert not bench_http.is_weather_call(NS(tool_calls=[bad]))
+    assert not bench_http.broken_call(NS(content="It is sunny", tool_calls=None))
+    assert bench_http.broken_call(NS(content='{"name": "get_weather", "argu', tool_calls=None))
+    assert bench_http.broken_call(NS(content=None, tool_calls=[bad]))
