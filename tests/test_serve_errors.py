@@ -262,3 +262,12 @@ def test_fuzzed_bodies_never_500_and_refusals_change_nothing(served, body, path)
     elif isinstance(body, dict) and body.get("stream"):
         assert r.text.rstrip().endswith("data: [DONE]")
     assert HTTP.get(served.url + "/health").status_code == 200
+
+
+def test_unknown_fields_are_accepted_and_named_as_ignored(served):
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+            "presence_penalty": 0.5, "user": "u-1"}  # fmt: skip
+    r = post(served, body)
+    assert r.status_code == 200 and r.json()["corps"]["ignored"] == ["presence_penalty", "user"]
+    plain = {"messages": body["messages"], "max_tokens": 2}
+    assert "ignored" not in post(served, plain).json()["corps"]

@@ -226,7 +226,7 @@ def _completion_response(state, req: CompletionRequest, prompt: chat.Prompt, rep
         "system_fingerprint": chat.fingerprint(state.model),
         "choices": choices,
         "usage": chat.usage(prompt_tokens, sum(len(h.generated) for h in replies), 0),
-        "corps": chat.extension(state.cache, prompt, replies),
+        "corps": chat.extension(state.cache, prompt, replies, req),
     }
 
 

@@ -276,11 +276,22 @@ def finish_of(h: Handle) -> str:
     return FINISH.get(h.finish_reason or "", "stop")
 
 
-def extension(cache: MessageCache, prompt: Prompt, replies) -> dict:
-    """The response's `corps` field: its prompt's message ids, and the leaks its calls
-    recorded (under the warn and allow policies a leak is reported, not refused)."""
+def extension(cache: MessageCache, prompt: Prompt, replies, req) -> dict:
+    """The response's `corps` field: its prompt's message ids, the leaks its calls
+    recorded (under the warn and allow policies a leak is reported, not refused), and
+    the request's fields the server does not know and so ignored (docs/serve.md)."""
     leaks = prompt.leaks + sum(h.leaks for h in replies)
-    return {"prompt": [cache.public_id(h) for h in prompt.handles], "leaks": leaks}
+    ext = {"prompt": [cache.public_id(h) for h in prompt.handles], "leaks": leaks}
+    ignored = ignored_fields(req)
+    if ignored:
+        ext["ignored"] = ignored
+    return ext
+
+
+def ignored_fields(req) -> list[str]:
+    """The top-level fields of a request the server ignores (the first 20, names cut to
+    40 characters): it accepts unknown fields, as OpenAI-compatible servers do, and says so."""
+    return sorted(str(k)[:40] for k in (req.model_extra or {}))[:20]
 
 
 def chat_response(
@@ -298,5 +309,5 @@ def chat_response(
         "system_fingerprint": fingerprint(model),
         "choices": choices,
         "usage": usage(prompt.tokens, generated, prompt.cached_tokens),
-        "corps": extension(cache, prompt, replies),
+        "corps": extension(cache, prompt, replies, req),
     }

@@ -157,7 +157,7 @@ def _last(state, req, prompt: chat.Prompt, c: Choice) -> dict:
     finish = chat.finish_of(h)
     if c.calls is not None:
         _, _, finish = chat.reply_of(req, state.syntax, h)
-    ext = {**chat.extension(state.cache, prompt, [h]), "id": state.cache.public_id(h)}
+    ext = {**chat.extension(state.cache, prompt, [h], req), "id": state.cache.public_id(h)}
     is_chat = getattr(req, "messages", None) is not None
     lp = chat.logprobs_of(state.engine, h) if req.logprobs and is_chat else None
     return {"finish": finish, "logprobs": lp, "corps": ext}
