@@ -27,3 +27,19 @@ async def test_forced_decode_replays_another_runs_tokens(tiny_dirs):
         assert got.ttft is not None and got.ttft > 0
         free = await engine.decode(parents=[q], max_tokens=8, ignore_eos=True)
         assert len(free.generated) == 8 and engine.stats().tokens_reused == 0
+
+
+@pytest.mark.parametrize("mode", ["choreographed", "baseline", "hf"])
+async def test_logit_bias_bans_and_forces_a_token_in_every_mode(tiny_dirs, mode):
+    """The same greedy decode with its first token banned (-100) never emits it, and a
+    +100 bias makes another token the first, in the corps engines and under generate."""
+    async with open_tiny(tiny_dirs, "llama", mode=mode) as engine:
+        q = await engine.prefill("what is seven times six")
+
+        async def first(**bias):
+            h = await engine.decode(parents=[q], max_tokens=3, temperature=0, **bias)
+            return h.generated[0]
+
+        top = await first()
+        assert await first(logit_bias={top: -100}) != top
+        assert await first(logit_bias={(top + 7) % 300: 100}) == (top + 7) % 300

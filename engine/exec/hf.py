@@ -24,6 +24,7 @@ from corps.cache.errors import require
 from corps.cache.handle import Handle
 from corps.cache.messages import Message, MessageTable
 from corps.engine.exec.call import Call, top_of
+from corps.engine.exec.draw import bias
 from corps.engine.exec.grammars import Grammars
 from corps.engine.exec.grammars import apply as apply_masks
 from corps.engine.exec.planner import Planner
@@ -211,10 +212,12 @@ class HFExecutor:
         processors = LogitsProcessorList([scores] if sp.logprobs else [])
         if sp.force:
             processors.append(_Forced(sp.force, prompt.shape[1]))
+        if sp.logit_bias:
+            processors.append(_Bias(sp))
         if c.matcher is not None:
             processors.append(_Constrained(c.matcher, prompt.shape[1], self.grammars))
         if sp.seed is not None:
-            torch.manual_seed(sp.seed)
+            torch.manual_seed(sp.seed % 2**64)
         clock = _FirstToken()
         t0 = time.perf_counter()
         ids = self.hf.generate(
@@ -265,6 +268,17 @@ class _Forced:
         out = torch.full_like(scores, float("-inf"))  # (1, V)
         out[:, self.force[i]] = 0.0
         return out
+
+
+class _Bias:
+    """Logits processor: the call's `logit_bias`, as the corps engines add it."""
+
+    def __init__(self, params) -> None:
+        self.params = params
+
+    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        bias(scores, [(0, self.params)])  # (1, V) in place
+        return scores
 
 
 class _Constrained:
