@@ -113,3 +113,20 @@ def test_masks_start_no_thread_of_their_own_however_many_calls(grammars):
         assert _threads() <= before
     finally:
         g.close()
+
+
+def test_a_tokenizer_built_in_the_background_masks_as_one_built_on_first_use(tiny_dirs):
+    """`warm` (what an engine does when it opens) builds the llguidance tokenizer on the
+    worker thread from the tokenizer's JSON; it masks exactly as one built on first use."""
+    tok = AutoTokenizer.from_pretrained(str(tiny_dirs["llama"]))
+    stops = [tok.convert_tokens_to_ids("<|im_end|>")]
+    warm, cold = Grammars(tok, stops), Grammars(tok, stops)
+    warm.warm()
+    c = constraint_of(json_schema={"type": "object", "properties": {"a": {"type": "integer"}}})
+    try:
+        masks = [g.masks([g.matcher(c)]) for g in (warm, cold)]
+        assert torch.equal(*masks)
+        assert warm.tokenizer_seconds > 0 and warm.tokenizer.vocab_size == cold.tokenizer.vocab_size
+    finally:
+        warm.close()
+        cold.close()

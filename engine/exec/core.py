@@ -134,6 +134,7 @@ class Core:
         self.prefixes = self.memory.prefixes  # the baseline's radix tree (None: choreographed)
         self.sampler = Sampler(self.fmt)
         self.grammars = Grammars(self.fmt.tokenizer, self.fmt.stop_ids)
+        self.grammars.warm()  # the first constrained call does not pay for its tokenizer
         self.planner = Planner(
             self.fmt,
             self.table,

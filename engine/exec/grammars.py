@@ -3,11 +3,15 @@
 llguidance does the matching (chosen by measurement on SmolLM2's 49k vocabulary:
 it compiles a JSON schema in under a millisecond where xgrammar and
 outlines-core took 0.7-1.1 s, and masks 16 calls in about a millisecond, see
-`corps bench constrained`). Per engine: one llguidance tokenizer (built on the
-first constrained call, ~0.4 s), one compiled template per constraint (a call
-gets a copy), and one worker thread that computes a step's masks while the
-forward runs. A mask is a bitmask (B, ceil(V/32)) int32; `apply` turns the
-disallowed logits of each row to -inf in place.
+`corps bench constrained`). Per engine: one llguidance tokenizer, one compiled
+template per constraint (a call gets a copy), and one worker thread that computes
+a step's masks while the forward runs. The tokenizer is built on that thread as
+soon as the engine opens (`warm`: the model tokenizer's JSON is taken on the
+caller's thread, ~0.1 s for SmolLM2, the rest, ~0.2 s and llguidance's imports, in
+the background), so the first constrained call does not pay for it in its time
+to first token; it waits only if it comes before the build is done. A mask is a
+bitmask (B, ceil(V/32)) int32; `apply` turns the disallowed logits of each row to
+-inf in place.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from copy import copy
 from typing import Any
 
 import torch
@@ -31,6 +36,7 @@ class Grammars:
         self._hf = tokenizer
         self._stops = sorted(stop_ids)
         self._tok: Any = None
+        self._building: Future | None = None  # the tokenizer, built in the background
         self._templates: dict[Constraint, Any] = {}
         self._pool: ThreadPoolExecutor | None = None
         self._executor: Any = None
@@ -38,16 +44,37 @@ class Grammars:
         """Seconds each constraint took to compile (once per engine)."""
         self.tokenizer_seconds = 0.0
 
+    def warm(self) -> None:
+        """Start building the llguidance tokenizer on the worker thread (the engine calls
+        this when it opens). The model tokenizer's JSON is taken here, on the caller's
+        thread: the Hugging Face tokenizer is not used from two threads at once."""
+        backend = getattr(self._hf, "backend_tokenizer", None)
+        if self._tok is not None or self._building is not None or backend is None:
+            return
+        backend = copy(backend)
+        backend.no_padding()
+        backend.no_truncation()
+        self._building = self._worker().submit(_build, backend.to_str(), self._stops)
+
     @property
     def tokenizer(self) -> Any:
-        """llguidance's view of the model's tokenizer (built once, on first use)."""
+        """llguidance's view of the model's tokenizer (built once: in the background
+        since `warm`, else now)."""
         if self._tok is None:
-            import llguidance.hf
+            if self._building is not None:
+                self._tok, self.tokenizer_seconds = self._building.result()
+            else:
+                import llguidance.hf
 
-            t0 = time.perf_counter()
-            self._tok = llguidance.hf.from_tokenizer(self._hf, eos_token=self._stops)
-            self.tokenizer_seconds = time.perf_counter() - t0
+                t0 = time.perf_counter()
+                self._tok = llguidance.hf.from_tokenizer(self._hf, eos_token=self._stops)
+                self.tokenizer_seconds = time.perf_counter() - t0
         return self._tok
+
+    def _worker(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="corps-masks")
+        return self._pool
 
     def check(self, constraint: Constraint) -> None:
         """Compile `constraint` (once per engine); InvalidConstraint if it cannot be."""
@@ -88,9 +115,7 @@ class Grammars:
         large one in parallel, and a parallel region entered from the worker thread
         would give it an OpenMP team of its own, which slows every later step
         (`corps.engine.exec.torch_thread` says how much and why)."""
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="corps-masks")
-        return self._pool.submit(self._fill, list(matchers), self._bitmask(len(matchers)))
+        return self._worker().submit(self._fill, list(matchers), self._bitmask(len(matchers)))
 
     def _bitmask(self, rows: int) -> Tensor:
         from llguidance.torch import allocate_token_bitmask
@@ -112,6 +137,17 @@ class Grammars:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+
+
+def _build(tokenizer_json: str, stops: list[int]) -> tuple[Any, float]:
+    """An llguidance tokenizer from a tokenizer's JSON (no torch, no Python tokenizer:
+    safe on the worker thread); and the seconds it took, imports included."""
+    t0 = time.perf_counter()
+    import llguidance
+    import llguidance.torch  # imported now, not by the first call's masks
+
+    tok = llguidance.LLTokenizer(tokenizer_json, eos_token=stops)
+    return tok, time.perf_counter() - t0
 
 
 #: For every byte value v, what its 8 bits add to 8 logits: 0 where the bit is set

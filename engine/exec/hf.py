@@ -67,6 +67,7 @@ class HFExecutor:
         )
         self.sampler = Sampler(self.fmt)
         self.grammars = Grammars(self.fmt.tokenizer, self.fmt.stop_ids)
+        self.grammars.warm()
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.hf.parameters())
         self.tokens_encoded = 0
         self.forward_seconds = 0.0
