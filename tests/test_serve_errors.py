@@ -271,3 +271,33 @@ def test_unknown_fields_are_accepted_and_named_as_ignored(served):
     assert r.status_code == 200 and r.json()["corps"]["ignored"] == ["presence_penalty", "user"]
     plain = {"messages": body["messages"], "max_tokens": 2}
     assert "ignored" not in post(served, plain).json()["corps"]
+
+
+def test_a_refusal_at_admission_is_its_status_streamed_with_n(served, monkeypatch):
+    """A call the engine refuses when it is admitted (here its queue full): the status of
+    that refusal before any stream, for each of n streamed choices, nothing kept."""
+    from corps.engine.errors import EngineBusy
+
+    engine, real = served.engine, served.engine.stream
+    streams = []
+
+    def refused(**args):  # the second choice's call is refused when admitted
+        stream = real(**args)
+        streams.append(stream)
+        if len(streams) == 2:
+
+            async def deltas():
+                raise EngineBusy("full")
+                yield  # an async generator
+
+            stream.__aiter__ = deltas
+        return stream
+
+    before = state(served)
+    monkeypatch.setattr(engine, "stream", refused)
+    body = {"messages": [{"role": "user", "content": "a message for a full queue"}],
+            "stream": True, "n": 2, "max_tokens": 4}  # fmt: skip
+    r = post(served, body)
+    monkeypatch.undo()
+    assert_error(r, 429)
+    assert state(served) == before

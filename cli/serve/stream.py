@@ -71,14 +71,20 @@ async def open_stream(
                calls=Streamer(state.syntax) if offer is not None else None)
         for i, seed in enumerate(chat.seeds(req))
     ]  # fmt: skip
-    try:
-        for c in choices:  # admitted, and a first delta, before the 200
-            c.deltas = c.stream.__aiter__()
-            c.first = await _next(c.deltas, deadline)
-    except BaseException:
+    async def admit(c: Choice) -> None:
+        c.deltas = c.stream.__aiter__()
+        c.first = await _next(c.deltas, deadline)
+
+    try:  # every choice admitted, and its first delta come, before the 200
+        async with anyio.create_task_group() as tg:
+            for c in choices:
+                tg.start_soon(admit, c)
+    except BaseException as exc:
         with anyio.CancelScope(shield=True):
             for c in choices:
                 await c.stream.aclose()
+        if isinstance(exc, BaseExceptionGroup):  # one choice's refusal is the request's
+            raise _first(exc) from None
         raise
     sse = _Chunks(state, req, is_chat)
     ok = False
@@ -121,6 +127,12 @@ async def open_stream(
             state.gate.leave()
 
     return _Events(events(), end)
+
+
+def _first(group: BaseExceptionGroup) -> BaseException:
+    """The first error of a task group's, its own groups opened."""
+    exc = group.exceptions[0]
+    return _first(exc) if isinstance(exc, BaseExceptionGroup) else exc
 
 
 async def _interleaved(choices: list[Choice], deadline: float):
