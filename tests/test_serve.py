@@ -269,7 +269,15 @@ def test_the_example_choreographs_a_tree_of_thoughts_by_id(client):
 
 @pytest.mark.parametrize(
     ("args", "says"),
-    [(["--mode", "hf"], "choreographed or baseline"), (["--policy", "x"], "policy")],
+    [
+        (["--mode", "hf"], "choreographed or baseline"),
+        (["--policy", "x"], "policy"),
+        (["--keys", "/nonexistent/keys.toml"], "--keys"),
+        (["--keys", __file__], "--keys"),  # not TOML
+        (["--keys", __file__, "--api-key", "sk-12345678"], "give one"),
+        (["--max-body", "10"], "max-body"),
+        (["--max-queue", "0"], "max-queue"),
+    ],
 )
 def test_corps_serve_refuses_bad_settings_before_loading(args, says):
     from typer.testing import CliRunner
