@@ -3,8 +3,11 @@
 Start a server (`corps serve`), then `python examples/serve_agents_sdk.py`. The agent
 has one function tool; its turn is streamed (`Runner.run_streamed`), so the tool call
 arrives as tool-call deltas, which the SDK assembles and runs. `tool_choice` is
-"required" (a 135M model rarely chooses a tool on its own) and the agent stops at
-the tool's output (`tool_use_behavior="stop_on_first_tool"`).
+"required" (a 135M model rarely chooses a tool on its own), one call per reply
+(`parallel_tool_calls=False`: a small model otherwise writes call after call), and
+the agent stops at the tool's output (`tool_use_behavior="stop_on_first_tool"`).
+The city's `max_length` becomes part of the tool's schema, which the server's
+grammar enforces: even a model that rambles closes the call within its budget.
 
 Needs `pip install openai-agents`.
 """
@@ -13,8 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+from typing import Annotated
 
 from openai import AsyncOpenAI
+from pydantic import Field
 
 from agents import (
     Agent,
@@ -29,7 +34,7 @@ CALLED: list[str] = []  # the cities the tool was run for
 
 
 @function_tool
-def get_weather(city: str) -> str:
+def get_weather(city: Annotated[str, Field(max_length=24)]) -> str:
     """The weather in a city."""
     CALLED.append(city)
     return f"It is sunny in {city}."
@@ -44,7 +49,9 @@ async def run(base_url: str, model: str, api_key: str = "none", max_tokens: int 
         name="forecaster",
         instructions="Answer with the weather.",
         model=OpenAIChatCompletionsModel(model=model, openai_client=client),
-        model_settings=ModelSettings(tool_choice="required", max_tokens=max_tokens),
+        model_settings=ModelSettings(
+            tool_choice="required", parallel_tool_calls=False, max_tokens=max_tokens, temperature=0
+        ),
         tools=[get_weather],
         tool_use_behavior="stop_on_first_tool",
     )

@@ -16,7 +16,9 @@ from __future__ import annotations
 import asyncio
 import os
 from dataclasses import dataclass
+from typing import Annotated
 
+from pydantic import Field
 from pydantic_ai import Agent
 from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.models.openai import OpenAIChatModel
@@ -25,7 +27,7 @@ from pydantic_ai.providers.openai import OpenAIProvider
 CALLED: list[str] = []  # the cities the tool was run for
 
 
-def get_weather(city: str) -> str:
+def get_weather(city: Annotated[str, Field(max_length=24)]) -> str:
     """The weather in a city."""
     CALLED.append(city)
     return f"It is sunny in {city}."
