@@ -173,13 +173,13 @@ def test_streamed_calls_rebuild_exactly_the_unstreamed_ones(client, choice, prom
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_call_cut_by_max_tokens_comes_back_as_a_call_with_finish_length(client, stream):
-    """The same greedy call, whole and cut two tokens before its end: the cut one is in
+    """The same greedy call, whole and cut four tokens before its end: the cut one is in
     tool_calls, same name, its arguments a prefix of the whole's, finish "length"."""
     kw = dict(model="m", messages=messages(), tools=[WEATHER], tool_choice="required",
               temperature=0, parallel_tool_calls=False)  # fmt: skip
     whole = client.chat.completions.create(**kw, max_tokens=200)
     ((name, arguments),) = calls_of(whole.choices[0].message)
-    budget = whole.usage.completion_tokens - 2
+    budget = whole.usage.completion_tokens - 4  # inside the arguments: past end and closers
     if stream:
         choice = streamed(client, **kw, max_tokens=budget).choices[0]
     else:
@@ -189,22 +189,26 @@ def test_a_call_cut_by_max_tokens_comes_back_as_a_call_with_finish_length(client
     assert cut_name == name and arguments.startswith(cut_arguments) and cut_arguments != arguments
 
 
-def test_parallel_calls_each_well_formed_and_one_when_not_parallel(client):
-    """Seeded samples over two tools: every call of every reply validates; with
-    parallel_tool_calls false there is exactly one call."""
+def test_parallel_calls_each_well_formed_and_one_when_not_parallel(client, served):
+    """Seeded samples over two tools, nudged towards the newline that starts another
+    call: replies hold several calls, each whole one validates (a reply the budget cut
+    has its last call cut); with parallel_tool_calls false there is at most one."""
+    (newline,) = served.engine.tokenizer.encode("\n", add_special_tokens=False)
     seen_many = False
     for seed in range(6):
         kw = dict(model="m", messages=messages(), tools=[WEATHER, CLOCK],
-                  tool_choice="required", max_tokens=120, temperature=1.0, seed=seed)  # fmt: skip
+                  tool_choice="required", max_tokens=160, temperature=1.0, seed=seed,
+                  logit_bias={str(newline): 4})  # fmt: skip
         r = client.chat.completions.create(**kw).choices[0]
-        if r.finish_reason == "tool_calls":
-            seen_many |= len(r.message.tool_calls) > 1
-            for name, arguments in calls_of(r.message):
-                jsonschema.validate(json.loads(arguments),
-                                    WEATHER_ARGS if name == "get_weather" else NOTHING)  # fmt: skip
+        calls = calls_of(r.message)
+        seen_many |= len(calls) > 1
+        whole = calls if r.finish_reason == "tool_calls" else calls[:-1]
+        for name, arguments in whole:
+            jsonschema.validate(json.loads(arguments),
+                                WEATHER_ARGS if name == "get_weather" else NOTHING)  # fmt: skip
         one = client.chat.completions.create(**kw, parallel_tool_calls=False).choices[0]
         assert len(one.message.tool_calls or []) <= 1
-    assert seen_many  # the random model writes more than one call in some of them
+    assert seen_many
 
 
 def test_legacy_functions_are_tools(client):
