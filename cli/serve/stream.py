@@ -71,6 +71,7 @@ async def open_stream(
                calls=Streamer(state.syntax) if offer is not None else None)
         for i, seed in enumerate(chat.seeds(req))
     ]  # fmt: skip
+
     async def admit(c: Choice) -> None:
         c.deltas = c.stream.__aiter__()
         c.first = await _next(c.deltas, deadline)
