@@ -51,6 +51,8 @@ class Grammars:
         backend = getattr(self._hf, "backend_tokenizer", None)
         if self._tok is not None or self._building is not None or backend is None:
             return
+        import llguidance.torch  # noqa: F401  here, on the torch thread: it touches torch
+
         backend = copy(backend)
         backend.no_padding()
         backend.no_truncation()
@@ -141,10 +143,11 @@ class Grammars:
 
 def _build(tokenizer_json: str, stops: list[int]) -> tuple[Any, float]:
     """An llguidance tokenizer from a tokenizer's JSON (no torch, no Python tokenizer:
-    safe on the worker thread); and the seconds it took, imports included."""
+    safe on the worker thread: nothing here may run a torch op, which would give
+    the worker an OpenMP team of its own, `corps.engine.exec.torch_thread`); and the
+    seconds it took."""
     t0 = time.perf_counter()
     import llguidance
-    import llguidance.torch  # imported now, not by the first call's masks
 
     tok = llguidance.LLTokenizer(tokenizer_json, eos_token=stops)
     return tok, time.perf_counter() - t0
