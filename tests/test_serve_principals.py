@@ -215,6 +215,8 @@ def test_in_baseline_mode_no_cache_hit_crosses_tenants(tiny_dirs, keyfile):
             "repeats",
         ),
         ("[[keys]\n", "keys.toml"),
+        ('[[keys]]\ntenant = "a"', "one of key or key_sha256"),
+        ('[[keys]]\nkey_sha256 = "abc"\ntenant = "a"', "64 hexadecimal"),
     ],
 )
 def test_a_bad_key_file_says_what_is_wrong(tmp_path, text, says):
@@ -222,6 +224,17 @@ def test_a_bad_key_file_says_what_is_wrong(tmp_path, text, says):
     path.write_text(text)
     with pytest.raises(ValueError, match=f".*{says.replace('[', '.').replace(']', '.')}"):
         Keys.load(path)
+
+
+def test_a_key_file_may_hold_only_the_keys_digests(tmp_path):
+    import hashlib
+
+    digest = hashlib.sha256(b"sk-hashed-key-1").hexdigest()
+    path = tmp_path / "keys.toml"
+    path.write_text(f'[[keys]]\nkey_sha256 = "{digest}"\ntenant = "t"\nagents = ["a"]\n')
+    keys = Keys.load(path)
+    assert keys.principal("Bearer sk-hashed-key-1").tenant == "t"
+    assert keys.principal("Bearer " + digest) is None  # the digest is not the key
 
 
 def test_keys_authenticate_their_principal_only():

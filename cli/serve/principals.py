@@ -8,6 +8,10 @@ A principal is a tenant and the agents it may act as. A key file (`corps serve
     tenant = "team-a"
     agents = ["alice", "bob"]   # corps_agent may name only these; omitted: any
 
+    [[keys]]
+    key_sha256 = "9f86d08..."   # the key's SHA-256 in hex: the file holds no secret
+    tenant = "team-b"
+
 `--api-key KEY` is one key of tenant "default" that may act as any agent; with no
 key at all (local use) every request is tenant "local", any agent. A request's
 reader is always its principal's (`Who.reader`, "tenant/agent", or "tenant/" for
@@ -77,15 +81,14 @@ class Keys:
 
     Keys are kept as SHA-256 digests and compared in constant time."""
 
-    def __init__(self, principals: dict[str, Principal] | None) -> None:
-        # None: no key configured (local use): every request is LOCAL
-        self._by_digest = (
-            None if principals is None else {_digest(k): p for k, p in principals.items()}
-        )
+    def __init__(self, by_digest: dict[bytes, Principal] | None) -> None:
+        # by the SHA-256 of each key; None: no key configured (local use), every
+        # request is LOCAL
+        self._by_digest = by_digest
 
     @classmethod
     def single(cls, api_key: str) -> Keys:
-        return cls({api_key: Principal("default")})
+        return cls({_digest(api_key): Principal("default")})
 
     @classmethod
     def load(cls, path: Path) -> Keys:
@@ -97,7 +100,7 @@ class Keys:
         entries = data.get("keys")
         if not isinstance(entries, list) or not entries:
             raise ValueError(f"{path}: needs one or more [[keys]] tables")
-        out: dict[str, Principal] = {}
+        out: dict[bytes, Principal] = {}
         for i, e in enumerate(entries):
             out[_key_of(e, i, path, out)] = _principal_of(e, i, path)
         return cls(out)
@@ -126,16 +129,26 @@ def _digest(key: str) -> bytes:
     return hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()
 
 
-def _key_of(entry, i: int, path: Path, seen: dict) -> str:
+def _key_of(entry, i: int, path: Path, seen: dict) -> bytes:
+    """The SHA-256 of entry i's key: given as `key`, or as `key_sha256` (hex)."""
     where = f"{path}: keys[{i}]"
     if not isinstance(entry, dict):
         raise ValueError(f"{where} must be a table")
-    key = entry.get("key")
-    if not isinstance(key, str) or len(key) < 8:
-        raise ValueError(f"{where}.key must be a string of 8 or more characters")
-    if key in seen:
-        raise ValueError(f"{where}.key repeats an earlier key")
-    return key
+    if ("key" in entry) == ("key_sha256" in entry):
+        raise ValueError(f"{where} needs one of key or key_sha256")
+    if "key" in entry:
+        key = entry["key"]
+        if not isinstance(key, str) or len(key) < 8:
+            raise ValueError(f"{where}.key must be a string of 8 or more characters")
+        digest = _digest(key)
+    else:
+        hexed = entry["key_sha256"]
+        if not isinstance(hexed, str) or not re.fullmatch(r"[0-9a-fA-F]{64}", hexed):
+            raise ValueError(f"{where}.key_sha256 must be 64 hexadecimal digits")
+        digest = bytes.fromhex(hexed)
+    if digest in seen:
+        raise ValueError(f"{where} repeats an earlier key")
+    return digest
 
 
 def _principal_of(entry: dict, i: int, path: Path) -> Principal:
@@ -143,7 +156,7 @@ def _principal_of(entry: dict, i: int, path: Path) -> Principal:
     tenant = entry.get("tenant")
     if not isinstance(tenant, str) or not NAME.match(tenant):
         raise ValueError(f"{where}.tenant must match {NAME.pattern}")
-    unknown = sorted(set(entry) - {"key", "tenant", "agents"})
+    unknown = sorted(set(entry) - {"key", "key_sha256", "tenant", "agents"})
     if unknown:
         raise ValueError(f"{where}: unknown field(s) {', '.join(unknown)}")
     agents = entry.get("agents")
