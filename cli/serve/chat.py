@@ -17,6 +17,7 @@ claimed until it ends, and given back if it fails (`Prompt.release`).
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -260,8 +261,10 @@ def chat_choice(
     return {"index": i, "message": message, "finish_reason": finish, "logprobs": lp}
 
 
+@functools.cache
 def fingerprint(model: str) -> str:
-    """OpenAI's `system_fingerprint`: what served the reply (corps' version, the model)."""
+    """OpenAI's `system_fingerprint`: what served the reply (corps' version, the model);
+    read from the package's metadata once."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from corps.cli.serve.principals import NAME
+from corps.cli.serve.tools import JSON_CALLS
 
 #: an opaque message id over HTTP (MessageCache.public_id); others are "no such message"
 MESSAGE_ID = Field(default=None, min_length=1, max_length=100)
@@ -98,9 +99,7 @@ class Message(_Body):
             return self.content
         calls = [(c.function.name, json.loads(c.function.arguments or "{}"))
                  for c in self.tool_calls or []]  # fmt: skip
-        if syntax is None:
-            from corps.cli.serve.tools import JSON_CALLS as syntax
-        return syntax.render(calls)
+        return (syntax or JSON_CALLS).render(calls)
 
 
 class JsonSchemaFormat(_Body):

@@ -20,7 +20,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -45,7 +45,6 @@ class Choice:
     calls: Streamer | None = None  # chat with tools: text or tool-call deltas
     handle: Any = None  # once finished
     done: bool = False
-    extra: dict = field(default_factory=dict)
 
 
 async def _next(deltas, deadline: float) -> str | None:
