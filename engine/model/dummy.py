@@ -29,6 +29,12 @@ SEED = 0
 _LLAMA3_ROPE = dict(rope_type="llama3", low_freq_factor=1.0, high_freq_factor=4.0)
 #: shape name -> (model_type, the real model's config but its vocabulary)
 SHAPES: dict[str, tuple[str, dict]] = {
+    # not a real model: two narrow layers, for measuring the host's share of a step
+    "tiny": ("llama", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, rope_theta=10000.0,
+        max_position_embeddings=8192, rms_norm_eps=1e-5, tie_word_embeddings=True,
+    )),
     "llama-3.2-1b": ("llama", dict(
         hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
         num_attention_heads=32, num_key_value_heads=8, head_dim=64, rope_theta=500000.0,
