@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Unpack
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Unpack
 
 from pydantic import BaseModel
 
@@ -13,9 +13,21 @@ from corps.cache.handle import Handle
 from corps.cache.visibility import Private, Public, Visibility
 
 if TYPE_CHECKING:  # the engine's argument types (corps.agents imports no torch)
-    from corps.agents.runtime import Runtime
     from corps.engine.api.select import Selection
     from corps.engine.request.requests import DecodeArgs, PrefillArgs, Text
+
+
+class Host(Protocol):
+    """What an agent uses of the runtime it lives in (`corps.agents.runtime.Runtime`,
+    or any `AgentRuntime`): its engine, and asking, sending and publishing."""
+
+    engine: Any
+
+    async def ask(self, to: str, msg: Any, **kw: Any) -> Any: ...
+
+    async def send(self, to: str, msg: Any, *, sender: str | None = None) -> None: ...
+
+    async def publish(self, topic: str, msg: Any, *, sender: str | None = None) -> None: ...
 
 
 class Agent:
@@ -51,7 +63,7 @@ class Agent:
     objective: ClassVar[str | None] = None
     repair: ClassVar[str | None] = None
 
-    def __init__(self, name: str, runtime: Runtime, system_prompt: Handle | None) -> None:
+    def __init__(self, name: str, runtime: Host, system_prompt: Handle | None) -> None:
         self.name = name
         self.runtime = runtime
         self.system_prompt = system_prompt

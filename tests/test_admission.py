@@ -79,7 +79,7 @@ def test_every_call_is_admitted_and_groups_are_never_split(policy, arrivals):
             left[j.name] -= 1
             if left[j.name] == 0:
                 s.running.remove(j)
-                s.core.abort(j.call)
+                s.executor.abort(j.call)
         if len(started) + len(s.finished) == total and not s.running:
             break
     assert not s.finished  # every call here fits the store: none fails

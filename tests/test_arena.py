@@ -47,9 +47,13 @@ def test_calls_that_do_not_fit_the_arena_wait_for_it_and_agree(tiny_dirs):
     reqs = None
     outputs = []
     for capacity in (4096, 40):  # the small arena holds some views, not all
-        core = open_tiny(tiny_dirs, "llama")._core
-        core.arena = ViewArena(
-            num_layers=2, num_kv_heads=2, head_dim=16, capacity=capacity, dtype=core.store.k.dtype
+        core = open_tiny(tiny_dirs, "llama").executor
+        core.memory.arena = ViewArena(
+            num_layers=2,
+            num_kv_heads=2,
+            head_dim=16,
+            capacity=capacity,
+            dtype=core.memory.store.k.dtype,
         )
         hs, _ = run_calls(
             core, [PrefillRequest(p) for p in ("hello world", "the quick fox", "what is seven")]
@@ -57,7 +61,7 @@ def test_calls_that_do_not_fit_the_arena_wait_for_it_and_agree(tiny_dirs):
         sp = SamplingParams(max_tokens=9, ignore_eos=True)
         reqs = [DecodeRequest(parents=[h], sampling=sp) for h in hs]
         outputs.append([h.tokens for h in run_calls(core, reqs)[0]])
-        assert core.arena.free_tokens == capacity  # every view gave its range back
+        assert core.memory.arena.free_tokens == capacity  # every view gave its range back
     assert outputs[0] == outputs[1]
 
 
@@ -111,19 +115,20 @@ def test_budget_holds_under_random_admissions_steps_cancels_and_frees(tiny_dirs,
     from corps.cache.errors import CacheFullError
 
     engine = open_tiny(tiny_dirs, "llama", capacity=96)
-    core = engine._core
+    core = engine.executor
     roots = [run_calls(core, [PrefillRequest(t)])[0][0] for t in ("hello world", "the fox")]
     messages, running = list(roots), []
+    made = {}  # calls the steps finished -> their handles
 
     def check() -> None:
         live = sum(len(m.slots) for m in core.table.all() if not m.freed or m.pins)
         held = sum(len(c.slots) + len(c.spare) for c in running)
-        assert core.store.used_slots == live + held
+        assert core.memory.store.used_slots == live + held
         for c in running:
             if not c.done:  # reserved up front: never runs out mid-generation
                 reserved = len(c.feed) + c.plan.sampling.max_tokens + len(c.plan.footer)
                 assert len(c.slots) + len(c.spare) == reserved
-        arena = core.arena
+        arena = core.memory.arena
         assert arena.capacity - arena.free_tokens == core.stats().view_tokens <= arena.capacity
 
     for op in ops:
@@ -136,26 +141,35 @@ def test_budget_holds_under_random_admissions_steps_cancels_and_frees(tiny_dirs,
                 offsets=offsets[:3] if offsets else None,
                 sampling=SamplingParams(max_tokens=op[3], ignore_eos=True),
             )
-            before = (core.store.used_slots, core.arena.free_tokens, core.stats().view_tokens)
+            before = (
+                core.memory.store.used_slots,
+                core.memory.arena.free_tokens,
+                core.stats().view_tokens,
+            )
             try:
                 running.append(core.admit(req))
             except CacheFullError:
                 assert (
-                    core.store.used_slots,
-                    core.arena.free_tokens,
+                    core.memory.store.used_slots,
+                    core.memory.arena.free_tokens,
                     core.stats().view_tokens,
                 ) == before
         elif op[0] == "step":
             for _ in range(op[2]):
                 live = [c for c in running if not c.done]
                 if live:
-                    assert not core.step(plan_rows(live, op[1])).failed
+                    out = core.step(plan_rows(live, op[1]))
+                    assert not out.failed
+                    made.update(out.finished)
                     check()  # done calls hold no view or spare slots, before finish too
         elif op[0] == "cancel" and running:
             c = running.pop(op[1] % len(running))
-            core.abort(c)
+            if c in made:  # finished already: its message is freed instead
+                core.free(made.pop(c))
+            else:
+                core.abort(c)
         elif op[0] == "finish":
-            messages += [core.finish(c) for c in running if c.done]
+            messages += [made.pop(c) for c in running if c.done]
             running = [c for c in running if not c.done]
         elif op[0] == "free" and len(messages) > 2:
             h = messages[2 + op[1] % (len(messages) - 2)]
@@ -164,7 +178,7 @@ def test_budget_holds_under_random_admissions_steps_cancels_and_frees(tiny_dirs,
         check()
     for c in running:
         core.abort(c)
-    for h in messages:
+    for h in [*messages, *made.values()]:
         if not core.table.get(h.id).freed:
             core.free(h)
     engine.check()

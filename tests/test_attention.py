@@ -72,7 +72,7 @@ async def test_the_engine_decodes_the_same_tokens_on_every_backend(tiny_dirs, mo
     for name in ("torch", "triton", "flex", "triton+flex"):
         monkeypatch.setenv("CORPS_ATTENTION", name)
         async with open_tiny(tiny_dirs, "qwen3") as engine:
-            assert engine._core.runner.attention.name == name
+            assert engine.executor.runner.attention.name == name
             sys = await engine.prefill("you are a careful solver", role="system")
             q = await engine.prefill("what is seven times six", parents=[sys], new_offset=40)
             outs = await engine.decode_many(

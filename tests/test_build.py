@@ -33,9 +33,9 @@ async def test_default_capacity_is_capped_and_memory_goes_back_on_close(tiny_dir
     # Closed: the store and the arena hold no token memory, even though `engine` and
     # `h` are still referenced.
     assert h.text == "kept in the store"
-    core = engine._core
-    assert core.store.k.numel() == core.store.v.numel() == 0
-    assert core.arena.k.numel() == core.arena.v.numel() == 0
+    core = engine.executor
+    assert core.memory.store.k.numel() == core.memory.store.v.numel() == 0
+    assert core.memory.arena.k.numel() == core.memory.arena.v.numel() == 0
 
 
 def test_on_cuda_the_store_takes_a_share_of_what_the_weights_leave_free(tiny_dirs):

@@ -41,7 +41,7 @@ async def test_compiled_step_gives_the_eager_tokens_and_logprobs(tiny_dirs, arch
         want = await _workflow(eager)
     async with open_tiny(tiny_dirs, arch, compile=True) as compiled:
         got = await _workflow(compiled)
-        graph = compiled._core.runner.compiled
+        graph = compiled.executor.runner.compiled
         stats = compiled.stats()
     for a, b in zip(want, got, strict=True):
         assert b.tokens == a.tokens
@@ -92,7 +92,7 @@ async def test_a_step_the_graph_refuses_runs_eagerly_and_the_graphs_are_given_up
     async with open_tiny(tiny_dirs) as eager:
         want = await _workflow(eager)
     async with open_tiny(tiny_dirs, compile=True) as compiled:
-        graph = compiled._core.runner.compiled
+        graph = compiled.executor.runner.compiled
 
         def refuse(*args):
             raise RuntimeError("Recompilation triggered with skip_guard_eval_unsafe stance.")
@@ -131,7 +131,7 @@ async def test_a_step_over_prepacked_bfloat16_weights_compiles(tiny_dirs, tmp_pa
     packs = counters["inductor"]["mkldnn_linear_weight_pack_matcher_count"]
     async with open_tiny(tiny_dirs, "qwen2", dtype="auto", compile=True) as compiled:
         got = await _workflow(compiled)
-        assert compiled._core.runner.w.layers[0].qkv.kernel_for(1) == "bfloat16-packed"
+        assert compiled.executor.runner.w.layers[0].qkv.kernel_for(1) == "bfloat16-packed"
         # inductor froze the weights and packed them for its own oneDNN linears
         assert counters["inductor"]["mkldnn_linear_weight_pack_matcher_count"] > packs
         assert compiled.stats().compiled_steps > 0
@@ -168,11 +168,11 @@ async def test_a_float32_step_over_onednn_packed_weights_compiles(tiny_dirs, tmp
     and gives eager's tokens."""
     _a_machine_where_fastest_is("float32-packed", tmp_path, monkeypatch)
     async with open_tiny(tiny_dirs, "qwen2", dtype="float32") as eager:
-        assert eager._core.runner.w.layers[0].qkv.kernel_for(3) == "float32-packed"
+        assert eager.executor.runner.w.layers[0].qkv.kernel_for(3) == "float32-packed"
         want = await _workflow(eager)
     async with open_tiny(tiny_dirs, "qwen2", dtype="float32", compile=True) as compiled:
         got = await _workflow(compiled)
-        assert compiled._core.runner.compiled.frozen.layers[0].qkv.packed
+        assert compiled.executor.runner.compiled.frozen.layers[0].qkv.packed
         assert compiled.stats().compiled_steps > 0
     for a, b in zip(want, got, strict=True):
         assert b.tokens == a.tokens
@@ -194,5 +194,5 @@ async def _open_each(tiny_dirs, configs) -> None:
         async with open_tiny(tiny_dirs, arch, dtype=dtype, compile=True, capacity=512) as engine:
             q = await engine.prefill("hello there")
             await engine.decode(parents=[q], max_tokens=6, ignore_eos=True)
-            assert engine._core.runner.compiled.disabled is None
+            assert engine.executor.runner.compiled.disabled is None
             assert engine.stats().compiled_steps > 0

@@ -31,7 +31,7 @@ def greedy(n, **kw):
 @pytest.mark.parametrize("arch", ["llama", "llama3-scaled", "qwen2", "qwen3", "llama-sink"])
 def test_chain_equivalence_logits_and_greedy(tiny_dirs, tiny_hf, arch, backend):
     """Each message attends to all earlier ones in order: identical to HF on the concatenation."""
-    core = open_tiny(tiny_dirs, arch)._core
+    core = open_tiny(tiny_dirs, arch).executor
     hf = tiny_hf[arch]
     texts = [
         ("system", "you are a careful solver"),
@@ -66,7 +66,7 @@ def test_chain_equivalence_logits_and_greedy(tiny_dirs, tiny_hf, arch, backend):
 
 def test_repositioning_keys_and_attention(tiny_dirs, backend):
     """A message encoded at one offset and used at another equals one encoded there directly."""
-    core = open_tiny(tiny_dirs, "llama")._core
+    core = open_tiny(tiny_dirs, "llama").executor
     x_a, _ = prefill(core, "the quick brown fox", new_offset=3)
     x_b, _ = prefill(core, "the quick brown fox", new_offset=57)
     n = x_a.length
@@ -74,8 +74,8 @@ def test_repositioning_keys_and_attention(tiny_dirs, backend):
     slots_a = torch.tensor(core.table.get(x_a.id).slots)
     slots_b = torch.tensor(core.table.get(x_b.id).slots)
     fill = core.runner.attention.gather  # the backend's gather (a Triton kernel or torch)
-    view_a = open_view(core.store, core.rope, slots_a, pos, 0, fill=fill)
-    view_b = open_view(core.store, core.rope, slots_b, pos, 0, fill=fill)
+    view_a = open_view(core.memory.store, core.memory.rope, slots_a, pos, 0, fill=fill)
+    view_b = open_view(core.memory.store, core.memory.rope, slots_b, pos, 0, fill=fill)
     assert (view_a.k - view_b.k).abs().max().item() <= 1e-5
     assert (view_a.v - view_b.v).abs().max().item() <= 1e-5
     _, la = prefill(core, "what is seven", parents=[x_a], offsets=[57])
@@ -85,7 +85,7 @@ def test_repositioning_keys_and_attention(tiny_dirs, backend):
 
 def test_concurrent_placements_of_one_parent_are_both_correct(tiny_dirs, tiny_hf, backend):
     """Two calls in one parallel batch place the same parent at different offsets."""
-    core = open_tiny(tiny_dirs, "llama")._core
+    core = open_tiny(tiny_dirs, "llama").executor
     oracle = Oracle(tiny_hf["llama"])
     p, _ = prefill(core, "you are a careful solver")
     oracle.encode(p.id, p.tokens, [], 0)
@@ -99,7 +99,7 @@ def test_concurrent_placements_of_one_parent_are_both_correct(tiny_dirs, tiny_hf
 def test_calls_over_one_context_share_it_and_stay_exact(tiny_dirs, tiny_hf, backend):
     """Concurrent calls placing the same parents at the same offsets read one rotated
     copy of that context (held once), and each still matches transformers."""
-    core = open_tiny(tiny_dirs, "llama")._core
+    core = open_tiny(tiny_dirs, "llama").executor
     core.runner.group_min_saved = 1  # tiny contexts: group them anyway
     oracle = Oracle(tiny_hf["llama"])
     a, _ = prefill(core, "you are a careful solver")
@@ -138,7 +138,7 @@ def test_calls_over_one_context_share_it_and_stay_exact(tiny_dirs, tiny_hf, back
 
 
 def test_decode_many_equals_sequential(tiny_dirs, backend):
-    core = open_tiny(tiny_dirs, "qwen3")._core
+    core = open_tiny(tiny_dirs, "qwen3").executor
     sys_h, _ = prefill(core, "you are a careful solver", role="system")
     q1, _ = prefill(core, "what is seven times six", parents=[sys_h])
     q2, _ = prefill(core, "hello world", parents=[sys_h])
@@ -156,7 +156,7 @@ def test_decode_many_equals_sequential(tiny_dirs, backend):
 
 
 def test_prefill_many_equals_sequential(tiny_dirs, backend):
-    core = open_tiny(tiny_dirs, "qwen2")._core
+    core = open_tiny(tiny_dirs, "qwen2").executor
     base, _ = prefill(core, "you are a careful solver", role="system")
     reqs = [
         PrefillRequest("what is seven", parents=[base]),
@@ -173,7 +173,7 @@ def test_prefill_many_equals_sequential(tiny_dirs, backend):
 def test_modes_agree_on_a_single_chain(tiny_dirs, arch):
     outs = []
     for mode in ("choreographed", "baseline"):
-        core = open_tiny(tiny_dirs, arch, mode=mode)._core
+        core = open_tiny(tiny_dirs, arch, mode=mode).executor
         (s,), _ = run_calls(core, [PrefillRequest("you are a careful solver", role="system")])
         (q,), _ = run_calls(core, [PrefillRequest("what is seven times six", parents=[s])])
         (a,) = run_calls(core, [DecodeRequest(parents=[s, q], sampling=greedy(16))])[0]
@@ -183,7 +183,7 @@ def test_modes_agree_on_a_single_chain(tiny_dirs, arch):
 
 def test_overlapping_parents_mask(tiny_dirs, tiny_hf, backend):
     """Two parents at the same offset (MultiQA 'parallel' layout): masked exactly as specified."""
-    core = open_tiny(tiny_dirs, "llama")._core
+    core = open_tiny(tiny_dirs, "llama").executor
     oracle = Oracle(tiny_hf["llama"])
     a, _ = prefill(core, "what is seven times six")
     b, _ = prefill(core, "the quick brown fox")
@@ -196,8 +196,8 @@ def test_overlapping_parents_mask(tiny_dirs, tiny_hf, backend):
     c, got = prefill(core, "hello world", parents=[a, b], offsets=[2, 2])
     # The reference mask over the whole store agrees with what the call attended to.
     msgs = {s: m.id for m in core.table.all() for s in m.slots}
-    slot_msgs = torch.tensor([msgs.get(s, -1) for s in range(core.store.capacity)])
-    slot_pos = torch.full((core.store.capacity,), 10**6)
+    slot_msgs = torch.tensor([msgs.get(s, -1) for s in range(core.memory.store.capacity)])
+    slot_pos = torch.full((core.memory.store.capacity,), 10**6)
     for m in core.table.all():
         slot_pos[m.slots] = torch.arange(len(m.slots))
     qpos = torch.arange(c.length)
@@ -237,7 +237,7 @@ def choreographies(draw):
 )
 @given(groups=choreographies())
 def test_random_choreographies_match_brute_force(tiny_dirs, tiny_hf, arch, groups, backend):
-    core = open_tiny(tiny_dirs, arch)._core
+    core = open_tiny(tiny_dirs, arch).executor
     oracle = Oracle(tiny_hf[arch])
     sink = []
     if core.sink is not None:
@@ -312,7 +312,7 @@ def test_engine_runs_on_a_device_without_touching_cpu_tensors(
 
 
 def test_prefills_keep_a_share_of_every_step_under_a_full_batch_of_decodes(tiny_dirs):
-    core = open_tiny(tiny_dirs, "llama")._core
+    core = open_tiny(tiny_dirs, "llama").executor
     q, _ = prefill(core, "count with me")
     decodes = [core.admit(DecodeRequest(parents=[q], sampling=greedy(20))) for _ in range(8)]
     while any(c.pending is None for c in decodes):  # encode their headers first
@@ -326,13 +326,13 @@ def test_prefills_keep_a_share_of_every_step_under_a_full_batch_of_decodes(tiny_
         assert len(out.tokens) == 7  # the decodes that fit; the last one waits a step
     for c in [*decodes, long]:
         core.abort(c)
-    assert core.store.used_slots == len(core.table.get(q.id).slots)
+    assert core.memory.store.used_slots == len(core.table.get(q.id).slots)
 
 
 def test_a_step_reports_the_keys_its_decodes_read(tiny_dirs):
     """The step cost's keys (`decode_keys`): one-row calls count their views with the
     token each adds; prompt chunks do not."""
-    core = open_tiny(tiny_dirs, "llama")._core
+    core = open_tiny(tiny_dirs, "llama").executor
     short, _ = prefill(core, "count")
     long_, _ = prefill(core, "count with me from one to ten and then back down to one")
     decodes = [core.admit(DecodeRequest(parents=[p], sampling=greedy(4))) for p in (short, long_)]
@@ -349,7 +349,7 @@ def test_a_step_reports_the_keys_its_decodes_read(tiny_dirs):
 def test_mixed_steps_batch_decodes_and_prefill_chunks_and_agree_with_alone(tiny_dirs, backend):
     """Decodes already running while other calls prefill: each step fuses one batched
     decode with the prefill chunks, and every call ends as it does alone."""
-    core = open_tiny(tiny_dirs, "qwen3")._core
+    core = open_tiny(tiny_dirs, "qwen3").executor
     core.runner.group_min_saved = 1  # the shared-context groups take part too
     q, _ = prefill(core, "count with me")
     r, _ = prefill(core, "what is seven times six")
@@ -362,18 +362,21 @@ def test_mixed_steps_batch_decodes_and_prefill_chunks_and_agree_with_alone(tiny_
     alone_dec = [run_calls(core, [x])[0][0].tokens for x in [*reqs, late[0]]]
     (_,), (alone_pre,) = run_calls(core, [late[1]], want_logits=True)
     calls = [core.admit(x) for x in reqs]
+    made = {}  # call -> the handle the step that finished it returned
     while any(c.pending is None for c in calls):
-        core.step(plan_rows(calls, None))
-    core.step(plan_rows(calls, None))  # the decodes are running
+        made.update(core.step(plan_rows(calls, None)).finished)
+    made.update(core.step(plan_rows(calls, None)).finished)  # the decodes are running
     calls += [core.admit(late[0]), core.admit(late[1], want_logits=True)]
     mixed = 0
     while not all(c.done for c in calls):
         live = [c for c in calls if not c.done]
         decoding = [c for c in live if c.pending is not None]
         mixed += bool(decoding) and len(decoding) < len(live)
-        core.step(plan_rows(live, 4 + len(decoding)))  # prefills take a few chunks
+        made.update(
+            core.step(plan_rows(live, 4 + len(decoding))).finished
+        )  # prefills take a few chunks
     assert mixed >= 2
-    handles = [core.finish(c) for c in calls]
+    handles = [made[c] for c in calls]
     assert [h.tokens for h in handles[:4]] == alone_dec
     assert (torch.cat(calls[4].logits) - alone_pre).abs().max().item() <= 1e-5
 
@@ -383,7 +386,7 @@ def test_mixed_steps_batch_decodes_and_prefill_chunks_and_agree_with_alone(tiny_
 
 def _kv(core, msg):
     slots = torch.tensor(msg.slots)
-    return core.store.k[:, slots].clone(), core.store.v[:, slots].clone()
+    return core.memory.store.k[:, slots].clone(), core.memory.store.v[:, slots].clone()
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "llama-sink"])
@@ -394,24 +397,24 @@ async def test_an_evicted_encoding_is_recomputed_bit_for_bit(tiny_dirs, arch):
     from corps.engine.sched.policies import least_recent
 
     async with open_tiny(tiny_dirs, arch) as engine:
-        core = engine._core
+        core = engine.executor
         sys_ = await engine.prefill("You answer in one word. " * 4, role="system")
         q = await engine.prefill("What colour is the sky?", parents=[sys_], offsets=[3])
         a = await engine.decode(parents=[sys_, q], max_tokens=12, ignore_eos=True)
         msgs = [core.table.get(h.id) for h in (sys_, q, a)]
         before = [_kv(core, m) for m in msgs]
         assert msgs[2].spans[1:-1] == (1,) * (len(msgs[2].spans) - 2)  # a token a step
-        used = core.store.used_slots
+        used = core.memory.store.used_slots
         assert core.memory.evict(sum(len(m.slots) for m in msgs), least_recent) > 0
         assert all(m.evicted and not m.slots for m in msgs)
         engine.free(sys_)  # its record stays: q and a were encoded over it
-        core.restore([a])
+        core.restorer.restore([a])
         assert not msgs[1].evicted and not msgs[2].evicted
         assert not msgs[0].slots  # made again only to be read, and given back
         for m, (k, v) in zip(msgs[1:], before[1:], strict=True):
             k2, v2 = _kv(core, m)
             assert torch.equal(k, k2) and torch.equal(v, v2)
-        assert core.store.used_slots == used - len(msgs[0].tokens)
+        assert core.memory.store.used_slots == used - len(msgs[0].tokens)
         stats = engine.stats()
         assert stats.tokens_recomputed == sum(len(m.tokens) for m in msgs)
         assert stats.messages_evicted == 3

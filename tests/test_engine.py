@@ -265,8 +265,8 @@ def test_mixed_precision_engine_agrees_with_float32_within_16_bit_rounding(tiny_
     logits, one_row, sizes = {}, {}, {}
     for dtype in ("float32", "mixed"):
         engine = open_tiny(tiny_dirs, "qwen2", dtype=dtype)  # qwen2: biased projections
-        core = engine._core
-        assert core.precision == dtype and core.store.k.dtype == torch.float32
+        core = engine.executor
+        assert core.precision == dtype and core.memory.store.k.dtype == torch.float32
         req = PrefillRequest("the quick brown fox jumps over the lazy dog", role="user")
         _, (lg,) = run_calls(core, [req], want_logits=True)
         logits[dtype] = lg

@@ -13,11 +13,11 @@ from helpers import run_calls
 
 
 def snapshot(engine):
-    core = engine._core
+    core = engine.executor
     return (
         engine.stats().tokens_used,
         len(core.table),
-        sorted(core.store._free),
+        sorted(core.memory.store._free),
         [(m.id, m.pins, m.freed, tuple(m.slots)) for m in core.table.all()],
     )
 
@@ -141,7 +141,7 @@ def test_parent_freed_mid_decode_stays_until_the_call_ends(tiny_dirs):
     from corps.engine.request.requests import DecodeRequest, PrefillRequest
     from corps.engine.request.sampling_params import SamplingParams
 
-    core = open_tiny(tiny_dirs, "llama")._core
+    core = open_tiny(tiny_dirs, "llama").executor
     (p,), _ = run_calls(core, [PrefillRequest("the quick brown fox")])
     req = DecodeRequest(parents=[p], sampling=SamplingParams(max_tokens=8, ignore_eos=True))
     (undisturbed,) = run_calls(core, [req])[0]

@@ -153,7 +153,7 @@ async def test_failed_and_cancelled_calls_close_with_their_status(tiny_dirs, tmp
 
 
 async def test_no_trace_writes_nothing_and_builds_no_events(tiny_dirs, tmp_path, monkeypatch):
-    import corps.engine.api.call_events as tracing
+    import corps.engine.sched.call_events as tracing
 
     def boom(*a, **k):
         raise AssertionError("built an event with tracing off")

@@ -37,7 +37,7 @@ def _player(name: str | None) -> str | None:
 async def test_prisoners_dilemma_warn_flags_leaks_both_ways(tiny_dirs):
     async with open_tiny(tiny_dirs, "llama") as engine:
         game = await pd.play(engine, policy="warn", max_tokens=6)
-        table = engine._core.table
+        table = engine.executor.table
         leaks = engine.leaks()
         owners = {
             (_player(leak.reader), _player(table.get(next(iter(leak.sources))).owner))
@@ -59,7 +59,7 @@ async def test_prisoners_dilemma_reencode_leaves_no_leak(tiny_dirs):
     async with open_tiny(tiny_dirs, "llama") as engine:
         game = await pd.play(engine, policy="reencode", max_tokens=6)
         assert game.leaks == 0 and engine.leaks() == []
-        table = engine._core.table
+        table = engine.executor.table
         players = [m for m in table.all() if _player(m.owner) and m.view_of is None]
         assert len(players) > 10
         for msg in players:

@@ -19,11 +19,42 @@ METHODS = [
 
 @pytest.mark.parametrize("cls", [Core, HFExecutor])
 def test_each_executor_has_every_method_with_its_signature(cls):
-    assert set(METHODS) >= {"admit", "step", "finish", "abort", "free", "check", "close"}
+    assert set(METHODS) >= {"admit", "step", "abort", "free", "check", "close", "gauges"}
     for name in METHODS:
         ours = inspect.signature(getattr(cls, name)).parameters
         want = inspect.signature(getattr(Executor, name)).parameters
         assert list(ours) == list(want), (cls.__name__, name)
+
+
+@pytest.mark.parametrize("cls", [Core, HFExecutor])
+def test_each_executor_has_every_attribute_the_protocol_names(cls, tiny_dirs):
+    from corps.engine import EngineConfig
+    from corps.engine.api.build import build_executor
+
+    mode = "hf" if cls is HFExecutor else "choreographed"
+    executor = build_executor(EngineConfig.of(str(tiny_dirs["llama"]), mode=mode, dtype="float32"))
+    assert isinstance(executor, cls)
+    for name in Executor.__annotations__:
+        assert hasattr(executor, name), (cls.__name__, name)
+
+
+def test_the_engine_and_its_loop_use_the_executor_through_the_protocol_only():
+    """api/ and sched/ read no attribute of the executor that `Executor` does not name."""
+    import ast
+    from pathlib import Path
+
+    named = set(Executor.__annotations__) | set(METHODS)
+    root = Path(__file__).resolve().parents[1] / "engine"
+    used = set()
+    for path in [*root.joinpath("api").glob("*.py"), *root.joinpath("sched").glob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute):
+                if node.value.attr in ("executor", "_executor"):
+                    used.add(f"{path.name}: {node.attr}")
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+                if node.value.id == "executor":
+                    used.add(f"{path.name}: {node.attr}")
+    assert used and sorted(u for u in used if u.split(": ")[1] not in named) == []
 
 
 @pytest.mark.parametrize("mode", ["choreographed", "baseline", "hf"])

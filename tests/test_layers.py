@@ -1,9 +1,11 @@
 """The import graph of the source tree: no module imports another in a circle, and
 each engine subpackage imports only the layers its docstring allows.
 
-Every import counts, at module level or inside a function, but those under
-`if TYPE_CHECKING:` (annotations only). `from corps.engine import Engine` is an
-edge to the package `corps.engine` (its `__init__` defines the name);
+Every import counts, at module level or inside a function; for circles, those
+under `if TYPE_CHECKING:` (annotations only) count too: a circle of type hints is
+still two modules that cannot be read apart. The layer rules leave them out.
+`from corps.engine import Engine` is an edge to the package `corps.engine` (its
+`__init__` defines the name);
 `from corps.patterns import forms` an edge to the module `corps.patterns.forms`.
 """
 
@@ -47,12 +49,13 @@ def _type_checking(node: ast.AST) -> bool:
     return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(test)
 
 
-def imports(path: Path, known: set[str]) -> set[str]:
-    """The corps modules `path` imports (a `from pkg import mod` names the module)."""
+def imports(path: Path, known: set[str], *, hints: bool = False) -> set[str]:
+    """The corps modules `path` imports (a `from pkg import mod` names the module);
+    with `hints`, those imported under `if TYPE_CHECKING:` too."""
     found: set[str] = set()
 
     def visit(node: ast.AST) -> None:
-        if _type_checking(node):
+        if _type_checking(node) and not hints:
             return
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             for alias in node.names:
@@ -70,9 +73,9 @@ def imports(path: Path, known: set[str]) -> set[str]:
     return found
 
 
-def graph() -> dict[str, set[str]]:
+def graph(*, hints: bool = False) -> dict[str, set[str]]:
     mods = modules()
-    return {name: imports(path, set(mods)) - {name} for name, path in mods.items()}
+    return {name: imports(path, set(mods), hints=hints) - {name} for name, path in mods.items()}
 
 
 def cycles(g: dict[str, set[str]]) -> list[list[str]]:
@@ -122,6 +125,10 @@ def test_no_module_imports_another_in_a_circle():
     assert cycles(graph()) == []
 
 
+def test_no_circle_of_type_hints_either():
+    assert cycles(graph(hints=True)) == []
+
+
 def test_cycles_are_found():  # the checker itself: a circle of three, a lone edge
     g = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert cycles(g) == [["a", "b", "c"]]
@@ -154,3 +161,21 @@ def test_the_store_knows_nothing_of_the_engine_or_above():
         if d.startswith(up)
     )
     assert wrong == []
+
+
+def test_the_command_line_imports_only_the_public_engine_api():
+    """cli/ is a shell over `corps.engine` (and its shared base modules: config,
+    errors, repair, stats), never over the engine's subpackages."""
+    subpackages = {m.split(".")[2] for m in modules() if layer(m) not in (None, "shared")}
+    wrong = sorted(
+        f"{m} -> {d}"
+        for m, deps in graph(hints=True).items()
+        if m.startswith("corps.cli")
+        for d in deps
+        if d.startswith("corps.engine.") and d.split(".")[2] in subpackages
+    )
+    assert wrong == []
+
+
+def test_the_command_line_wires_commands_only():
+    assert len((ROOT / "cli" / "app.py").read_text().splitlines()) <= 300

@@ -38,4 +38,4 @@ async def test_nowait_calls_check_access_and_leak_policy(tiny_dirs):
         )
         answer = await pending
         assert answer.parents[0] != public  # a clean copy was used
-        assert hidden_sources(engine._core.table, "bob", answer.id) == frozenset()
+        assert hidden_sources(engine.executor.table, "bob", answer.id) == frozenset()

@@ -26,7 +26,7 @@ def _tree_slots(radix) -> list[int]:
 
 def _check_tree(core, running) -> None:
     """Locks count exactly the running calls; every slot has exactly one owner."""
-    radix = core.prefixes.radix
+    radix = core.memory.prefixes.radix
     for node in radix._nodes():
         if node is radix.root:
             continue
@@ -38,8 +38,10 @@ def _check_tree(core, running) -> None:
             users += walk is node
         assert node.lock == users
     owned = _tree_slots(radix) + [s for c in running for s in c.slots[c.cached :] + c.spare]
-    assert len(owned) == len(set(owned)) == core.store.used_slots
-    assert len(set(core.store._free)) == len(core.store._free)  # nothing released twice
+    assert len(owned) == len(set(owned)) == core.memory.store.used_slots
+    assert len(set(core.memory.store._free)) == len(
+        core.memory.store._free
+    )  # nothing released twice
 
 
 @st.composite
@@ -68,7 +70,7 @@ def test_baseline_shares_prefixes_among_concurrent_calls(tiny_dirs, tiny_hf, wor
     """Held calls reuse what a running call encodes; locks and slots stay exact; a call
     that fails takes back what it inserted; greedy outputs are HF's."""
     stems, specs, budget = work
-    core = open_tiny(tiny_dirs, "llama", mode="baseline")._core
+    core = open_tiny(tiny_dirs, "llama", mode="baseline").executor
     hf = tiny_hf["llama"]
     parents = [run_calls(core, [PrefillRequest(s, frame=False)])[0][0] for s in stems]
     waiting, running, finished = [], [], []
@@ -87,11 +89,11 @@ def test_baseline_shares_prefixes_among_concurrent_calls(tiny_dirs, tiny_hf, wor
                 running.append(call)
                 call.spec = spec
         for c in [c for c in running if c.spec["abort"] == step]:
-            before = set(_tree_slots(core.prefixes.radix))
+            before = set(_tree_slots(core.memory.prefixes.radix))
             core.abort(c)
             running.remove(c)
             if not running:  # nobody else can use its inserts: the tree holds no new slot
-                assert set(_tree_slots(core.prefixes.radix)) <= before
+                assert set(_tree_slots(core.memory.prefixes.radix)) <= before
         _check_tree(core, running)
         if not running and not waiting and step > 3:
             break
@@ -99,10 +101,10 @@ def test_baseline_shares_prefixes_among_concurrent_calls(tiny_dirs, tiny_hf, wor
         assert not out.failed
         for c in [c for c in running if c.done]:
             running.remove(c)
-            finished.append((c.spec, c.plan.prefix, core.finish(c)))
+            finished.append((c.spec, c.plan.prefix, out.finished[c]))
         _check_tree(core, running)
     assert not running and not waiting
-    assert all(n.lock == 0 for n in core.prefixes.radix._nodes())
+    assert all(n.lock == 0 for n in core.memory.prefixes.radix._nodes())
     for spec, prompt, h in finished:
         if spec["decode"]:
             hf.generation_config.eos_token_id = None
@@ -111,9 +113,9 @@ def test_baseline_shares_prefixes_among_concurrent_calls(tiny_dirs, tiny_hf, wor
 
 
 def test_baseline_call_that_fails_takes_back_the_prefix_it_shared(tiny_dirs):
-    core = open_tiny(tiny_dirs, "llama", mode="baseline")._core
+    core = open_tiny(tiny_dirs, "llama", mode="baseline").executor
     (stem,), _ = run_calls(core, [PrefillRequest(list(range(20, 80)), frame=False)])
-    used = core.store.used_slots
+    used = core.memory.store.used_slots
 
     def decode(tail):
         req = DecodeRequest([stem], header=tail, frame=False, sampling=greedy(4))
@@ -121,13 +123,17 @@ def test_baseline_call_that_fails_takes_back_the_prefix_it_shared(tiny_dirs):
 
     a = decode([5])
     core.step(plan_rows([a], None))  # a's prompt is encoded and cached; a samples its first token
-    assert core.prefixes.radix.size == 61
+    assert core.memory.prefixes.radix.size == 61
     b = decode([6])  # shares a's 60 stem tokens, which are cached already: not held
     assert b is not None and b.feed == [6] and len(b.ctx_slots) == 60
     core.abort(a)
-    assert core.prefixes.radix.size == 60  # b still reads a's stem: it stays; a's own token goes
+    assert (
+        core.memory.prefixes.radix.size == 60
+    )  # b still reads a's stem: it stays; a's own token goes
     core.abort(b)
-    assert core.prefixes.radix.size == 0 and core.store.used_slots == used  # as if neither ran
+    assert (
+        core.memory.prefixes.radix.size == 0 and core.memory.store.used_slots == used
+    )  # as if neither ran
 
 
 async def test_a_cache_salt_reuses_only_its_own_prefixes(tiny_dirs):

@@ -54,7 +54,7 @@ def header_of(h, n, core):
 def test_full_repair_reads_what_encoding_the_context_in_order_gives(tiny_dirs, tiny_hf, backend):
     """Both questions read together: choreographed, q2 never saw q1; repaired in full,
     the call reads what transformers computes for the whole conversation."""
-    core = open_tiny(tiny_dirs, "llama")._core
+    core = open_tiny(tiny_dirs, "llama").executor
     hf = tiny_hf["llama"]
     sys, q1, q2 = parallel(core)
     seq = core.fmt.sink + sys.tokens + q1.tokens + q2.tokens
@@ -74,7 +74,7 @@ def test_serial_lays_overlapping_parents_end_to_end(tiny_dirs, tiny_hf):
     """Questions read at one offset (multi-QA's parallel layout): no recompute gives the
     ordered conversation's tokens, "serial" moves them end to end (as reading them with
     default offsets does), and "serial+full" reads what transformers computes."""
-    core = open_tiny(tiny_dirs, "llama")._core
+    core = open_tiny(tiny_dirs, "llama").executor
     sys, q1, q2 = parallel(core)
     at = q1.offset
     overlap = dict(offsets=[None, at, at], new_offset=at + max(q1.length, q2.length))
@@ -97,7 +97,7 @@ def test_serial_lays_overlapping_parents_end_to_end(tiny_dirs, tiny_hf):
 
 
 def test_on_a_chain_nothing_is_repaired(tiny_dirs):
-    core = open_tiny(tiny_dirs, "llama")._core
+    core = open_tiny(tiny_dirs, "llama").executor
     sys = prefill(core, TEXTS[0], role="system")
     q1 = prefill(core, TEXTS[1], parents=[sys])
     got = []
@@ -110,7 +110,7 @@ def test_on_a_chain_nothing_is_repaired(tiny_dirs):
 
 
 def test_empty_policies_are_none_and_first_k_past_every_parent_is_full(tiny_dirs):
-    core = open_tiny(tiny_dirs, "llama")._core
+    core = open_tiny(tiny_dirs, "llama").executor
     sys, q1, q2 = parallel(core)
     run = {}
     for repair in ("none", "recompute:0", "first:0", "full", "first:1000"):
@@ -168,7 +168,7 @@ def test_a_recomputed_tokens_encoding_is_transformers_in_the_calls_context(
     """Whatever the policy and layout, each recomputed token holds what transformers
     computes for it over the view before it (reused keys, and recomputed ones where
     earlier tokens were recomputed); every other token keeps its reused encoding."""
-    core = open_tiny(tiny_dirs, "llama")._core
+    core = open_tiny(tiny_dirs, "llama").executor
     hf = tiny_hf["llama"]
     msgs = parallel(core)
     parents = [msgs[i] for i in order]
@@ -288,7 +288,7 @@ async def test_sixteen_repaired_calls_share_their_steps(tiny_dirs, monkeypatch):
 def test_a_batched_probe_measures_each_call_as_alone(tiny_dirs):
     """The probe of several calls in one pass gives each call the deviations it gets
     probed alone (float32), whatever its layout."""
-    core = open_tiny(tiny_dirs, "llama")._core
+    core = open_tiny(tiny_dirs, "llama").executor
     sys, q1, q2 = parallel(core)
     requests = [
         DecodeRequest(parents=[sys, q1, q2], sampling=greedy(2), repair="recompute:0.5"),
@@ -314,7 +314,7 @@ def test_a_batched_probe_measures_each_call_as_alone(tiny_dirs):
 def test_a_temperature_scales_the_rewired_keys_the_call_reads(tiny_dirs):
     """temp:T leaves the store and other readers alone and divides the call's own
     copy of each rewired key by T (chosen tokens excepted: they are recomputed)."""
-    core = open_tiny(tiny_dirs, "llama")._core
+    core = open_tiny(tiny_dirs, "llama").executor
     sys, q1, q2 = parallel(core)
     parents = [sys, q1, q2]
     plain = core.admit(DecodeRequest(parents=parents, sampling=greedy(2)))
@@ -345,7 +345,7 @@ async def test_an_evicted_repaired_encoding_is_recomputed_repaired(tiny_dirs):
     from corps.engine.sched.policies import least_recent
 
     async with open_tiny(tiny_dirs, "llama") as engine:
-        core = engine._core  # internal: the store's slots and the eviction itself
+        core = engine.executor  # internal: the store's slots and the eviction itself
         sys = await engine.prefill(TEXTS[0], role="system")
         q1 = await engine.prefill(TEXTS[1], parents=[sys])
         q2 = await engine.prefill(TEXTS[2], parents=[sys], offsets=[0])
@@ -353,10 +353,10 @@ async def test_an_evicted_repaired_encoding_is_recomputed_repaired(tiny_dirs):
         msg = core.table.get(a.id)
         assert msg.repair == "first:3"
         slots = torch.tensor(msg.slots)
-        before = core.store.k[:, slots].clone(), core.store.v[:, slots].clone()
+        before = core.memory.store.k[:, slots].clone(), core.memory.store.v[:, slots].clone()
         assert core.memory.evict(len(msg.slots), least_recent) > 0 and msg.evicted
-        core.restore([a])
+        core.restorer.restore([a])
         slots = torch.tensor(msg.slots)
-        assert torch.equal(core.store.k[:, slots], before[0])
-        assert torch.equal(core.store.v[:, slots], before[1])
+        assert torch.equal(core.memory.store.k[:, slots], before[0])
+        assert torch.equal(core.memory.store.v[:, slots], before[1])
         core.check()

@@ -338,7 +338,7 @@ async def test_a_full_store_evicts_and_recomputes_instead_of_failing(tiny_dirs, 
         assert got == want  # the same tokens: the same encodings
         stats = tight.stats()
         assert stats.messages_evicted >= 1 and stats.tokens_recomputed >= got[2]
-        tight._core.check()
+        tight.check()
     # the trace's step events say which steps evicted and recomputed, and how much
     steps = Trace.load(path).steps
     assert sum(s.evicted for s in steps) == stats.tokens_evicted > 0
@@ -428,7 +428,7 @@ def test_any_workload_on_a_tight_store_decodes_what_a_roomy_one_does(tiny_dirs, 
             want, sizes = await _play(roomy, ops)
         async with open_tiny(tiny_dirs, "llama-sink", capacity=72) as tight:
             got, _ = await _play(tight, ops, sizes)
-            tight._core.check()
+            tight.check()
             target(float(tight.stats().tokens_recomputed))  # search toward recomputes
         return want, got
 
@@ -563,7 +563,7 @@ async def test_a_call_with_room_is_queued_before_its_caller_yields():
     loop cannot plan a step without a call that was already made; a full queue waits."""
     from corps.engine.sched.job import Job
 
-    sched = Scheduler(core=None, queue_size=1)  # type: ignore[arg-type]  # no loop runs
+    sched = Scheduler(executor=None, queue_size=1)  # type: ignore[arg-type]  # no loop runs
     sched.started = True
     seen = []
 

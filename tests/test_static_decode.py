@@ -95,7 +95,7 @@ async def test_closing_drops_the_buffers_and_keeps_the_counts(tiny_dirs):
         q = await engine.prefill("hello world")
         await engine.decode_many([dict(parents=[q], max_tokens=3) for _ in range(3)])
         runs = engine.stats().static_steps
-        static = engine._core.runner.static  # internal: the buffers themselves
+        static = engine.executor.runner.static  # internal: the buffers themselves
         assert static.steps and runs > 0
     assert not static.steps and static.pool is None
     assert engine.stats().static_steps == runs
@@ -107,7 +107,7 @@ async def test_a_refused_capture_warns_and_decodes_eagerly(tiny_dirs):
     async with open_tiny(tiny_dirs, "llama", graphs="static") as engine:
         q = await engine.prefill("hello world")
         want = (await engine.decode(parents=[q], max_tokens=6, ignore_eos=True)).generated
-        static = engine._core.runner.static  # internal: make it try to capture
+        static = engine.executor.runner.static  # internal: make it try to capture
         static.steps.clear()
 
         def refuse(step, key):

@@ -32,10 +32,13 @@ def test_plan_step_under_fcfs_runs_every_running_call_but_the_done():
     assert [e.call for e in plan.entries] == [b, a]
 
 
-def test_plan_step_with_nothing_to_run_is_empty():
+def test_plan_step_with_nothing_to_run_runs_no_rows_and_finishes_what_is_done():
     done = call(feed=1)
-    done.done = True
+    done.mark_done()  # a text-only prefill, done at admission
     chosen, plan = plan_step([job(done)], Fcfs(), budget=512)
+    assert chosen == [] and plan.entries == () and plan.calls == ()
+    assert plan.ready == (done,) and plan  # the step registers its message
+    chosen, plan = plan_step([], Fcfs(), budget=512)
     assert chosen == [] and not plan
 
 

@@ -114,7 +114,7 @@ async def test_an_engine_loads_and_steps_on_the_torch_thread(tiny_dirs, monkeypa
 
     monkeypatch.setattr(engine_module, "build_executor", noted_build)
     engine = open_tiny(tiny_dirs)  # Engine.load, from this (the loop's) thread
-    core = engine._core
+    core = engine.executor
     step = core.step
 
     def noted_step(*args, **kwargs):

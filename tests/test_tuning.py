@@ -219,7 +219,7 @@ async def test_an_auto_engine_follows_the_choice_and_stays_within_the_bound(
     if not set(machine.values()) <= available:
         pytest.skip("this torch lacks a kernel that machine chose")
     async with open_tiny(tiny_dirs, "qwen2", dtype="auto") as engine:
-        qkv = engine._core.runner.w.layers[0].qkv
+        qkv = engine.executor.runner.w.layers[0].qkv
         assert [qkv.kernel_for(b) for b in ROW_BUCKETS] == [machine[b] for b in ROW_BUCKETS]
         q = await engine.prefill("the quick brown fox jumps over the lazy dog")
         auto = await engine.decode(parents=[q], max_tokens=4, ignore_eos=True)

@@ -149,7 +149,7 @@ def test_store_contexts_decode_like_copies_with_less_memory(tiny_dirs):
     runs = {}
     for contexts in ("copy", "store"):
         engine = open_tiny(tiny_dirs, "qwen3", contexts=contexts)
-        core = engine._core
+        core = engine.executor
         texts = ("you are a careful solver", "what is seven times six")
         (a, b), _ = run_calls(core, [PrefillRequest(t) for t in texts])
         reqs = [

@@ -63,7 +63,7 @@ def oracle_hidden(msgs, reader, mid) -> set[int]:
 @given(world=worlds())
 def test_leak_detector_matches_reachability_oracle(tiny_dirs, world):
     msgs, reader = world
-    core = open_tiny(tiny_dirs, "llama")._core
+    core = open_tiny(tiny_dirs, "llama").executor
     handles = []
     for owner, vis, readers, parents in msgs:
         req = PrefillRequest(
@@ -126,7 +126,7 @@ async def test_deny_raises_before_any_computation(tiny_dirs):
 
 async def test_reencode_equals_encoding_with_only_visible_context(tiny_dirs):
     async with open_tiny(tiny_dirs, "llama", leak_policy="reencode") as engine:
-        core = engine._core
+        core = engine.executor
         intro = await engine.prefill("you are a careful solver", owner="carol")
         secret = await engine.prefill("always defect", owner="alice", visibility=Private())
         public = await engine.prefill("hello world", parents=[intro, secret], owner="alice")
@@ -140,8 +140,8 @@ async def test_reencode_equals_encoding_with_only_visible_context(tiny_dirs):
         manual = await engine.prefill(
             public.tokens, frame=False, parents=[intro], offsets=[0], new_offset=public.offset
         )
-        k_view = core.store.k[:, view.slots]
-        k_manual = core.store.k[:, core.table.get(manual.id).slots]
+        k_view = core.memory.store.k[:, view.slots]
+        k_manual = core.memory.store.k[:, core.table.get(manual.id).slots]
         assert torch.allclose(k_view, k_manual, atol=1e-6)
         again = await engine.decode(parents=[public], owner="bob", max_tokens=3)
         assert again._msg.parents == (view_id,)  # the view is cached for bob

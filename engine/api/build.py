@@ -46,7 +46,7 @@ def build_executor(cfg: EngineConfig, console: Console | None = None) -> Executo
         # scope "rewired" never applies
         merged = cfg.adapter if cfg.adapter and read_scope(cfg.adapter) == "all" else None
         hf = load_hf(path, dtype=dtype, adapter=merged, device=cfg.device).to(cfg.device)
-        core = HFExecutor(hf, tokenizer, spec, model_path=path, precision=cfg.dtype)
+        executor = HFExecutor(hf, tokenizer, spec, model_path=path, precision=cfg.dtype)
     else:
         mixed, choice = _weight_format(cfg, spec, console)
         weights = load_weights(
@@ -62,7 +62,11 @@ def build_executor(cfg: EngineConfig, console: Console | None = None) -> Executo
         if by_free:
             free, _ = torch.cuda.mem_get_info(torch.device(cfg.device))
             capacity = capacity_of_free(free, slot_bytes(cfg, spec), cfg.memory_fraction)
-        core = Core(
+        if cfg.compile and console is not None:
+            console.print(
+                "[dim]compiling the one-row decode step (torch.compile, once per engine)[/]"
+            )
+        executor = Core(
             weights,
             tokenizer,
             model_path=path,
@@ -72,13 +76,12 @@ def build_executor(cfg: EngineConfig, console: Console | None = None) -> Executo
             contexts=cfg.contexts,
             attention=attention,
             jump_forward=cfg.jump_forward,
+            repair=parse_repair(cfg.repair),
+            graphs=graphs_of(cfg),
+            compile_gemms=cfg.compile_gemms if cfg.compile else None,
+            kernel_choice=choice,
         )
-        core.kernel_choice = choice
-        if cfg.compile:
-            _compile_step(core, console, cfg.compile_gemms)
-        core.use_graphs(graphs_of(cfg))
-        core.repair = parse_repair(cfg.repair)
-    return core
+    return executor
 
 
 def graphs_of(cfg: EngineConfig) -> str:
@@ -87,22 +90,6 @@ def graphs_of(cfg: EngineConfig) -> str:
     if cfg.graphs != "auto":
         return cfg.graphs
     return "capture" if cfg.device.startswith("cuda") else "off"
-
-
-def _compile_step(core: Core, console: Console | None, gemms: str = "library") -> None:
-    """Capture the lone one-row decode step (`EngineConfig.compile`), saying so."""
-    from corps.engine.model.compiled_decode import CompiledDecode
-
-    if core.runner.attention.name != "torch" or core.context_mode == "store":
-        raise InvalidRequest(
-            "compile=True needs the torch attention backend and contexts='copy' "
-            f"(this engine has {core.runner.attention.name!r} and {core.context_mode!r})"
-        )
-    if console is not None:
-        console.print("[dim]compiling the one-row decode step (torch.compile, once per engine)[/]")
-    compiled = CompiledDecode(core.runner.w, core.store, core.arena, gemms=gemms)
-    compiled.warm()
-    core.runner.compiled = compiled
 
 
 def _weight_format(
@@ -150,12 +137,12 @@ def capacity_for(cfg: EngineConfig, spec) -> int:
     return capacity
 
 
-def measured_settings(policy: str, core: Executor) -> dict[str, Any]:
+def measured_settings(policy: str, executor: Executor) -> dict[str, Any]:
     """The objective policy's step bounds from the executor's measured kernels
-    (`core.kernel_choice`, dtype auto on CPU), if any:
+    (`executor.kernel_choice`, dtype auto on CPU), if any:
     the rows a step holds before it has learnt its cost, and the measured products'
     seconds as the step cost's measure of rows."""
-    choice = getattr(core, "kernel_choice", None)
+    choice = getattr(executor, "kernel_choice", None)
     if policy != "objective" or choice is None:
         return {}
     return dict(

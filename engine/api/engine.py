@@ -66,36 +66,36 @@ class Engine:
     there too), so the event loop stays free while the model computes.
     """
 
-    def __init__(self, core: Executor, config: EngineConfig | None = None) -> None:
-        cfg = config or EngineConfig.of(str(core.model_path), mode=core.mode)
+    def __init__(self, executor: Executor, config: EngineConfig | None = None) -> None:
+        cfg = config or EngineConfig.of(str(executor.model_path), mode=executor.mode)
         self._config = cfg
-        self._core = core
+        self._executor = executor
         self.recorder = Recorder()
         """Trace events go to its sinks (`recorder.add(fn)`); see `corps.engine.trace.events`."""
         self._sched = Scheduler(
-            core,
+            executor,
             queue_size=cfg.queue_size,
             step_tokens=cfg.step_tokens,
             recorder=self.recorder,
             max_running=cfg.max_running,
-            policy=make_policy(cfg.policy, **measured_settings(cfg.policy, core)),
+            policy=make_policy(cfg.policy, **measured_settings(cfg.policy, executor)),
             evict=cfg.evict,
         )
         self._tg: anyio.abc.TaskGroup | None = None
         self._guard = Guard(
-            core.table, mode=core.mode, policy=cfg.leak_policy, recorder=self.recorder
+            executor.table, mode=executor.mode, policy=cfg.leak_policy, recorder=self.recorder
         )
-        self._submit = Submitter(core, self._sched, self._guard, self.recorder)
+        self._submit = Submitter(executor, self._sched, self._guard, self.recorder)
         self._submit.deduce = cfg.deduce_objectives
         self._model_name = cfg.model
         self._trace_file = self.trace_to(cfg.trace) if cfg.trace is not None else None
         self.otel: LiveSpans | None = (
-            None if cfg.otel is None else live_spans(cfg, core, self.recorder)
+            None if cfg.otel is None else live_spans(cfg, executor, self.recorder)
         )
         """With `otel=URL`: the live span sender (`sent`, `dropped`); else None."""
-        self._lifetimes = Lifetimes(core, self._guard, self.recorder, auto_free=cfg.auto_free)
+        self._lifetimes = Lifetimes(executor, self._guard, self.recorder, auto_free=cfg.auto_free)
         self._sched.after_step = self._lifetimes.sweep
-        self.gate: WorkflowGate | None = gate_for(core, cfg)
+        self.gate: WorkflowGate | None = gate_for(executor, cfg)
         """Workflow-level admission (`corps.engine.sched.gate`): a pattern's run enters
         it before its first call; None when off (`admission=False`, or no store in
         mode "hf") and no `max_workflows` is set."""
@@ -180,7 +180,7 @@ class Engine:
             self.otel.close(self.recorder.now())
         # The KV memory goes back now, not when the last Handle naming this engine is
         # collected.
-        self._core.close()
+        self._executor.close()
         return None
 
     # ---- tracing ----
@@ -190,7 +190,7 @@ class Engine:
         sink to pass to `end_trace`. `Engine.open(trace=PATH)` does this for the engine's
         whole life."""
         policy, started = self._sched.policy.name, self.recorder.started_unix
-        sink = TraceFile(path, trace_header(self._core, self._model_name, policy, started))
+        sink = TraceFile(path, trace_header(self._executor, self._model_name, policy, started))
         self.recorder.add(sink)
         return sink
 
@@ -202,31 +202,38 @@ class Engine:
     # ---- introspection ----
 
     @property
+    def executor(self) -> Executor:
+        """The step machine under this engine (`corps.engine.exec.executor.Executor`:
+        the KV store's `Core`, or `HFExecutor` in mode "hf"), for tools and tests that
+        measure or check it. Calls go through the engine, never through it."""
+        return self._executor
+
+    @property
     def tokenizer(self):
         """The model's Hugging Face tokenizer."""
-        return self._core.tokenizer
+        return self._executor.tokenizer
 
     @property
     def chat(self) -> ChatFormat:
         """The model's chat framing: `encode` / `decode` token ids, `frame(role)` (a
         role's header and footer text), `stop_ids` (end of turn) and `sink` (the
         attention sink's ids). For building raw prompts with `frame=False`."""
-        return self._core.fmt
+        return self._executor.fmt
 
     @property
     def model_path(self) -> Path:
         """Local HF-format directory the weights were loaded from."""
-        return self._core.model_path
+        return self._executor.model_path
 
     @property
     def mode(self) -> str:
-        return self._core.mode
+        return self._executor.mode
 
     @property
     def context_length(self) -> int:
         """Logical positions a call may reach (the model's context length): a message's
         last token, and every token a decode may generate, sit below it."""
-        return self._core.max_positions
+        return self._executor.max_positions
 
     @property
     def policy(self) -> Policy:
@@ -250,14 +257,14 @@ class Engine:
             raise InvalidRequest(
                 f"a message graph is of choreographed encodings; this engine is {self.mode}"
             )
-        return message_graph(self._core.table, handles, self.chat.sink, meta)
+        return message_graph(self._executor.table, handles, self.chat.sink, meta)
 
     def stats(self) -> EngineStats:
         """A snapshot; safe to call while steps run."""
-        guard, table = self._guard, self._core.table
+        guard, table = self._guard, self._executor.table
         self._lifetimes.sweep()
         return dataclasses.replace(
-            self._core.stats(),
+            self._executor.stats(),
             **self._sched.figures(),
             leaks=guard.leak_count,
             reencodes=guard.reencode_count,
@@ -271,14 +278,14 @@ class Engine:
         """A handle to a live message of this engine by its id (`Handle.id`, e.g. sent
         over HTTP), bound to `reader` when given; UnknownHandle if the engine has no
         such message or it was freed."""
-        table = self._core.table
+        table = self._executor.table
         table.live(message_id)
         return Handle(message_id, table, reader)
 
     def messages(self) -> list[MessageRecord]:
         """A read-only snapshot of every message record the engine holds (the attention
         sink, freed records still referenced and evicted encodings included)."""
-        return [m.record() for m in self._core.table.all()]
+        return [m.record() for m in self._executor.table.all()]
 
     def check(self) -> None:
         """Verify the engine's bookkeeping while no call is queued or running.
@@ -291,12 +298,12 @@ class Engine:
         """
         if not self._sched.idle:
             raise InvalidRequest("check() needs an idle engine: await your calls first")
-        self._core.check()
+        self._executor.check()
 
     def reset_peak_stats(self) -> None:
         """Start `stats()`'s peaks (`view_tokens_peak`, `scratch_tokens_peak`) over from
         what is held now, to measure one phase of a workflow."""
-        self._core.reset_peaks()
+        self._executor.reset_peaks()
 
     def leaks(self) -> list[Leak]:
         """The latest leaks recorded (policies allow and warn), oldest first: at most
@@ -320,8 +327,8 @@ class Engine:
 
     def read(self, handle: Handle, *, reader: str | None) -> str:
         """The text of a message, if `reader` may see it (else AccessDenied)."""
-        check_access(self._core.table, reader, [handle])
-        return self._core.table.get(handle.id).text
+        check_access(self._executor.table, reader, [handle])
+        return self._executor.table.get(handle.id).text
 
     def held_by(self, owners: Iterable[str]) -> int:
         """Store slots held now by the live messages these agents own (what a
@@ -420,7 +427,9 @@ class Engine:
         """
         common = dict(role=role, parents=tuple(parents), offsets=offsets, new_offset=new_offset,
                       owner=owner, visibility=visibility, leak_policy=leak_policy)  # fmt: skip
-        return await select(self._submit, self._core.fmt, self.free, options, header, by, common)
+        return await select(
+            self._submit, self._executor.fmt, self.free, options, header, by, common
+        )
 
     @staticmethod
     def workflow(
@@ -435,5 +444,13 @@ class Engine:
 
     def stream(self, **args: Unpack[DecodeArgs]) -> TextStream:
         """`async for delta in engine.stream(...)`: text deltas; then `.handle`."""
-        calls = StreamCalls(self._core.fmt, self._submit.job, self._sched.submit, self._core.free)
+        sched = self._sched
+        calls = StreamCalls(
+            self._executor.fmt,
+            self._submit.job,
+            sched.submit,
+            sched.wait,
+            sched.end,
+            self._executor.free,
+        )
         return TextStream(self._submit.decode_request(args), calls)

@@ -16,9 +16,9 @@ class Lifetimes:
     """Frees the messages of one engine's table and keeps it from growing."""
 
     def __init__(
-        self, core: Executor, guard: Guard, recorder: Recorder, *, auto_free: bool
+        self, executor: Executor, guard: Guard, recorder: Recorder, *, auto_free: bool
     ) -> None:
-        self.core, self.guard, self.recorder = core, guard, recorder
+        self.executor, self.guard, self.recorder = executor, guard, recorder
         self.auto_free = auto_free  # free an encoding once no Handle names it
         self._deferred: list[int] = []  # unreferenced ids still pinned by a running call
 
@@ -37,7 +37,7 @@ class Lifetimes:
     def _owned(self, owners: Iterable[str]) -> list:
         """The live message records these agents own."""
         names = set(owners)
-        return [m for m in self.core.table.all() if not m.freed and m.owner in names]
+        return [m for m in self.executor.table.all() if not m.freed and m.owner in names]
 
     def free(self, handle: Handle) -> None:
         """Free a message and its re-encoded copies (`Engine.free`)."""
@@ -45,7 +45,7 @@ class Lifetimes:
         self.sweep()
 
     def _free_id(self, mid: int, handle: Handle | None = None) -> None:
-        self.core.free(handle or Handle(mid, self.core.table))
+        self.executor.free(handle or Handle(mid, self.executor.table))
         if self.recorder.on:
             self.recorder.emit(Freed(t=self.recorder.now(), id=mid))
         for copy in self.guard.forget(mid):
@@ -55,7 +55,7 @@ class Lifetimes:
     def sweep(self) -> None:
         """Handle objects that died since the last sweep: free their messages (with
         `auto_free`), and forget freed records nothing refers to. Event loop only."""
-        table = self.core.table
+        table = self.executor.table
         todo, self._deferred = self._deferred, []
         while table.unreferenced:
             todo.append(table.unreferenced.popleft())

@@ -12,9 +12,15 @@ from corps.engine.sched.job import Job
 class Pending:
     """A queued call: `await pending` for its handle; cancelling the await cancels it."""
 
-    def __init__(self, job: Job | Awaitable[Job], run: Callable[[Job], Awaitable[Handle]]) -> None:
+    def __init__(
+        self,
+        job: Job | Awaitable[Job],
+        run: Callable[[Job], Awaitable[Handle]],
+        wait: Callable[[Job], Awaitable[Handle]],
+    ) -> None:
         self._job = job
-        self._run = run  # queues a deferred job and waits for it (`Engine._run`)
+        self._run = run  # queues a deferred job and waits for it (`Submitter.run`)
+        self._wait_for = wait  # waits for a queued job (`Scheduler.wait`)
         self._cancelled = False
 
     def __await__(self) -> Generator[Any, None, Handle]:
@@ -26,7 +32,7 @@ class Pending:
             job = self._job = await job
             job.cancelled = self._cancelled
             return await self._run(job)
-        return bind(await job.wait(), job.request.owner)
+        return bind(await self._wait_for(job), job.request.owner)
 
     def cancel(self) -> None:
         self._cancelled = True

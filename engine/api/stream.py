@@ -19,11 +19,14 @@ from corps.engine.sched.job import Job
 @dataclass(frozen=True)
 class StreamCalls:
     """What a stream needs of its engine: its chat format, and how to check and pin a
-    request into a job, queue it, and free a message nobody will receive."""
+    request into a job, queue it, wait for it, end one never queued, and free a
+    message nobody will receive."""
 
     fmt: ChatFormat
     job: Callable[[DecodeRequest], Awaitable[Job]]
     submit: Callable[[Job], Awaitable[None]]
+    wait: Callable[[Job], Awaitable[Handle]]
+    end: Callable[[Job], None]
     free: Callable[[Handle], None]
 
 
@@ -87,11 +90,11 @@ class TextStream:
                 queued = True
                 async for delta in recv:
                     yield delta
-            self.handle = bind(await job.wait(), self._request.owner)
+            self.handle = bind(await calls.wait(job), self._request.owner)
         except BaseException:
             job.cancelled = True
             if not queued:
-                job.end()  # never queued: give its pins back
+                calls.end(job)  # never queued: give its pins back
             elif job.done.is_set() and job.handle is not None:
                 calls.free(job.handle)  # finished, but the consumer left
                 job.handle = None

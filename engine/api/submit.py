@@ -11,19 +11,18 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Mapping
-from functools import partial
 from typing import Any
 
 import anyio
 
 from corps.cache.handle import Handle, bind
 from corps.engine.api.access import Guard
-from corps.engine.api.call_events import end_events, queued_event
 from corps.engine.api.pending import Pending
 from corps.engine.errors import EngineBusy
 from corps.engine.exec.executor import Executor
 from corps.engine.request.requests import DecodeRequest, PrefillRequest, decode_request
 from corps.engine.request.workflow import CURRENT, Workflow
+from corps.engine.sched.call_events import queued_event
 from corps.engine.sched.job import Job
 from corps.engine.sched.scheduler import Scheduler
 from corps.engine.trace.events import Recorder
@@ -54,8 +53,10 @@ def deduce_objective(
 class Submitter:
     """Turns an engine's requests into queued, pinned, checked jobs."""
 
-    def __init__(self, core: Executor, sched: Scheduler, guard: Guard, recorder: Recorder) -> None:
-        self.core, self.sched, self.guard, self.recorder = core, sched, guard, recorder
+    def __init__(
+        self, executor: Executor, sched: Scheduler, guard: Guard, recorder: Recorder
+    ) -> None:
+        self.executor, self.sched, self.guard, self.recorder = executor, sched, guard, recorder
         self.ids = itertools.count(1)  # call ids in traces
         self.deduce = True  # deduce which calls of a latency workflow are critical
 
@@ -64,7 +65,7 @@ class Submitter:
         grammar raises InvalidConstraint here, before anything is queued or encoded."""
         request = decode_request(args)
         if request.sampling.constraint is not None:
-            self.core.grammars.check(request.sampling.constraint)
+            self.executor.grammars.check(request.sampling.constraint)
         return request
 
     async def job(
@@ -84,7 +85,7 @@ class Submitter:
         """A job whose parents are pinned from now until it ends: a `free` in between
         waits for it instead of failing it. `cid` is its call id in traces; `size`
         the calls of its task group (`deduce_objective`)."""
-        pins = self.core.pin(request.parents)
+        pins = self.executor.pin(request.parents)
         wf = CURRENT.get()
         if request.repair is None and wf is not None and wf.repair is not None:
             request = dataclasses.replace(request, repair=wf.repair)  # else the engine's
@@ -93,21 +94,10 @@ class Submitter:
             request, id=cid, workflow=wf, objective=objective, critical=critical,
             group=group or cid,
         )  # fmt: skip
-        job.on_end, job.orphan = partial(self._job_ended, pins), self.core.free
+        job.pins = pins  # the scheduler unpins them when the job ends (`Scheduler.end`)
         if self.recorder.on:
             self.recorder.emit(queued_event(self.recorder, job))
         return job
-
-    def _job_ended(self, pins: list, job: Job) -> None:
-        self.core.unpin(pins)
-        if job.handle is not None and (job.error is not None or job.cancelled):
-            self.core.free(job.handle)  # finished, but nobody will ever receive it
-            job.handle = None
-        if job.handle is not None:
-            self.core.table.get(job.handle.id).figures = job.figures()
-        if self.recorder.on:
-            for event in end_events(self.recorder, self.core.table, job):
-                self.recorder.emit(event)
 
     async def _prefill_internal(self, request: PrefillRequest) -> Handle:
         return await self.run(self.pinned_job(request, next(self.ids)))
@@ -116,9 +106,9 @@ class Submitter:
         try:
             await self.sched.submit(job)
         except BaseException:
-            job.end()  # never queued: give its pins back
+            self.sched.end(job)  # never queued: give its pins back
             raise
-        return bind(await job.wait(), job.request.owner)
+        return bind(await self.sched.wait(job), job.request.owner)
 
     async def run_all(self, requests: list[Request]) -> list[Handle]:
         return [handle for handle, _ in await self.run_jobs(requests)]
@@ -143,7 +133,7 @@ class Submitter:
                 except EngineBusy:
                     await self.sched.submit(job)
                 queued += 1
-            return [(bind(await job.wait(), job.request.owner), job) for job in jobs]
+            return [(bind(await self.sched.wait(job), job.request.owner), job) for job in jobs]
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await self._undo(jobs, queued)
@@ -154,24 +144,24 @@ class Submitter:
         for job in jobs:
             job.cancelled = True
         for job in jobs[queued:]:
-            job.end()
+            self.sched.end(job)
         for job in jobs[:queued]:
             await job.done.wait()  # the loop aborts cancelled jobs at its next step
         for job in jobs:
             if job.handle is not None:
-                self.core.free(job.handle)
+                self.executor.free(job.handle)
                 job.handle = None
 
     def submit_nowait(self, request: Request) -> Pending:
         cid = next(self.ids)
         request, missing, leaks = self.guard.check(request, call_id=cid)
         if missing:  # re-encodings must run first: queue the call when awaited
-            return Pending(self.job(request, cid), self.run)
+            return Pending(self.job(request, cid), self.run, self.sched.wait)
         job = self.pinned_job(request, cid)
         job.leaks = leaks
         try:
             self.sched.submit_nowait(job)
         except BaseException:
-            job.end()
+            self.sched.end(job)
             raise
-        return Pending(job, self.run)
+        return Pending(job, self.run, self.sched.wait)

@@ -8,25 +8,25 @@ from corps.engine.trace.events import Header, Recorder, version
 from corps.engine.trace.exporter import LiveSpans
 
 
-def trace_header(core: Executor, model: str, policy: str, started_unix: float) -> Header:
+def trace_header(executor: Executor, model: str, policy: str, started_unix: float) -> Header:
     """The header of a trace file of this engine (its recorder started at `started_unix`)."""
     return Header(
         corps=version(),
         model=model,
-        mode=core.mode,
-        dtype=core.precision,
-        device=str(core.device),
+        mode=executor.mode,
+        dtype=executor.precision,
+        device=str(executor.device),
         started_unix=started_unix,
         policy=policy,
     )
 
 
-def live_spans(cfg: EngineConfig, core: Executor, recorder: Recorder) -> LiveSpans:
+def live_spans(cfg: EngineConfig, executor: Executor, recorder: Recorder) -> LiveSpans:
     """Send the engine's calls as OTel spans to `cfg.otel` as they end (`--otel-endpoint`)."""
     sink = LiveSpans(
         cfg.otel,
         model=cfg.model,
-        mode=core.mode,
+        mode=executor.mode,
         started_unix=recorder.started_unix,
         protocol=cfg.otel_protocol,
     )

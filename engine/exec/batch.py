@@ -1,6 +1,6 @@
 """Building one step's batch: a plan of call chunks to the flat rows the runner runs.
 
-A step plan lists, per call, which tokens it runs now: `(call, start, n)` is n
+A step plan lists, per call, which tokens it runs now (`Rows`): `(call, start, n)` is n
 tokens of its feed from `start`, or with start -1 its pending sampled token and,
 if it is finishing, the footer that closes its turn. `build_batch` lays them out
 as one `ForwardBatch` (ids, positions, store slots, one span per call, and the
@@ -16,16 +16,15 @@ reads, so it carries no other agent's context (nothing for the leak policy to se
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from corps.engine.exec.call import Call
-from corps.engine.exec.step_plan import PENDING, REPAIR
+from corps.engine.exec.step_plan import PENDING, REPAIR, Rows
 from corps.engine.model.runner import ForwardBatch, SeqSpan
-
-PlanEntry = tuple[Call, int, int]  # (call, first feed index, PENDING or REPAIR, n tokens)
 
 
 @dataclass
@@ -36,7 +35,7 @@ class Batch:
     twin_tokens: int  # tokens twins take from their leaders (reused, not encoded)
 
 
-def build_batch(plan: list[PlanEntry], device: torch.device) -> Batch:
+def build_batch(plan: Sequence[Rows], device: torch.device) -> Batch:
     """The step's rows; counts each call's encoded (and twins' reused) tokens."""
     ids, pos, slots, spans, rows, counts, t = [], [], [], [], [], [], 0
     leaders: dict[tuple, tuple[Call, list[int]]] = {}
@@ -109,7 +108,7 @@ def feed_rows(c: Call, start: int, n: int, t: int) -> list[int]:
     return []
 
 
-def logit_rows(plan: list[PlanEntry], counts: list[int]) -> list[tuple[Call, int]]:
+def logit_rows(plan: Sequence[Rows], counts: list[int]) -> list[tuple[Call, int]]:
     """(call, its last logit row) for each decode of the plan that has logits now."""
     out, r = [], 0
     for (c, _, _), k in zip(plan, counts, strict=True):

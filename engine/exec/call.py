@@ -4,13 +4,13 @@ A call's status moves waiting -> prefilling -> decoding -> finishing -> done (a
 prefill is done once its feed is encoded). Its holdings (`slots`, `spare`,
 `view`, `lock`, `pins_held`) are written by `corps.engine.exec.memory`; its
 decoding state through the transitions below, by the executor's postprocess
-(`corps.engine.exec.advance`).
+(`corps.engine.exec.advance.Postprocess`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -18,10 +18,8 @@ from torch import Tensor
 from corps.cache.messages import Message
 from corps.cache.radix import Node
 from corps.cache.view import CallView
+from corps.engine.exec.repair_state import RepairRows
 from corps.engine.request.sampling_params import SamplingParams
-
-if TYPE_CHECKING:
-    from corps.engine.exec.repair_rows import RepairRows
 
 
 @dataclass(frozen=True)
@@ -87,7 +85,7 @@ class Call:
     pending: int | None = None  # sampled token not yet encoded
     jumped: list[int] = field(default_factory=list)  # forced tokens after it (jump-forward)
     finishing: bool = False  # the pending token is the last one
-    done: bool = False  # everything encoded; ready for finish()
+    done: bool = False  # everything encoded, or given back (set by `mark_done` only)
     logits: list[Tensor] = field(default_factory=list)  # want_logits: own rows, per chunk
     scores: Tensor | None = None  # sampling.logprobs: this step's log-softmax row (V,)
     logprobs: list[float] = field(default_factory=list)  # sampling.logprobs: per emitted token
@@ -124,6 +122,12 @@ class Call:
         """Tokens the decode may still generate."""
         return self.plan.sampling.max_tokens - len(self.generated)
 
+    def mark_done(self) -> None:
+        """Nothing left to run: its prompt is encoded (a prefill), it stores its text
+        only, or it was given back. The one place outside the decoding transitions
+        below (`encoded_pending`, `close_unencoded`) that ends a call."""
+        self.done = True
+
     def fed_rows(self, n: int) -> bool:
         """n more feed tokens were encoded; whether the whole feed is encoded now."""
         self.fed += n
@@ -136,7 +140,7 @@ class Call:
         if self.finishing:
             self.closed += self.closing
             self.closing = []
-            self.done = True
+            self.mark_done()
 
     def accept(self, tok: int) -> None:
         """A token sampled for it: generated, and pending until its next step."""
@@ -162,7 +166,8 @@ class Call:
     def close_unencoded(self) -> None:
         """Done without encoding its last token and footer (the baseline, which
         re-encodes a turn's text wherever it is read)."""
-        self.closed, self.closing, self.pending, self.done = self.closing, [], None, True
+        self.closed, self.closing, self.pending = self.closing, [], None
+        self.mark_done()
 
     @property
     def next_keys(self) -> int:

@@ -12,7 +12,7 @@ from corps.cache.handle import Handle
 from corps.cache.messages import Message, MessageTable
 from corps.engine.exec.call import Call
 from corps.engine.exec.grammars import Grammars
-from corps.engine.exec.step_plan import StepPlan
+from corps.engine.exec.step_plan import StepOutput, StepPlan
 from corps.engine.request.chat import ChatFormat
 from corps.engine.request.requests import DecodeRequest, PrefillRequest
 from corps.engine.stats import EngineStats
@@ -26,8 +26,10 @@ class Executor(Protocol):
     tokenizer: object
     fmt: ChatFormat
     table: MessageTable
-    forward_seconds: float  # time spent in the model's forward so far
     grammars: Grammars  # its compiled constraints and their masks
+    device: object  # the torch device it runs on
+    # the kernels measured on this CPU when the engine opened (dtype auto), else None
+    kernel_choice: object
 
     def admit(
         self,
@@ -41,11 +43,10 @@ class Executor(Protocol):
         after a step (it waits for a running call's prefix). `evict`: the order in which
         encodings no running call reads may be dropped to make room (None: never)."""
 
-    def step(self, plan: StepPlan):
-        """Run one step's plan (`corps.engine.exec.step_plan`); returns a `StepOutput`."""
-
-    def finish(self, c: Call) -> Handle:
-        """Register a done call's message; its handle."""
+    def step(self, plan: StepPlan) -> StepOutput:
+        """Run one step's plan (`corps.engine.exec.step_plan`) in one pass: a
+        `StepOutput` with the tokens sampled, the calls finished (their handles) and
+        the calls that failed (rolled back)."""
 
     def abort(self, c: Call) -> None:
         """Give back everything the call holds; as if it never ran."""
@@ -63,11 +64,8 @@ class Executor(Protocol):
 
     def reset_peaks(self) -> None: ...
 
-    def occupancy(self) -> tuple[int, int]:
-        """(store slots used, store capacity)."""
-
-    def preempted(self) -> tuple[int, int]:
-        """(tokens evicted, tokens recomputed) since the executor opened."""
+    def gauges(self) -> tuple[int, int, int, int]:
+        """(store slots used, store capacity, tokens evicted, tokens recomputed)."""
 
     def close(self) -> None:
         """Give memory back (the engine closed)."""

@@ -1,49 +1,66 @@
-"""Finishing a call: its message registered in the table, and the attention sink
-every choreographed call sees, encoded once when the core opens."""
+"""Finishing a call: its message registered in the table (`Finisher`), and the
+attention sink every choreographed call sees, encoded once when the core opens."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from corps.cache.handle import Handle
 from corps.engine.exec.call import Call, CallPlan
+from corps.engine.exec.memory import Memory
 from corps.engine.exec.register import own_tokens, register
-
-if TYPE_CHECKING:
-    from corps.engine.exec.core import Core
-
-
-def finish_prefill(core: Core, c: Call) -> Handle:
-    if c.text_only:  # baseline prefill: text only
-        return _register(core, c, own_tokens(c), [])
-    if core.prefixes is not None:
-        core.prefixes.cache(c, c.plan.prefix)
-        return _register(core, c, own_tokens(c), [])
-    return _register(core, c, c.feed, c.slots)
+from corps.engine.exec.sampler import Sampler
+from corps.engine.request.chat import ChatFormat
 
 
-def finish_decode(core: Core, c: Call) -> Handle:
-    tokens = own_tokens(c) + c.generated
-    c.text = core.sampler.text(tokens[c.plan.frame_len :], c.plan.sampling)
-    tokens += c.closed
-    if core.prefixes is not None:  # its last generated token(s) were never encoded
-        encoded = len(c.generated) - 1 - len(c.jumped)
-        core.prefixes.cache(c, c.plan.prefix + c.generated[:encoded])
-        return _register(core, c, tokens, [])
-    return _register(core, c, tokens, c.slots)
+class Finisher:
+    """Turns done calls into messages: the table's one writer of new records."""
+
+    def __init__(self, memory: Memory, sampler: Sampler, *, choreographed: bool) -> None:
+        self.memory, self.sampler, self.table = memory, sampler, memory.table
+        self.prefixes = memory.prefixes  # the baseline's radix tree (None: choreographed)
+        self.choreographed = choreographed
+
+    def finish(self, c: Call) -> Handle:
+        """Register a done call's message, give back what it no longer needs (its view,
+        unused reservations, its parents' pins); its handle."""
+        assert c.done, "finish() needs a call whose step machine is done"
+        handle = self._decode(c) if c.plan.is_decode else self._prefill(c)
+        self.memory.drop_view(c)
+        self.memory.release_spare(c)
+        return handle
+
+    def _prefill(self, c: Call) -> Handle:
+        if c.text_only:  # baseline prefill: text only
+            return self._register(c, own_tokens(c), [])
+        if self.prefixes is not None:
+            self.prefixes.cache(c, c.plan.prefix)
+            return self._register(c, own_tokens(c), [])
+        return self._register(c, c.feed, c.slots)
+
+    def _decode(self, c: Call) -> Handle:
+        tokens = own_tokens(c) + c.generated
+        c.text = self.sampler.text(tokens[c.plan.frame_len :], c.plan.sampling)
+        tokens += c.closed
+        if self.prefixes is not None:  # its last generated token(s) were never encoded
+            encoded = len(c.generated) - 1 - len(c.jumped)
+            self.prefixes.cache(c, c.plan.prefix + c.generated[:encoded])
+            return self._register(c, tokens, [])
+        return self._register(c, tokens, c.slots)
+
+    def _register(self, c: Call, tokens: list[int], slots: list[int]) -> Handle:
+        handle = register(self.table, c, tokens, slots, reused_encodings=self.choreographed)
+        self.memory.unpin_call(c)
+        return handle
 
 
-def _register(core: Core, c: Call, tokens: list[int], slots: list[int]) -> Handle:
-    handle = register(core.table, c, tokens, slots, reused_encodings=core.mode == "choreographed")
-    core.memory.unpin_call(c)
-    return handle
-
-
-def make_sink(core: Core) -> Handle | None:
+def open_sink(
+    fmt: ChatFormat, memory: Memory, run_alone: Callable[[Call], None], finisher: Finisher
+) -> Handle | None:
     """Encode the format's attention sink (choreographed mode, where it has one)."""
-    if core.mode != "choreographed" or not core.fmt.sink:
+    if not finisher.choreographed or not fmt.sink:
         return None
-    sink = list(core.fmt.sink)
+    sink = list(fmt.sink)
     plan = CallPlan(
         kind="sink",
         role="sink",
@@ -56,7 +73,7 @@ def make_sink(core: Core) -> Handle | None:
         prefix=list(sink),
     )
     call = Call(plan, ctx_slots=[], ctx_pos=[], feed=sink, feed_start=0)
-    core.memory.reserve(call, 0)
-    core.memory.gather(call, len(sink))
-    core.run_alone(call)
-    return core.finish(call)
+    memory.reserve(call, 0)
+    memory.gather(call, len(sink))
+    run_alone(call)
+    return finisher.finish(call)

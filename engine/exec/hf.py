@@ -42,11 +42,12 @@ class HFExecutor:
 
     It holds no KV store, view arena or weights of ours: each call re-encodes its
     prompt inside `generate`. It offers the step machine the loop drives (admit,
-    step, finish, abort) and the message bookkeeping the engine uses (pin, unpin,
-    free, check, stats), as `Core` does.
+    step, abort) and the message bookkeeping the engine uses (pin, unpin, free,
+    check, stats), as `Core` does.
     """
 
     mode = "hf"
+    kernel_choice = None  # transformers picks its own kernels
 
     def __init__(
         self, hf_model, tokenizer, spec: ModelSpec, *, model_path: Path, precision: str
@@ -57,6 +58,7 @@ class HFExecutor:
         self.model_path = model_path
         self.precision = precision
         self.device = next(hf_model.parameters()).device
+        self.max_positions = spec.max_positions  # the model's context length
         self.table = MessageTable()
         self.planner = Planner(
             self.fmt,
@@ -93,25 +95,30 @@ class HFExecutor:
             p.pins += 1
         call.pins_held = True
         if not call.plan.is_decode and not want_logits:
-            call.done = call.text_only = True
+            call.text_only = True
+            call.mark_done()
         return call
 
     def step(self, plan: StepPlan) -> StepOutput:
         """Run the plan's first unfinished call to its end (generate is not batched
-        here, so the plan's rows are not used)."""
+        here, so the plan's rows are not used); register what is done."""
         out = StepOutput()
         c = next((c for c in plan.calls if not c.done), None)
-        if c is None:
-            return out
-        out.encoded = True  # every call here encodes its whole prompt
-        try:
-            self._generate(c, out) if c.plan.is_decode else self._prefill(c)
-        except Exception as exc:  # this call fails alone, as in the fused loop
-            self.abort(c)
-            out.failed.append((c, exc))
+        if c is not None:
+            out.encoded = True  # every call here encodes its whole prompt
+            forward0 = self.forward_seconds
+            try:
+                self._generate(c, out) if c.plan.is_decode else self._prefill(c)
+            except Exception as exc:  # this call fails alone, as in the fused loop
+                self.abort(c)
+                out.failed.append((c, exc))
+            out.forward_s = self.forward_seconds - forward0
+        for d in (*plan.ready, *plan.calls):
+            if d.done and all(d is not f for f, _ in out.failed):
+                out.finished[d] = self._finish(d)
         return out
 
-    def finish(self, c: Call) -> Handle:
+    def _finish(self, c: Call) -> Handle:
         """Register a done call's message (text and tokens; no K/V) and return its handle."""
         tokens = own_tokens(c)
         if c.plan.is_decode:
@@ -124,7 +131,7 @@ class HFExecutor:
 
     def abort(self, c: Call) -> None:
         self._unpin_call(c)
-        c.done = True
+        c.mark_done()
 
     # ---- messages ----
 
@@ -156,11 +163,8 @@ class HFExecutor:
     def reset_peaks(self) -> None:
         """Nothing to reset: no views."""
 
-    def occupancy(self) -> tuple[int, int]:
-        return 0, 0
-
-    def preempted(self) -> tuple[int, int]:
-        return 0, 0  # transformers' own cache: nothing evicted
+    def gauges(self) -> tuple[int, int, int, int]:
+        return 0, 0, 0, 0  # no store; transformers' own cache: nothing evicted
 
     def close(self) -> None:
         """Give the model back (the engine closed)."""
@@ -191,7 +195,8 @@ class HFExecutor:
         self.forward_seconds += time.perf_counter() - t0
         c.logits.append(logits[len(c.plan.prefix) - c.plan.own :])
         self.tokens_encoded += len(c.plan.prefix)
-        c.encoded, c.done = len(c.plan.prefix), True
+        c.encoded = len(c.plan.prefix)
+        c.mark_done()
 
     @torch.inference_mode()
     def _generate(self, c: Call, out: StepOutput) -> None:
@@ -244,7 +249,7 @@ class HFExecutor:
         c.encoded = len(c.plan.prefix) + len(c.generated) - 1
         self.tokens_encoded += c.encoded
         out.tokens += [(c, tok) for tok in c.generated]
-        c.done = True
+        c.mark_done()
 
 
 class _Scores:

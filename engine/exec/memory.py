@@ -32,6 +32,7 @@ from corps.cache.kv import KVStore
 from corps.cache.messages import Message, MessageTable
 from corps.cache.rope import RopeTables
 from corps.engine.attention.views import open_view
+from corps.engine.errors import InvalidRequest
 from corps.engine.exec.call import Call
 from corps.engine.exec.prefixes import PrefixSharing
 
@@ -183,6 +184,12 @@ class Memory:
                 self.prefixes.rollback(c)
             self.unpin_call(c)
 
+    def abort(self, c: Call) -> None:
+        """Give back everything a call holds; the store is as if it never ran."""
+        self.rollback(c)
+        self.drop_view(c)
+        c.mark_done()
+
     # ---- pins and frees ----
 
     def pin(self, items: Sequence[Handle | Message]) -> list[Message]:
@@ -273,3 +280,14 @@ class Memory:
 def _evictable(m: Message) -> bool:
     """A live encoding no call reads now, which its record can make again."""
     return not m.freed and not m.pins and bool(m.slots) and m.recomputable
+
+
+def scratch_arena(dims: dict, attention: str) -> ViewArena:
+    """The one-layer scratch of contexts="store" (`EngineConfig.contexts`): each live
+    context's rotated keys of the layer being run. Needs the torch attention backend."""
+    if attention != "torch":
+        raise InvalidRequest(
+            f'contexts="store" needs the torch attention backend, not {attention!r} '
+            "(set attention='torch')"
+        )
+    return ViewArena(**{**dims, "num_layers": 1})

@@ -2,7 +2,7 @@
 
 `corps.engine.repair` names the policy. At admission a repaired call gets
 a context of its own (not shared with other readers: what it recomputes is its
-alone), and `plan_repair` picks the tokens: the rewired parents (from the first
+alone), and `Repairs.plan` picks the tokens: the rewired parents (from the first
 parent the chain breaks at, `corps.cache.rewired.first_rewired`) are where
 choreography changed what the call reads; among their tokens the policy takes
 the first K of each, a share by deviation, or all. The chosen tokens become the
@@ -15,8 +15,8 @@ earlier chosen ones recomputed. Their logits are not needed.
 
 A share by deviation ("recompute:R") needs a probe: two layers over every rewired
 token in the call's context. It runs inside the call's first step, batched with
-the probes of every other call whose repair starts in that step (`probe`), so
-sixteen calls admitted together probe in one pass, not sixteen. The count of
+the probes of every other call whose repair starts in that step (`Repairs.probe`),
+so sixteen calls admitted together probe in one pass, not sixteen. The count of
 rows is known at admission (the first K of each rewired parent, plus R of the
 rewired tokens among the others), so the step plan can budget them before the
 probe has picked which.
@@ -24,94 +24,137 @@ probe has picked which.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+import dataclasses
 
 import torch
 
-from corps.cache.rewired import first_rewired
-from corps.engine.repair import PROBE_LAYER, Repair
-
-if TYPE_CHECKING:
-    from corps.engine.exec.call import Call
-    from corps.engine.exec.core import Core
-
-
-@dataclass
-class Probe:
-    """What a share by deviation chooses among, at the call's first step (`probe`)."""
-
-    every: list[int]  # view indices of every rewired token (the probe runs them all)
-    ids: list[int]  # their token ids
-    positions: list[int]  # their positions in the call's context
-    fixed: list[int]  # view indices chosen without it (the first K of each parent)
-    k: int  # how many more it picks among the others: those that move most
+from corps.cache.messages import MessageTable
+from corps.cache.rewired import first_rewired, rewired
+from corps.engine.exec.call import Call, CallPlan
+from corps.engine.exec.repair_state import Probe, RepairRows
+from corps.engine.model.runner import ModelRunner
+from corps.engine.repair import NONE, PROBE_LAYER, Repair
+from corps.engine.request.requests import DecodeRequest, PrefillRequest
 
 
-@dataclass
-class RepairRows:
-    """The tokens a call recomputes, in view order, and how many have run."""
+class Repairs:
+    """The repair part of an executor: which repair a call gets, how its request is
+    laid out for it, and the rows that carry it out (chosen at admission, or by the
+    batched probe in the call's first step)."""
 
-    total: int  # rows it runs (known at admission)
-    slot: int  # the store's scratch slot: recomputed K/V are the call's, not stored
-    rewired: int  # tokens of the rewired parents (what a "full" repair recomputes)
-    policy: Repair  # the policy that chose them
-    ids: list[int] = field(default_factory=list)  # token ids (empty while probe is pending)
-    positions: list[int] = field(default_factory=list)  # positions in the call's context
-    at: list[int] = field(default_factory=list)  # indices in the call's view
-    probe: Probe | None = None  # pending: the rows are chosen by the first step's probe
-    probed: int = 0  # tokens the deviation probe runs through its layers
-    done: int = 0  # rows run so far
+    def __init__(
+        self,
+        table: MessageTable,
+        runner: ModelRunner,
+        *,
+        sink: int,
+        scratch: int,
+        choreographed: bool,
+        default: Repair = NONE,
+    ) -> None:
+        self.table, self.runner = table, runner
+        self.sink = sink  # tokens of the attention sink at the front of every context
+        self.scratch = scratch  # the store's scratch slot (`KVStore.scratch`)
+        self.choreographed = choreographed
+        self.default = default  # the repair of calls that name none (EngineConfig.repair)
 
-    @property
-    def left(self) -> int:
-        return self.total - self.done
+    def requested(self, request: PrefillRequest | DecodeRequest) -> Repair:
+        """The repair a request names (its agent's or workflow's filled in at
+        submission), else the engine's."""
+        return request.repair if request.repair is not None else self.default
 
-    def take(self, at: list[int], tokens: dict[int, int], positions: dict[int, int]) -> None:
-        """Recompute the tokens at view indices `at`, in view order."""
-        self.at = sorted(at)
-        self.ids = [tokens[j] for j in self.at]
-        self.positions = [positions[j] for j in self.at]
+    def laid_out(self, request: PrefillRequest | DecodeRequest) -> PrefillRequest | DecodeRequest:
+        """The request as it runs: under a `serial` repair (`Repair.serial`, choreographed
+        mode), its parents end to end from where it puts the first, its message right
+        after them; else as it is."""
+        if not self.requested(request).serial or not self.choreographed:
+            return request
+        first = request.offsets[0] if request.offsets else None
+        offsets = [first] + [None] * (len(request.parents) - 1) if request.parents else None
+        return dataclasses.replace(request, offsets=offsets, new_offset=None)
 
+    def of(self, request: PrefillRequest | DecodeRequest, c: Call) -> Repair:
+        """The repair a call gets: its request's, else the engine's; none in baseline
+        mode (nothing is rewired) and for a call whose context is a chain."""
+        repair = self.requested(request)
+        if repair.none or not self.choreographed or c.plan.kind == "sink":
+            return NONE
+        return repair if self.ranges(c) else NONE
 
-def rewired_ranges(core: Core, c: Call) -> list[tuple[int, int]]:
-    """(first view index, length) of each rewired parent of `c`, in order; [] when
-    its context is a chain."""
-    plan, table = c.plan, core.table
-    first = first_rewired(plan.parents, plan.parent_offsets, table.get, len(core.fmt.sink))
-    at = len(c.ctx_slots) - sum(len(table.get(p).tokens) for p in plan.parents)  # the sink
-    out = []
-    for i, pid in enumerate(plan.parents):
-        n = len(table.get(pid).tokens)
-        if i >= first and n:
-            out.append((at, n))
-        at += n
-    return out
+    def adapted(self, plan: CallPlan) -> bool:
+        """Whether an adapter kept apart (scope "rewired", `model.adapter_rows`) applies
+        to a call of this plan: a choreographed call whose context is rewired."""
+        w = self.runner.w
+        if w is None or w.lora is None or not self.choreographed or plan.kind == "sink":
+            return False
+        return rewired(plan.offset, plan.parents, plan.parent_offsets, self.table.get, self.sink)
 
+    def ranges(self, c: Call) -> list[tuple[int, int]]:
+        """(first view index, length) of each rewired parent of `c`, in order; [] when
+        its context is a chain."""
+        plan, table = c.plan, self.table
+        first = first_rewired(plan.parents, plan.parent_offsets, table.get, self.sink)
+        at = len(c.ctx_slots) - sum(len(table.get(p).tokens) for p in plan.parents)  # the sink
+        out = []
+        for i, pid in enumerate(plan.parents):
+            n = len(table.get(pid).tokens)
+            if i >= first and n:
+                out.append((at, n))
+            at += n
+        return out
 
-def plan_repair(core: Core, c: Call, repair: Repair) -> RepairRows | None:
-    """The rows that repair `c` (its view open, its context its own), or None when
-    the policy picks nothing (a chain, "none", a share rounding to no token). A
-    temperature is applied to the rewired keys not chosen (`warm`): here, or after
-    the probe where one picks the rows."""
-    ranges = rewired_ranges(core, c)
-    every = [j for s, n in ranges for j in range(s, s + n)]
-    if repair.none or not every:
-        return None
-    tokens, positions = context_tokens(core, c), dict(enumerate(c.ctx_pos))
-    if repair.full or repair.ratio >= 1.0:
-        fixed = every
-    else:
-        fixed = [s + j for s, n in ranges for j in range(min(repair.first, n))]
-    k = min(round(repair.ratio * len(every)), len(every) - len(fixed))
-    rows = RepairRows(len(fixed) + k, core.store.scratch, len(every), repair)
-    if k:  # chosen in the call's first step, with the other calls' probes
-        rows.probe = Probe(every, [tokens[j] for j in every], [positions[j] for j in every],
-                           fixed, k)  # fmt: skip
-        rows.probed = len(every)
-        return rows
-    settle(c, rows, fixed, every, tokens, positions)
-    return rows if rows.total else None
+    def plan(self, c: Call, repair: Repair) -> RepairRows | None:
+        """The rows that repair `c` (its view open, its context its own), or None when
+        the policy picks nothing (a chain, "none", a share rounding to no token). A
+        temperature is applied to the rewired keys not chosen (`warm`): here, or after
+        the probe where one picks the rows."""
+        ranges = self.ranges(c)
+        every = [j for s, n in ranges for j in range(s, s + n)]
+        if repair.none or not every:
+            return None
+        tokens, positions = self.context_tokens(c), dict(enumerate(c.ctx_pos))
+        if repair.full or repair.ratio >= 1.0:
+            fixed = every
+        else:
+            fixed = [s + j for s, n in ranges for j in range(min(repair.first, n))]
+        k = min(round(repair.ratio * len(every)), len(every) - len(fixed))
+        rows = RepairRows(len(fixed) + k, self.scratch, len(every), repair)
+        if k:  # chosen in the call's first step, with the other calls' probes
+            rows.probe = Probe(every, [tokens[j] for j in every], [positions[j] for j in every],
+                               fixed, k)  # fmt: skip
+            rows.probed = len(every)
+            return rows
+        settle(c, rows, fixed, every, tokens, positions)
+        return rows if rows.total else None
+
+    def probe(self, calls: list[Call]) -> None:
+        """Choose the rows of every call in `calls` whose repair waits on its probe: one
+        batched two-layer pass over all their rewired tokens (`ModelRunner.deviation`),
+        then each call's top k by deviation among its tokens not already chosen."""
+        waiting = [c for c in calls if c.repair is not None and c.repair.probe is not None]
+        if not waiting:
+            return
+        items = [(c.view, c.repair.probe.ids, c.repair.probe.positions, c.repair.probe.every)
+                 for c in waiting]  # fmt: skip
+        for c, dev in zip(waiting, self.runner.deviation(items, PROBE_LAYER), strict=True):
+            rows, p = c.repair, c.repair.probe
+            fixed = set(p.fixed)
+            free = torch.tensor([j not in fixed for j in p.every], device=dev.device)
+            top = torch.topk(dev.masked_fill(~free, float("-inf")), p.k).indices.tolist()
+            rows.probe = None
+            settle(c, rows, [*p.fixed, *(p.every[i] for i in top)], p.every,
+                   dict(zip(p.every, p.ids, strict=True)),
+                   dict(zip(p.every, p.positions, strict=True)))  # fmt: skip
+
+    def context_tokens(self, c: Call) -> dict[int, int]:
+        """Token id at each view index of `c`'s parents (the sink's are never rewired)."""
+        at = len(c.ctx_slots) - sum(len(self.table.get(p).tokens) for p in c.plan.parents)
+        out = {}
+        for pid in c.plan.parents:
+            for tok in self.table.get(pid).tokens:
+                out[at] = tok
+                at += 1
+        return out
 
 
 def settle(
@@ -130,26 +173,6 @@ def settle(
         warm(c, [j for j in every if j not in picked], rows.policy.temperature)
 
 
-def probe(core: Core, calls: list[Call]) -> None:
-    """Choose the rows of every call in `calls` whose repair waits on its probe: one
-    batched two-layer pass over all their rewired tokens (`ModelRunner.deviation`),
-    then each call's top k by deviation among its tokens not already chosen."""
-    waiting = [c for c in calls if c.repair is not None and c.repair.probe is not None]
-    if not waiting:
-        return
-    items = [(c.view, c.repair.probe.ids, c.repair.probe.positions, c.repair.probe.every)
-             for c in waiting]  # fmt: skip
-    for c, dev in zip(waiting, core.runner.deviation(items, PROBE_LAYER), strict=True):
-        rows, p = c.repair, c.repair.probe
-        fixed = set(p.fixed)
-        free = torch.tensor([j not in fixed for j in p.every], device=dev.device)
-        top = torch.topk(dev.masked_fill(~free, float("-inf")), p.k).indices.tolist()
-        rows.probe = None
-        settle(c, rows, [*p.fixed, *(p.every[i] for i in top)], p.every,
-               dict(zip(p.every, p.ids, strict=True)),
-               dict(zip(p.every, p.positions, strict=True)))  # fmt: skip
-
-
 def warm(c: Call, at: list[int], temperature: float) -> None:
     """Scale the keys at view indices `at` by 1 / temperature in every layer of the
     call's own context: its queries then attend over them at that temperature."""
@@ -157,14 +180,3 @@ def warm(c: Call, at: list[int], temperature: float) -> None:
         idx = torch.tensor(at, device=c.view.k.device)
         keys = c.view.k  # (L, Hkv, n, D), the call's own copy
         keys.index_copy_(2, idx, keys.index_select(2, idx) / temperature)
-
-
-def context_tokens(core: Core, c: Call) -> dict[int, int]:
-    """Token id at each view index of `c`'s parents (the sink's are never rewired)."""
-    at = len(c.ctx_slots) - sum(len(core.table.get(p).tokens) for p in c.plan.parents)
-    out = {}
-    for pid in c.plan.parents:
-        for tok in core.table.get(pid).tokens:
-            out[at] = tok
-            at += 1
-    return out

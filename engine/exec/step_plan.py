@@ -7,8 +7,9 @@ The scheduling layer plans, the executor runs, postprocess updates the calls:
   then `plan_rows` (here) decides the rows of each: a token for every decoding
   call first, then prompt chunks.
 - `Executor.step(plan)` allocates the plan's slots, builds its batch, runs the
-  forward, samples, and returns a `StepOutput`; postprocess (the loop) hands
-  the tokens to the calls' jobs and finishes the calls that are done.
+  forward, samples, moves each call on (postprocess), registers the messages of
+  the calls that are done, and returns all of it as one `StepOutput`; the loop
+  hands the tokens and handles to the calls' jobs without calling back in.
 
 Nothing else decides a step's shape: the batching loop, recomputes of evicted
 encodings and the attention sink all step through a plan. Rules (unchanged from
@@ -32,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from corps.cache.handle import Handle
 from corps.engine.exec.call import Call
 from corps.engine.model.static_decode import BUCKETS, bucket_for
 
@@ -59,10 +61,13 @@ __all__ = [
 
 @dataclass
 class StepOutput:
-    """What one step did: tokens sampled, and calls that failed (already rolled back)."""
+    """What one step did, in one pass: the tokens sampled, the calls it finished with
+    their messages' handles, and the calls that failed (already rolled back)."""
 
     tokens: list[tuple[Call, int]] = field(default_factory=list)
     failed: list[tuple[Call, BaseException]] = field(default_factory=list)
+    finished: dict[Call, Handle] = field(default_factory=dict)  # by call (identity)
+    forward_s: float = 0.0  # the model's forward inside the step
     encoded: bool = False  # it ran a prompt chunk or a turn's footer, not only decodes
     calls: int = 0  # calls the forward ran rows of
     rows: int = 0  # rows (tokens) the forward encoded
@@ -78,6 +83,9 @@ class Rows:
     call: Call
     start: int
     n: int
+
+    def __iter__(self):  # (call, start, n), as the batch builder reads them
+        return iter((self.call, self.start, self.n))
 
     @property
     def is_chunk(self) -> bool:
@@ -104,6 +112,7 @@ class StepPlan:
 
     entries: tuple[Rows, ...]
     calls: tuple[Call, ...] = ()
+    ready: tuple[Call, ...] = ()  # calls done before the step (text only): finished in it
 
     @property
     def rows(self) -> int:
@@ -125,7 +134,7 @@ class StepPlan:
         return bucket_for(len(self.entries))
 
     def __bool__(self) -> bool:
-        return bool(self.entries)
+        return bool(self.entries or self.ready)
 
 
 def next_rows(c: Call) -> int:

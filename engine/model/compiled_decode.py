@@ -38,8 +38,9 @@ from torch import Tensor
 
 from corps.cache.arena import ViewArena
 from corps.cache.kv import KVStore
+from corps.engine.errors import InvalidRequest
 from corps.engine.model.decode_module import StepWeights, frozen_compile_config
-from corps.engine.model.runner import ForwardBatch, layer_mlp, layer_qkv, rms_norm
+from corps.engine.model.runner import ForwardBatch, ModelRunner, layer_mlp, layer_qkv, rms_norm
 from corps.engine.model.weights import Weights
 
 #: The fewest keys a part may have: dynamo would specialise a graph on 0 and 1.
@@ -202,3 +203,16 @@ def attend_one(
         num = num + torch.bmm(e, v)
         den = den + e.sum(-1, keepdim=True)
     return (num / den).reshape(1, hq * d)
+
+
+def compile_step(runner: ModelRunner, arena: ViewArena, gemms: str = "library") -> None:
+    """Capture the runner's lone one-row decode step (`EngineConfig.compile`): it needs
+    the torch attention backend (and contexts "copy", which the caller checks)."""
+    if runner.attention.name != "torch":
+        raise InvalidRequest(
+            "compile=True needs the torch attention backend and contexts='copy' "
+            f"(this engine has {runner.attention.name!r})"
+        )
+    compiled = CompiledDecode(runner.w, runner.store, arena, gemms=gemms)
+    compiled.warm()
+    runner.compiled = compiled

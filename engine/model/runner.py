@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -22,9 +22,30 @@ from corps.engine.attention import (
 )
 from corps.engine.model.weights import Weights
 
-if TYPE_CHECKING:
-    from corps.engine.model.compiled_decode import CompiledDecode
-    from corps.engine.model.static_decode import StaticDecode
+
+class CompiledStep(Protocol):
+    """A lone one-row decode step through a captured graph (`model.compiled_decode`)."""
+
+    steps: dict[str, int]  # steps it ran, by kind of view
+    compile_seconds: float
+
+    def parts(self, batch: ForwardBatch) -> tuple | None: ...
+
+    def forward(self, batch: ForwardBatch, *parts: Any) -> Tensor: ...
+
+
+class StaticSteps(Protocol):
+    """Decode-only steps over static buffers, CUDA graphs on a GPU (`model.static_decode`)."""
+
+    steps: dict  # the buffers (and graph) of each bucket
+    runs: int  # steps run through them
+    capture_seconds: float
+
+    def key(self, batch: ForwardBatch) -> tuple[int, int | None] | None: ...
+
+    def forward(self, batch: ForwardBatch, key: tuple[int, int | None]) -> Tensor: ...
+
+    def release(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -62,9 +83,9 @@ class ModelRunner:
         # decode steps read a context once for its readers when that saves this many keys
         self.group_min_saved: int | None = GROUP_MIN_SAVED
         # lone one-row steps through a captured graph (EngineConfig.compile), else None
-        self.compiled: CompiledDecode | None = None
+        self.compiled: CompiledStep | None = None
         # decode-only steps over static buffers, CUDA graphs on a GPU (EngineConfig.graphs)
-        self.static: StaticDecode | None = None
+        self.static: StaticSteps | None = None
 
     def release(self) -> None:
         """Drop the weights and the captured step (the engine closed): their memory

@@ -39,16 +39,13 @@ from __future__ import annotations
 import time
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from corps.cache.arena import ViewArena
 from corps.engine.attention import DecodePlan
-
-if TYPE_CHECKING:
-    from corps.engine.model.runner import ForwardBatch, ModelRunner
+from corps.engine.model.runner import ForwardBatch, ModelRunner
 
 #: Batch sizes a decode-only step is padded to (one buffer set, one graph each).
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -216,3 +213,9 @@ class StaticDecode:
         graph.replay()
         self.capture_seconds += time.perf_counter() - t0
         return step.logits
+
+
+def use_graphs(runner: ModelRunner, arena: ViewArena, how: str) -> None:
+    """Run the runner's decode-only steps over static buffers (`EngineConfig.graphs`):
+    "capture" (CUDA graphs), "static" (the same buffers, eagerly) or "off"."""
+    runner.static = None if how == "off" else StaticDecode(runner, arena, capture=how == "capture")

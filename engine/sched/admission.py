@@ -26,23 +26,27 @@ class Admission:
     back by the policy, or waiting for a shared prefix); `finished`: ended here or
     by their steps, to be woken by the loop."""
 
-    def __init__(self, core: Executor, policy: Policy, *, max_running: int, evict: bool) -> None:
-        self.core, self.policy = core, policy
+    def __init__(
+        self, executor: Executor, policy: Policy, *, max_running: int, evict: bool
+    ) -> None:
+        self.executor, self.policy = executor, policy
         self.max_running, self.evict = max_running, evict
         self.running: list[Job] = []
         self.held: list[Job] = []
         self.finished: list[Job] = []
 
     def _call(self, job: Job, alone: bool):
-        """`core.admit` for one job; if the store is full and nothing running will give
+        """`executor.admit` for one job; if the store is full and nothing running will give
         memory back (`alone`), again with eviction in the policy's order."""
         try:
-            return self.core.admit(job.request, want_logits=job.want_logits, hold=True)
+            return self.executor.admit(job.request, want_logits=job.want_logits, hold=True)
         except CacheFullError as exc:
             if not alone or not self.evict or isinstance(exc, StoreTooSmall):
                 raise
         victims = getattr(self.policy, "victims", least_recent)
-        return self.core.admit(job.request, want_logits=job.want_logits, hold=True, evict=victims)
+        return self.executor.admit(
+            job.request, want_logits=job.want_logits, hold=True, evict=victims
+        )
 
     def admit(self, arrived: list[Job], t0: float) -> None:
         """Admit waiting jobs as the policy orders them, a task group at a time.
@@ -88,7 +92,7 @@ class Admission:
                     continue
                 for other in taken:  # the group waits whole: give back what it got
                     self.running.remove(other)
-                    self.core.abort(other.call)
+                    self.executor.abort(other.call)
                     other.call = other.admitted = None
                 self.held += [j for j in group if j not in self.finished]
                 return False

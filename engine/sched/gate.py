@@ -178,11 +178,11 @@ class Ticket:
             self.gate.leave(self._id, self.kind, self.peak if exc_type is None else 0)
 
 
-def gate_for(core: Executor, cfg: EngineConfig) -> WorkflowGate | None:
+def gate_for(executor: Executor, cfg: EngineConfig) -> WorkflowGate | None:
     """The workflow gate for these settings: by memory where there is a store and
     `admission` is on, by count where `max_workflows` is set; None for neither."""
-    capacity = core.occupancy()[1] if cfg.admission else 0
+    capacity = executor.gauges()[1] if cfg.admission else 0
     if not capacity and cfg.max_workflows is None:
         return None
-    used = (lambda: core.occupancy()[0]) if capacity else None
+    used = (lambda: executor.gauges()[0]) if capacity else None
     return WorkflowGate(capacity or None, used=used, most=cfg.max_workflows)

@@ -10,7 +10,7 @@ from typing import Any
 import anyio
 
 from corps.cache.handle import Handle
-from corps.cache.messages import CallFigures
+from corps.cache.messages import CallFigures, Message
 from corps.engine.errors import CallCancelled
 from corps.engine.exec.call import Call
 from corps.engine.exec.step_plan import next_rows
@@ -23,15 +23,15 @@ class Job:
 
     Callbacks run on the event loop. If `on_token` or `on_done` raises, that call
     alone fails with the callback's exception (its message is freed); the loop
-    goes on.
+    goes on. The scheduler ends a job (`Scheduler.end`): the parents it pinned go
+    back, a message nobody will receive is freed, and its waiter wakes.
     """
 
     request: Any
     want_logits: bool = False
     on_token: Callable[[int], None] | None = None  # each sampled token
     on_done: Callable[[], None] | None = None  # when the job ends, before its waiter wakes
-    on_end: Callable[[Job], None] | None = None  # the engine's bookkeeping (pins, orphans)
-    orphan: Callable[[Handle], None] | None = None  # frees a result nobody will receive
+    pins: list[Message] = field(default_factory=list)  # parents pinned until it ends
     done: anyio.Event = field(default_factory=anyio.Event)
     handle: Handle | None = None
     error: BaseException | None = None
@@ -76,21 +76,14 @@ class Job:
             leaks=self.leaks,
         )
 
-    def end(self) -> None:
-        """Finish the job once: run its callbacks, then wake its waiter."""
-        if self.done.is_set():
-            return
+    def run_on_done(self) -> None:
+        """Run `on_done` once, as the job ends; its error becomes the job's."""
         if self.on_done is not None:
+            on_done, self.on_done = self.on_done, None
             try:
-                self.on_done()
+                on_done()
             except Exception as exc:
                 self.error = self.error or exc
-        if self.on_end is not None:
-            self.on_end(self)
-        if self.cancelled and self.handle is not None and self.orphan is not None:
-            handle, self.handle = self.handle, None
-            self.orphan(handle)  # it finished in the step it was cancelled in: nobody takes it
-        self.done.set()
 
     def token(self, tok: int) -> None:
         """Pass a sampled token to `on_token`; a callback error fails this job only."""
@@ -102,14 +95,12 @@ class Job:
             self.error, self.cancelled = exc, True  # aborted before the next step
 
     async def wait(self) -> Handle:
-        """The handle, or the job's error; cancelling the wait cancels the job."""
+        """The handle, or the job's error; cancelling the wait cancels the job (a
+        handle it finished with meanwhile is the waiter's to free: `Scheduler.wait`)."""
         try:
             await self.done.wait()
         except BaseException:
             self.cancelled = True
-            if self.handle is not None and self.orphan is not None:
-                handle, self.handle = self.handle, None
-                self.orphan(handle)  # it finished, but its waiter is gone
             raise
         if self.error is not None:
             raise self.error

@@ -46,11 +46,13 @@ from dataclasses import dataclass
 import anyio
 import anyio.lowlevel
 
+from corps.cache.handle import Handle
 from corps.engine.errors import EngineBusy, EngineClosed
 from corps.engine.exec.executor import Executor
 from corps.engine.exec.step_plan import StepOutput
 from corps.engine.exec.torch_thread import TORCH, TorchThread
 from corps.engine.sched.admission import Admission
+from corps.engine.sched.call_events import end_events
 from corps.engine.sched.job import Job
 from corps.engine.sched.policies import Fcfs, Policy, started
 from corps.engine.sched.step import plan_step
@@ -76,7 +78,7 @@ class _Counters:
 class Scheduler:
     def __init__(
         self,
-        core: Executor,
+        executor: Executor,
         *,
         queue_size: int = 256,
         step_tokens: int = 512,
@@ -89,10 +91,10 @@ class Scheduler:
         if queue_size < 1 or step_tokens < 1 or max_running < 1:
             raise ValueError("queue_size, step_tokens and max_running must be >= 1")
         self.policy: Policy = policy or Fcfs()
-        self.core = core
+        self.executor = executor
         # preemption: a call nothing running could make room for may evict encodings
         # no running call reads, in the policy's order (False: it fails, CacheFullError)
-        self.admission = Admission(core, self.policy, max_running=max_running, evict=evict)
+        self.admission = Admission(executor, self.policy, max_running=max_running, evict=evict)
         self.thread = thread  # runs every step (corps.engine.exec.torch_thread says why one)
         self.rec = recorder or Recorder()
         self.step_tokens = step_tokens
@@ -107,7 +109,7 @@ class Scheduler:
         self._dead: BaseException | None = None
         self.started = False
         self.n = _Counters()
-        self._preempted = (0, 0)  # the core's (evicted, recomputed) at the last step event
+        self._preempted = (0, 0)  # the executor's (evicted, recomputed) at the last step event
         self.after_step: Callable[[], None] | None = None  # the engine's sweep (event loop)
 
     # ---- submitting (event loop) ----
@@ -162,6 +164,39 @@ class Scheduler:
                 "(or `async with engine:` after Engine.load)"
             )
         return EngineClosed("the engine is shut down")
+
+    # ---- ending jobs (event loop) ----
+
+    def end(self, job: Job) -> None:
+        """End a job once: its `on_done`, its parents unpinned, a message nobody will
+        receive (it failed or was cancelled) freed, its figures kept on its message,
+        its trace events, then its waiter woken."""
+        if job.done.is_set():
+            return
+        job.run_on_done()
+        executor = self.executor
+        executor.unpin(job.pins)
+        job.pins = []
+        if job.handle is not None and (job.error is not None or job.cancelled):
+            executor.free(job.handle)  # finished, but nobody will ever receive it
+            job.handle = None
+        if job.handle is not None:
+            executor.table.get(job.handle.id).figures = job.figures()
+        if self.rec.on:
+            for event in end_events(self.rec, executor.table, job):
+                self.rec.emit(event)
+        job.done.set()
+
+    async def wait(self, job: Job) -> Handle:
+        """The job's handle, or its error (`Job.wait`); a waiter cancelled after the
+        job finished frees what it made, since nobody will receive it."""
+        try:
+            return await job.wait()
+        except BaseException:
+            if job.done.is_set() and job.handle is not None:
+                handle, job.handle = job.handle, None
+                self.executor.free(handle)
+            raise
 
     # ---- the loop ----
 
@@ -230,13 +265,12 @@ class Scheduler:
 
     def _reap_cancelled(self) -> None:
         for job in [j for j in self.admission.running if j.cancelled]:
-            self.core.abort(job.call)
+            self.executor.abort(job.call)
             self.admission.running.remove(job)
-            job.end()
+            self.end(job)
 
     async def _step(self, new: list[Job]) -> None:
         t0 = time.perf_counter()
-        forward0 = self.core.forward_seconds
         self._incoming = new  # owned by the loop until the step has taken them
         steps = self.n.steps
         await self.thread.run(self._step_sync, new, t0)
@@ -245,7 +279,7 @@ class Scheduler:
         self.n.step_seconds += now - t0
         if self._out.encoded:
             self.n.encode_seconds += now - t0
-        self.n.forward_seconds += self.core.forward_seconds - forward0
+        self.n.forward_seconds += self._out.forward_s
         if self.n.steps > steps:  # what the step's calls waited, for the policy's feedback
             self.policy.stepped(now - t0)
         rec = self.rec
@@ -263,16 +297,16 @@ class Scheduler:
         if rec.on and self.n.steps > steps:
             rec.emit(self._step_event(t0, now))
         for job in self.admission.finished:
-            job.end()
+            self.end(job)
         self._linger = any(j.critical and j.error is None for j in self.admission.finished)
         self._tokens, self.admission.finished, self._out = [], [], StepOutput()
         if self.after_step is not None:
             self.after_step()
 
     def _step_event(self, t0: float, now: float) -> Step:
-        used, capacity = self.core.occupancy()
-        preempted, self._preempted = self._preempted, self.core.preempted()
-        evicted, recomputed = (b - a for a, b in zip(preempted, self._preempted, strict=True))
+        used, capacity, *preempted = self.executor.gauges()
+        evicted, recomputed = (b - a for a, b in zip(self._preempted, preempted, strict=True))
+        self._preempted = tuple(preempted)
         return Step(
             t=self.rec.rel(t0),
             dur=now - t0,
@@ -291,43 +325,34 @@ class Scheduler:
         )
 
     def _step_sync(self, new: list[Job], t0: float) -> None:
-        """Worker thread: admit new jobs, run one fused step, finish what is done."""
+        """Worker thread: admit new jobs, run one step, complete the jobs it ended."""
         self.admission.admit(self.admission.held + new, t0)
         self._admit_s = time.perf_counter() - t0
-        by_call = {id(j.call): j for j in self.admission.running}
         chosen, plan = plan_step(self.admission.running, self.policy, self.step_tokens)
-        active = [j.call for j in chosen]
-        if active:
-            try:
-                t_step = time.perf_counter()
-                out = self.core.step(plan)
-                seconds = time.perf_counter() - t_step
-                self.policy.observe(out.calls, out.rows, seconds, out.chunks, out.keys)
-            except Exception as exc:  # the forward failed: fail this step's jobs, go on
-                for call in active:
-                    self.core.abort(call)
-                    by_call[id(call)].error = exc
-            else:
-                for call, exc in out.failed:
-                    by_call[id(call)].error = exc
-                self._tokens = [(by_call[id(c)], tok) for c, tok in out.tokens]
-                self._out = out
-                self.n.steps += 1
-                self.n.calls_in_steps += len(active)
+        if not plan:
+            return
+        t_step = time.perf_counter()
+        out = self.executor.step(plan)
+        if chosen:
+            seconds = time.perf_counter() - t_step
+            self.policy.observe(out.calls, out.rows, seconds, out.chunks, out.keys)
+            self.n.steps += 1
+            self.n.calls_in_steps += len(chosen)
+        self._out = out
+        job_of = {j.call: j for j in self.admission.running}
+        for call, exc in out.failed:
+            job_of[call].error = exc
+        for call, handle in out.finished.items():
+            job_of[call].handle = handle
+            self._stamp(job_of[call])
+        self._tokens = [(job_of[c], tok) for c, tok in out.tokens]
         for job in [j for j in self.admission.running if j.call.done]:
             self.admission.running.remove(job)
-            if job.error is None:
-                try:
-                    job.handle = self.core.finish(job.call)
-                    self._stamp(job)
-                except Exception as exc:
-                    self.core.abort(job.call)
-                    job.error = exc
             self.admission.finished.append(job)
 
     def _stamp(self, job: Job) -> None:
         """Note on the new message when its workflow started (the policy's victim order)."""
-        msg = self.core.table.find(job.handle.id)
+        msg = self.executor.table.find(job.handle.id)
         if msg is not None:
             msg.started = started(job)
 
@@ -353,10 +378,10 @@ class Scheduler:
         self._recv.close()
         for job in leftover:
             if job.call is not None and job.handle is None:
-                self.core.abort(job.call)
+                self.executor.abort(job.call)
             if job.error is None and job.handle is None:
                 job.error = error
-            job.end()
+            self.end(job)
 
     # ---- statistics ----
 

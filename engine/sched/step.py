@@ -13,10 +13,13 @@ from corps.engine.sched.policies import Policy
 def plan_step(running: Sequence[Job], policy: Policy, budget: int) -> tuple[list[Job], StepPlan]:
     """The next step of the batching loop: the running jobs the policy advances, in
     its order, and the plan of their rows within the policy's share of `budget`.
-    Calls already done are left out."""
+    Calls already done (a prefill that stores its text only) run no rows: they are
+    the plan's `ready`, finished in the step."""
+    ready = tuple(j.call for j in running if j.call.done)  # done at admission: text only
     order = policy.step_calls(policy.step_order(list(running)))
     chosen = [j for j in order if not j.call.done]
     if not chosen:
-        return [], StepPlan(())
+        return [], StepPlan((), ready=ready)
     tokens = policy.step_budget(order, budget)
-    return chosen, plan_rows([j.call for j in chosen], tokens)
+    plan = plan_rows([j.call for j in chosen], tokens)
+    return chosen, StepPlan(plan.entries, plan.calls, ready)
