@@ -28,8 +28,8 @@ from corps.cache.errors import CorpsError
 from corps.cache.visibility import LeakWarning
 from corps.cli.run import read_inputs
 from corps.cli.scenario import parse_sets
+from corps.engine import check_adapter_of
 from corps.engine.config import DEFAULT_MODEL, BadConfig, EngineConfig
-from corps.engine.model.adapter_files import check_adapter_of
 from corps.patterns import registry
 from corps.patterns.evaluation.scoring import split_line
 

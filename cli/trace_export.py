@@ -25,8 +25,7 @@ from typing import Any
 from rich.console import Console
 
 from corps.cli.trace_view import ALL, Filter, Timeline, overview
-from corps.engine.trace.events import Step
-from corps.engine.trace.reader import CallRec, Trace
+from corps.engine import CallRec, Step, Trace
 
 
 def _us(t: float) -> float:

@@ -20,7 +20,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from corps.cli.bench_runner import best_of, ours_probes, rates
+from corps.cli.bench.runner import best_of, ours_probes, rates
 
 
 def measure(model: str, engines: dict[str, dict], dtype: str, decode_tokens: int,
@@ -33,7 +33,7 @@ def measure(model: str, engines: dict[str, dict], dtype: str, decode_tokens: int
 
     from anyio.from_thread import start_blocking_portal
 
-    from corps.engine.api.engine import Engine
+    from corps.engine import Engine
 
     with start_blocking_portal() as portal, ExitStack() as stack:
         probes = {}
@@ -57,7 +57,7 @@ def measure(model: str, engines: dict[str, dict], dtype: str, decode_tokens: int
 
 def main(model: str, adapter: Path, dtype: str, decode_tokens: int, prefill_tokens: int,
          repeats: int) -> None:  # fmt: skip
-    from corps.engine.model.adapter_files import read_scope
+    from corps.engine import read_scope
 
     apart = read_scope(adapter) == "rewired"
     engines = {"base": {}, "adapter": {"adapter": adapter}}

@@ -25,7 +25,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from corps.cli.bench_runner import measure_hf
+from corps.cli.bench.runner import measure_hf
 
 TOPICS = [
     "a lighthouse",
@@ -71,7 +71,7 @@ class Row:
 async def _measure(
     model: str, dtype: str, counts: list[int], tokens: int, rounds: int = 1
 ) -> tuple[list[Row], Any]:
-    from corps.engine.api.engine import Engine
+    from corps.engine import Engine
 
     rows = [Row(n) for n in counts]
     async with Engine.open(model, dtype=dtype) as engine:
@@ -88,7 +88,7 @@ async def _measure(
 
 
 def main(model: str, dtype: str, counts: list[int], tokens: int, rounds: int = 1) -> None:
-    from corps.engine.model.weights import torch_dtype
+    from corps.engine import torch_dtype
 
     rows, path = anyio.run(_measure, model, dtype, counts, tokens, rounds)
     hf, _ = measure_hf(path, torch_dtype(dtype), tokens, 8, 1)

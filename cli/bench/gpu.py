@@ -18,7 +18,7 @@ any section failed):
   CUDA graphs by default on a GPU), one stream and the first stream count again
   on an engine with graphs="off": what the graphs are worth.
 - workflows: choreographed against the prefix-cached baseline on equal work
-  (`corps.cli.bench_workflow.measure`): wall and mean TTFT ratios.
+  (`corps.cli.bench.workflow.measure`): wall and mean TTFT ratios.
 
 On the GPU the clock is read after `torch.cuda.synchronize()`. On a CPU the
 same sections run (tiny sizes rehearse the command; the figures mean little).
@@ -38,7 +38,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from corps.cli.bench_runner import random_ids
+from corps.cli.bench.runner import random_ids
 
 #: workflows and their settings: the paper's three, and tree of thoughts 8x8
 WORKFLOWS: dict[str, tuple[str, dict]] = {
@@ -121,7 +121,7 @@ class HFReference:
     def __init__(self, path: Path, dtype: torch.dtype, device: str) -> None:
         from transformers import AutoTokenizer
 
-        from corps.engine.model.weights import load_hf
+        from corps.engine import load_hf
 
         self.device = device
         self.model = load_hf(path, dtype=dtype, device=device).to(device).eval()
@@ -226,7 +226,7 @@ async def stream_figures(engine, hf: HFReference, s: Settings) -> list[Figure]:
 async def graph_figures(s: Settings, hf: HFReference, measured: list[Figure]) -> list[Figure]:
     """One stream and the first stream count on an engine with graphs="off", against
     the figures `measured` with the settings' graphs."""
-    from corps.engine.api.engine import Engine
+    from corps.engine import Engine
 
     eager_s = Settings(**{**asdict(s), "streams": s.streams[:1], "graphs": "off"})
     async with Engine.open(s.model, dtype=s.dtype, device=s.device, graphs="off") as engine:
@@ -252,7 +252,7 @@ def release(device: str) -> None:
 
 
 async def workflow_figures(s: Settings) -> list[Figure]:
-    from corps.cli.bench_workflow import measure
+    from corps.cli.bench.workflow import measure
     from corps.patterns.samples import MATH_PROBLEMS
 
     out = []
@@ -274,8 +274,7 @@ async def workflow_figures(s: Settings) -> list[Figure]:
 
 async def run(s: Settings, out: Path | None, console: Console) -> tuple[list[Figure], list[str]]:
     """Every section; (figures, failures). Each section's lines go to `out` at once."""
-    from corps.engine.api.engine import Engine
-    from corps.engine.model.weights import torch_dtype
+    from corps.engine import Engine, torch_dtype
 
     figures: list[Figure] = []
     failures: list[str] = []

@@ -52,7 +52,7 @@ def prompt_of(client: int, i: int) -> str:
 
 async def python_cell(cfg, clients: int, requests: int, tokens: int) -> Cell:
     """The workload through the Python API, on a fresh engine."""
-    from corps.engine.api.engine import Engine
+    from corps.engine import Engine
 
     latencies: list[float] = []
     done = 0
@@ -82,7 +82,7 @@ async def python_cell(cfg, clients: int, requests: int, tokens: int) -> Cell:
 def served(cfg, model: str):
     """`corps serve` over an engine of `cfg`, in this process (`BackgroundServer`)."""
     from corps.cli.serve.background import BackgroundServer
-    from corps.engine.api.engine import Engine
+    from corps.engine import Engine
 
     return BackgroundServer(Engine.open(cfg), model=model)
 

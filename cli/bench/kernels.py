@@ -59,7 +59,7 @@ def _sdpa_gathered(q: Tensor, k: Tensor, v: Tensor, lengths: Tensor) -> Tensor:
 
 
 def bench_gather(device: torch.device, context: int, repeats: int, layers: int = LAYERS) -> Timing:
-    from corps.engine.kernels.gather_rotate import gather_rotate, gather_rotate_ref
+    from corps.engine import gather_rotate, gather_rotate_ref
 
     g = torch.Generator(device=device).manual_seed(0)
     store = 4 * context
@@ -95,8 +95,7 @@ def _calls(device: torch.device, calls: int, context: int, g):
 
 def bench_decode(device: torch.device, calls: int, context: int, repeats: int) -> Timing:
     from corps.cache.arena import ViewArena
-    from corps.engine.attention import DecodePlan, SdpaAttention
-    from corps.engine.kernels.decode_attention import decode_attention
+    from corps.engine import DecodePlan, SdpaAttention, decode_attention
 
     g = torch.Generator(device=device).manual_seed(0)
     ak, av, base, n = _calls(device, calls, context, g)
@@ -134,7 +133,7 @@ def bench_decode(device: torch.device, calls: int, context: int, repeats: int) -
 
 
 def bench_prefill(device: torch.device, calls: int, rows: int, context: int, repeats: int):
-    from corps.engine.kernels.flex_prefill import PrefillMask, flex_prefill
+    from corps.engine import PrefillMask, flex_prefill
 
     g = torch.Generator(device=device).manual_seed(0)
     width = context + rows  # each call: its context, then its new rows

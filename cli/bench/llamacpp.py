@@ -193,8 +193,7 @@ async def measure(
 ) -> list[Cell]:
     from contextlib import closing
 
-    from corps.engine.api.engine import Engine
-    from corps.engine.model.names import gguf_file, resolve_model
+    from corps.engine import Engine, gguf_file, resolve_model
     from corps.patterns.samples import MATH_PROBLEMS
 
     require_llama_cpp()

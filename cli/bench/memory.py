@@ -88,7 +88,7 @@ async def admission(
     prompts: int = 4,
     dtype: str = "float32",
 ) -> Admission:
-    from corps.engine.api.engine import Engine
+    from corps.engine import Engine
 
     async with Engine.open(model, capacity=capacity, dtype=dtype) as engine:
         qs = [await engine.prefill(f"Count slowly from {i} upwards.") for i in range(prompts)]
@@ -136,7 +136,7 @@ async def shared_context(
     dtype: str = "float32",
     contexts: str = "copy",
 ) -> SharedContext:
-    from corps.engine.api.engine import Engine
+    from corps.engine import Engine
 
     async with Engine.open(model, dtype=dtype, contexts=contexts) as engine:
         ids = _document(engine, branch_tokens)
@@ -188,7 +188,7 @@ async def context_decode(
     """What reading contexts from the store costs a decode: `calls` decodes of
     `max_tokens` over one `context_tokens`-token message (each step rotates the
     context's keys per layer with contexts="store", reads a copy with "copy")."""
-    from corps.engine.api.engine import Engine
+    from corps.engine import Engine
 
     async with Engine.open(model, dtype=dtype, contexts=contexts) as engine:
         ids = _document(engine, context_tokens)
@@ -226,7 +226,7 @@ async def long_prefill(
     import tempfile
     from pathlib import Path
 
-    from corps.engine.api.engine import Engine
+    from corps.engine import Engine
 
     step_tokens = 512
     async with Engine.open(model, step_tokens=step_tokens, dtype=dtype) as engine:

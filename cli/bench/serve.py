@@ -111,7 +111,7 @@ def engine_settings(spec: str) -> dict[str, Any]:
     """The engine settings of a policy as the bench names it: `workflow`, or
     `workflow:8` for the policy with at most 8 workflows in flight. Raises ValueError
     naming what is wrong."""
-    from corps.engine.sched.policies import POLICIES
+    from corps.engine import POLICIES
 
     name, _, cap = spec.strip().partition(":")
     if name not in POLICIES:

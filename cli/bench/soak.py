@@ -216,7 +216,7 @@ async def soak(
     progress: Callable[[int], None] | None = None,
 ) -> SoakReport:
     """Run the soak; `progress(n)` is called after each of the n workflows ends."""
-    from corps.engine.api.engine import Engine
+    from corps.engine import Engine
 
     rng = random.Random(seed)
     kinds = [

@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from corps.cli.bench_workflow import Ratio, bootstrap
+from corps.cli.bench.workflow import Ratio, bootstrap
 from corps.engine.config import DEFAULT_DTYPE
 
 
@@ -68,7 +68,7 @@ async def measure(
     live: bool = False,
 ) -> TraceCost:
     from corps.agents import Runtime
-    from corps.engine.api.engine import Engine
+    from corps.engine import Engine
     from corps.patterns.registry import run_pattern
 
     plain, traced, events, same = [], [], [], True

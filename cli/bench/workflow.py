@@ -152,7 +152,7 @@ async def measure(
     `repair`: the choreographed engine's repair policy (`corps.engine.repair`).
     """
     from corps.agents import Runtime
-    from corps.engine.api.engine import Engine
+    from corps.engine import Engine
 
     order = [i for i in IMPLS if i in impls]
     if "baseline" not in order or "choreographed" not in order:

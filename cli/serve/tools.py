@@ -23,7 +23,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from corps.engine.request.constraint import JSON_LAYOUT
+from corps.engine import JSON_LAYOUT
 
 
 @dataclass(frozen=True)

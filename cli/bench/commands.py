@@ -1,0 +1,857 @@
+"""`corps bench ...`: each benchmark's options, wired to its module in `corps.cli.bench`."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from corps.cache.errors import CorpsError
+from corps.cli.options import DtypeOpt, ModelOpt, RepairOpt, dtype_option, err, fail
+from corps.cli.options import bad as _bad
+from corps.engine import check_adapter_of
+from corps.engine.config import DEFAULT_DTYPE, BadConfig, EngineConfig
+
+T = TypeVar("T")
+
+bench_app = typer.Typer(
+    help="Benchmarks that print measured ratios side by side.", no_args_is_help=True
+)
+
+#: `corps bench gpu --workflows` (corps.cli.bench.gpu.WORKFLOWS, named here without torch)
+_GPU_WORKFLOWS = ("debate", "tree_of_thoughts", "parallel_debate", "tree_of_thoughts_8x8")
+
+
+@bench_app.command("adapter")
+def bench_adapter(
+    adapter: Annotated[Path, typer.Argument(help="A LoRA adapter directory (PEFT format).")],
+    model: ModelOpt = "smollm2-135m",
+    dtype: DtypeOpt = DEFAULT_DTYPE,
+    decode_tokens: Annotated[int, typer.Option(min=8)] = 64,
+    prefill_tokens: Annotated[int, typer.Option(min=8)] = 512,
+    repeats: Annotated[int, typer.Option(min=1, help="Best of this many runs.")] = 5,
+) -> None:
+    """Decode and prefill tokens/s with an adapter beside the base model (for one of
+    scope rewired: on chain and on rewired calls, with and without its merged copy)."""
+    from corps.cli.bench.adapter import main
+
+    try:
+        check_adapter_of(EngineConfig.of(model, adapter=adapter), err)
+    except BadConfig as exc:
+        _bad(exc.for_cli())
+    except CorpsError as exc:
+        _bad(str(exc))
+    try:
+        main(model, adapter, dtype, decode_tokens, prefill_tokens, repeats)
+    except CorpsError as exc:
+        fail(exc)
+
+
+@bench_app.command("runner")
+def bench_runner(
+    model: ModelOpt = "smollm2-135m",
+    dtypes: Annotated[
+        str, typer.Option(help="Comma-separated dtypes to measure.")
+    ] = "float32,bfloat16",
+    decode_tokens: Annotated[int, typer.Option(min=8)] = 64,
+    prefill_tokens: Annotated[int, typer.Option(min=8)] = 512,
+    repeats: Annotated[int, typer.Option(min=1, help="Best of this many runs.")] = 3,
+    compile: Annotated[
+        bool,
+        typer.Option(help="Also measure an engine with the captured decode step (compile=True)."),
+    ] = False,
+    compile_gemms: Annotated[
+        str,
+        typer.Option(
+            help="With --compile: comma-separated products of the captured step to measure, "
+            "one engine each: library (oneDNN/MKL) and/or autotune (inductor's own, timed)."
+        ),
+    ] = "library",
+) -> None:
+    """Single-stream decode and prefill tokens/s: our runner next to HF generate."""
+    from corps.cli.bench.runner import main
+
+    names = [d.strip() for d in dtypes.split(",") if d.strip()]
+    gemms = [g.strip() for g in compile_gemms.split(",") if g.strip()] if compile else []
+    try:
+        for name in names:
+            EngineConfig.of(dtype=name)
+    except CorpsError as exc:
+        _bad(f"--dtypes: {exc}")
+    try:
+        for g in gemms:
+            EngineConfig.of(compile=True, compile_gemms=g)
+    except BadConfig as exc:
+        _bad(f"--compile-gemms: {exc}")
+    try:
+        main(model, names, decode_tokens, prefill_tokens, repeats, gemms)
+    except CorpsError as exc:
+        fail(exc)
+
+
+@bench_app.command("batching")
+def bench_batching(
+    model: ModelOpt = "smollm2-135m",
+    dtype: DtypeOpt = DEFAULT_DTYPE,
+    streams: Annotated[str, typer.Option(help="Comma-separated stream counts.")] = "1,4,16,64",
+    tokens: Annotated[int, typer.Option(min=2, help="Tokens decoded per stream.")] = 32,
+    rounds: Annotated[
+        int,
+        typer.Option(
+            min=1, help="Run the counts round-robin this many times; report medians and ranges."
+        ),
+    ] = 1,
+) -> None:
+    """Aggregate decode tokens/s for concurrent streams through the batching loop."""
+    from corps.cli.bench.batching import main
+
+    try:
+        counts = [int(x) for x in streams.split(",") if x.strip()]
+    except ValueError:
+        _bad(f"--streams takes comma-separated counts like 1,4,16, got {streams!r}")
+    if not counts or min(counts) < 1:
+        _bad(f"--streams takes counts >= 1, got {streams!r}")
+    try:
+        main(model, dtype, counts, tokens, rounds)
+    except CorpsError as exc:
+        fail(exc)
+
+
+@bench_app.command("step")
+def bench_step(
+    model: ModelOpt = "dummy:tiny",
+    dtype: DtypeOpt = "float32",
+    streams: Annotated[str, typer.Option(help="Comma-separated stream counts.")] = "1,16,64",
+    tokens: Annotated[int, typer.Option(min=2, help="Tokens decoded per stream.")] = 64,
+    rounds: Annotated[
+        int, typer.Option(min=1, help="Round-robin rounds; each count reports its median.")
+    ] = 5,
+) -> None:
+    """The host's share of a decode step: per step at 1, 16 and 64 streams, the time
+    outside the model's forward (plan, batch, sample, postprocess, job completion)."""
+    from corps.cli.bench.step import main
+
+    try:
+        counts = [int(x) for x in streams.split(",") if x.strip()]
+    except ValueError:
+        _bad(f"--streams takes comma-separated counts like 1,16,64, got {streams!r}")
+    if not counts or min(counts) < 1:
+        _bad(f"--streams takes counts >= 1, got {streams!r}")
+    try:
+        main(model, tokens, rounds, counts, dtype=dtype)
+    except CorpsError as exc:
+        fail(exc)
+
+
+@bench_app.command("workflow")
+def bench_workflow(
+    pattern: Annotated[str, typer.Argument(help="A built-in pattern (see corps scenarios).")],
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="key=value parameter (repeatable).")
+    ] = None,
+    runs: Annotated[int, typer.Option(min=1, help="Measured runs per implementation.")] = 3,
+    warmup: Annotated[int, typer.Option(min=0, help="Unmeasured runs first.")] = 1,
+    impls: Annotated[
+        str, typer.Option(help="Comma-separated: baseline, choreographed, hf.")
+    ] = "baseline,choreographed,hf",
+    model: ModelOpt = "smollm2-135m",
+    dtype: DtypeOpt = DEFAULT_DTYPE,
+    json_out: Annotated[str | None, typer.Option("--json", help="Write the report here.")] = None,
+    plot_out: Annotated[
+        str | None, typer.Option("--plot", help="PNG bar chart of the ratios (matplotlib).")
+    ] = None,
+    repair: RepairOpt = "none",
+) -> None:
+    """One workflow in each implementation on equal work; ratios with 95% intervals."""
+    from corps.cli.bench import workflow as bw
+    from corps.patterns import registry
+    from corps.patterns.samples import MATH_PROBLEMS
+
+    params, chosen = _bench_args(pattern, set_, impls)
+    takes = registry.params_model(registry.get(pattern)).model_fields
+    questions = [q for q, _ in MATH_PROBLEMS] if "question" in takes else None
+    try:
+        repair = EngineConfig.of(repair=repair).repair
+    except CorpsError as exc:
+        _bad(str(exc))
+    report = _measure(bw, pattern, params, chosen, runs, warmup, model, dtype, questions, repair)
+    Console().print(bw.table(report), bw.ratio_table(report))
+    _write(bw, [report], json_out, plot_out)
+
+
+@bench_app.command("constrained")
+def bench_constrained(
+    seeds: Annotated[
+        int, typer.Option(min=1, help="Seeds per pattern (each constrained and free).")
+    ] = 10,
+    calls: Annotated[
+        int, typer.Option(min=1, help="Concurrent decodes in the throughput test.")
+    ] = 16,
+    tokens: Annotated[int, typer.Option(min=1, help="Tokens each of them decodes.")] = 64,
+    runs: Annotated[
+        int, typer.Option(min=1, help="Throughput rounds (each free and constrained).")
+    ] = 3,
+    patterns: Annotated[
+        str | None, typer.Option(help="Comma-separated patterns (default: all with fixed forms).")
+    ] = None,
+    libraries: Annotated[
+        bool, typer.Option(help="Also time each installed constrained-decoding library.")
+    ] = True,
+    model: ModelOpt = "smollm2-135m",
+    dtype: DtypeOpt = DEFAULT_DTYPE,
+    json_out: Annotated[str | None, typer.Option("--json", help="Write the report here.")] = None,
+) -> None:
+    """Constraints side by side: library timings, JSON-constrained vs free tokens/s,
+    jump-forward's steps, and each pattern's parse errors constrained and free."""
+    from corps.cli.bench import constrained as bc
+
+    names = None
+    if patterns is not None:
+        names = [p.strip().replace("-", "_") for p in patterns.split(",") if p.strip()]
+        unknown = sorted(set(names) - set(bc.PATTERNS))
+        if unknown:
+            _bad(f"--patterns: {', '.join(unknown)}; choose from {', '.join(bc.PATTERNS)}")
+    settings = dict(seeds=seeds, calls=calls, tokens=tokens, runs=runs, libs=libraries)
+    report = _run_bench(lambda: bc.measure(model, dtype, patterns=names, **settings))
+    _report(report, bc.tables(report), json_out)
+
+
+@bench_app.command("mapreduce")
+def bench_mapreduce(
+    model: ModelOpt = "smollm2-135m",
+    dtype: DtypeOpt = DEFAULT_DTYPE,
+    repeat: Annotated[
+        int,
+        typer.Option(min=1, help="The sample document this many times over (~2.7k tokens each)."),
+    ] = 2,
+    chunk_tokens: Annotated[int, typer.Option(min=16, help="Tokens per map chunk.")] = 512,
+    max_tokens: Annotated[int, typer.Option(min=1, help="Tokens per summary.")] = 48,
+    rounds: Annotated[int, typer.Option(min=1, help="Timed runs per configuration.")] = 3,
+) -> None:
+    """A latency-sensitive map-reduce: its map stage as a task group vs per-call latency caps."""
+    from corps.cli.bench.mapreduce import main
+
+    try:
+        main(model, dtype, repeat, chunk_tokens, max_tokens, rounds)
+    except CorpsError as exc:
+        fail(exc)
+
+
+@bench_app.command("serve")
+def bench_serve(
+    load: Annotated[
+        str, typer.Option(help="Arrival rates as fractions of saturation, comma-separated.")
+    ] = "0.5,0.8,1.2",
+    policies: Annotated[
+        str,
+        typer.Option(
+            help="Policies to compare, comma-separated; name:N also caps workflows in flight "
+            "at N on that engine (workflow:8), the rest queued whole, first come first served."
+        ),
+    ] = "fcfs,workflow,objective",
+    duration: Annotated[float, typer.Option(min=1, help="Seconds of arrivals per cell.")] = 60,
+    chat: Annotated[int, typer.Option(min=0, help="Chat streams (latency) per cell.")] = 0,
+    mix: Annotated[
+        str | None,
+        typer.Option(
+            help="Patterns in the mix, comma-separated (their small settings), or a .json / "
+            ".toml file mapping patterns to settings."
+        ),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the arrival schedule.")] = 0,
+    schedules: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Seeded arrival schedules per load, each run under every policy, pooled "
+            "into one row per policy: a p99 over one schedule's few dozen workflows is its "
+            "slowest one or two.",
+        ),
+    ] = 1,
+    saturation: Annotated[
+        float | None,
+        typer.Option(
+            min=0.001,
+            help="Workflows/min the loads are fractions of (default: measured first, "
+            "closed loop); give a past run's figure to run the same loads again.",
+        ),
+    ] = None,
+    saturation_window: Annotated[
+        float,
+        typer.Option(
+            min=1,
+            help="Seconds of steady closed-loop load per concurrency tried (8, 16, 32, "
+            "64 while throughput rises) to measure saturation.",
+        ),
+    ] = 30,
+    alone: Annotated[
+        bool,
+        typer.Option(
+            help="Also run each workflow of a load's schedule by itself on an idle engine: "
+            "the floor under any policy's latency, and each workflow's slowdown."
+        ),
+    ] = True,
+    trace: Annotated[
+        Path | None,
+        typer.Option(
+            help="Directory: each engine's trace (load0.8-fcfs.jsonl, ...) for corps trace view."
+        ),
+    ] = None,
+    model: ModelOpt = "smollm2-135m",
+    dtype: DtypeOpt = DEFAULT_DTYPE,
+    json_out: Annotated[str | None, typer.Option("--json", help="Write the report here.")] = None,
+    plot: Annotated[
+        str | None,
+        typer.Option("--plot", help="PNG: latency and throughput against load per policy."),
+    ] = None,
+) -> None:
+    """Workflows arriving open loop at fractions of saturation, under each policy."""
+    from corps.cli.bench import serve as bs
+    from corps.engine import POLICIES
+
+    try:
+        loads = [float(x) for x in load.split(",") if x.strip()]
+    except ValueError:
+        _bad(f"--load: comma-separated numbers, got {load!r}")
+    chosen = list(dict.fromkeys(p.strip() for p in policies.split(",") if p.strip()))
+    for spec in chosen:
+        try:
+            bs.engine_settings(spec)
+        except ValueError as exc:
+            _bad(f"--policies: {exc}")
+    if not chosen:
+        _bad(f"--policies: name at least one of {', '.join(POLICIES)}")
+    patterns = dict(bs.MIX)
+    if mix is not None:
+        try:
+            patterns = bs.load_mix(mix)
+        except CorpsError as exc:
+            _bad(str(exc))
+    if plot is not None and importlib.util.find_spec("matplotlib") is None:
+        from corps.cli.plotting import INSTALL
+
+        _bad(INSTALL)
+    if not loads or any(x <= 0 for x in loads):
+        _bad("--load: positive fractions of saturation, e.g. 0.5,0.8,1.2")
+    settings = dict(dtype=dtype, loads=loads, policies=chosen, duration=duration, chat=chat,
+                    mix=patterns, seed=seed, alone=alone, trace_dir=trace, schedules=schedules,
+                    saturation_per_s=None if saturation is None else saturation / 60,
+                    saturation_window_s=saturation_window)  # fmt: skip
+    report = _run_bench(lambda: bs.measure(model, **settings))
+    _report(report, [bs.table(report), bs.ratios(report)], json_out, width=140)
+    if plot is not None:
+        bs.plot(report, plot)
+        err.print(f"plot: {plot}")
+
+
+@bench_app.command("cluster")
+def bench_cluster(
+    n: Annotated[
+        int, typer.Option(min=1, help="Workflows (multi-QA pairs) per configuration.")
+    ] = 24,
+    max_tokens: Annotated[int, typer.Option(min=1, help="Tokens each answer may decode.")] = 32,
+    concurrency: Annotated[int, typer.Option(min=1, help="Workflows in flight in all.")] = 4,
+    workers: Annotated[int, typer.Option(min=2, help="Workers in the split configuration.")] = 2,
+    rounds: Annotated[int, typer.Option(min=1, help="Alternated rounds of every config.")] = 2,
+    seed: Annotated[int, typer.Option(help="Seed of the inputs.")] = 0,
+    colocation: Annotated[
+        bool, typer.Option(help="Also measure prefix co-location (baseline mode).")
+    ] = True,
+    model: ModelOpt = "smollm2-135m",
+    dtype: DtypeOpt = DEFAULT_DTYPE,
+    json_out: Annotated[str | None, typer.Option("--json", help="Write the report here.")] = None,
+) -> None:
+    """Ray workers vs the embedded engine on the same inputs: overhead, driver cost,
+    2 workers x 1 thread vs 1 x 2, prefix co-location (needs corps[ray])."""
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        _bad("corps bench cluster needs Ray: pip install 'corps[ray]'")
+    from corps.cli.bench import cluster as bc
+
+    settings = dict(dtype=dtype, n=n, max_tokens=max_tokens, concurrency=concurrency,
+                    workers=workers, rounds=rounds, seed=seed, colocation=colocation)  # fmt: skip
+    report = _run_bench(lambda: bc.measure(model, **settings))
+    _report(report, bc.tables(report), json_out)
+
+
+@bench_app.command("trace")
+def bench_trace(
+    pattern: Annotated[str, typer.Argument(help="A built-in pattern.")] = "tree_of_thoughts",
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="key=value parameter (repeatable).")
+    ] = None,
+    runs: Annotated[int, typer.Option(min=1, help="Measured runs (each traced and not).")] = 5,
+    warmup: Annotated[int, typer.Option(min=0)] = 1,
+    model: ModelOpt = "smollm2-135m",
+    dtype: DtypeOpt = DEFAULT_DTYPE,
+    live: Annotated[
+        bool, typer.Option("--live", help="The traced runs also draw the live view off-screen.")
+    ] = False,
+) -> None:
+    """What recording a trace costs: the same workflow traced and untraced, alternated."""
+    from corps.cli.bench import trace as bt
+
+    params, _ = _bench_args(pattern, set_, "baseline,choreographed")
+    cost = _run_bench(
+        lambda: bt.measure(
+            pattern.replace("-", "_"),
+            params,
+            model=model,
+            runs=runs,
+            warmup=warmup,
+            dtype=dtype,
+            live=live,
+        )
+    )
+    Console().print(bt.table(cost))
+
+
+@bench_app.command("soak")
+def bench_soak(
+    workflows: Annotated[int, typer.Option(min=1, help="Workflows to run.")] = 1000,
+    concurrency: Annotated[int, typer.Option(min=1, help="Workflows in flight.")] = 32,
+    faults: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="Share of workflows replaced by a fault.")
+    ] = 0.1,
+    max_tokens: Annotated[int, typer.Option(min=1, help="Decode budget per call.")] = 8,
+    seed: Annotated[int, typer.Option(help="Seeds the mix and the faults.")] = 0,
+    capacity: Annotated[
+        int | None, typer.Option(min=64, help="Store tokens (default: from the memory budget).")
+    ] = None,
+    deadline: Annotated[
+        float, typer.Option(min=1.0, help="Seconds before a workflow counts as hung.")
+    ] = 300.0,
+    admission: Annotated[
+        bool, typer.Option(help="Workflow-level admission (off: every workflow starts at once).")
+    ] = True,
+    evict: Annotated[
+        bool,
+        typer.Option(
+            help="Preemption: with the store full, drop encodings no call reads and "
+            "recompute them when read (off: such a call fails)."
+        ),
+    ] = True,
+    model: ModelOpt = "smollm2-135m",
+    dtype: DtypeOpt = DEFAULT_DTYPE,
+    json_out: Annotated[str | None, typer.Option("--json", help="Write the report here.")] = None,
+) -> None:
+    """Many workflows with injected faults through one engine: failures, hangs, memory, speed."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from corps.cli.bench import soak as bs
+
+    bar = Progress("workflows", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err)
+    task = bar.add_task("soak", total=workflows)
+    with bar:
+        report = _run_bench(
+            lambda: bs.soak(
+                model=model,
+                workflows=workflows,
+                concurrency=concurrency,
+                faults=faults,
+                max_tokens=max_tokens,
+                seed=seed,
+                deadline_s=deadline,
+                capacity=capacity,
+                dtype=dtype,
+                admission=admission,
+                evict=evict,
+                progress=lambda n: bar.update(task, completed=n),
+            )
+        )
+    console = Console()
+    console.print(bs.table(report))
+    for e in report.errors:
+        console.print(f"  [red]{e}[/]", highlight=False)
+    if json_out:
+        with open(json_out, "w") as f:
+            f.write(report.model_dump_json(indent=1) + "\n")
+    if report.unexplained or report.hung:
+        raise typer.Exit(1)
+
+
+@bench_app.command("memory")
+def bench_memory(
+    calls: Annotated[int, typer.Option(min=1, help="Concurrent long decodes.")] = 64,
+    max_tokens: Annotated[int, typer.Option(min=1, help="Tokens each decodes.")] = 96,
+    capacity: Annotated[
+        int, typer.Option(min=256, help="Store tokens for the admission run.")
+    ] = 2048,
+    branches: Annotated[int, typer.Option(min=1)] = 16,
+    voters: Annotated[int, typer.Option(min=1)] = 16,
+    branch_tokens: Annotated[int, typer.Option(min=1)] = 256,
+    prompt_tokens: Annotated[
+        int, typer.Option(min=0, help="Long prompt arriving during 16 decodes (0: skip).")
+    ] = 4096,
+    model: ModelOpt = "smollm2-135m",
+    dtype: Annotated[
+        str,
+        typer.Option(
+            help="float32 by default here: batched calls equal to alone needs kernels that "
+            "do not depend on the step's row count, which mixed's do.",
+            callback=dtype_option,
+        ),
+    ] = "float32",
+) -> None:
+    """Admission under memory pressure, view memory over a shared context, and a long
+    prompt arriving while decodes run."""
+    from corps.cli.bench import memory as bm
+
+    async def all_three():
+        adm = await bm.admission(
+            model, calls=calls, max_tokens=max_tokens, capacity=capacity, dtype=dtype
+        )
+        ctx = [
+            await bm.shared_context(
+                model,
+                branches=branches,
+                voters=voters,
+                branch_tokens=branch_tokens,
+                dtype=dtype,
+                contexts=contexts,
+            )
+            for contexts in ("copy", "store")
+        ]
+        decodes = [
+            await bm.context_decode(model, contexts=c, context_tokens=n, calls=k, dtype=dtype)
+            for n, k in ((512, 1), (2048, 1), (2048, 8))
+            for c in ("copy", "store")
+        ]
+        long = None
+        if prompt_tokens:
+            long = await bm.long_prefill(model, prompt_tokens=prompt_tokens, dtype=dtype)
+        return adm, ctx, long, decodes
+
+    adm, ctx, long, decodes = _run_bench(all_three)
+    Console().print(*bm.tables(adm, ctx, long, decodes))
+
+
+@bench_app.command("vs-llamacpp")
+def bench_vs_llamacpp(
+    cells: Annotated[str, typer.Option(help="Comma-separated BxV cells.")] = "4x4,8x8,16x4",
+    runs: Annotated[int, typer.Option(min=1, help="Measured runs per cell.")] = 2,
+    warmup: Annotated[int, typer.Option(min=0)] = 1,
+    threads: Annotated[int, typer.Option(min=1, help="llama.cpp threads.")] = 2,
+    dtype: DtypeOpt = DEFAULT_DTYPE,
+) -> None:
+    """A tree-of-thoughts-shaped workflow: llama.cpp (its GGUF) vs corps, interleaved."""
+    from corps.cli.bench import llamacpp as bl
+
+    try:
+        shape = [tuple(int(x) for x in c.lower().split("x")) for c in cells.split(",") if c]
+        assert shape and all(len(c) == 2 and min(c) >= 1 for c in shape)
+    except (ValueError, AssertionError):
+        _bad(f"--cells takes BxV pairs like 4x4,8x8, got {cells!r}")
+    try:
+        result = _run_bench(
+            lambda: bl.measure(shape, runs=runs, warmup=warmup, threads=threads, dtype=dtype)
+        )
+    except bl.MissingLlamaCpp as exc:
+        _bad(str(exc))
+    Console().print(bl.table(result, dtype))
+
+
+@bench_app.command("kernels")
+def bench_kernels(
+    device: Annotated[str, typer.Option(help="cuda (or cpu under TRITON_INTERPRET=1).")] = "cuda",
+    repeats: Annotated[int, typer.Option(min=1, help="Timed runs per kernel (median).")] = 20,
+    small: Annotated[bool, typer.Option(help="Small shapes (for the interpreter).")] = False,
+    cpu: Annotated[
+        bool,
+        typer.Option(
+            "--cpu",
+            help="Instead: the CPU product kernels dtype=auto chooses from, timed on this "
+            "machine for the model's shapes (read from the cache; --remeasure to time again).",
+        ),
+    ] = False,
+    model: ModelOpt = "smollm2-135m",
+    remeasure: Annotated[bool, typer.Option(help="With --cpu: time again, not cached.")] = False,
+) -> None:
+    """The CUDA kernels timed against their torch references and SDPA (needs a GPU), or
+    with --cpu the product kernels dtype="auto" chooses from on this CPU."""
+    if cpu:
+        try:
+            _cpu_kernels(model, remeasure)
+        except CorpsError as exc:
+            fail(exc)
+        return
+    import torch
+
+    from corps.engine import interpreting, triton_available
+
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        Console().print(
+            "no CUDA device: kernel timings need a GPU, skipped. The kernels are verified "
+            "on CPU by the test suite (Triton's interpreter against torch references)."
+        )
+        return
+    if not triton_available():
+        _bad("the kernels need Triton: pip install 'corps[cuda]'")
+    if not device.startswith("cuda") and not interpreting():
+        _bad(f"--device {device} runs Triton through its interpreter: set TRITON_INTERPRET=1")
+    from corps.cli.bench import kernels as bk
+
+    Console().print(bk.table(bk.measure(device, small=small, repeats=repeats), device))
+
+
+def _cpu_kernels(model: str, remeasure: bool) -> None:
+    from corps.cli.bench import kernels as bk
+    from corps.engine import corps_home, read_spec, resolve_model, tuning
+
+    spec = read_spec(resolve_model(model, console=err))
+    cache = corps_home() / "kernels"
+    if remeasure:
+        shapes = tuning.step_shapes(spec)
+        path = cache / f"{tuning.machine_key(shapes, tuning.available())}.json"
+        path.unlink(missing_ok=True)
+    timings, path, fresh = tuning.cached_timings(spec, cache)
+    choice = tuning.choose_fastest(timings)
+    exact = tuning.choose(timings, tuning.EXACT)
+    table = bk.cpu_table(timings, choice, cpu=tuning.cpu_name(), cache=str(path), exact=exact)
+    Console(width=max(150, Console().width)).print(table)
+    if fresh:
+        Console().print("[dim](timed now; later loads read the cache)[/]")
+
+
+@bench_app.command("gpu")
+def bench_gpu(
+    model: ModelOpt = "dummy:llama-3.2-1b",
+    dtype: Annotated[str, typer.Option(help="Weights, activations and KV store.")] = "bfloat16",
+    device: Annotated[
+        str | None, typer.Option(help="cuda[:N] or cpu (default: cuda when there is one).")
+    ] = None,
+    prompt_tokens: Annotated[int, typer.Option(min=8, help="The long prompt's tokens.")] = 2048,
+    spans: Annotated[int, typer.Option(min=1, help="Short spans over a shared context.")] = 16,
+    span_tokens: Annotated[int, typer.Option(min=1)] = 128,
+    context_tokens: Annotated[int, typer.Option(min=1)] = 1024,
+    decode_tokens: Annotated[int, typer.Option(min=8, help="One stream's tokens.")] = 128,
+    streams: Annotated[str, typer.Option(help="Comma-separated stream counts.")] = "16,64",
+    stream_tokens: Annotated[int, typer.Option(min=2)] = 64,
+    workflows: Annotated[
+        str, typer.Option(help="Comma-separated, of: " + ", ".join(_GPU_WORKFLOWS))
+    ] = ",".join(_GPU_WORKFLOWS),
+    workflow_tokens: Annotated[int, typer.Option(min=1, help="Decode budget per call.")] = 64,
+    runs: Annotated[int, typer.Option(min=1, help="Measured runs per workflow.")] = 2,
+    repeats: Annotated[int, typer.Option(min=1, help="Best of this many timings.")] = 3,
+    graphs: Annotated[
+        str,
+        typer.Option(
+            help="Decode steps over static buffers: auto (CUDA graphs on a GPU), capture, "
+            "static or off. Unless off, decode is measured again with off, side by side."
+        ),
+    ] = "auto",
+    out: Annotated[
+        str | None, typer.Option("--out", help="JSON lines, one per figure, as they come.")
+    ] = None,
+) -> None:
+    """The GPU figures of one model in one run: prefill (one prompt; spans over a shared
+    context) and decode (one stream, many) against transformers and the bandwidth bound,
+    and workflows choreographed against the baseline. Exits 1 if any section fails."""
+    import anyio
+    import torch
+
+    from corps.cli.bench import gpu as bg
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    chosen = tuple(w.strip().replace("-", "_") for w in workflows.split(",") if w.strip())
+    unknown = [w for w in chosen if w not in bg.WORKFLOWS]
+    if unknown:
+        _bad(f"--workflows: unknown {', '.join(unknown)}; pick of {', '.join(bg.WORKFLOWS)}")
+    try:
+        counts = tuple(int(x) for x in streams.split(",") if x.strip())
+        EngineConfig.of(model, dtype=dtype, device=device, graphs=graphs)
+    except (ValueError, CorpsError) as exc:
+        _bad(str(exc))
+    settings = bg.Settings(
+        model=model, dtype=dtype, device=device, prompt_tokens=prompt_tokens, spans=spans,
+        span_tokens=span_tokens, context_tokens=context_tokens, decode_tokens=decode_tokens,
+        streams=counts, stream_tokens=stream_tokens, workflows=chosen,
+        workflow_tokens=workflow_tokens, runs=runs, repeats=repeats, graphs=graphs,
+    )  # fmt: skip
+    console = Console()
+    console.print(f"[dim]{bg.device_name(device)}, torch {torch.__version__}[/]")
+    try:
+        figures, failures = anyio.run(bg.run, settings, Path(out) if out else None, console)
+    except CorpsError as exc:
+        fail(exc)
+    console.print(bg.table(settings, figures))
+    if failures:
+        err.print(f"[bold red]{len(failures)} section(s) failed:[/] " + "; ".join(failures))
+        raise typer.Exit(1)
+
+
+@bench_app.command("http")
+def bench_http(
+    model: ModelOpt = "smollm2-135m",
+    dtype: DtypeOpt = DEFAULT_DTYPE,
+    clients: Annotated[int, typer.Option(min=1, max=256, help="Concurrent clients.")] = 8,
+    requests: Annotated[int, typer.Option(min=1, help="Requests per client, in turn.")] = 4,
+    tokens: Annotated[int, typer.Option(min=1, help="Tokens per reply (greedy).")] = 16,
+    rounds: Annotated[int, typer.Option(min=1, help="Rounds of (python, http).")] = 2,
+    overhead: Annotated[
+        bool, typer.Option(help="The workload through the Python API and over HTTP.")
+    ] = True,
+    workflow: Annotated[
+        bool,
+        typer.Option(help="A tree of thoughts over HTTP: text resent (baseline mode) vs by id."),
+    ] = False,
+    branches: Annotated[int, typer.Option(min=1, help="--workflow: proposals.")] = 4,
+    voters: Annotated[int, typer.Option(min=1, help="--workflow: votes.")] = 4,
+    structured: Annotated[
+        int, typer.Option(min=0, help="Requests of each structured kind to check (0: none).")
+    ] = 0,
+) -> None:
+    """The HTTP layer's cost (the same chat workload through the Python API and through
+    `corps serve` with the openai client, side by side); with --workflow, a workflow
+    over HTTP resending text against naming messages by id; with --structured N, parse
+    failures of JSON replies and tool calls, constrained and free. Needs corps[serve]
+    and openai."""
+    try:
+        import openai  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        _bad(f"corps bench http needs {exc.name}: pip install 'corps[serve]' openai")
+    from corps.cli.bench import http as bh
+
+    try:
+        cfg = EngineConfig.of(model, dtype=dtype)
+    except CorpsError as exc:
+        _bad(str(exc))
+    console = Console()
+    try:
+        if overhead:
+            cells = bh.measure(cfg, model, clients, requests, tokens, rounds)
+            title = (f"chat over HTTP vs the Python API ({model}, {cfg.dtype}, {clients} clients"
+                     f" x {requests} requests x {tokens} tokens, median of {rounds})")  # fmt: skip
+            console.print(bh.table(cells, title))
+        if workflow:
+            flows = [bh.flow(cfg, model, by_id, branches, voters, tokens)
+                     for by_id in (False, True)]  # fmt: skip
+            title = f"tree of thoughts {branches}x{voters} over HTTP ({model}, {tokens} tokens)"
+            console.print(bh.flow_table(flows, title))
+        if structured:
+            counts = bh.structured(cfg, model, structured, max(tokens, 48))
+            console.print(bh.structured_table(counts, f"structured replies ({model})"))
+    except CorpsError as exc:
+        fail(exc)
+
+
+@bench_app.command("workflows")
+def bench_workflows(
+    runs: Annotated[int, typer.Option(min=1, help="Measured runs per pattern and cell.")] = 3,
+    warmup: Annotated[int, typer.Option(min=0)] = 1,
+    impls: Annotated[str, typer.Option(help="Implementations for the paper's settings.")] = (
+        "baseline,choreographed,hf"
+    ),
+    sweep: Annotated[str, typer.Option(help="ToT sweep sizes ('' to skip).")] = "2,4,8,16",
+    paper: Annotated[
+        bool, typer.Option("--paper/--no-paper", help="Run the paper's three settings first.")
+    ] = True,
+    max_tokens: Annotated[int, typer.Option(min=1, help="Decode budget per call.")] = 64,
+    model: ModelOpt = "smollm2-135m",
+    dtype: DtypeOpt = DEFAULT_DTYPE,
+    json_out: Annotated[str | None, typer.Option("--json", help="Write the reports here.")] = None,
+    plot_out: Annotated[str | None, typer.Option("--plot", help="PNG of the ratios.")] = None,
+) -> None:
+    """The paper's settings (debate, tree of thoughts 8x4, parallel debate 3x3) on short
+    math problems, then the tree-of-thoughts sweep as a heat map (baseline vs choreographed)."""
+    from corps.cli.bench import workflow as bw
+    from corps.patterns.samples import MATH_PROBLEMS
+
+    questions = [q for q, _ in MATH_PROBLEMS]
+    reports, console = [], Console()
+    for pattern, params in bw.PAPER if paper else ():
+        _, chosen = _bench_args(pattern, [], impls)
+        params = {**params, "max_tokens": max_tokens}
+        reports.append(_measure(bw, pattern, params, chosen, runs, warmup, model, dtype, questions))
+        console.print(bw.table(reports[-1]), bw.ratio_table(reports[-1]))
+    sizes = [int(x) for x in sweep.split(",") if x.strip()]
+    cells = {}
+    for b in sizes:
+        for v in sizes:
+            params = {"branches": b, "voters": v, "max_tokens": max_tokens}
+            pair = ("baseline", "choreographed")
+            cells[(b, v)] = _measure(
+                bw, "tree_of_thoughts", params, pair, runs, warmup, model, dtype, questions
+            )
+            reports.append(cells[(b, v)])
+    if cells:
+        for label, value in bw.SWEEP_MAPS:
+            title = f"tree of thoughts sweep: baseline/choreographed {label}"
+            console.print(bw.sweep_table(cells, sizes, value, title))
+    _write(bw, reports, json_out, plot_out)
+
+
+def _bench_args(pattern: str, set_: list[str] | None, impls: str):
+    from corps.cli.scenario import parse_sets
+    from corps.patterns import registry
+
+    chosen = tuple(i.strip() for i in impls.split(",") if i.strip())
+    bad = [i for i in chosen if i not in ("baseline", "choreographed", "hf")]
+    if bad or "baseline" not in chosen or "choreographed" not in chosen:
+        _bad(f"--impls takes baseline,choreographed and optionally hf, got {impls!r}")
+    try:
+        params = parse_sets(set_ or [])
+        registry.validate(registry.get(pattern), params)
+    except CorpsError as exc:
+        _bad(str(exc))
+    return params, chosen
+
+
+def _report(report: Any, tables: list[Any], json_out: str | None, width: int = 120) -> None:
+    """Print a benchmark's tables (at least `width` columns wide); its JSON to `json_out`."""
+    console = Console(width=max(width, Console().width))
+    for table in tables:
+        console.print(table)
+    if json_out is not None:
+        with open(json_out, "w") as f:
+            f.write(report.model_dump_json(indent=2))
+
+
+def _run_bench(work: Callable[[], Awaitable[T]]) -> T:
+    """Run a benchmark's coroutine: the patterns' own leak warnings silenced (they are
+    counted), a corps error printed as one line (exit 1)."""
+    import warnings
+
+    import anyio
+
+    from corps.cache.visibility import LeakWarning
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", LeakWarning)
+            return anyio.run(work)
+    except CorpsError as exc:
+        fail(exc)
+
+
+def _measure(bw, pattern, params, chosen, runs, warmup, model, dtype, questions, repair="none"):
+    return _run_bench(
+        lambda: bw.measure(
+            pattern,
+            params,
+            model=model,
+            impls=chosen,
+            runs=runs,
+            warmup=warmup,
+            dtype=dtype,
+            questions=questions,
+            repair=repair,
+        )
+    )
+
+
+def _write(bw, reports, json_out: str | None, plot_out: str | None) -> None:
+    if json_out:
+        with open(json_out, "w") as f:
+            f.write("[" + ",\n".join(r.model_dump_json() for r in reports) + "]\n")
+    if plot_out:
+        try:
+            bw.plot(reports, plot_out)
+        except RuntimeError as exc:
+            fail(CorpsError(str(exc)))

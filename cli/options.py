@@ -1,0 +1,62 @@
+"""Options and error reporting shared by the `corps` commands."""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from corps.cache.errors import CorpsError
+from corps.engine.config import EngineConfig
+
+#: errors and notes go to stderr; results to stdout
+err = Console(stderr=True)
+
+RepairOpt = Annotated[
+    str,
+    typer.Option(
+        help="What choreographed calls whose context is rewired recompute in their own "
+        "context: none, first:K, recompute:R (a share), full, temp:T, serial (parents "
+        "laid end to end first), or several joined by '+' (docs/fidelity.md)."
+    ),
+]
+ModelOpt = Annotated[
+    str, typer.Option("--model", "-m", help="Alias, local HF directory or hub id.")
+]
+
+
+def dtype_option(value: str) -> str:
+    """Checked by the engine's config, before anything loads."""
+    try:
+        return EngineConfig.of(dtype=value).dtype
+    except CorpsError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+DtypeOpt = Annotated[
+    str,
+    typer.Option(
+        help="auto (default: each projection's kernel measured fastest on this CPU, once; "
+        "within 16-bit rounding of float32), mixed (16-bit weights by a fixed rule), "
+        "float32 (exact against transformers), bfloat16 or float16.",
+        callback=dtype_option,
+    ),
+]
+DeviceOpt = Annotated[str, typer.Option(help="cpu or cuda.")]
+
+
+def fail(exc: BaseException) -> None:
+    """Print a deliberate error in one line (a traceback only with CORPS_DEBUG=1)."""
+    if os.environ.get("CORPS_DEBUG"):
+        raise exc
+    err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
+    raise typer.Exit(1)
+
+
+def bad(message: str) -> None:
+    """Refuse bad input in one line, before anything loads (exit status 2)."""
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
+    raise typer.Exit(2)
