@@ -10,8 +10,9 @@ the default) the forward is small, so the host's part is what the figure shows.
 `rounds` > 1 runs the counts round-robin and reports each one's median, so a
 machine whose speed drifts hits every count alike. Only public engine API is used:
 the figures come from `Engine.stats()` (`step_s`, `forward_s`, `steps`), taken
-around the decode only; of its steps, the first also encodes each stream's role
-header (one row per stream), the rest decode one token per stream.
+around the decode only: `tokens` + 1 steps, the first of which also encodes each
+stream's role header and the last each stream's closing footer; the others decode
+one token per stream. Run it against any tree with `python -m corps.cli.bench.step`.
 """
 
 from __future__ import annotations
