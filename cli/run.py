@@ -174,9 +174,9 @@ def run(
         lines = read_inputs(inputs) if inputs is not None else None
         _check_worker_flags(workers, lines, json_out, resume, ray_address, gpus_per_worker)
         checked = (
-            [tgt.check({**params, **line}, f"line {i + 1}: ") for i, line in enumerate(lines)]
+            [tgt.validated({**params, **line}, f"line {i + 1}: ") for i, line in enumerate(lines)]
             if lines is not None
-            else [tgt.check(params)]
+            else [tgt.validated(params)]
         )
         config = EngineConfig.of(  # every engine setting checked before anything loads
             model or tgt.model or DEFAULT_MODEL,

@@ -60,7 +60,7 @@ class Target:
     builtin: bool = True
     sections: dict[str, str] = field(default_factory=dict)  # param -> "params." / "inputs."
 
-    def check(self, params: Mapping[str, Any], where: str = "") -> dict[str, Any]:
+    def validated(self, params: Mapping[str, Any], where: str = "") -> dict[str, Any]:
         """`params` validated for a built-in pattern (as given for a Python file). An
         input line's references for scoring ("answer", "id": `corps eval`) that the
         pattern does not take are left out."""

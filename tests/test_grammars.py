@@ -29,9 +29,9 @@ def _allowed(mask_row: torch.Tensor, vocab: int) -> set[int]:
 
 def test_a_constraint_compiles_once_per_engine(grammars):
     c = constraint_of(regex="ab")
-    grammars.check(c)
+    grammars.compile(c)
     first = grammars.compile_seconds[c]
-    grammars.check(c)
+    grammars.compile(c)
     assert grammars.compile_seconds[c] == first and grammars.tokenizer_seconds > 0
     one, two = grammars.matcher(c), grammars.matcher(c)
     assert one is not two  # each call has its own state
@@ -50,7 +50,7 @@ def test_a_constraint_compiles_once_per_engine(grammars):
 )
 def test_what_does_not_compile_is_refused_with_the_reason(grammars, kwargs):
     with pytest.raises(InvalidConstraint, match="does not compile"):
-        grammars.check(constraint_of(**kwargs))
+        grammars.compile(constraint_of(**kwargs))
 
 
 def test_the_mask_of_choices_allows_exactly_the_tokens_that_begin_one(grammars):

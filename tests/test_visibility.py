@@ -110,8 +110,7 @@ async def test_warn_and_allow_record_leaks(tiny_dirs):
         assert len(leaks) == 2 and leaks[0].reader == "bob" and leaks[0].parent == public.id
         assert leaks[0].sources == {secret.id} and "bob" in leaks[0].call
         assert [e.kind for e in engine.audit()] == ["leak", "leak"]
-        with pytest.warns(DeprecationWarning, match="audit"):
-            assert engine.trace() == engine.audit()  # the old name, for one release
+        assert not hasattr(engine, "trace")  # the old name of audit(), gone
 
 
 async def test_deny_raises_before_any_computation(tiny_dirs):

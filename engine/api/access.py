@@ -1,7 +1,7 @@
 """Access checks and the leak policy of every call, applied before anything is computed.
 
 This is the one home of visibility enforcement and leak handling in the engine:
-`Guard.check` runs for every submission path (awaited calls, `_nowait` calls,
+`Guard.screen` runs for every submission path (awaited calls, `_nowait` calls,
 streams, `*_many`), so no path skips it.
 
 Leak policy precedence: the call's own `leak_policy=` argument, else the
@@ -126,8 +126,8 @@ class Guard:
         self.reencode_count = 0
         self._clean: dict[tuple[int, str], Handle] = {}  # re-encoded copies, per reader
 
-    def check(self, request, call_id: int | None = None) -> Checked:
-        """Check a call; returns (the request to run, parents to re-encode first).
+    def screen(self, request, call_id: int | None = None) -> Checked:
+        """Screen a call: returns (the request to run, parents to re-encode first).
 
         Raises AccessDenied / LeakageError / UnknownHandle before anything runs.
         Under "reencode" the returned request already uses every cached clean copy;

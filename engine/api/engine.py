@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, asynccontextmanager
 from functools import partial
@@ -315,15 +314,6 @@ class Engine:
         """The leak audit log: the latest leak and re-encoding events (bounded as
         `leaks()`). Not to be confused with trace files (`Engine.open(trace=PATH)`)."""
         return list(self._guard.events)
-
-    def trace(self) -> list[AuditEvent]:
-        """Deprecated alias of `audit()` (kept for one release)."""
-        warnings.warn(
-            "Engine.trace() is now Engine.audit(); trace() goes in the next release",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return self.audit()
 
     def read(self, handle: Handle, *, reader: str | None) -> str:
         """The text of a message, if `reader` may see it (else AccessDenied)."""

@@ -65,7 +65,7 @@ class Submitter:
         grammar raises InvalidConstraint here, before anything is queued or encoded."""
         request = decode_request(args)
         if request.sampling.constraint is not None:
-            self.executor.grammars.check(request.sampling.constraint)
+            self.executor.grammars.compile(request.sampling.constraint)
         return request
 
     async def job(
@@ -74,7 +74,7 @@ class Submitter:
         """Check access and the leak policy, re-encode if needed, pin parents: a Job
         (in task group `group` of `size` calls, else a group of its own)."""
         cid = cid or next(self.ids)
-        request, missing, leaks = self.guard.check(request, call_id=cid)
+        request, missing, leaks = self.guard.screen(request, call_id=cid)
         if missing:
             request = await self.guard.reencode(request, self._prefill_internal)
         job = self.pinned_job(request, cid, group, size)
@@ -154,7 +154,7 @@ class Submitter:
 
     def submit_nowait(self, request: Request) -> Pending:
         cid = next(self.ids)
-        request, missing, leaks = self.guard.check(request, call_id=cid)
+        request, missing, leaks = self.guard.screen(request, call_id=cid)
         if missing:  # re-encodings must run first: queue the call when awaited
             return Pending(self.job(request, cid), self.run, self.sched.wait)
         job = self.pinned_job(request, cid)

@@ -78,7 +78,7 @@ class Grammars:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="corps-masks")
         return self._pool
 
-    def check(self, constraint: Constraint) -> None:
+    def compile(self, constraint: Constraint) -> None:
         """Compile `constraint` (once per engine); InvalidConstraint if it cannot be."""
         if constraint in self._templates:
             return
@@ -103,7 +103,7 @@ class Grammars:
 
     def matcher(self, constraint: Constraint) -> Any:
         """A fresh matcher for one call (its own state), from the compiled template."""
-        self.check(constraint)
+        self.compile(constraint)
         return self._templates[constraint].deep_copy()
 
     def masks(self, matchers: Sequence[Any]) -> Tensor:
