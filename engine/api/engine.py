@@ -93,7 +93,6 @@ class Engine:
         )
         """With `otel=URL`: the live span sender (`sent`, `dropped`); else None."""
         self._lifetimes = Lifetimes(executor, self._guard, self.recorder, auto_free=cfg.auto_free)
-        self._sched.after_step = self._lifetimes.sweep
         self.gate: WorkflowGate | None = gate_for(executor, cfg)
         """Workflow-level admission (`corps.engine.sched.gate`): a pattern's run enters
         it before its first call; None when off (`admission=False`, or no store in
@@ -164,7 +163,13 @@ class Engine:
         await self._tg.__aenter__()
         self._sched.started = True
         self._tg.start_soon(self._sched.run)
+        self._tg.start_soon(self._sweep_after_steps)
         return self
+
+    async def _sweep_after_steps(self) -> None:
+        """After every step, free what dead handles named (`Lifetimes.sweep`)."""
+        while await self._sched.stepped():
+            self._lifetimes.sweep()
 
     async def __aexit__(self, *exc_info: Any) -> bool | None:
         """Shut down: calls still queued or running fail with EngineClosed; never hangs."""

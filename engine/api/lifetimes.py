@@ -1,6 +1,6 @@
 """Messages' lifetimes: freeing encodings, by hand, by owner, and when the last
 `Handle` naming one is collected (`auto_free`), and forgetting records nothing
-refers to. Event loop only (the loop calls `sweep` after each step)."""
+refers to. Event loop only (the engine sweeps after each step: `Scheduler.stepped`)."""
 
 from __future__ import annotations
 

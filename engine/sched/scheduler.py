@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import anyio
@@ -110,7 +109,8 @@ class Scheduler:
         self.started = False
         self.n = _Counters()
         self._preempted = (0, 0)  # the executor's (evicted, recomputed) at the last step event
-        self.after_step: Callable[[], None] | None = None  # the engine's sweep (event loop)
+        self._stepped = anyio.Event()  # set as each step ends (`stepped`)
+        self._stopped = False  # the loop ended: `stepped` returns False from now on
 
     # ---- submitting (event loop) ----
 
@@ -164,6 +164,13 @@ class Scheduler:
                 "(or `async with engine:` after Engine.load)"
             )
         return EngineClosed("the engine is shut down")
+
+    async def stepped(self) -> bool:
+        """Wait for the end of the next step: True, or False once the loop has stopped
+        (for the engine's own bookkeeping between steps; the loop calls nothing back)."""
+        if not self._stopped:
+            await self._stepped.wait()
+        return not self._stopped
 
     # ---- ending jobs (event loop) ----
 
@@ -296,12 +303,14 @@ class Scheduler:
         self.n.tokens_sampled += len(self._tokens)
         if rec.on and self.n.steps > steps:
             rec.emit(self._step_event(t0, now))
+        # who waits for the step's end (the engine's sweep of dead handles) runs before
+        # the waiters of the jobs it ended: an event's waiters wake in the order set
+        self._stepped.set()
+        self._stepped = anyio.Event()
         for job in self.admission.finished:
             self.end(job)
         self._linger = any(j.critical and j.error is None for j in self.admission.finished)
         self._tokens, self.admission.finished, self._out = [], [], StepOutput()
-        if self.after_step is not None:
-            self.after_step()
 
     def _step_event(self, t0: float, now: float) -> Step:
         used, capacity, *preempted = self.executor.gauges()
@@ -358,7 +367,8 @@ class Scheduler:
 
     def _shut_down(self) -> None:
         """Fail every job still queued or running; nothing is left waiting."""
-        self._closing = True
+        self._closing = self._stopped = True
+        self._stepped.set()
         error = self._closed_error()
         error.__cause__ = self._dead
         leftover = [
