@@ -325,7 +325,7 @@ def fake_job(t, group=None, wf=None, objective="throughput", size=1, name="", cr
     return SimpleNamespace(
         submitted=t, group=group if group is not None else next(_GROUPS), workflow=wf,
         objective=objective, request=SimpleNamespace(size=size), want_logits=False,
-        cancelled=False, call=None, admitted=None, error=None, name=name,
+        cancelled=False, call=None, admitted=None, error=None, name=name, pins=[],
         critical=objective == "latency" if critical is None else critical,
     )  # fmt: skip
 

@@ -27,7 +27,7 @@ class FakeCore:
         if self.used + request.size > self.capacity:
             raise CacheFullError("no room")
         self.used += request.size
-        return SimpleNamespace(size=request.size, done=False)
+        return SimpleNamespace(size=request.size, done=False, held=[])
 
     def abort(self, call) -> None:
         self.used -= call.size

@@ -71,6 +71,9 @@ class Call:
     uid: int = 0  # baseline: tags the radix nodes this call inserts
     cached: int = 0  # baseline: leading feed tokens whose slots the radix tree owns now
     pins_held: bool = False
+    # its parents as pinned when its job was submitted (a free while it was queued waits
+    # for it): given back with the plan's pins when it ends (`Memory.unpin_call`)
+    held: list[Message] = field(default_factory=list)
     slots: list[int] = field(default_factory=list)  # slots taken for feed + generated
     adapted: bool = False  # an adapter kept apart applies to its rows (`Core.adapted`)
     spare: list[int] = field(default_factory=list)  # reserved for tokens not generated yet

@@ -146,6 +146,9 @@ class HFExecutor:
             m.pins -= 1
 
     def _unpin_call(self, c: Call) -> None:
+        if c.held:
+            held, c.held = c.held, []
+            self.unpin(held)
         if c.pins_held:
             self.unpin(c.plan.pinned)
             c.pins_held = False

@@ -209,8 +209,12 @@ class Memory:
                     self.release(m)
 
     def unpin_call(self, c: Call) -> None:
-        """The parents c pinned at `reserve`, once."""
+        """The parents c pinned at `reserve`, and those its job pinned at submission
+        (`Call.held`), once."""
         with self.lock:
+            if c.held:
+                held, c.held = c.held, []
+                self.unpin(held)
             if c.pins_held:
                 self.unpin(c.plan.pinned)
                 c.pins_held = False

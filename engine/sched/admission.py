@@ -92,6 +92,7 @@ class Admission:
                     continue
                 for other in taken:  # the group waits whole: give back what it got
                     self.running.remove(other)
+                    other.pins, other.call.held = other.call.held, []  # still queued
                     self.executor.abort(other.call)
                     other.call = other.admitted = None
                 self.held += [j for j in group if j not in self.finished]
@@ -104,6 +105,7 @@ class Admission:
                 self.held.append(job)
                 continue
             job.call, job.admitted = call, t0
+            call.held, job.pins = job.pins, []  # given back when the call ends, in exec
             self.running.append(job)
             taken.append(job)
         return True

@@ -182,8 +182,9 @@ class Scheduler:
             return
         job.run_on_done()
         executor = self.executor
-        executor.unpin(job.pins)
-        job.pins = []
+        if job.pins:  # never admitted (an admitted call gives them back as it ends)
+            executor.unpin(job.pins)
+            job.pins = []
         if job.handle is not None and (job.error is not None or job.cancelled):
             executor.free(job.handle)  # finished, but nobody will ever receive it
             job.handle = None
