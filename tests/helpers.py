@@ -376,3 +376,11 @@ def reachable_tensor_bytes(root) -> int:
             continue
         todo.extend(gc.get_referents(obj))
     return sum(storages.values())
+
+
+def order(calls, budget=None):
+    """A step's order of these calls within `budget` tokens (None: no bound), as the
+    loop hands one to `Executor.step`."""
+    from corps.engine.exec.step_plan import StepOrder
+
+    return StepOrder(tuple(calls), budget)

@@ -6,12 +6,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from corps.cache.arena import ViewArena
-from corps.engine.exec.step_plan import plan_rows
 from corps.engine.request.requests import DecodeRequest, PrefillRequest
 from corps.engine.request.sampling_params import SamplingParams
 
 from conftest import open_tiny
-from helpers import run_calls
+from helpers import order, run_calls
 
 
 def arena(capacity: int) -> ViewArena:
@@ -158,7 +157,7 @@ def test_budget_holds_under_random_admissions_steps_cancels_and_frees(tiny_dirs,
             for _ in range(op[2]):
                 live = [c for c in running if not c.done]
                 if live:
-                    out = core.step(plan_rows(live, op[1]))
+                    out = core.step(order(live, op[1]))
                     assert not out.failed
                     made.update(out.finished)
                     check()  # done calls hold no view or spare slots, before finish too

@@ -9,12 +9,11 @@ from hypothesis import strategies as st
 from torch.nn.attention.bias import CausalBias
 
 from corps.engine.attention.views import open_view
-from corps.engine.exec.step_plan import plan_rows
 from corps.engine.request.requests import DecodeRequest, PrefillRequest
 from corps.engine.request.sampling_params import SamplingParams
 
 from conftest import open_tiny
-from helpers import Oracle, build_mask, run_calls
+from helpers import Oracle, build_mask, order, run_calls
 
 TOL = 1e-4
 
@@ -316,12 +315,12 @@ def test_prefills_keep_a_share_of_every_step_under_a_full_batch_of_decodes(tiny_
     q, _ = prefill(core, "count with me")
     decodes = [core.admit(DecodeRequest(parents=[q], sampling=greedy(20))) for _ in range(8)]
     while any(c.pending is None for c in decodes):  # encode their headers first
-        core.step(plan_rows(decodes, None))
+        core.step(order(decodes, None))
     long = core.admit(PrefillRequest(list(range(5, 205)), frame=False))
     # a budget of 8 is all taken by the 8 decodes, unless prefills keep their share
     for _ in range(3):
         fed = long.fed
-        out = core.step(plan_rows([*decodes, long], 8))
+        out = core.step(order([*decodes, long], 8))
         assert long.fed == fed + 1  # 8 // PREFILL_SHARE = 1 token for the prefill
         assert len(out.tokens) == 7  # the decodes that fit; the last one waits a step
     for c in [*decodes, long]:
@@ -337,10 +336,10 @@ def test_a_step_reports_the_keys_its_decodes_read(tiny_dirs):
     long_, _ = prefill(core, "count with me from one to ten and then back down to one")
     decodes = [core.admit(DecodeRequest(parents=[p], sampling=greedy(4))) for p in (short, long_)]
     while any(c.pending is None for c in decodes):  # encode their headers first
-        core.step(plan_rows(decodes, None))
+        core.step(order(decodes, None))
     chunk = core.admit(PrefillRequest(list(range(5, 45)), frame=False))
     want = sum(c.view.length + 1 for c in decodes)
-    out = core.step(plan_rows([*decodes, chunk], None))
+    out = core.step(order([*decodes, chunk], None))
     assert out.chunks == 1 and out.keys == want
     for c in [*decodes, chunk]:
         core.abort(c)
@@ -364,8 +363,8 @@ def test_mixed_steps_batch_decodes_and_prefill_chunks_and_agree_with_alone(tiny_
     calls = [core.admit(x) for x in reqs]
     made = {}  # call -> the handle the step that finished it returned
     while any(c.pending is None for c in calls):
-        made.update(core.step(plan_rows(calls, None)).finished)
-    made.update(core.step(plan_rows(calls, None)).finished)  # the decodes are running
+        made.update(core.step(order(calls, None)).finished)
+    made.update(core.step(order(calls, None)).finished)  # the decodes are running
     calls += [core.admit(late[0]), core.admit(late[1], want_logits=True)]
     mixed = 0
     while not all(c.done for c in calls):
@@ -373,7 +372,7 @@ def test_mixed_steps_batch_decodes_and_prefill_chunks_and_agree_with_alone(tiny_
         decoding = [c for c in live if c.pending is not None]
         mixed += bool(decoding) and len(decoding) < len(live)
         made.update(
-            core.step(plan_rows(live, 4 + len(decoding))).finished
+            core.step(order(live, 4 + len(decoding))).finished
         )  # prefills take a few chunks
     assert mixed >= 2
     handles = [made[c] for c in calls]

@@ -6,12 +6,11 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from corps.engine.exec.step_plan import plan_rows
 from corps.engine.request.requests import DecodeRequest, PrefillRequest
 from corps.engine.request.sampling_params import SamplingParams
 
 from conftest import open_tiny
-from helpers import run_calls
+from helpers import order, run_calls
 
 TOL = 1e-4
 
@@ -97,7 +96,7 @@ def test_baseline_shares_prefixes_among_concurrent_calls(tiny_dirs, tiny_hf, wor
         _check_tree(core, running)
         if not running and not waiting and step > 3:
             break
-        out = core.step(plan_rows([c for c in running if not c.done], budget))
+        out = core.step(order([c for c in running if not c.done], budget))
         assert not out.failed
         for c in [c for c in running if c.done]:
             running.remove(c)
@@ -122,7 +121,7 @@ def test_baseline_call_that_fails_takes_back_the_prefix_it_shared(tiny_dirs):
         return core.admit(req, hold=True)
 
     a = decode([5])
-    core.step(plan_rows([a], None))  # a's prompt is encoded and cached; a samples its first token
+    core.step(order([a], None))  # a's prompt is encoded and cached; a samples its first token
     assert core.memory.prefixes.radix.size == 61
     b = decode([6])  # shares a's 60 stem tokens, which are cached already: not held
     assert b is not None and b.feed == [6] and len(b.ctx_slots) == 60

@@ -11,12 +11,11 @@ from hypothesis import strategies as st
 from corps.agents import Agent, Runtime
 from corps.cache.visibility import Private
 from corps.engine.errors import InvalidRequest
-from corps.engine.exec.step_plan import plan_rows
 from corps.engine.request.requests import DecodeRequest, PrefillRequest
 from corps.engine.request.sampling_params import SamplingParams
 
 from conftest import open_tiny
-from helpers import run_calls
+from helpers import order, run_calls
 
 TOL = 1e-4
 TEXTS = ("You are a careful solver.", "What is seven times six?", "Name a prime above ten.")
@@ -125,7 +124,7 @@ def repaired_view(core, request):
     """Admit `request`, run its repair rows only, and return the call (view intact)."""
     call = core.admit(request)
     while call.repair is not None and call.repair.left:
-        out = core.step(plan_rows([call]))
+        out = core.step(order([call]))
         assert not out.failed
     return call
 

@@ -7,13 +7,18 @@ from types import SimpleNamespace
 
 import pytest
 
-from corps.engine.exec.step_plan import next_rows
+from corps.engine.exec.step_plan import next_rows, plan_rows
 from corps.engine.sched.cost import StepCost
 from corps.engine.sched.policies import Fcfs, ObjectiveFirst
 from corps.engine.sched.step import plan_step
 
 from helpers import bare_call as call
 from helpers import plan_shape as shape
+
+
+def planned(order):
+    """The rows the executor lays out for a step's order."""
+    return plan_rows(order.calls, order.budget)
 
 
 def job(c, objective="throughput", critical=False, started=0.0):
@@ -27,19 +32,19 @@ def job(c, objective="throughput", critical=False, started=0.0):
 def test_plan_step_under_fcfs_runs_every_running_call_but_the_done():
     a, b, done = call(feed=3), call(fed=4, pending=5), call(feed=1)
     done.done = True
-    chosen, plan = plan_step([job(a), job(b), job(done)], Fcfs(), budget=512)
+    chosen, order = plan_step([job(a), job(b), job(done)], Fcfs(), budget=512)
     assert [j.call for j in chosen] == [a, b]
-    assert [e.call for e in plan.entries] == [b, a]
+    assert [e.call for e in planned(order).entries] == [b, a]
 
 
 def test_plan_step_with_nothing_to_run_runs_no_rows_and_finishes_what_is_done():
     done = call(feed=1)
     done.mark_done()  # a text-only prefill, done at admission
-    chosen, plan = plan_step([job(done)], Fcfs(), budget=512)
-    assert chosen == [] and plan.entries == () and plan.calls == ()
-    assert plan.ready == (done,) and plan  # the step registers its message
-    chosen, plan = plan_step([], Fcfs(), budget=512)
-    assert chosen == [] and not plan
+    chosen, order = plan_step([job(done)], Fcfs(), budget=512)
+    assert chosen == [] and order.calls == () and not planned(order)
+    assert order.ready == (done,) and order  # the step registers its message
+    chosen, order = plan_step([], Fcfs(), budget=512)
+    assert chosen == [] and not order
 
 
 @pytest.mark.parametrize("rows", [2, 6])
@@ -47,8 +52,9 @@ def test_plan_step_beside_a_critical_call_takes_the_policy_s_budget(rows):
     policy = ObjectiveFirst(latency_rows=rows)
     chat = call(fed=4, pending=1)
     bulk = call(feed=100)
-    chosen, plan = plan_step([job(chat, "latency", critical=True), job(bulk)], policy, budget=512)
+    chosen, order = plan_step([job(chat, "latency", critical=True), job(bulk)], policy, budget=512)
     assert len(chosen) == 2
+    plan = planned(order)
     assert plan.rows == rows  # the chat's token and the prompt tokens the bound leaves
     assert shape(plan)[0] == (-1, 1)
 
@@ -63,6 +69,6 @@ def test_plan_step_with_a_learnt_cost_leaves_out_what_does_not_fit():
     chat = call(fed=4, pending=1)
     bulk = call(feed=400)
     running = [job(chat, "latency", critical=True), job(bulk)]
-    chosen, plan = plan_step(running, policy, budget=512)
+    chosen, order = plan_step(running, policy, budget=512)
     assert [j.call for j in chosen] == [chat]
-    assert shape(plan) == [(-1, 1)]
+    assert shape(planned(order)) == [(-1, 1)]

@@ -40,7 +40,7 @@ from corps.engine.exec.planner import Planner
 from corps.engine.exec.recompute import Restorer
 from corps.engine.exec.repair_rows import Repairs
 from corps.engine.exec.sampler import Sampler
-from corps.engine.exec.step_plan import StepOutput, StepPlan
+from corps.engine.exec.step_plan import StepOrder, StepOutput, plan_rows
 from corps.engine.exec.stepper import Stepper
 from corps.engine.model.compiled_decode import compile_step
 from corps.engine.model.runner import ModelRunner
@@ -185,20 +185,22 @@ class Core:
         self.counts.admitted(call)
         return call
 
-    def step(self, plan: StepPlan) -> StepOutput:
-        """Run one step's plan in one pass (`corps.engine.exec.step_plan`): its rows in one
-        fused forward, the sampling, each call advanced, and the message of every call
-        that is done now (and of the plan's `ready` calls) registered. A call that fails
-        (its slots, its sampling, its registration, or the forward itself) is rolled
-        back and reported in `failed`; the others go on."""
+    def step(self, order: StepOrder) -> StepOutput:
+        """Run one step in one pass (`corps.engine.exec.step_plan`): the rows of the
+        order's calls laid out within its budget, run in one fused forward, the
+        sampling, each call advanced, and the message of every call that is done now
+        (and of the order's `ready` calls) registered. A call that fails (its slots,
+        its sampling, its registration, or the forward itself) is rolled back and
+        reported in `failed`; the others go on."""
+        calls = order.calls
         try:
-            out = self.stepper.step(plan)
+            out = self.stepper.step(plan_rows(calls, order.budget)) if calls else StepOutput()
         except Exception as exc:  # the forward failed: the step's calls fail, none other
-            out = StepOutput(failed=[(c, exc) for c in plan.calls])
-            for c in plan.calls:
+            out = StepOutput(failed=[(c, exc) for c in calls])
+            for c in calls:
                 self.memory.abort(c)
         failed = {c for c, _ in out.failed}
-        for c in (*plan.ready, *plan.calls):
+        for c in (*order.ready, *calls):
             if c.done and c not in failed:
                 try:
                     out.finished[c] = self.finisher.finish(c)

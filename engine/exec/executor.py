@@ -12,7 +12,7 @@ from corps.cache.handle import Handle
 from corps.cache.messages import Message, MessageTable
 from corps.engine.exec.call import Call
 from corps.engine.exec.grammars import Grammars
-from corps.engine.exec.step_plan import StepOutput, StepPlan
+from corps.engine.exec.step_plan import StepOrder, StepOutput
 from corps.engine.request.chat import ChatFormat
 from corps.engine.request.requests import DecodeRequest, PrefillRequest
 from corps.engine.stats import EngineStats
@@ -43,10 +43,10 @@ class Executor(Protocol):
         after a step (it waits for a running call's prefix). `evict`: the order in which
         encodings no running call reads may be dropped to make room (None: never)."""
 
-    def step(self, plan: StepPlan) -> StepOutput:
-        """Run one step's plan (`corps.engine.exec.step_plan`) in one pass: a
-        `StepOutput` with the tokens sampled, the calls finished (their handles) and
-        the calls that failed (rolled back)."""
+    def step(self, order: StepOrder) -> StepOutput:
+        """Run one step (`corps.engine.exec.step_plan`) in one pass: the rows of the
+        order's calls planned and run; a `StepOutput` with the tokens sampled, the
+        calls finished (their handles) and the calls that failed (rolled back)."""
 
     def abort(self, c: Call) -> None:
         """Give back everything the call holds; as if it never ran."""

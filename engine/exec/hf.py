@@ -30,7 +30,7 @@ from corps.engine.exec.grammars import apply as apply_masks
 from corps.engine.exec.planner import Planner
 from corps.engine.exec.register import own_tokens, register
 from corps.engine.exec.sampler import Sampler
-from corps.engine.exec.step_plan import StepOutput, StepPlan
+from corps.engine.exec.step_plan import StepOrder, StepOutput
 from corps.engine.model.spec import ModelSpec
 from corps.engine.request.chat import ChatFormat
 from corps.engine.request.requests import DecodeRequest, PrefillRequest
@@ -99,11 +99,11 @@ class HFExecutor:
             call.mark_done()
         return call
 
-    def step(self, plan: StepPlan) -> StepOutput:
-        """Run the plan's first unfinished call to its end (generate is not batched
-        here, so the plan's rows are not used); register what is done."""
+    def step(self, order: StepOrder) -> StepOutput:
+        """Run the order's first unfinished call to its end (generate is not batched
+        here: no rows are planned); register what is done."""
         out = StepOutput()
-        c = next((c for c in plan.calls if not c.done), None)
+        c = next((c for c in order.calls if not c.done), None)
         if c is not None:
             out.encoded = True  # every call here encodes its whole prompt
             forward0 = self.forward_seconds
@@ -113,7 +113,7 @@ class HFExecutor:
                 self.abort(c)
                 out.failed.append((c, exc))
             out.forward_s = self.forward_seconds - forward0
-        for d in (*plan.ready, *plan.calls):
+        for d in (*order.ready, *order.calls):
             if d.done and all(d is not f for f, _ in out.failed):
                 out.finished[d] = self._finish(d)
         return out

@@ -3,10 +3,10 @@
 The scheduling layer plans, the executor runs, postprocess updates the calls:
 
 - `corps.engine.sched.step.plan_step(running, policy, budget)` asks the policy
-  which running calls the next step advances and how many tokens it may run,
-  then `plan_rows` (here) decides the rows of each: a token for every decoding
-  call first, then prompt chunks.
-- `Executor.step(plan)` allocates the plan's slots, builds its batch, runs the
+  which running calls the next step advances and how many tokens it may run: a
+  `StepOrder`. The executor's `plan_rows` (here) decides the rows of each: a
+  token for every decoding call first, then prompt chunks.
+- `Executor.step(order)` plans the rows, allocates their slots, builds the batch, runs the
   forward, samples, moves each call on (postprocess), registers the messages of
   the calls that are done, and returns all of it as one `StepOutput`; the loop
   hands the tokens and handles to the calls' jobs without calling back in.
@@ -52,6 +52,7 @@ __all__ = [
     "PENDING",
     "REPAIR",
     "Rows",
+    "StepOrder",
     "StepOutput",
     "StepPlan",
     "next_rows",
@@ -104,6 +105,21 @@ class Rows:
 
 
 @dataclass(frozen=True)
+class StepOrder:
+    """What the loop asks of one step: the running calls its policy chose, in its
+    order; the tokens the step may run (None: no bound); and calls done before the
+    step (a prefill that stores its text only), whose messages it registers. The
+    executor lays out their rows (`plan_rows`)."""
+
+    calls: tuple[Call, ...] = ()
+    budget: int | None = None
+    ready: tuple[Call, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.calls or self.ready)
+
+
+@dataclass(frozen=True)
 class StepPlan:
     """The rows one step runs, in batch order (decodes first, then prompt chunks).
 
@@ -112,7 +128,6 @@ class StepPlan:
 
     entries: tuple[Rows, ...]
     calls: tuple[Call, ...] = ()
-    ready: tuple[Call, ...] = ()  # calls done before the step (text only): finished in it
 
     @property
     def rows(self) -> int:
@@ -134,7 +149,7 @@ class StepPlan:
         return bucket_for(len(self.entries))
 
     def __bool__(self) -> bool:
-        return bool(self.entries or self.ready)
+        return bool(self.entries)
 
 
 def next_rows(c: Call) -> int:

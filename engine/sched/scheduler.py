@@ -338,11 +338,11 @@ class Scheduler:
         """Worker thread: admit new jobs, run one step, complete the jobs it ended."""
         self.admission.admit(self.admission.held + new, t0)
         self._admit_s = time.perf_counter() - t0
-        chosen, plan = plan_step(self.admission.running, self.policy, self.step_tokens)
-        if not plan:
+        chosen, order = plan_step(self.admission.running, self.policy, self.step_tokens)
+        if not order:
             return
         t_step = time.perf_counter()
-        out = self.executor.step(plan)
+        out = self.executor.step(order)
         if chosen:
             seconds = time.perf_counter() - t_step
             self.policy.observe(out.calls, out.rows, seconds, out.chunks, out.keys)
