@@ -6,9 +6,9 @@ import inspect
 
 import pytest
 
-from corps.engine.exec.core import Core
 from corps.engine.exec.executor import Executor
 from corps.engine.exec.hf import HFExecutor
+from corps.engine.exec.kv_executor import KVExecutor
 
 from conftest import open_tiny
 
@@ -17,7 +17,7 @@ METHODS = [
 ]
 
 
-@pytest.mark.parametrize("cls", [Core, HFExecutor])
+@pytest.mark.parametrize("cls", [KVExecutor, HFExecutor])
 def test_each_executor_has_every_method_with_its_signature(cls):
     assert set(METHODS) >= {"admit", "step", "abort", "free", "check", "close", "gauges"}
     for name in METHODS:
@@ -26,7 +26,7 @@ def test_each_executor_has_every_method_with_its_signature(cls):
         assert list(ours) == list(want), (cls.__name__, name)
 
 
-@pytest.mark.parametrize("cls", [Core, HFExecutor])
+@pytest.mark.parametrize("cls", [KVExecutor, HFExecutor])
 def test_each_executor_has_every_attribute_the_protocol_names(cls, tiny_dirs):
     from corps.engine import EngineConfig
     from corps.engine.api.build import build_executor

@@ -11,8 +11,8 @@ from corps.cache.errors import InvalidRequest
 from corps.cache.kv import KVStore
 from corps.engine.attention import select_backend
 from corps.engine.config import DEFAULT_MAX_CAPACITY, DEFAULT_MEMORY_BUDGET, EngineConfig
-from corps.engine.exec.core import Core
 from corps.engine.exec.executor import Executor
+from corps.engine.exec.kv_executor import KVExecutor
 from corps.engine.model.adapter_files import check_for_model, read_scope
 from corps.engine.model.names import corps_home, resolve_model
 from corps.engine.model.tuning import KernelChoice, measure, rows_within, weight_format
@@ -24,7 +24,7 @@ from corps.engine.sched.policies import LATENCY_SLOWDOWN
 
 def build_executor(cfg: EngineConfig, console: Console | None = None) -> Executor:
     """Resolve (and if needed fetch) the model, load it, and build the executor of
-    `cfg.mode`: `Core` over our KV store, or `HFExecutor` for "hf". Blocks."""
+    `cfg.mode`: `KVExecutor` over our KV store, or `HFExecutor` for "hf". Blocks."""
     if cfg.device.startswith("cuda") and not torch.cuda.is_available():
         raise InvalidRequest(f"device {cfg.device!r} asked for, but torch sees no CUDA device")
     attention = select_backend(cfg.device, cfg.attention)  # checks Triton before loading
@@ -66,7 +66,7 @@ def build_executor(cfg: EngineConfig, console: Console | None = None) -> Executo
             console.print(
                 "[dim]compiling the one-row decode step (torch.compile, once per engine)[/]"
             )
-        executor = Core(
+        executor = KVExecutor(
             weights,
             tokenizer,
             model_path=path,

@@ -208,7 +208,7 @@ class Engine:
     @property
     def executor(self) -> Executor:
         """The step machine under this engine (`corps.engine.exec.executor.Executor`:
-        the KV store's `Core`, or `HFExecutor` in mode "hf"), for tools and tests that
+        the KV store's `KVExecutor`, or `HFExecutor` in mode "hf"), for tools and tests that
         measure or check it. Calls go through the engine, never through it."""
         return self._executor
 

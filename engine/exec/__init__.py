@@ -2,7 +2,7 @@
 
 Owns a call (`planner`: `CallPlan`, `Call`; `repair_state`), a step's plan and
 output (`step_plan`), the executors the loop drives (`executor`: the protocol;
-`core`: choreographed and baseline over our store, a coordinator of the parts
+`kv_executor`: choreographed and baseline over our store, a coordinator of the parts
 below; `hf`: transformers' generate). Each part owns what it changes: memory
 (`memory`, `prefixes`: slots, reservations, pins, the baseline's radix tree),
 `recompute` (`Restorer`: evicted encodings made again), `repair_rows`

@@ -75,7 +75,7 @@ class Call:
     # for it): given back with the plan's pins when it ends (`Memory.unpin_call`)
     held: list[Message] = field(default_factory=list)
     slots: list[int] = field(default_factory=list)  # slots taken for feed + generated
-    adapted: bool = False  # an adapter kept apart applies to its rows (`Core.adapted`)
+    adapted: bool = False  # an adapter kept apart applies to its rows (`KVExecutor.adapted`)
     spare: list[int] = field(default_factory=list)  # reserved for tokens not generated yet
     generated: list[int] = field(default_factory=list)
     view: CallView | None = None

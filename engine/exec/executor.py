@@ -1,5 +1,5 @@
 """`Executor`: the step machine the batching loop drives, and the message
-bookkeeping the engine uses. Two implementations: `Core` (choreographed and
+bookkeeping the engine uses. Two implementations: `KVExecutor` (choreographed and
 baseline modes, over our KV store) and `HFExecutor` (transformers `generate`)."""
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ class HFExecutor:
     It holds no KV store, view arena or weights of ours: each call re-encodes its
     prompt inside `generate`. It offers the step machine the loop drives (admit,
     step, abort) and the message bookkeeping the engine uses (pin, unpin, free,
-    check, stats), as `Core` does.
+    check, stats), as `KVExecutor` does.
     """
 
     mode = "hf"

@@ -258,11 +258,13 @@ class Memory:
         return (self.store.capacity + self.arena.capacity) * per + scratch
 
     def drop(self) -> None:
-        """Give the store's, the arena's and the scratch's tensors back (the engine closed)."""
+        """Give the store's, the arena's, the scratch's and the RoPE tables' tensors back
+        (the engine closed)."""
         self.store.drop()
         self.arena.drop()
         if self.scratch is not None:
             self.scratch.drop()
+        self.rope = None
 
     def check(self) -> None:
         """BrokenInvariant unless the bookkeeping of an idle engine is exact: every used

@@ -13,7 +13,7 @@ The scheduling layer plans, the executor runs, postprocess updates the calls:
 
 Nothing else decides a step's shape: the batching loop, recomputes of evicted
 encodings and the attention sink all step through a plan. Rules (unchanged from
-when `Core.step` decided them):
+when `KVExecutor.step` decided them):
 
 - Decoding calls go first, so a long prefill never starves them; a decoding
   call brings its pending token, the tokens jump-forward appended after it, and

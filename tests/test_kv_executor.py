@@ -1,4 +1,4 @@
-"""Exactness of prompt choreography (corps.engine.exec.core) against HF transformers."""
+"""Exactness of prompt choreography (corps.engine.exec.kv_executor) against HF transformers."""
 
 from __future__ import annotations
 
@@ -286,7 +286,7 @@ def test_engine_runs_on_a_device_without_touching_cpu_tensors(
     """CI has no GPU: run every path on the meta device and fail any op mixing devices."""
     from transformers import AutoTokenizer
 
-    from corps.engine.exec.core import Core
+    from corps.engine.exec.kv_executor import KVExecutor
     from corps.engine.model.weights import read_spec, weights_from_hf
 
     path = tiny_dirs["llama-sink"]
@@ -297,7 +297,9 @@ def test_engine_runs_on_a_device_without_touching_cpu_tensors(
         "corps.engine.exec.sampler.argmax_rows", lambda logits: [7] * logits.shape[0]
     )
     with _OneDevice():
-        core = Core(weights, AutoTokenizer.from_pretrained(str(path)), model_path=path, mode=mode)
+        core = KVExecutor(
+            weights, AutoTokenizer.from_pretrained(str(path)), model_path=path, mode=mode
+        )
         a, logits = prefill(core, "hello world")
         b, _ = prefill(core, "the quick brown fox", parents=[a], offsets=[9])
         (c,) = run_calls(core, [DecodeRequest(parents=[a, b], sampling=greedy(3))])[0]

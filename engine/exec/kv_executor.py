@@ -1,4 +1,4 @@
-"""`Core`: the executor of choreographed and baseline modes, a coordinator of its parts.
+"""`KVExecutor`: the executor of choreographed and baseline modes, a coordinator of its parts.
 
 Two modes share everything but planning:
 
@@ -53,7 +53,7 @@ from corps.engine.request.requests import DecodeRequest, PrefillRequest
 from corps.engine.stats import EngineStats
 
 
-class Core:
+class KVExecutor:
     """Owns the store, the message table and the model runner of one engine."""
 
     def __init__(
@@ -76,7 +76,7 @@ class Core:
     ) -> None:
         if mode not in MODES or mode == "hf" or contexts not in CONTEXTS:
             raise InvalidRequest(
-                f"Core runs mode choreographed or baseline (hf: corps.engine.exec.hf) with "
+                f"KVExecutor runs mode choreographed or baseline (hf: corps.engine.exec.hf) with "
                 f"contexts {' or '.join(CONTEXTS)}; got {mode!r} and {contexts!r}"
             )
         spec, choreo = weights.spec, mode == "choreographed"
@@ -229,13 +229,13 @@ class Core:
             self.memory.free(msg)
 
     def check(self) -> None:
-        """BrokenInvariant unless the bookkeeping of an idle core is exact (`Memory.check`)."""
+        """BrokenInvariant unless the bookkeeping of an idle executor is exact."""
         self.memory.check()
 
     def gauges(self) -> tuple[int, int, int, int]:
         """(store slots used, store capacity, tokens evicted, tokens recomputed)."""
-        m = self.memory
-        return m.store.used_slots, m.store.capacity, m.tokens_evicted, self.counts.tokens_recomputed
+        m, n = self.memory, self.counts.tokens_recomputed
+        return m.store.used_slots, m.store.capacity, m.tokens_evicted, n
 
     def reset_peaks(self) -> None:
         """Peaks start over from what is held now (`Engine.reset_peak_stats`)."""
@@ -244,10 +244,9 @@ class Core:
     def close(self) -> None:
         """Give back every tensor the core allocated: the KV memory, the weights and the
         RoPE tables (the engine closed; its figures stay readable)."""
-        self.memory.drop()
+        self.memory.drop()  # its store, arena, scratch and RoPE tables
         self.grammars.close()
         self.runner.release()
-        self.memory.rope = None
 
     def stats(self) -> EngineStats:
         messages = len(self.table) - (1 if self.sink is not None else 0)
