@@ -162,3 +162,13 @@ def argmax_rows(logits: Tensor) -> list[int]:
     """Greedy tokens of logits (N, V), one per row, in one op (a step's greedy calls
     together: a per-call argmax over the vocabulary cost ~60 us each)."""
     return logits.argmax(-1).tolist()
+
+
+def take_rows(logits: Tensor, rows: list[int]) -> Tensor:
+    """logits[rows] (len(rows), V): a view when the rows are one ascending run (a
+    decode-only step whose every call samples), so the rows are not copied (64 rows
+    of a 49k vocabulary: a 12 MB copy, ~1 ms on two cores), else a gathered copy."""
+    first = rows[0]
+    if rows[-1] - first == len(rows) - 1 and rows == list(range(first, first + len(rows))):
+        return logits[first : first + len(rows)]
+    return logits[rows]

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from corps.engine.errors import ConstraintViolated
 from corps.engine.exec.call import Call
-from corps.engine.exec.draw import argmax_rows, forced, sample, sample_rows
+from corps.engine.exec.draw import argmax_rows, forced, sample, sample_rows, take_rows
 from corps.engine.request.chat import ChatFormat
 from corps.engine.request.sampling_params import SamplingParams
 
@@ -40,12 +40,14 @@ class Sampler:
         that call only."""
         greedy = [r for c, r in rows if c.plan.sampling.greedy]
         sampled = [(r, c) for c, r in rows if not c.plan.sampling.greedy]
-        picks = dict(zip(greedy, argmax_rows(logits[greedy]), strict=True)) if greedy else {}
+        picks = (
+            dict(zip(greedy, argmax_rows(take_rows(logits, greedy)), strict=True)) if greedy else {}
+        )
         if sampled:
             at = [i for i, _ in sampled]
             params, gens = [c.plan.sampling for _, c in sampled], [c.generator for _, c in sampled]
             try:
-                drawn = sample_rows(logits[at], params, gens)
+                drawn = sample_rows(take_rows(logits, at), params, gens)
             except Exception:  # each samples alone in next_token: an error fails it only
                 drawn = [None] * len(at)
             picks |= {i: t for i, t in zip(at, drawn, strict=True) if t is not None}
