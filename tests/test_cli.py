@@ -140,7 +140,7 @@ def test_run_every_example_scenario_parses():
     assert len(files) == 7
     for f in files:
         target = resolve(str(f))
-        target.check(target.params)
+        target.validated(target.params)
 
 
 def test_run_a_scenario_file(tiny_dirs):

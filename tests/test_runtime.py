@@ -21,6 +21,7 @@ from corps.agents import (
 from corps.cache import Handle, InvalidRequest, LeakageError, Private
 
 from conftest import open_tiny
+from helpers import stepping
 
 
 class Note(BaseModel):
@@ -223,7 +224,7 @@ async def test_shutdown_with_work_in_flight(tiny_dirs):
                             outcome.append(exc)
 
                     outer.start_soon(asker)
-                    await anyio.wait_all_tasks_blocked()  # the ask is in flight
+                    await stepping(engine, 2)  # the decode runs (450 steps): in flight
         assert len(outcome) == 1
         await engine.prefill("x")
         assert engine.stats().running == 0
