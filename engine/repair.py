@@ -17,6 +17,14 @@ reads changes). Policies, written as strings (`--repair`, `repair=`):
   measured by a two-layer probe over every rewired token, run in the call's
   first step batched with the other calls' probes); with "first:K", R more
   besides the first K;
+- "query:R": a share R (0..1) of the rewired tokens, those the call's query pays
+  most attention to (InfoFlow KV's criterion): the last QUERY_ROWS tokens the call
+  reads (its own new tokens and the end of its last parent, where the question
+  or instruction sits) are run through the first PROBE_LAYER + 1 layers over the
+  call's context as it reads it, and each rewired token is scored by the
+  attention those rows pay it, summed over heads, rows and layers; batched with
+  the other calls' probes like "recompute:R"'s, at their global positions. With
+  "first:K", R more besides the first K; not with "recompute:R" (one criterion);
 - "full": every rewired token (the upper bound: the call reads what encoding its
   whole context in order would give);
 - "temp:T": recompute nothing, but read the rewired tokens' keys at attention
@@ -45,6 +53,8 @@ from corps.engine.errors import InvalidRequest
 
 #: The probe's layer: keys and values of layer 1 are the first that depend on context.
 PROBE_LAYER = 1
+#: Rows a query probe ("query:R") scores attention from: the end of what the call reads.
+QUERY_ROWS = 32
 
 
 @dataclass(frozen=True)
@@ -59,23 +69,32 @@ class Repair:
     full: bool = False
     temperature: float = 1.0
     serial: bool = False
+    query: float = 0.0  # a share chosen by the query's attention ("query:R")
 
     def __post_init__(self) -> None:
-        if self.first < 0 or not 0.0 <= self.ratio <= 1.0 or not 0.0 < self.temperature:
+        shares = 0.0 <= self.ratio <= 1.0 and 0.0 <= self.query <= 1.0
+        if self.first < 0 or not shares or not 0.0 < self.temperature:
             raise InvalidRequest(
-                f"repair: first must be >= 0, ratio in [0, 1] and temp > 0, got {self}"
+                f"repair: first must be >= 0, ratio and query in [0, 1] and temp > 0, got {self}"
             )
+        if self.ratio and self.query:
+            raise InvalidRequest("repair: recompute:R and query:R are two ways to choose; pick one")
 
     @property
     def none(self) -> bool:
         """Nothing is recomputed or read at a temperature (`serial` may still have laid
         the context out)."""
-        return not (self.full or self.first or self.ratio) and self.temperature == 1.0
+        return not (self.full or self.first or self.share) and self.temperature == 1.0
+
+    @property
+    def share(self) -> float:
+        """The share of the rewired tokens a probe chooses (by deviation or by query)."""
+        return self.ratio or self.query
 
     @property
     def probes(self) -> bool:
-        """Whether choosing the tokens needs the deviation probe."""
-        return not self.full and 0.0 < self.ratio < 1.0
+        """Whether choosing the tokens needs a probe (deviation or query)."""
+        return not self.full and 0.0 < self.share < 1.0
 
     def __str__(self) -> str:
         serial = ["serial"] if self.serial else []
@@ -85,6 +104,7 @@ class Repair:
             serial
             + ([f"first:{self.first}"] if self.first else [])
             + ([f"recompute:{self.ratio:g}"] if self.ratio else [])
+            + ([f"query:{self.query:g}"] if self.query else [])
         )
         parts += [f"temp:{self.temperature:g}"] if self.temperature != 1.0 else []
         return "+".join(parts) or "none"
@@ -103,7 +123,7 @@ def parse_repair(value: str | Repair | None) -> Repair:
         return value
     if not isinstance(value, str):
         raise InvalidRequest(f"repair must be a string such as 'recompute:0.15', got {value!r}")
-    first, ratio, full, temperature, serial = 0, 0.0, False, 1.0, False
+    first, ratio, full, temperature, serial, query = 0, 0.0, False, 1.0, False, 0.0
     for part in value.strip().lower().split("+"):
         name, _, arg = part.strip().partition(":")
         try:
@@ -117,6 +137,8 @@ def parse_repair(value: str | Repair | None) -> Repair:
                 first = max(first, int(arg))
             elif name == "recompute" and 0.0 <= float(arg) <= 1.0:
                 ratio = max(ratio, float(arg))
+            elif name == "query" and 0.0 <= float(arg) <= 1.0:
+                query = max(query, float(arg))
             elif name == "temp" and float(arg) > 0.0:
                 temperature = float(arg)
             else:
@@ -124,10 +146,10 @@ def parse_repair(value: str | Repair | None) -> Repair:
         except ValueError:
             raise InvalidRequest(
                 f"repair {value!r}: each part is none, full, first:K (tokens), "
-                "recompute:R (a share 0..1), temp:T (> 0) or serial, joined by '+'"
+                "recompute:R or query:R (a share 0..1), temp:T (> 0) or serial, joined by '+'"
             ) from None
-    if ratio >= 1.0:  # every rewired token
-        full, ratio = True, 0.0
+    if ratio >= 1.0 or query >= 1.0:  # every rewired token
+        full, ratio, query = True, 0.0, 0.0
     if full:  # nothing is left to read at a temperature
         first, temperature = 0, 1.0
-    return Repair(first, ratio, full, temperature, serial)
+    return Repair(first, ratio, full, temperature, serial, query)

@@ -24,6 +24,9 @@ from corps.engine.repair import NONE, Repair, parse_repair
         ("serial", Repair(serial=True), "serial"),
         ("full+serial", Repair(full=True, serial=True), "serial+full"),
         ("serial+recompute:0.15", Repair(ratio=0.15, serial=True), "serial+recompute:0.15"),
+        ("query:0.3", Repair(query=0.3), "query:0.3"),
+        ("first:4+query:0.1", Repair(first=4, query=0.1), "first:4+query:0.1"),
+        ("query:1", Repair(full=True), "full"),
     ],
 )
 def test_policies_parse_to_their_canonical_form(text, want, canonical):
@@ -41,11 +44,26 @@ def test_what_a_policy_needs():
     assert parse_repair("recompute:0").none  # a share of nothing recomputes nothing
     assert not parse_repair("temp:0.8").none and parse_repair("temp:1").none
     assert parse_repair("serial").none  # it lays the context out and recomputes nothing
+    assert parse_repair("query:0.3").probes and parse_repair("query:0.3").share == 0.3
+    assert parse_repair("query:0").none
 
 
 @pytest.mark.parametrize(
     "bad",
-    ["all", "first", "first:x", "serial:1", "recompute:1.5", "first:-1", "full:2", "temp:0", 3],
+    [
+        "all",
+        "first",
+        "first:x",
+        "serial:1",
+        "recompute:1.5",
+        "first:-1",
+        "full:2",
+        "temp:0",
+        3,
+        "query:2",
+        "query",
+        "recompute:0.1+query:0.2",
+    ],
 )
 def test_bad_policies_say_what_they_take(bad):
     with pytest.raises(InvalidRequest, match="repair"):

@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 from corps.agents import Agent, Runtime
 from corps.cache.visibility import Private
 from corps.engine.errors import InvalidRequest
+from corps.engine.model.runner import layer_qkv
+from corps.engine.repair import QUERY_ROWS
 from corps.engine.request.requests import DecodeRequest, PrefillRequest
 from corps.engine.request.sampling_params import SamplingParams
 
@@ -307,6 +309,79 @@ def test_a_batched_probe_measures_each_call_as_alone(tiny_dirs):
     finally:
         for c in calls:
             core.abort(c)
+    core.check()
+
+
+def query_scores_by_hand(core, view, ids, positions, at, every):
+    """Layer 0 of `ModelRunner.query_attention`, a row and a head at a time: the
+    softmax weight each query row's head pays each view key it may see, summed."""
+    w, spec = core.runner.w, core.runner.spec
+    lw, n = w.layers[0], view.length
+    x = w.embed[torch.tensor(ids)].to(w.dtype)
+    cos = w.rope.cos[torch.tensor(positions)].unsqueeze(1)
+    sin = w.rope.sin[torch.tensor(positions)].unsqueeze(1)
+    q, *_ = layer_qkv(x, lw.input_norm, lw.qkv, lw.q_norm, lw.k_norm, cos, sin,
+                      spec.num_heads, spec.num_kv_heads, spec.rms_norm_eps)  # fmt: skip
+    group = spec.num_heads // spec.num_kv_heads
+    total = torch.zeros(n)
+    for r, a in enumerate(at):
+        seen = min(a, n - 1) + 1  # a row in the view sees up to itself; a new one all
+        for h in range(spec.num_heads):
+            keys = view.k_layers[0][h // group, :seen].float()  # (seen, D)
+            weights = torch.softmax(keys @ q[r, h].float() * spec.head_dim**-0.5, 0)
+            total[:seen] += weights
+    return total[every]
+
+
+def test_a_query_probe_scores_the_attention_the_query_pays_each_rewired_token(tiny_dirs):
+    """`query:R`'s probe against a row-by-row, head-by-head reckoning (layer 0), and
+    batched with another call's as alone; the rows it then recomputes are its top k."""
+    core = open_tiny(tiny_dirs, "llama").executor
+    sys, q1, q2 = parallel(core)
+    requests = [
+        DecodeRequest(parents=[sys, q1, q2], sampling=greedy(2), repair="query:0.4"),
+        DecodeRequest(parents=[sys, q2, q1], offsets=[0, 30, 60], sampling=greedy(2),
+                      repair="first:1+query:0.3"),
+    ]  # fmt: skip
+    calls = [core.admit(r) for r in requests]
+    try:
+        items = [(c.view, p.query.ids, p.query.positions, p.query.at, p.every)
+                 for c in calls for p in [c.repair.probe]]  # fmt: skip
+        assert all(len(ids) == QUERY_ROWS for _, ids, *_ in items)  # context tail + header
+        together = core.runner.query_attention(items, 0)
+        for item, got in zip(items, together, strict=True):
+            torch.testing.assert_close(got, query_scores_by_hand(core, *item), rtol=1e-4,
+                                       atol=1e-5)  # fmt: skip
+            (alone,) = core.runner.query_attention([item], 1)
+            (both,) = core.runner.query_attention([item, items[0]], 1)[:1]
+            torch.testing.assert_close(both, alone, rtol=1e-5, atol=1e-5)
+        scores = core.runner.query_attention(items, 1)
+        core.repairs.probe(calls)  # as the call's first step does
+        for c, score, (*_, every) in zip(calls, scores, items, strict=True):
+            fixed = [] if c is calls[0] else [s for s, _ in core.repairs.ranges(c)]
+            free = [j for j in range(len(every)) if every[j] not in fixed]
+            k = c.repair.total - len(fixed)
+            top = sorted(free, key=lambda j: -float(score[j]))[:k]
+            assert sorted(c.repair.at) == sorted([*fixed, *(every[j] for j in top)])
+    finally:
+        for c in calls:
+            core.abort(c)
+    core.check()
+
+
+def test_query_repairs_run_and_all_of_them_is_full(tiny_dirs):
+    core = open_tiny(tiny_dirs, "llama").executor
+    sys, q1, q2 = parallel(core)
+    run = {}
+    for repair in ("query:0.3", "query:1", "full"):
+        (h,) = run_calls(core, [DecodeRequest(parents=[sys, q2, q1], sampling=greedy(6),
+                                              repair=repair)])[0]  # fmt: skip
+        run[repair] = h.generated
+        assert len(h.generated) == 6
+    assert run["query:1"] == run["full"]
+    before = core.stats().tokens_probed
+    run_calls(core, [DecodeRequest(parents=[sys, q2, q1], sampling=greedy(2), repair="query:0.3")])
+    assert core.stats().tokens_probed - before == QUERY_ROWS  # its query rows, not the context
     core.check()
 
 

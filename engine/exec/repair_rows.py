@@ -31,9 +31,9 @@ import torch
 from corps.cache.messages import MessageTable
 from corps.cache.rewired import first_rewired, rewired
 from corps.engine.exec.call import Call, CallPlan
-from corps.engine.exec.repair_state import Probe, RepairRows
+from corps.engine.exec.repair_state import Probe, Query, RepairRows
 from corps.engine.model.runner import ModelRunner
-from corps.engine.repair import NONE, PROBE_LAYER, Repair
+from corps.engine.repair import NONE, PROBE_LAYER, QUERY_ROWS, Repair
 from corps.engine.request.requests import DecodeRequest, PrefillRequest
 
 
@@ -113,30 +113,51 @@ class Repairs:
         if repair.none or not every:
             return None
         tokens, positions = self.context_tokens(c), dict(enumerate(c.ctx_pos))
-        if repair.full or repair.ratio >= 1.0:
+        if repair.full or repair.share >= 1.0:
             fixed = every
         else:
             fixed = [s + j for s, n in ranges for j in range(min(repair.first, n))]
-        k = min(round(repair.ratio * len(every)), len(every) - len(fixed))
+        k = min(round(repair.share * len(every)), len(every) - len(fixed))
         rows = RepairRows(len(fixed) + k, self.scratch, len(every), repair)
         if k:  # chosen in the call's first step, with the other calls' probes
+            query = self.query_rows(c, tokens, positions) if repair.query else None
             rows.probe = Probe(every, [tokens[j] for j in every], [positions[j] for j in every],
-                               fixed, k)  # fmt: skip
-            rows.probed = len(every)
+                               fixed, k, query)  # fmt: skip
+            rows.probed = len(query.ids) if query is not None else len(every)
             return rows
         settle(c, rows, fixed, every, tokens, positions)
         return rows if rows.total else None
 
+    def query_rows(self, c: Call, tokens: dict[int, int], positions: dict[int, int]) -> Query:
+        """The last QUERY_ROWS tokens `c` reads: the end of its context (its last
+        parent's, where a question or instruction sits), then its own new tokens."""
+        n = len(c.ctx_slots)
+        own = list(range(len(c.feed)))[-QUERY_ROWS:]
+        room = QUERY_ROWS - len(own)
+        ctx = [j for j in range(n) if j in tokens][-room:] if room else []  # not the sink
+        ids = [tokens[j] for j in ctx] + [c.feed[i] for i in own]
+        pos = [positions[j] for j in ctx] + [c.feed_start + i for i in own]
+        return Query(ids, pos, ctx + [n + i for i in own])
+
     def probe(self, calls: list[Call]) -> None:
         """Choose the rows of every call in `calls` whose repair waits on its probe: one
-        batched two-layer pass over all their rewired tokens (`ModelRunner.deviation`),
-        then each call's top k by deviation among its tokens not already chosen."""
+        batched pass of the first PROBE_LAYER + 1 layers for all of them, over their
+        rewired tokens (`ModelRunner.deviation`, "recompute:R") or their query rows
+        (`ModelRunner.query_attention`, "query:R"), then each call's top k by that
+        score among its tokens not already chosen."""
         waiting = [c for c in calls if c.repair is not None and c.repair.probe is not None]
-        if not waiting:
-            return
-        items = [(c.view, c.repair.probe.ids, c.repair.probe.positions, c.repair.probe.every)
-                 for c in waiting]  # fmt: skip
-        for c, dev in zip(waiting, self.runner.deviation(items, PROBE_LAYER), strict=True):
+        by_dev = [c for c in waiting if c.repair.probe.query is None]
+        by_query = [c for c in waiting if c.repair.probe.query is not None]
+        scored = []
+        if by_dev:
+            items = [(c.view, c.repair.probe.ids, c.repair.probe.positions, c.repair.probe.every)
+                     for c in by_dev]  # fmt: skip
+            scored += zip(by_dev, self.runner.deviation(items, PROBE_LAYER), strict=True)
+        if by_query:
+            items = [(c.view, p.query.ids, p.query.positions, p.query.at, p.every)
+                     for c in by_query for p in [c.repair.probe]]  # fmt: skip
+            scored += zip(by_query, self.runner.query_attention(items, PROBE_LAYER), strict=True)
+        for c, dev in scored:
             rows, p = c.repair, c.repair.probe
             fixed = set(p.fixed)
             free = torch.tensor([j not in fixed for j in p.every], device=dev.device)

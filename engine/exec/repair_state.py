@@ -10,15 +10,28 @@ from dataclasses import dataclass, field
 from corps.engine.repair import Repair
 
 
+@dataclass(frozen=True)
+class Query:
+    """The rows a query probe ("query:R") scores attention from: the end of what the
+    call reads. `at` is each row's view index (one past the context for the call's
+    own new tokens, which see the whole context)."""
+
+    ids: list[int]
+    positions: list[int]
+    at: list[int]
+
+
 @dataclass
 class Probe:
-    """What a share by deviation chooses among, at the call's first step (`probe`)."""
+    """What a share by deviation or by query chooses among, at the call's first step
+    (`Repairs.probe`)."""
 
     every: list[int]  # view indices of every rewired token (the probe runs them all)
     ids: list[int]  # their token ids
     positions: list[int]  # their positions in the call's context
     fixed: list[int]  # view indices chosen without it (the first K of each parent)
-    k: int  # how many more it picks among the others: those that move most
+    k: int  # how many more it picks among the others: those that score highest
+    query: Query | None = None  # by the query's attention, else by deviation
 
 
 @dataclass

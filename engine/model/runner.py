@@ -206,6 +206,52 @@ class ModelRunner:
             )  # fmt: skip
         raise ValueError(f"layer {layer} is past the model's {len(w.layers)} layers")
 
+    def query_attention(self, items: list[tuple], layer: int) -> list[Tensor]:
+        """For each (view, ids, positions, at, every) in `items`: the attention query
+        rows `ids` (R,) at `positions` pay the view's tokens at indices `every` (K,),
+        summed over heads, rows and layers 0..`layer` (K,) float32 ("query:R",
+        `corps.engine.exec.repair_rows`). A row at view index `at` attends to the view
+        up to itself; one at `at` >= the view's length (the call's own new tokens)
+        to all of it. The rows run from their embeddings through those layers over
+        the view's keys and values as they are (nothing is written). All items' rows
+        share each projection and MLP; attention runs per view."""
+        spec, w = self.spec, self.w
+        dev = items[0][0].own_k.device
+        ids_t = torch.tensor([t for _, ids, *_ in items for t in ids], device=dev)
+        pos_t = torch.tensor([p for _, _, pos, *_ in items for p in pos], device=dev)
+        bounds = list(itertools.accumulate([len(ids) for _, ids, *_ in items], initial=0))
+        if w.lora is not None:  # the probe runs the base weights
+            w.lora.set(None, len(ids_t))
+        group = spec.num_heads // spec.num_kv_heads
+        scores = [torch.zeros(len(every), device=dev) for *_, every in items]
+        x = w.embed[ids_t].to(w.dtype)  # (R, E), every item's rows
+        cos = w.rope.cos[pos_t].unsqueeze(1)  # (R, 1, D)
+        sin = w.rope.sin[pos_t].unsqueeze(1)
+        for i in range(layer + 1):
+            lw = w.layers[i]
+            q, _, _, _ = layer_qkv(
+                x, lw.input_norm, lw.qkv, lw.q_norm, lw.k_norm, cos, sin, spec.num_heads,
+                spec.num_kv_heads, spec.rms_norm_eps,
+            )  # fmt: skip
+            out = []
+            for (view, _, _, at, every), score, a, b in zip(items, scores, bounds[:-1],
+                                                              bounds[1:], strict=True):  # fmt: skip
+                n = view.length
+                keys = view.k_layers[i][:, :n].repeat_interleave(group, 0)  # (Hq, n, D)
+                values = view.v_layers[i][:, :n].repeat_interleave(group, 0)
+                logits = q[a:b].transpose(0, 1).float() @ keys.float().transpose(1, 2)
+                seen = torch.arange(n, device=dev)[None, :] <= torch.tensor(at, device=dev)[:, None]
+                probs = torch.softmax((logits * self.scale).masked_fill(~seen, float("-inf")), -1)
+                score += probs[:, :, every].sum((0, 1))  # (Hq, R, n) -> (K,)
+                out.append((probs.to(values.dtype) @ values).transpose(0, 1))  # (R_i, Hq, D)
+            if i == layer:
+                return scores
+            x = layer_mlp(
+                x, torch.cat(out).reshape(len(ids_t), -1), lw.o, lw.post_norm, lw.gate_up,
+                lw.down, spec.rms_norm_eps,
+            )  # fmt: skip
+        raise ValueError(f"layer {layer} is past the model's {len(w.layers)} layers")
+
     def logits(self, x: Tensor) -> Tensor:
         """Next-token logits (N, V) of hidden states x (N, E)."""
         w = self.w
