@@ -19,7 +19,7 @@ RepairOpt = Annotated[
     str,
     typer.Option(
         help="What choreographed calls whose context is rewired recompute in their own "
-        "context: none, first:K, recompute:R (a share), full, temp:T, serial (parents "
+        "context: none, first:K, recompute:R or query:R (a share), full, temp:T, serial (parents "
         "laid end to end first), or several joined by '+' (docs/fidelity.md)."
     ),
 ]

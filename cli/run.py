@@ -124,7 +124,7 @@ def run(
         str,
         typer.Option(
             help="What choreographed calls whose context is rewired recompute in their own "
-            "context: none (default), first:K, recompute:R (a share), full, temp:T, serial "
+            "context: none (default), first:K, recompute:R or query:R (a share), full, temp:T, serial "
             "(parents laid end to end first), or several joined by '+' (docs/fidelity.md)."
         ),
     ] = "none",
