@@ -124,8 +124,9 @@ def run(
         str,
         typer.Option(
             help="What choreographed calls whose context is rewired recompute in their own "
-            "context: none (default), first:K, recompute:R or query:R (a share), full, temp:T, serial "
-            "(parents laid end to end first), or several joined by '+' (docs/fidelity.md)."
+            "context: none (default), first:K, recompute:R or query:R (a share), full, "
+            "temp:T, serial (parents laid end to end first), or several joined by '+' "
+            "(docs/fidelity.md)."
         ),
     ] = "none",
     live: Annotated[
