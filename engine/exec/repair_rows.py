@@ -33,7 +33,7 @@ from corps.cache.rewired import first_rewired, rewired
 from corps.engine.exec.call import Call, CallPlan
 from corps.engine.exec.repair_state import Probe, Query, RepairRows
 from corps.engine.model.runner import ModelRunner
-from corps.engine.repair import NONE, PROBE_LAYER, QUERY_ROWS, Repair
+from corps.engine.repair import NONE, PROBE_LAYER, QUERY_DEPTH, QUERY_ROWS, Repair
 from corps.engine.request.requests import DecodeRequest, PrefillRequest
 
 
@@ -141,9 +141,10 @@ class Repairs:
 
     def probe(self, calls: list[Call]) -> None:
         """Choose the rows of every call in `calls` whose repair waits on its probe: one
-        batched pass of the first PROBE_LAYER + 1 layers for all of them, over their
-        rewired tokens (`ModelRunner.deviation`, "recompute:R") or their query rows
-        (`ModelRunner.query_attention`, "query:R"), then each call's top k by that
+        batched pass for all of them, over their rewired tokens through PROBE_LAYER + 1
+        layers (`ModelRunner.deviation`, "recompute:R") or over their query rows through
+        the first QUERY_DEPTH of the layers (`ModelRunner.query_attention`, "query:R"),
+        then each call's top k by that
         score among its tokens not already chosen."""
         waiting = [c for c in calls if c.repair is not None and c.repair.probe is not None]
         by_dev = [c for c in waiting if c.repair.probe.query is None]
@@ -156,7 +157,8 @@ class Repairs:
         if by_query:
             items = [(c.view, p.query.ids, p.query.positions, p.query.at, p.every)
                      for c in by_query for p in [c.repair.probe]]  # fmt: skip
-            scored += zip(by_query, self.runner.query_attention(items, PROBE_LAYER), strict=True)
+            depth = round(self.runner.spec.num_layers * QUERY_DEPTH)  # the last layer it runs
+            scored += zip(by_query, self.runner.query_attention(items, depth), strict=True)
         for c, dev in scored:
             rows, p = c.repair, c.repair.probe
             fixed = set(p.fixed)
