@@ -142,7 +142,7 @@ def __getattr__(name: str) -> Any:
     elif name in _TOOLS:
         home, attr = _TOOLS[name]
         module = import_module(home)
-        value = getattr(module, attr, None) or import_module(f"{home}.{attr}")
+        value = getattr(module, attr) if hasattr(module, attr) else import_module(f"{home}.{attr}")
     else:
         raise AttributeError(f"module 'corps.engine' has no attribute {name!r}")
     globals()[name] = value

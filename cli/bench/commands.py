@@ -93,6 +93,17 @@ def bench_runner(
         fail(exc)
 
 
+def _stream_counts(streams: str) -> list[int]:
+    """`--streams` as counts >= 1 (bad input: one line, exit 2)."""
+    try:
+        counts = [int(x) for x in streams.split(",") if x.strip()]
+    except ValueError:
+        _bad(f"--streams takes comma-separated counts like 1,4,16, got {streams!r}")
+    if not counts or min(counts) < 1:
+        _bad(f"--streams takes counts >= 1, got {streams!r}")
+    return counts
+
+
 @bench_app.command("batching")
 def bench_batching(
     model: ModelOpt = "smollm2-135m",
@@ -109,12 +120,7 @@ def bench_batching(
     """Aggregate decode tokens/s for concurrent streams through the batching loop."""
     from corps.cli.bench.batching import main
 
-    try:
-        counts = [int(x) for x in streams.split(",") if x.strip()]
-    except ValueError:
-        _bad(f"--streams takes comma-separated counts like 1,4,16, got {streams!r}")
-    if not counts or min(counts) < 1:
-        _bad(f"--streams takes counts >= 1, got {streams!r}")
+    counts = _stream_counts(streams)
     try:
         main(model, dtype, counts, tokens, rounds)
     except CorpsError as exc:
@@ -135,12 +141,7 @@ def bench_step(
     outside the model's forward (plan, batch, sample, postprocess, job completion)."""
     from corps.cli.bench.step import main
 
-    try:
-        counts = [int(x) for x in streams.split(",") if x.strip()]
-    except ValueError:
-        _bad(f"--streams takes comma-separated counts like 1,16,64, got {streams!r}")
-    if not counts or min(counts) < 1:
-        _bad(f"--streams takes counts >= 1, got {streams!r}")
+    counts = _stream_counts(streams)
     try:
         main(model, tokens, rounds, counts, dtype=dtype)
     except CorpsError as exc:

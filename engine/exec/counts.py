@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from corps.engine.exec.call import Call
+
 
 @dataclass
 class Counts:
@@ -21,7 +23,7 @@ class Counts:
     tokens_probed: int = 0  # rewired tokens the repair's deviation probe ran
     forward_seconds: float = 0.0  # time spent in the model's forward
 
-    def admitted(self, call) -> None:
+    def admitted(self, call: Call) -> None:
         """A call was admitted: what it reads, repairs and probes of its context."""
         self.tokens_reused += call.reused
         self.tokens_repaired += call.repaired

@@ -113,8 +113,9 @@ class HFExecutor:
                 self.abort(c)
                 out.failed.append((c, exc))
             out.forward_s = self.forward_seconds - forward0
+        failed = {f for f, _ in out.failed}
         for d in (*order.ready, *order.calls):
-            if d.done and all(d is not f for f, _ in out.failed):
+            if d.done and d not in failed:
                 out.finished[d] = self._finish(d)
         return out
 

@@ -196,7 +196,7 @@ class KVExecutor:
         try:
             out = self.stepper.step(plan_rows(calls, order.budget)) if calls else StepOutput()
         except Exception as exc:  # the forward failed: the step's calls fail, none other
-            out = StepOutput(failed=[(c, exc) for c in calls])
+            out = StepOutput(failed=[(c, exc) for c in calls], ran=False)
             for c in calls:
                 self.memory.abort(c)
         failed = {c for c, _ in out.failed}

@@ -147,6 +147,8 @@ class Repairs:
         then each call's top k by that
         score among its tokens not already chosen."""
         waiting = [c for c in calls if c.repair is not None and c.repair.probe is not None]
+        if not waiting:
+            return
         by_dev = [c for c in waiting if c.repair.probe.query is None]
         by_query = [c for c in waiting if c.repair.probe.query is not None]
         scored = []

@@ -69,6 +69,7 @@ class StepOutput:
     failed: list[tuple[Call, BaseException]] = field(default_factory=list)
     finished: dict[Call, Handle] = field(default_factory=dict)  # by call (identity)
     forward_s: float = 0.0  # the model's forward inside the step
+    ran: bool = True  # False: the forward itself failed (every call of the step in failed)
     encoded: bool = False  # it ran a prompt chunk or a turn's footer, not only decodes
     calls: int = 0  # calls the forward ran rows of
     rows: int = 0  # rows (tokens) the forward encoded

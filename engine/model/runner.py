@@ -162,17 +162,10 @@ class ModelRunner:
         attention runs per view."""
         spec, w = self.spec, self.w
         dev = items[0][0].own_k.device
-        ids_t = torch.tensor([t for _, ids, _, _ in items for t in ids], device=dev)
-        pos_t = torch.tensor([p for _, _, pos, _ in items for p in pos], device=dev)
+        x, cos, sin, bounds = self._probe_rows(items, dev)
         ats = [torch.tensor(at, device=dev) for _, _, _, at in items]
-        bounds = list(itertools.accumulate([len(at) for _, _, _, at in items], initial=0))
-        if w.lora is not None:  # the probe runs the base weights
-            w.lora.set(None, len(ids_t))
         masks = [repair_mask(at, view.length, view.own_k.dtype) for (view, *_), at in
                  zip(items, ats, strict=True)]  # (R_i, n_i) each  # fmt: skip
-        x = w.embed[ids_t].to(w.dtype)  # (R, E), every item's rows
-        cos = w.rope.cos[pos_t].unsqueeze(1)  # (R, 1, D)
-        sin = w.rope.sin[pos_t].unsqueeze(1)
         for i in range(layer + 1):
             lw = w.layers[i]
             q, k_rot, _, v = layer_qkv(
@@ -201,11 +194,26 @@ class ModelRunner:
                 return out
             attn = torch.cat(out)  # (R, Hq, D)
             x = layer_mlp(
-                x, attn.reshape(len(ids_t), -1), lw.o, lw.post_norm, lw.gate_up, lw.down,
+                x, attn.reshape(len(x), -1), lw.o, lw.post_norm, lw.gate_up, lw.down,
                 spec.rms_norm_eps,
             )  # fmt: skip
         raise ValueError(f"layer {layer} is past the model's {len(w.layers)} layers")
 
+    def _probe_rows(self, items: list[tuple], dev) -> tuple[Tensor, Tensor, Tensor, list[int]]:
+        """The rows of every item of a probe (`deviation`, `query_attention`: ids and
+        positions second and third in each) as one batch: their embeddings (R, E), RoPE
+        cos and sin (R, 1, D), and where each item's rows start and end. The probe runs
+        the base weights (an adapter kept apart is off for its rows)."""
+        w = self.w
+        ids_t = torch.tensor([t for _, ids, *_ in items for t in ids], device=dev)
+        pos_t = torch.tensor([p for _, _, pos, *_ in items for p in pos], device=dev)
+        bounds = list(itertools.accumulate([len(ids) for _, ids, *_ in items], initial=0))
+        if w.lora is not None:
+            w.lora.set(None, len(ids_t))
+        cos, sin = w.rope.cos[pos_t].unsqueeze(1), w.rope.sin[pos_t].unsqueeze(1)
+        return w.embed[ids_t].to(w.dtype), cos, sin, bounds
+
+    @torch.inference_mode()
     def query_attention(self, items: list[tuple], layer: int) -> list[Tensor]:
         """For each (view, ids, positions, at, every) in `items`: the attention query
         rows `ids` (R,) at `positions` pay the view's tokens at indices `every` (K,),
@@ -217,16 +225,13 @@ class ModelRunner:
         share each projection and MLP; attention runs per view."""
         spec, w = self.spec, self.w
         dev = items[0][0].own_k.device
-        ids_t = torch.tensor([t for _, ids, *_ in items for t in ids], device=dev)
-        pos_t = torch.tensor([p for _, _, pos, *_ in items for p in pos], device=dev)
-        bounds = list(itertools.accumulate([len(ids) for _, ids, *_ in items], initial=0))
-        if w.lora is not None:  # the probe runs the base weights
-            w.lora.set(None, len(ids_t))
+        x, cos, sin, bounds = self._probe_rows(items, dev)
         group = spec.num_heads // spec.num_kv_heads
         scores = [torch.zeros(len(every), device=dev) for *_, every in items]
-        x = w.embed[ids_t].to(w.dtype)  # (R, E), every item's rows
-        cos = w.rope.cos[pos_t].unsqueeze(1)  # (R, 1, D)
-        sin = w.rope.sin[pos_t].unsqueeze(1)
+        # what each row sees: the view up to itself (the call's own rows: all of it)
+        seen = [torch.arange(view.length, device=dev)[None, :]
+                <= torch.tensor(at, device=dev)[:, None]
+                for view, _, _, at, _ in items]  # (R_i, n_i) each  # fmt: skip
         for i in range(layer + 1):
             lw = w.layers[i]
             q, _, _, _ = layer_qkv(
@@ -234,20 +239,19 @@ class ModelRunner:
                 spec.num_kv_heads, spec.rms_norm_eps,
             )  # fmt: skip
             out = []
-            for (view, _, _, at, every), score, a, b in zip(items, scores, bounds[:-1],
+            for (view, *_, every), mask, score, a, b in zip(items, seen, scores, bounds[:-1],
                                                               bounds[1:], strict=True):  # fmt: skip
                 n = view.length
                 keys = view.k_layers[i][:, :n].repeat_interleave(group, 0)  # (Hq, n, D)
                 values = view.v_layers[i][:, :n].repeat_interleave(group, 0)
                 logits = q[a:b].transpose(0, 1).float() @ keys.float().transpose(1, 2)
-                seen = torch.arange(n, device=dev)[None, :] <= torch.tensor(at, device=dev)[:, None]
-                probs = torch.softmax((logits * self.scale).masked_fill(~seen, float("-inf")), -1)
+                probs = torch.softmax((logits * self.scale).masked_fill(~mask, float("-inf")), -1)
                 score += probs[:, :, every].sum((0, 1))  # (Hq, R, n) -> (K,)
                 out.append((probs.to(values.dtype) @ values).transpose(0, 1))  # (R_i, Hq, D)
             if i == layer:
                 return scores
             x = layer_mlp(
-                x, torch.cat(out).reshape(len(ids_t), -1), lw.o, lw.post_norm, lw.gate_up,
+                x, torch.cat(out).reshape(len(x), -1), lw.o, lw.post_norm, lw.gate_up,
                 lw.down, spec.rms_norm_eps,
             )  # fmt: skip
         raise ValueError(f"layer {layer} is past the model's {len(w.layers)} layers")

@@ -343,7 +343,7 @@ class Scheduler:
             return
         t_step = time.perf_counter()
         out = self.executor.step(order)
-        if chosen:
+        if chosen and out.ran:  # a step whose forward failed teaches the policy nothing
             seconds = time.perf_counter() - t_step
             self.policy.observe(out.calls, out.rows, seconds, out.chunks, out.keys)
             self.n.steps += 1
