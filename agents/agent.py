@@ -48,7 +48,9 @@ class Agent:
     the engine's scheduling policy; None: the workflow's; a call's own overrides)
     and `repair` (a repair policy such as "recompute:0.15" for its calls whose
     context is rewired, `corps.engine.repair`; None: the workflow's, else the
-    engine's; a call's own overrides).
+    engine's; a call's own overrides; "auto" lets the engine choose it from audits)
+    and `audit` (N: 1 in N of its decodes audited against the baseline, 0: none,
+    `corps.engine.audit`; None: the workflow's, else the engine's).
 
     Every handle the agent receives (messages, payload fields, replies) is bound
     to it: reading the content of a message it cannot see raises AccessDenied.
@@ -62,6 +64,7 @@ class Agent:
     leak_policy: ClassVar[str | None] = None
     objective: ClassVar[str | None] = None
     repair: ClassVar[str | None] = None
+    audit: ClassVar[int | None] = None
 
     def __init__(self, name: str, runtime: Host, system_prompt: Handle | None) -> None:
         self.name = name
@@ -113,7 +116,7 @@ class Agent:
             if not (isinstance(schema, type) and issubclass(schema, BaseModel)):
                 raise InvalidRequest(f"schema must be a pydantic model class, got {schema!r}")
             args = {**args, "json_schema": schema}
-        kw = self._as_me(args)
+        kw = self._decoding(self._as_me(args))
         envelope = env_mod.current.get()
         if envelope is None or envelope.deltas is None:
             return await self.engine.decode(**kw)
@@ -127,7 +130,14 @@ class Agent:
     ) -> list[Handle]:
         """Several decodes (`DecodeArgs` each) owned by this agent, fused into shared
         steps; all or nothing. `visibility` applies to those that give none."""
-        return await self.engine.decode_many([self._as_me(r, visibility) for r in requests])
+        kw = [self._decoding(self._as_me(r, visibility)) for r in requests]
+        return await self.engine.decode_many(kw)
+
+    def _decoding(self, kw: dict) -> dict:
+        """A decode's arguments with this agent's audit rate unless the call names one."""
+        if kw.get("audit") is None and self.audit is not None:
+            kw["audit"] = self.audit  # else the workflow's, else the engine's
+        return kw
 
     async def select(self, *, options: Sequence[str], **args: Any) -> Selection:
         """`Engine.select` as this agent: score `options` after `parents`, keep the best

@@ -20,7 +20,18 @@ RepairOpt = Annotated[
     typer.Option(
         help="What choreographed calls whose context is rewired recompute in their own "
         "context: none, first:K, recompute:R or query:R (a share), full, temp:T, serial (parents "
-        "laid end to end first), or several joined by '+' (docs/fidelity.md)."
+        "laid end to end first), or several joined by '+'; or auto (chosen per workflow and "
+        "agent from audits) (docs/fidelity.md)."
+    ),
+]
+AuditOpt = Annotated[
+    int,
+    typer.Option(
+        min=0,
+        max=1_000_000,
+        help="Audit 1 in N choreographed decodes of each workflow and agent against the "
+        "baseline's encoding of the same text, and report the gap (0: off; with --repair "
+        "auto: 1 in 4 unless given) (docs/fidelity.md).",
     ),
 ]
 ModelOpt = Annotated[

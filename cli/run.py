@@ -20,6 +20,8 @@ from rich.table import Table
 from corps.agents import AgentError
 from corps.cache.errors import CorpsError
 from corps.cache.visibility import LeakWarning
+from corps.cli.audits import audit_table
+from corps.cli.options import AuditOpt, RepairOpt
 from corps.cli.scenario import ScenarioError, Target, parse_sets, resolve
 from corps.engine import check_adapter_of
 from corps.engine.config import DEFAULT_DTYPE, DEFAULT_MODEL, BadConfig, EngineConfig
@@ -120,15 +122,8 @@ def run(
     ] = None,
     compile: CompileOpt = False,
     compile_gemms: CompileGemmsOpt = "library",
-    repair: Annotated[
-        str,
-        typer.Option(
-            help="What choreographed calls whose context is rewired recompute in their own "
-            "context: none (default), first:K, recompute:R or query:R (a share), full, "
-            "temp:T, serial (parents laid end to end first), or several joined by '+' "
-            "(docs/fidelity.md)."
-        ),
-    ] = "none",
+    repair: RepairOpt = "none",
+    audit: AuditOpt = 0,
     live: Annotated[
         bool | None,
         typer.Option(
@@ -192,6 +187,7 @@ def run(
             compile=compile,
             compile_gemms=compile_gemms,
             repair=repair,
+            audit=audit,
         )
         check_adapter_of(config, err)
         if otel_endpoint is not None:
@@ -211,8 +207,10 @@ def run(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", LeakWarning)  # counted in the summary instead
             if lines is None:
-                result = anyio.run(_one, tgt, checked[0], config, live)
+                result, audits = anyio.run(_one, tgt, checked[0], config, live)
                 _show(result, tgt)
+                if audits is not None:
+                    out.print(audit_table(audits))
                 if json_out is not None:
                     json_out.write_text(json.dumps(to_json(result)) + "\n")
             else:
@@ -287,7 +285,8 @@ async def _session(
     config: EngineConfig, live: bool, headline: str, body: Callable[[Any], Awaitable[Any]]
 ) -> Any:
     """Open the engine and a runtime, `await body(rt)` and return what it returns (its
-    exception, if any, as itself). With `live`, the panels show from before the model
+    exception, if any, as itself) with the engine's audit report (None unless it
+    audited: --audit or --repair auto). With `live`, the panels show from before the model
     loads until the run ends, and the last frame stays. With --otel-endpoint, one line
     says, once the engine has closed (its spans flushed), how many spans were taken."""
     from corps.agents import Runtime
@@ -300,7 +299,7 @@ async def _session(
         loading = f"loading {config.model} ({config.mode}, dtype {config.dtype})…"
         view = LiveView(out, headline, status=loading)
     outcome: list[Any] = []
-    engine = None
+    engine = audits = None
     async with anyio.create_task_group() as tg:
         if view is not None:
             tg.start_soon(view.run)
@@ -310,6 +309,8 @@ async def _session(
                     view.attach(engine)
                     view.status = "running"
                 outcome.append(await body(rt))
+                if config.audit or config.repair == "auto":
+                    audits = await engine.audited()
         except Exception as exc:  # re-raised below, outside the task group
             outcome.append(exc)
         finally:
@@ -322,7 +323,7 @@ async def _session(
         err.print(f"otel: sent {sink.sent} spans to {config.otel}{lost}", highlight=False)
     if isinstance(outcome[0], Exception):
         raise outcome[0]
-    return outcome[0]
+    return outcome[0], audits
 
 
 async def _many(
@@ -355,9 +356,11 @@ async def _many(
                 for i in range(len(runs)):
                     tg.start_soon(one, i)
 
-        await _session(config, live, headline, all_runs)
+        _, audits = await _session(config, live, headline, all_runs)
     failed = sum(isinstance(r, Exception) for r in results)
     _show_many(results, tgt)
+    if audits is not None:
+        out.print(audit_table(audits))
     if json_out is not None:
         with json_out.open("w") as f:
             for i, r in enumerate(results):

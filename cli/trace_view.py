@@ -407,6 +407,10 @@ def problems(trace: Trace) -> Group:
         parts.append(Text(f"error in {e.where}: {e.detail}", "bold red"))
     for r in trace.reencodes:
         parts.append(Text(f"re-encoded m{r.message} for {names(r.reader)} as m{r.clean}", "dim"))
+    for w in trace.switches:
+        who = f"{w.workflow or 'no workflow'} / {names(w.agent or None)}"
+        line = f"repair auto: {who}: {w.before} -> {w.after} ({w.why}; audited gap {w.gap:.4f})"
+        parts.append(Text(line, "yellow"))
     if not parts:
         parts.append(Text("no leaks, no errors", style="green"))
     return Group(Text("leaks and errors", style="bold"), *parts)
@@ -434,6 +438,13 @@ def call_detail(trace: Trace, call_id: int, full: bool = False) -> Group:
     if e.message is not None:
         facts += f" · made m{e.message}"
     parts: list = [head, Text(facts)]
+    a = trace.audits.get(call_id)
+    if a is not None:
+        parts.append(Text(
+            f"audited against the baseline (shadow call {cid(a.shadow)}): gap {a.gap:.4f} "
+            f"nats/token over its first {a.positions} positions, agreement {a.agreement:.0%}",
+            style="yellow" if a.agreement < 1 else "green",
+        ))  # fmt: skip
     if e.error:
         parts.append(Text(f"error: {e.error}", style="bold red"))
     parts.append(ContextPicture(segments(trace, c)))

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from corps.cache.errors import InvalidRequest
 from corps.cache.visibility import LEAK_POLICIES, check_policy
+from corps.engine.audit import check_audit
 from corps.engine.repair import parse_repair
 
 Mode = Literal["choreographed", "baseline", "hf"]
@@ -188,7 +189,13 @@ class EngineConfig(BaseModel):
     - `repair`: what a choreographed call whose context is rewired recomputes of its
       parents' encodings in its own context, unless the call names its own
       (`corps.engine.repair`): "none" (default), "first:K", "recompute:R", "full",
-      "temp:T", "serial" (its parents laid end to end first), or several joined by "+".
+      "temp:T", "serial" (its parents laid end to end first), or several joined by "+";
+      or "auto": chosen per workflow and agent from audits (`corps.engine.auto_repair`).
+    - `audit`: the online fidelity audit (`corps.engine.audit`): 1 in N choreographed
+      decodes of each workflow and agent is also encoded as the baseline reads it,
+      and the gap between the two is recorded (`Engine.audit()`, `stats()`, traces,
+      /metrics); 0 (the default) audits nothing unless a workflow, agent or call
+      asks (or its repair is "auto").
     - `jump_forward`: when a decode's constraint allows exactly one continuation
       for several tokens (a JSON key, punctuation), append them without sampling
       and encode them together in the next step (True); False samples each one.
@@ -216,6 +223,7 @@ class EngineConfig(BaseModel):
     jump_forward: bool = True
     graphs: Graphs = "auto"
     repair: str = "none"
+    audit: int = 0
     compile: bool = False
     compile_gemms: CompileGemms = "library"
     admission: bool = True
@@ -274,6 +282,14 @@ class EngineConfig(BaseModel):
     def _repair(cls, value: str) -> str:
         try:
             return str(parse_repair(value))  # canonical: "recompute:0.15"
+        except InvalidRequest as exc:
+            raise ValueError(str(exc)) from None
+
+    @field_validator("audit", mode="before")
+    @classmethod
+    def _audit(cls, value: Any) -> int:
+        try:
+            return check_audit(value) or 0  # an int, not "3" nor True: a rate is counted
         except InvalidRequest as exc:
             raise ValueError(str(exc)) from None
 

@@ -40,6 +40,9 @@ reads changes). Policies, written as strings (`--repair`, `repair=`):
   positions no recompute can correct; the call gives up the positions the overlap
   saved. Combine it: "serial+full" reads what the baseline reads (when the first
   parent starts the conversation);
+- "auto": not a policy but a choice of one, made per workflow and agent by the
+  audit's figures (`corps.engine.auto_repair`): the cheapest rung of a ladder
+  first, a stronger one while the audited gap is high, back when it stays low;
 - "A+B": several together (e.g. "first:4+recompute:0.1", "first:4+temp:0.8"; a
   temperature applies to the rewired tokens not recomputed).
 
@@ -76,6 +79,7 @@ class Repair:
     temperature: float = 1.0
     serial: bool = False
     query: float = 0.0  # a share chosen by the query's attention ("query:R")
+    auto: bool = False  # "auto": the engine chooses the policy (corps.engine.auto_repair)
 
     def __post_init__(self) -> None:
         shares = 0.0 <= self.ratio <= 1.0 and 0.0 <= self.query <= 1.0
@@ -85,6 +89,9 @@ class Repair:
             )
         if self.ratio and self.query:
             raise InvalidRequest("repair: recompute:R and query:R are two ways to choose; pick one")
+        chosen = self.first or self.share or self.full or self.serial or self.temperature != 1.0
+        if self.auto and chosen:
+            raise InvalidRequest("repair 'auto' chooses the policy itself: give it alone")
 
     @property
     def none(self) -> bool:
@@ -103,6 +110,8 @@ class Repair:
         return not self.full and 0.0 < self.share < 1.0
 
     def __str__(self) -> str:
+        if self.auto:
+            return "auto"
         serial = ["serial"] if self.serial else []
         if self.full or self.ratio >= 1.0:
             return "+".join([*serial, "full"])
@@ -117,6 +126,8 @@ class Repair:
 
 
 NONE = Repair()
+#: "auto": the engine chooses per workflow and agent (corps.engine.auto_repair)
+AUTO = Repair(auto=True)
 
 
 def parse_repair(value: str | Repair | None) -> Repair:
@@ -129,6 +140,8 @@ def parse_repair(value: str | Repair | None) -> Repair:
         return value
     if not isinstance(value, str):
         raise InvalidRequest(f"repair must be a string such as 'recompute:0.15', got {value!r}")
+    if value.strip().lower() == "auto":
+        return AUTO
     first, ratio, full, temperature, serial, query = 0, 0.0, False, 1.0, False, 0.0
     for part in value.strip().lower().split("+"):
         name, _, arg = part.strip().partition(":")
@@ -152,7 +165,8 @@ def parse_repair(value: str | Repair | None) -> Repair:
         except ValueError:
             raise InvalidRequest(
                 f"repair {value!r}: each part is none, full, first:K (tokens), "
-                "recompute:R or query:R (a share 0..1), temp:T (> 0) or serial, joined by '+'"
+                "recompute:R or query:R (a share 0..1), temp:T (> 0) or serial, joined by '+'; "
+                "or 'auto' alone"
             ) from None
     if ratio >= 1.0 or query >= 1.0:  # every rewired token
         full, ratio, query = True, 0.0, 0.0

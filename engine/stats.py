@@ -72,6 +72,14 @@ class EngineStats:
     repair: str = "none"
     tokens_repaired: int = 0
     tokens_probed: int = 0
+    # the online fidelity audit (corps.engine.audit): calls audited, their mean gap (KL
+    # nats per position) and argmax agreement, the tokens their shadows encoded (also in
+    # tokens_encoded) and shadows that could not run
+    audited: int = 0
+    audit_gap: float = float("nan")
+    audit_agreement: float = float("nan")
+    audit_tokens: int = 0
+    audits_failed: int = 0
 
     @property
     def prefix_hit_rate(self) -> float:

@@ -147,8 +147,12 @@ class Run:
         # every call of the run, its agents' included, carries the run as its workflow
         outer = CURRENT.get()  # inside `with engine.workflow(..., objective=...)`: its objective
         objective: Objective = outer.objective if outer is not None else "throughput"
-        repair = outer.repair if outer is not None else None  # and its repair
-        self._workflow = CURRENT.set(Workflow(f"{self.pattern}-{self.id}", objective, repair))
+        repair = outer.repair if outer is not None else None  # and its repair and audit
+        audit = outer.audit if outer is not None else None
+        tag = Workflow(
+            f"{self.pattern}-{self.id}", objective, repair, audit=audit, family=self.pattern
+        )
+        self._workflow = CURRENT.set(tag)
         return self
 
     async def __aexit__(self, *exc_info: Any) -> None:

@@ -324,7 +324,7 @@ def fake_job(t, group=None, wf=None, objective="throughput", size=1, name="", cr
     """A waiting call as the policies and admission read it (no engine)."""
     return SimpleNamespace(
         submitted=t, group=group if group is not None else next(_GROUPS), workflow=wf,
-        objective=objective, request=SimpleNamespace(size=size), want_logits=False,
+        objective=objective, request=SimpleNamespace(size=size), want_logits=False, keep=0,
         cancelled=False, call=None, admitted=None, error=None, name=name, pins=[],
         critical=objective == "latency" if critical is None else critical,
     )  # fmt: skip

@@ -23,7 +23,7 @@ class FakeCore:
     def __init__(self, capacity: int) -> None:
         self.capacity, self.used = capacity, 0
 
-    def admit(self, request, *, want_logits=False, hold=False):
+    def admit(self, request, *, want_logits=False, keep=0, hold=False):
         if self.used + request.size > self.capacity:
             raise CacheFullError("no room")
         self.used += request.size

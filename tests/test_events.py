@@ -54,6 +54,27 @@ SAMPLES = [
     dict(type="gate", run="debate-1a2b3c4d", waited=0.25),
     dict(type="process", t=0.0, name="worker-1", pid=4242, host="node-a"),
     dict(type="closed", t=9.0),
+    dict(
+        type="audited",
+        call=1,
+        shadow=7,
+        workflow="debate",
+        agent="judge",
+        repair="query:0.3",
+        positions=8,
+        gap=0.031,
+        agreement=0.875,
+        tokens=212,
+    ),
+    dict(
+        type="repair_switch",
+        workflow="debate",
+        agent="judge",
+        before="none",
+        after="first:4",
+        gap=0.05,
+        why="high",
+    ),
     dict(type="token", call=1, token=42),
 ]
 

@@ -291,3 +291,22 @@ async def test_a_repaired_call_says_what_it_recomputed(tiny_dirs, tmp_path):
     call = next(c for c in trace.calls.values() if c.end and c.end.message == h.id)
     assert (call.end.repaired, call.end.repair) == (2, "first:2")
     assert "repaired 2 (first:2)" in render(tv.call_detail(trace, call.id), width=200)
+
+
+def test_audits_and_auto_repair_switches_are_shown(traces, tmp_path):
+    """An audited call's detail gives its gap; a switch of repair="auto" is listed."""
+    lines = traces["debate"].read_text().splitlines()
+    decode = next(c for c in Trace.load(traces["debate"]).calls.values() if c.kind == "decode")
+    extra = [
+        f'{{"type":"audited","t":1.0,"call":{decode.id},"shadow":999,"workflow":"debate",'
+        '"agent":"judge","repair":"none","positions":8,"gap":0.0123,"agreement":0.75,"tokens":40}',
+        '{"type":"repair_switch","t":1.1,"workflow":"debate","agent":"judge","before":"none",'
+        '"after":"first:4","gap":0.05,"why":"high"}',
+    ]
+    path = tmp_path / "audited.jsonl"
+    path.write_text("\n".join(lines[:-1] + extra + lines[-1:]) + "\n")
+    trace = Trace.load(path)
+    detail = render(tv.call_detail(trace, decode.id), width=200)
+    assert "gap 0.0123" in detail and "agreement 75%" in detail
+    text = render(tv.problems(trace), width=200)
+    assert "none -> first:4 (high" in text

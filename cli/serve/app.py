@@ -133,7 +133,9 @@ def _routes(app: FastAPI) -> None:
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
-        text = app.state.metrics.render(app.state.engine.stats(), app.state.gate.inside)
+        engine = app.state.engine
+        audits = await engine.audited(settle=False)
+        text = app.state.metrics.render(engine.stats(), app.state.gate.inside, audits)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     @app.post("/v1/chat/completions")

@@ -28,9 +28,10 @@ class Metrics:
     def refused(self, status: int) -> None:
         self.errors[status] += 1
 
-    def render(self, stats, inside: int = 0) -> str:
-        """The text exposition of these counters, the requests inside the server now and
-        the engine's `EngineStats`."""
+    def render(self, stats, inside: int = 0, audits=None) -> str:
+        """The text exposition of these counters, the requests inside the server now,
+        the engine's `EngineStats` and its fidelity audits (an `AuditReport`) by repair
+        policy (the engine's own names: never a client's agent or workflow)."""
         rows = [
             ("corps_http_requests_total", "counter", "HTTP requests received", self.requests),
             ("corps_http_requests_inside", "gauge", "requests being answered now", inside),
@@ -52,6 +53,12 @@ class Metrics:
             ("corps_step_seconds_total", "counter", "seconds spent in steps", stats.step_s),
             ("corps_leaks_total", "counter", "calls' reads of context hidden from their reader "
              "(leak policies allow and warn)", stats.leaks),
+            ("corps_audited_calls_total", "counter", "decodes audited against the baseline",
+             stats.audited),
+            ("corps_audit_tokens_total", "counter", "tokens the audits' shadows encoded",
+             stats.audit_tokens),
+            ("corps_audits_failed_total", "counter", "audits whose shadow could not run",
+             stats.audits_failed),
         ]  # fmt: skip
         out = []
         for name, kind, about, value in rows:
@@ -60,4 +67,24 @@ class Metrics:
         out += [f"# HELP {name} requests answered with an error, by status",
                 f"# TYPE {name} counter"]  # fmt: skip
         out += [f'{name}{{status="{s}"}} {n}' for s, n in sorted(self.errors.items())]
-        return "\n".join(out) + "\n"
+        return "\n".join(out + _audits(audits)) + "\n"
+
+
+def _audits(report) -> list[str]:
+    """Per repair policy: the audited gap (KL nats per token) and argmax agreement."""
+    if report is None or not report.rows:
+        return []
+    by: dict[str, list[float]] = {}  # policy -> positions, gap sum, agreement sum
+    for r in report.rows:
+        s = by.setdefault(r.key.repair, [0, 0.0, 0.0])
+        s[0] += r.positions
+        s[1] += r.gap * r.positions
+        s[2] += r.agreement * r.positions
+    out = []
+    for name, about, i in (
+        ("corps_audit_gap", "mean KL(baseline || choreographed), nats per token", 1),
+        ("corps_audit_agreement", "share of positions whose most likely token agrees", 2),
+    ):
+        out += [f"# HELP {name} {about}", f"# TYPE {name} gauge"]
+        out += [f'{name}{{repair="{p}"}} {s[i] / s[0]:.6g}' for p, s in sorted(by.items()) if s[0]]
+    return out

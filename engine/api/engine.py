@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, asynccontextmanager
 from functools import partial
 from pathlib import Path
@@ -16,6 +16,7 @@ from corps.cache.handle import Handle
 from corps.cache.messages import MessageRecord
 from corps.cache.visibility import Leak, Visibility
 from corps.engine.api.access import AuditEvent, Guard, check_access
+from corps.engine.api.audit import Auditor
 from corps.engine.api.build import build_executor, measured_settings
 from corps.engine.api.lifetimes import Lifetimes
 from corps.engine.api.pending import Pending
@@ -23,6 +24,7 @@ from corps.engine.api.select import By, Selection, select
 from corps.engine.api.stream import StreamCalls, TextStream
 from corps.engine.api.submit import Submitter
 from corps.engine.api.tracing import live_spans, trace_header
+from corps.engine.audit import AuditReport
 from corps.engine.config import (
     EngineConfig,
 )
@@ -30,7 +32,7 @@ from corps.engine.distill.graph import MessageGraph, message_graph
 from corps.engine.errors import InvalidRequest
 from corps.engine.exec.executor import Executor
 from corps.engine.exec.torch_thread import TORCH
-from corps.engine.repair import Repair
+from corps.engine.repair import Repair, parse_repair
 from corps.engine.request.chat import ChatFormat
 from corps.engine.request.requests import (
     DecodeArgs,
@@ -86,6 +88,11 @@ class Engine:
         )
         self._submit = Submitter(executor, self._sched, self._guard, self.recorder)
         self._submit.deduce = cfg.deduce_objectives
+        self._auditor = Auditor(
+            executor, self.recorder, repair=parse_repair(cfg.repair), audit=cfg.audit,
+            spawn=self._spawn, jobs=self._submit,
+        )  # fmt: skip
+        self._submit.auditor = self._auditor
         self._model_name = cfg.model
         self._trace_file = self.trace_to(cfg.trace) if cfg.trace is not None else None
         self.otel: LiveSpans | None = (
@@ -165,6 +172,13 @@ class Engine:
         self._tg.start_soon(self._sched.run)
         self._tg.start_soon(self._sweep_after_steps)
         return self
+
+    def _spawn(self, task: Callable[[], Awaitable[Any]]) -> bool:
+        """Start `task` in the engine's task group; False when the engine is not running."""
+        if self._tg is None or not self._sched.accepting:
+            return False
+        self._tg.start_soon(task)
+        return True
 
     async def _sweep_after_steps(self) -> None:
         """After every step, free what dead handles named (`Lifetimes.sweep`)."""
@@ -276,6 +290,8 @@ class Engine:
             spans_sent=self.otel.sent if self.otel is not None else 0,
             spans_dropped=self.otel.dropped if self.otel is not None else 0,
             policy=self._sched.policy.name,
+            repair=self._config.repair,
+            **self._auditor.figures(),
         )
 
     def handle(self, message_id: int, *, reader: str | None = None) -> Handle:
@@ -319,6 +335,16 @@ class Engine:
         """The leak audit log: the latest leak and re-encoding events (bounded as
         `leaks()`). Not to be confused with trace files (`Engine.open(trace=PATH)`)."""
         return list(self._guard.events)
+
+    async def audited(self, *, settle: bool = True) -> AuditReport:
+        """The online fidelity audit's figures (`corps.engine.audit`; `audit=N`), once
+        every shadow started so far has run (`settle=False`: now): per workflow family,
+        agent and repair policy, the calls audited, the mean gap (KL(baseline ||
+        choreographed) nats per position) and argmax agreement, and the tokens the
+        shadows encoded; and each key's policy under `repair="auto"`."""
+        if settle:
+            await self._auditor.settled()
+        return self._auditor.report()
 
     def read(self, handle: Handle, *, reader: str | None) -> str:
         """The text of a message, if `reader` may see it (else AccessDenied)."""
@@ -428,14 +454,21 @@ class Engine:
 
     @staticmethod
     def workflow(
-        name: str, objective: Objective = "throughput", repair: str | Repair | None = None
+        name: str,
+        objective: Objective = "throughput",
+        repair: str | Repair | None = None,
+        audit: int | None = None,
+        family: str = "",
     ) -> AbstractContextManager:
         """`with engine.workflow("chat-42", objective="latency"):` tags every call made
         inside, agents' calls asked from inside included, with this workflow and
         objective, which the scheduling policy reads (`corps.engine.sched.policies`).
-        `repair` (e.g. "recompute:0.15", `corps.engine.repair`): the repair of its
-        calls that name none and whose agent names none (None: the engine's)."""
-        return workflow(name, objective, repair)
+        `repair` (e.g. "recompute:0.15" or "auto", `corps.engine.repair`): the repair
+        of its calls that name none and whose agent names none (None: the engine's).
+        `audit` (N: 1 in N decodes, 0: off; None: the engine's): its calls' online
+        fidelity audit (`corps.engine.audit`); `family`: the name audit figures and
+        `repair="auto"` are kept under (workflows of one kind share it; "": `name`)."""
+        return workflow(name, objective, repair, audit, family)
 
     def stream(self, **args: Unpack[DecodeArgs]) -> TextStream:
         """`async for delta in engine.stream(...)`: text deltas; then `.handle`."""

@@ -8,7 +8,6 @@ result nobody will receive is freed, and its message gets its figures.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from collections.abc import Mapping
 from typing import Any
@@ -16,7 +15,9 @@ from typing import Any
 import anyio
 
 from corps.cache.handle import Handle, bind
+from corps.cache.messages import Message
 from corps.engine.api.access import Guard
+from corps.engine.api.audit import Auditor
 from corps.engine.api.pending import Pending
 from corps.engine.errors import EngineBusy
 from corps.engine.exec.executor import Executor
@@ -59,6 +60,7 @@ class Submitter:
         self.executor, self.sched, self.guard, self.recorder = executor, sched, guard, recorder
         self.ids = itertools.count(1)  # call ids in traces
         self.deduce = True  # deduce which calls of a latency workflow are critical
+        self.auditor: Auditor | None = None  # settles repairs and audits (the engine's)
 
     def decode_request(self, args: Mapping[str, Any] | DecodeRequest) -> DecodeRequest:
         """The request, its constraint (if any) compiled now: a bad regex, schema or
@@ -86,9 +88,21 @@ class Submitter:
         waits for it instead of failing it. `cid` is its call id in traces; `size`
         the calls of its task group (`deduce_objective`)."""
         pins = self.executor.pin(request.parents)
+        try:
+            return self.job_of(request, cid, pins, group, size)
+        except BaseException:
+            self.executor.unpin(pins)
+            raise
+
+    def job_of(
+        self, request, cid: int, pins: list[Message], group: int | None = None, size: int = 1
+    ) -> Job:
+        """A job holding `pins` (its parents, pinned), its repair settled and its audit
+        decided (`corps.engine.api.audit`); the scheduler unpins them when it ends."""
         wf = CURRENT.get()
-        if request.repair is None and wf is not None and wf.repair is not None:
-            request = dataclasses.replace(request, repair=wf.repair)  # else the engine's
+        request, auto = (
+            (request, False) if self.auditor is None else self.auditor.resolve(request, wf)
+        )
         objective, critical = deduce_objective(request.objective, wf, size, self.deduce)
         job = Job(
             request, id=cid, workflow=wf, objective=objective, critical=critical,
@@ -97,7 +111,14 @@ class Submitter:
         job.pins = pins  # the scheduler unpins them when the job ends (`Scheduler.end`)
         if self.recorder.on:
             self.recorder.emit(queued_event(self.recorder, job))
+        if self.auditor is not None:
+            self.auditor.enlist(job, auto)
         return job
+
+    def shadow_job(self, request: PrefillRequest, pins: list[Message]) -> Job:
+        """An internal call (an audit's shadow) that takes over `pins`, unscreened: its
+        reader already read these parents."""
+        return self.job_of(request, next(self.ids), pins)
 
     async def _prefill_internal(self, request: PrefillRequest) -> Handle:
         return await self.run(self.pinned_job(request, next(self.ids)))

@@ -81,6 +81,10 @@ class Call:
     view: CallView | None = None
     generator: torch.Generator | None = None  # a sampled decode's own random stream
     want_logits: bool = False
+    # an audit (`corps.engine.api.audit`): the model's distribution (log-softmax, before
+    # any bias or mask) at its first `keep` sampled positions, as (position, row (V,))
+    keep: int = 0
+    kept: list[tuple[int, Tensor]] = field(default_factory=list)
     text_only: bool = False  # baseline / hf prefill: stores its text, runs nothing
     reused: int = 0  # context tokens read from the store, not encoded (0 without a view)
     fed: int = 0  # feed tokens encoded so far

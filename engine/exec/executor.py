@@ -36,12 +36,15 @@ class Executor(Protocol):
         request: PrefillRequest | DecodeRequest,
         *,
         want_logits: bool = False,
+        keep: int = 0,
         hold: bool = False,
         evict: Callable[[list[Message]], list[Message]] | None = None,
     ) -> Call | None:
         """Check and plan a call and take what it needs; atomic. None: admit it again
         after a step (it waits for a running call's prefix). `evict`: the order in which
-        encodings no running call reads may be dropped to make room (None: never)."""
+        encodings no running call reads may be dropped to make room (None: never).
+        `keep`: a decode keeps the model's distribution at its first `keep` sampled
+        positions (`Call.kept`, for an audit)."""
 
     def step(self, order: StepOrder) -> StepOutput:
         """Run one step (`corps.engine.exec.step_plan`) in one pass: the rows of the
@@ -51,7 +54,9 @@ class Executor(Protocol):
     def abort(self, c: Call) -> None:
         """Give back everything the call holds; as if it never ran."""
 
-    def pin(self, handles: Sequence[Handle]) -> list[Message]: ...
+    def pin(self, handles: Sequence[Handle | Message]) -> list[Message]:
+        """Keep these messages' encodings until `unpin`, even if freed meanwhile: by
+        handle (a live message, else UnknownHandle), or records already pinned."""
 
     def unpin(self, msgs: Sequence[Message]) -> None: ...
 

@@ -23,6 +23,7 @@ from torch import Tensor
 from corps.cache.errors import require
 from corps.cache.handle import Handle
 from corps.cache.messages import Message, MessageTable
+from corps.engine.errors import InvalidRequest
 from corps.engine.exec.call import Call, top_of
 from corps.engine.exec.draw import bias
 from corps.engine.exec.grammars import Grammars
@@ -81,11 +82,15 @@ class HFExecutor:
         request: PrefillRequest | DecodeRequest,
         *,
         want_logits: bool = False,
+        keep: int = 0,
         hold: bool = False,
         evict: object = None,
     ) -> Call:
         """Plan a call; a prefill that wants no logits stores its text and runs nothing
-        (no store here: nothing to evict)."""
+        (no store here: nothing to evict). Nothing is audited in mode "hf" (it is the
+        baseline), so `keep` must be 0."""
+        if keep:
+            raise InvalidRequest('mode "hf" keeps no distributions: audits are choreographed')
         plan = self.planner.decode if isinstance(request, DecodeRequest) else self.planner.prefill
         call = plan(request)
         call.want_logits = want_logits
@@ -136,8 +141,8 @@ class HFExecutor:
 
     # ---- messages ----
 
-    def pin(self, handles: Sequence[Handle]) -> list[Message]:
-        msgs = [self.table.live(h.id) for h in handles]
+    def pin(self, handles: Sequence[Handle | Message]) -> list[Message]:
+        msgs = [h if isinstance(h, Message) else self.table.live(h.id) for h in handles]
         for m in msgs:
             m.pins += 1
         return msgs

@@ -142,6 +142,7 @@ class KVExecutor:
         request: PrefillRequest | DecodeRequest,
         *,
         want_logits: bool = False,
+        keep: int = 0,
         hold: bool = False,
         evict: Victims | None = None,
     ) -> Call | None:
@@ -152,7 +153,8 @@ class KVExecutor:
         it again after a step, and it reuses that encoding (`PrefixSharing.waits`).
         Evicted parents are recomputed first (`Restorer`); with `evict` (a victim
         order), encodings no running call reads may be dropped to make room. A call
-        that fails leaves every message readable as it was.
+        that fails leaves every message readable as it was. A decode with `keep` keeps
+        the model's distribution at its first `keep` sampled positions (`Call.kept`).
         """
         memory, prefixes, repairs = self.memory, self.memory.prefixes, self.repairs
         if self.mode == "choreographed":
@@ -165,6 +167,7 @@ class KVExecutor:
         else:
             call = self.planner.prefill(request)
         call.want_logits, call.adapted = want_logits, repairs.adapted(call.plan)
+        call.keep = keep if call.plan.is_decode else 0
         if prefixes is not None and not call.plan.is_decode and not want_logits:
             call.text_only = True  # a baseline prefill stores its text only
             call.mark_done()
@@ -213,8 +216,9 @@ class KVExecutor:
         """Give back everything a call holds; the store is as if it never ran."""
         self.memory.abort(c)
 
-    def pin(self, handles: Sequence[Handle]) -> list[Message]:
-        """Keep these messages' encodings until `unpin`, even if freed meanwhile."""
+    def pin(self, handles: Sequence[Handle | Message]) -> list[Message]:
+        """Keep these messages' encodings until `unpin`, even if freed meanwhile (by
+        handle, or as records already pinned)."""
         return self.memory.pin(handles)
 
     def unpin(self, msgs: Sequence[Message]) -> None:

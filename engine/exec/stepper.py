@@ -100,6 +100,9 @@ class Stepper:
         for c, r in sampling_rows:  # the model's own distribution, before any mask
             if c.plan.sampling.logprobs:
                 c.scores = torch.log_softmax(logits[r].float(), dim=-1)  # (V,)
+            if len(c.kept) < c.keep:  # an audited call's first positions
+                row = c.scores if c.scores is not None else torch.log_softmax(logits[r].float(), -1)
+                c.kept.append((len(c.generated), row))
         bias(logits, [(r, c.plan.sampling) for c, r in sampling_rows if c.plan.sampling.logit_bias])
         if masks is not None:
             row_of = {id(c): r for c, r in sampling_rows}

@@ -15,6 +15,7 @@ from typing import Any, TypedDict
 
 from corps.cache.handle import Handle
 from corps.cache.visibility import Private, Public, Shared, Visibility, check_policy
+from corps.engine.audit import check_audit
 from corps.engine.errors import InvalidRequest
 from corps.engine.repair import Repair, parse_repair
 from corps.engine.request.constraint import KINDS, constraint_of
@@ -62,7 +63,9 @@ class DecodeArgs(TypedDict, total=False):
     one of them) or grammar (Lark) constrains the generated text to match it
     (`corps.engine.request.constraint`). cache_salt (baseline mode): the call reuses
     only prompt prefixes cached by calls with the same salt, and its own are found only
-    by them (a server gives each tenant its own).
+    by them (a server gives each tenant its own). audit (N: this call is one of 1 in N
+    audited, 0: never; None: its agent's, workflow's, else the engine's): the online
+    fidelity audit (`corps.engine.audit`).
     """
 
     role: str
@@ -93,6 +96,7 @@ class DecodeArgs(TypedDict, total=False):
     choices: Sequence[str] | None
     grammar: str | None
     cache_salt: str | None
+    audit: int | None
 
 
 @dataclass(frozen=True)
@@ -132,9 +136,11 @@ class DecodeRequest:
     objective: Objective | None = None
     repair: Repair | None = None  # None: the engine's
     cache_salt: str | None = None  # baseline: reuse only prefixes cached under this salt
+    audit: int | None = None  # 1 in N audited (corps.engine.audit); None: the next level's
 
     def __post_init__(self) -> None:
         _check_common(self)
+        check_audit(self.audit)
         if self.cache_salt is not None and not isinstance(self.cache_salt, str):
             raise InvalidRequest(f"cache_salt must be a string, got {type(self.cache_salt)}")
         if not isinstance(self.sampling, SamplingParams):

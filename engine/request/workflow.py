@@ -8,11 +8,11 @@ waits on each token: chat, the last steps of an interactive workflow) or
 "throughput" (a data set run, the default); a call's own `objective=` or its
 agent's overrides it. `repair` (`corps.engine.repair`) is the repair policy of
 the workflow's calls that name none (and whose agent names none); None: the
-engine's. Calls submitted together (one `decode_many`, one
-`prefill_many`, an agent's fused turns) form a task group, which the `workflow`
-and `objective` policies admit whole. In a latency workflow, a call made alone
-is latency-critical and a task group's calls are not
-(`corps.engine.api.submit.deduce_objective`).
+engine's; `audit` its audit rate (`corps.engine.audit`). Calls submitted
+together (one `decode_many`, one `prefill_many`, an agent's fused turns) form
+a task group, which the `workflow` and `objective` policies admit whole. In a
+latency workflow, a call made alone is latency-critical and a task group's calls
+are not (`corps.engine.api.submit.deduce_objective`).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from corps.cache.errors import InvalidRequest
+from corps.engine.audit import check_audit
 from corps.engine.repair import Repair, parse_repair
 
 Objective = Literal["latency", "throughput"]
@@ -35,14 +36,23 @@ _ids = itertools.count(1)
 
 @dataclass(frozen=True)
 class Workflow:
-    """A workflow's tag: its name, objective, repair policy (None: the engine's) and
-    when it started (perf_counter)."""
+    """A workflow's tag: its name, objective, repair policy (None: the engine's), audit
+    rate (None: the engine's; `corps.engine.audit`), family (the name audits and
+    `repair="auto"` keep figures under: a pattern's runs share their pattern's;
+    "" means the name) and when it started (perf_counter)."""
 
     name: str
     objective: Objective = "throughput"
     repair: Repair | None = None
     started: float = field(default_factory=time.perf_counter)
     id: int = field(default_factory=lambda: next(_ids))
+    audit: int | None = None
+    family: str = ""
+
+    @property
+    def kind(self) -> str:
+        """What its figures are kept under: its family, else its name."""
+        return self.family or self.name
 
 
 #: The workflow of the code running now (None: calls made outside any workflow).
@@ -59,11 +69,18 @@ def check_objective(value: str | None) -> str | None:
 
 @contextmanager
 def workflow(
-    name: str, objective: Objective = "throughput", repair: str | Repair | None = None
+    name: str,
+    objective: Objective = "throughput",
+    repair: str | Repair | None = None,
+    audit: int | None = None,
+    family: str = "",
 ) -> Iterator[Workflow]:
     """Tag every call made inside (and by agents asked from inside) with this workflow."""
     check_objective(objective)
-    tag = Workflow(name, objective, None if repair is None else parse_repair(repair))
+    if not isinstance(name, str) or not isinstance(family, str):
+        raise InvalidRequest("a workflow's name and family are strings")
+    rep = None if repair is None else parse_repair(repair)
+    tag = Workflow(name, objective, rep, audit=check_audit(audit), family=family)
     token = CURRENT.set(tag)
     try:
         yield tag

@@ -39,13 +39,15 @@ class Admission:
         """`executor.admit` for one job; if the store is full and nothing running will give
         memory back (`alone`), again with eviction in the policy's order."""
         try:
-            return self.executor.admit(job.request, want_logits=job.want_logits, hold=True)
+            return self.executor.admit(
+                job.request, want_logits=job.want_logits, keep=job.keep, hold=True
+            )
         except CacheFullError as exc:
             if not alone or not self.evict or isinstance(exc, StoreTooSmall):
                 raise
         victims = getattr(self.policy, "victims", least_recent)
         return self.executor.admit(
-            job.request, want_logits=job.want_logits, hold=True, evict=victims
+            job.request, want_logits=job.want_logits, keep=job.keep, hold=True, evict=victims
         )
 
     def admit(self, arrived: list[Job], t0: float) -> None:

@@ -29,6 +29,7 @@ class Job:
 
     request: Any
     want_logits: bool = False
+    keep: int = 0  # an audited decode: positions whose distribution it keeps (`Call.kept`)
     on_token: Callable[[int], None] | None = None  # each sampled token
     on_done: Callable[[], None] | None = None  # when the job ends, before its waiter wakes
     pins: list[Message] = field(default_factory=list)  # parents pinned until it ends

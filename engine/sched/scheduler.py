@@ -151,8 +151,13 @@ class Scheduler:
     def queue_depth(self) -> int:
         return self._send.statistics().current_buffer_used
 
+    @property
+    def accepting(self) -> bool:
+        """Whether calls may be submitted now (started, not closing, not crashed)."""
+        return self.started and not self._closing and self._dead is None
+
     def _check_open(self) -> None:
-        if not self.started or self._closing or self._dead is not None:
+        if not self.accepting:
             raise self._closed_error()
 
     def _closed_error(self) -> EngineClosed:

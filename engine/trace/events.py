@@ -223,6 +223,39 @@ class Closed(_Event):
     type: Literal["closed"] = "closed"
 
 
+class Audited(_Event):
+    """A decode was audited (`corps.engine.audit`): its first `positions` sampled
+    positions compared with what the baseline's encoding (the `shadow` call) gives;
+    `gap` the mean KL(baseline || choreographed) per position in nats, `agreement` the
+    share of equal argmaxes, `tokens` what the shadow encoded. Its figures are kept
+    under `workflow` (family), `agent` and `repair`."""
+
+    type: Literal["audited"] = "audited"
+    call: int
+    shadow: int
+    workflow: str = ""
+    agent: str = ""
+    repair: str = "none"
+    positions: int = 0
+    gap: float = 0.0
+    agreement: float = 0.0
+    tokens: int = 0
+
+
+class RepairSwitch(_Event):
+    """`repair="auto"` moved a workflow's agent from one policy to another
+    (`corps.engine.auto_repair`): `why` is "high", "low" or "fell back", `gap` the
+    smoothed audited gap that decided it."""
+
+    type: Literal["repair_switch"] = "repair_switch"
+    workflow: str = ""
+    agent: str = ""
+    before: str
+    after: str
+    gap: float
+    why: str
+
+
 class Token(_Event):
     """A sampled token, for live sinks only (never written to a trace file)."""
 
@@ -248,6 +281,8 @@ Event = Annotated[
     | Gate
     | Process
     | Closed
+    | Audited
+    | RepairSwitch
     | Token,
     Field(discriminator="type"),
 ]

@@ -19,7 +19,7 @@ from corps.engine.trace.events import Closed, Process
 
 # which fields of each event type hold call / message / ask ids (single or lists)
 _CALLS = {"queued": ("call", "group"), "first_token": ("call",), "end": ("call",),
-          "message": ("call",), "leak": ("call_id",)}  # fmt: skip
+          "message": ("call",), "leak": ("call_id",), "audited": ("call", "shadow")}  # fmt: skip
 _MESSAGES = {
     "queued": ("parents",),
     "end": ("message", "parents"),

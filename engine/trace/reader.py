@@ -21,6 +21,7 @@ from corps.engine.trace.events import (
     EVENT_TYPES,
     TRACE_FORMAT,
     ActorEvent,
+    Audited,
     CallEnd,
     CallQueued,
     Closed,
@@ -33,6 +34,7 @@ from corps.engine.trace.events import (
     MessageMade,
     Process,
     Reencode,
+    RepairSwitch,
     Stage,
     Step,
 )
@@ -95,6 +97,8 @@ class Trace:
     freed: dict[int, float] = field(default_factory=dict)
     actors: list[ActorEvent] = field(default_factory=list)
     leaks: list[LeakEvent] = field(default_factory=list)
+    audits: dict[int, Audited] = field(default_factory=dict)  # audited call -> its audit
+    switches: list[RepairSwitch] = field(default_factory=list)  # repair="auto"'s moves
     reencodes: list[Reencode] = field(default_factory=list)
     errors: list[ErrorEvent] = field(default_factory=list)
     steps: list[Step] = field(default_factory=list)
@@ -202,6 +206,10 @@ class Trace:
             self.leaks.append(event)
         elif isinstance(event, Reencode):
             self.reencodes.append(event)
+        elif isinstance(event, Audited):
+            self.audits[event.call] = event
+        elif isinstance(event, RepairSwitch):
+            self.switches.append(event)
         elif isinstance(event, ErrorEvent):
             self.errors.append(event)
         elif isinstance(event, Step):

@@ -1,0 +1,229 @@
+"""`Auditor`: the online fidelity audit and `repair="auto"`, at submission.
+
+Every call passes `resolve` as it is submitted: its repair policy is settled (the
+call's, else its workflow's, else the engine's; "auto" becomes the policy its
+workflow and agent are at now, `corps.engine.auto_repair`) and, for a
+choreographed decode that reads parents, whether it is audited (its audit rate:
+the call's, else its agent's, else its workflow's, else the engine's; 1 in N
+per workflow family and agent, the first of each N). An audited call keeps the
+model's distribution at its first `AUDIT_POSITIONS` sampled positions
+(`Job.keep`), and its parents stay pinned for its shadow.
+
+When an audited call ends, its shadow runs as a task of the engine: a prefill of
+the call's header and first tokens after its parents' text laid end to end from
+the start, each rewired parent recomputed in that context (`repair="full"` at
+the default offsets: what the baseline encodes), keeping its own tokens'
+logits; then it is freed. The gap and agreement between the two
+(`corps.engine.audit`) are recorded, traced, and fed to the auto controller.
+The audited call's result is returned before its shadow runs and never
+changes; a shadow that fails (the engine closing, the store full) is dropped
+and counted, and leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import anyio
+import torch
+
+from corps.cache.handle import Handle
+from corps.cache.messages import Message
+from corps.engine.audit import AUDIT_POSITIONS, Audit, AuditBook, AuditKey, AuditReport
+from corps.engine.auto_repair import AUTO_AUDIT, AutoRepair
+from corps.engine.exec.executor import Executor
+from corps.engine.repair import AUTO, Repair, parse_repair
+from corps.engine.request.requests import DecodeRequest, PrefillRequest
+from corps.engine.request.workflow import Workflow
+from corps.engine.sched.job import Job
+from corps.engine.trace.events import Audited, Recorder, RepairSwitch
+
+FULL = parse_repair("full")
+
+
+class Jobs(Protocol):
+    """How the auditor submits its shadows (`corps.engine.api.submit.Submitter`)."""
+
+    def shadow_job(self, request: PrefillRequest, pins: list[Message]) -> Job: ...
+
+    async def run(self, job: Job) -> Handle: ...
+
+
+class Auditor:
+    """The audits and auto repairs of one engine."""
+
+    def __init__(
+        self,
+        executor: Executor,
+        recorder: Recorder,
+        *,
+        repair: Repair,
+        audit: int,
+        spawn: Callable[[Callable[[], Any]], bool],
+        jobs: Jobs,
+    ) -> None:
+        self.executor, self.recorder, self.jobs = executor, recorder, jobs
+        self.default_repair, self.default_audit = repair, audit
+        self.spawn = spawn  # starts a task in the engine's task group (False: not running)
+        self.book = AuditBook()
+        self.auto = AutoRepair()
+        self.seen: dict[tuple[str, str], itertools.count] = {}  # decodes per key
+        self.failed = 0  # shadows that could not run (the engine closed, no room)
+        self.in_flight = 0
+        self._idle = anyio.Event()
+        self._idle.set()
+
+    # ---- at submission ----
+
+    def resolve(
+        self, request: PrefillRequest | DecodeRequest, wf: Workflow | None
+    ) -> tuple[PrefillRequest | DecodeRequest, bool]:
+        """The request with its repair policy settled, and whether "auto" chose it."""
+        repair = request.repair
+        if repair is None and wf is not None:
+            repair = wf.repair
+        auto = (repair or self.default_repair) == AUTO
+        if auto:
+            repair = self.auto.policy(_kind(wf), _agent(request.owner, wf))
+        if repair is not request.repair:
+            request = dataclasses.replace(request, repair=repair)
+        return request, auto
+
+    def enlist(self, job: Job, auto: bool) -> None:
+        """Audit this job if its turn has come: it keeps its first distributions, its
+        parents are pinned for the shadow, and the shadow runs once it ends."""
+        request = job.request
+        if self.executor.mode != "choreographed" or not isinstance(request, DecodeRequest):
+            return
+        if not request.parents:  # nothing reused: nothing to compare
+            return
+        every = self.rate(request, job.workflow, auto)
+        if not every:
+            return
+        key = (_kind(job.workflow), _agent(request.owner, job.workflow))
+        if next(self.seen.setdefault(key, itertools.count())) % every:
+            return
+        pins = self.executor.pin(job.pins)  # kept for the shadow past the call's end
+        if not self.spawn(lambda: self._shadow_after(job, pins, auto)):
+            self.executor.unpin(pins)  # the engine is not running: nothing to audit with
+            return
+        job.keep = AUDIT_POSITIONS
+        self.in_flight += 1
+        if self._idle.is_set():
+            self._idle = anyio.Event()
+
+    def rate(self, request: DecodeRequest, wf: Workflow | None, auto: bool) -> int:
+        """1 in how many such calls are audited (0: none)."""
+        for given in (request.audit, wf.audit if wf is not None else None):
+            if given is not None:
+                return given
+        return self.default_audit or (AUTO_AUDIT if auto else 0)
+
+    # ---- the shadow ----
+
+    async def _shadow_after(self, job: Job, pins: list[Message], auto: bool) -> None:
+        try:
+            await job.done.wait()
+            call = job.call
+            if job.error is None and not job.cancelled and call is not None and call.kept:
+                await self._compare(job, pins, auto)
+        except Exception:  # the engine closed, or no room: the audit is dropped
+            self.failed += 1
+        finally:
+            if pins:
+                self.executor.unpin(pins)
+            self.in_flight -= 1
+            if not self.in_flight:
+                self._idle.set()
+
+    async def _compare(self, job: Job, pins: list[Message], auto: bool) -> None:
+        call, request = job.call, job.request
+        last = max(p for p, _ in call.kept)
+        header = call.plan.prefix[len(call.plan.prefix) - call.plan.own :]
+        shadow = PrefillRequest(
+            list(header) + call.generated[:last],
+            role=request.role,
+            parents=request.parents,
+            frame=False,
+            owner=request.owner,
+            visibility=request.visibility,
+            repair=FULL,
+        )
+        sjob = self.jobs.shadow_job(shadow, list(pins))  # it holds the pins now
+        pins.clear()
+        sjob.want_logits = True
+        handle = await self.jobs.run(sjob)
+        try:
+            rows = torch.cat(sjob.call.logits)  # (own, V): row i predicts own token i + 1
+            gap, agree = _compare(call.kept, rows, len(header))
+            tokens = sum(sjob.call.spans) + sjob.call.repaired
+        finally:
+            self.executor.free(handle)
+        wf = job.workflow
+        key = AuditKey(_kind(wf), _agent(request.owner, wf), str(request.repair or "none"))
+        audit = Audit(job.id, key, len(call.kept), gap, agree, tokens)
+        self.book.add(audit)
+        self._trace(audit, sjob.id)
+        if auto:
+            switch = self.auto.observe(key.workflow, key.agent, gap)
+            if switch is not None and self.recorder.on:
+                self.recorder.emit(
+                    RepairSwitch(t=self.recorder.now(), **dataclasses.asdict(switch))
+                )
+
+    def _trace(self, a: Audit, shadow: int) -> None:
+        rec = self.recorder
+        if rec.on:
+            rec.emit(Audited(
+                t=rec.now(), call=a.call_id, shadow=shadow, workflow=a.key.workflow,
+                agent=a.key.agent, repair=a.key.repair, positions=a.positions, gap=a.gap,
+                agreement=a.agreement, tokens=a.tokens,
+            ))  # fmt: skip
+
+    async def settled(self) -> None:
+        """Wait until no shadow is running or waiting for its call."""
+        await self._idle.wait()
+
+    def report(self) -> AuditReport:
+        return AuditReport(
+            tuple(self.book.rows()), self.book.total(), self.failed, self.auto.chosen()
+        )
+
+    def figures(self) -> dict[str, Any]:
+        """The audit's share of `EngineStats`."""
+        t = self.book.total()
+        return dict(
+            audited=t.calls, audit_gap=t.gap, audit_agreement=t.agreement,
+            audit_tokens=t.tokens, audits_failed=self.failed,
+        )  # fmt: skip
+
+
+def _kind(wf: Workflow | None) -> str:
+    return wf.kind if wf is not None else ""
+
+
+def _agent(owner: str | None, wf: Workflow | None) -> str:
+    """The agent a call's figures go under: its owner, less its workflow's name where
+    the owner is named after it (a pattern's agents are "<run>-<role>": every run's
+    voters are one key)."""
+    owner = owner or ""
+    if wf is not None and owner.startswith(wf.name + "-"):
+        return owner[len(wf.name) + 1 :]
+    return owner
+
+
+def _compare(kept, rows, header: int) -> tuple[float, float]:
+    """Mean KL(baseline || choreographed) per kept position and the share of positions
+    whose argmax agree. `kept`: (position p, choreographed log-softmax row (V,));
+    `rows`: the shadow's own logits (own, V), where row header + p - 1 predicts
+    generated token p."""
+    at = torch.tensor([header + p - 1 for p, _ in kept], device=rows.device)
+    base = torch.log_softmax(rows.index_select(0, at).float(), dim=-1)  # (P, V)
+    chor = torch.stack([r for _, r in kept]).to(base.device)  # (P, V)
+    p = base.exp()
+    kl = torch.where(p > 0, p * (base - chor), 0.0).sum(-1)  # (P,); 0 log 0 = 0
+    agree = (base.argmax(-1) == chor.argmax(-1)).float()
+    return float(kl.mean()), float(agree.mean())
