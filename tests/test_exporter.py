@@ -176,6 +176,34 @@ async def test_engine_open_with_otel_sends_every_call_and_counts_it(tiny_dirs):
     assert sorted(s.name.split()[0] for s in spans if s.parent_span_id) == ["chat", "corps.prefill"]
 
 
+async def test_an_audit_reaches_the_collector_as_its_own_span(tiny_dirs, tmp_path):
+    """Live: the audit's span (its figures, the audited call's id, no text) after the
+    call's; from the trace file: the same attributes, under the call's span."""
+    pytest.importorskip("opentelemetry.sdk")
+    server = _receiver()
+    url = f"http://127.0.0.1:{server.server_port}/v1/traces"
+    path = tmp_path / "t.jsonl"
+    try:
+        async with open_tiny(tiny_dirs, "llama", otel=url, audit=1, trace=path) as engine:
+            q = await engine.prefill("What is 7*6?", role="user")
+            d = await engine.decode(parents=[q], max_tokens=3, temperature=0.0, owner="solver")
+            await engine.audited()
+    finally:
+        server.shutdown()
+        server.server_close()
+    (audit,) = [s for s in _spans() if s.name == "corps.audit"]
+    attrs = {a.key: a.value for a in audit.attributes}
+    assert attrs["gen_ai.agent.name"].string_value == "solver"
+    assert attrs["corps.audit.positions"].int_value == 3
+    assert attrs["corps.audit.gap"].double_value == pytest.approx(0.0, abs=1e-5)  # a chain
+    assert d.text not in str(audit) and "7*6" not in str(audit)
+    spans = tx.otlp(Trace.load(path))["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    (filed,) = [s for s in spans if s["name"] == "corps.audit"]
+    (call,) = [s for s in spans if s["spanId"] == filed["parentSpanId"]]
+    call_id = [a for a in call["attributes"] if a["key"] == "corps.call.id"]
+    assert call["name"].startswith("chat") and call_id[0] in filed["attributes"]
+
+
 async def test_engine_with_a_collector_that_is_down_runs_and_counts_the_drops(tiny_dirs):
     pytest.importorskip("opentelemetry.sdk")
     url = f"http://127.0.0.1:{_closed_port()}/v1/traces"

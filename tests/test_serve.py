@@ -36,10 +36,11 @@ CLOCK = {"type": "function", "function": {"name": "get_time", "parameters": NOTH
 class Served(BackgroundServer):
     """The tiny model served (float32, leak policy deny, the test key)."""
 
-    def __init__(self, model_dir, mode: str = "choreographed") -> None:
+    def __init__(self, model_dir, mode: str = "choreographed", **engine) -> None:
         opened = Engine.open(
-            str(model_dir), dtype="float32", capacity=4096, leak_policy="deny", mode=mode
-        )
+            str(model_dir), dtype="float32", capacity=4096, leak_policy="deny", mode=mode,
+            **engine,
+        )  # fmt: skip
         super().__init__(opened, model="tiny", api_key=KEY)
 
     def client(self, key: str = KEY) -> openai.OpenAI:
@@ -217,6 +218,32 @@ def test_completions_models_health_and_metrics(served, client):
     assert json.loads(urlopen(served.url + "/health").read()) == {"status": "ok"}
     metrics = urlopen(served.url + "/metrics").read().decode()
     assert "corps_http_requests_total" in metrics and "corps_store_used_tokens" in metrics
+
+
+def test_metrics_give_the_audit_by_repair_policy_and_no_client_name(tiny_dirs):
+    """With --audit 1, a conversation's second turn (it reads the first's messages) is
+    audited; /metrics counts it and gives its gap under the policy's label only."""
+    import threading
+    from urllib.request import urlopen
+
+    audited = threading.Event()
+    with Served(tiny_dirs["llama"], audit=1) as s:
+        s.engine.recorder.add(lambda e: audited.set() if e.type == "audited" else None)
+        client = s.client()
+        first = ask(client, "remember the number 7", extra_body={"corps_agent": "alice"})
+        ids = first.model_extra["corps"]["prompt"] + [
+            first.choices[0].message.model_extra["corps"]["id"]
+        ]
+        client.chat.completions.create(
+            model="tiny", max_tokens=4, temperature=0,
+            messages=[{"role": "user", "corps_message_id": i} for i in ids]
+            + [{"role": "user", "content": "which number?"}],
+            extra_body={"corps_agent": "alice"},
+        )  # fmt: skip
+        assert audited.wait(120)  # the second turn's shadow ran (a trace event says so)
+        metrics = urlopen(s.url + "/metrics").read().decode()
+    assert "corps_audited_calls_total" in metrics and 'corps_audit_gap{repair="none"}' in metrics
+    assert "alice" not in metrics and "remember" not in metrics
 
 
 def test_streams_cut_mid_way_cancel_and_give_back_what_they_held(served):

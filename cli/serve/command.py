@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from corps.cache.errors import CorpsError
-from corps.cli.options import DeviceOpt, DtypeOpt, ModelOpt
+from corps.cli.options import AuditOpt, DeviceOpt, DtypeOpt, ModelOpt, RepairOpt
 from corps.cli.options import bad as _bad
 from corps.engine.config import DEFAULT_DTYPE, EngineConfig
 
@@ -56,6 +56,8 @@ def serve(
     keep_messages: Annotated[
         int, typer.Option(min=0, help="Encoded messages kept for resends and ids (LRU).")
     ] = 4096,
+    repair: RepairOpt = "none",
+    audit: AuditOpt = 0,
 ) -> None:
     """An OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models,
     /health, /metrics) over one engine; messages by id as an extension. Needs
@@ -82,7 +84,7 @@ def serve(
     try:
         cfg = EngineConfig.of(
             model, mode=mode, dtype=dtype, device=device, policy=policy,
-            leak_policy=leak_policy, trace=trace, otel=otel_endpoint,
+            leak_policy=leak_policy, trace=trace, otel=otel_endpoint, repair=repair, audit=audit,
         )  # fmt: skip
     except CorpsError as exc:
         _bad(str(exc))

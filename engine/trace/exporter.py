@@ -16,7 +16,7 @@ from typing import Any
 
 from corps.cache.errors import CorpsError
 from corps.engine.trace import spans as tx
-from corps.engine.trace.events import CallEnd, CallQueued
+from corps.engine.trace.events import Audited, CallEnd, CallQueued
 
 PROTOCOLS = ("http/protobuf", "grpc")
 
@@ -126,7 +126,8 @@ def _value(v: dict[str, Any]) -> Any:
 
 class LiveSpans:
     """A recorder sink (`engine.recorder.add(sink)`) that sends each call's span as the
-    call ends, under one root span for the run, through the SDK's batch processor.
+    call ends (and each audit's, `corps.audit`, as it is made), under one root span
+    for the run, through the SDK's batch processor.
 
     Spans leave from a background thread, so a slow or failing collector never slows
     or fails the run; spans it did not take are counted in `dropped` (`sent` counts
@@ -174,7 +175,8 @@ class LiveSpans:
         return int((self._t0 + t) * 1e9)
 
     def __call__(self, event: Any) -> None:
-        """Runs on the event loop for every trace event: only a call's end does work."""
+        """Runs on the event loop for every trace event: only a call's end and an audit
+        do work."""
         if self._closed:
             return
         if isinstance(event, CallQueued):
@@ -193,6 +195,14 @@ class LiveSpans:
                 attributes=_values(attrs),
             )
             span.set_status(Status(StatusCode(status["code"]), status.get("message")))
+            span.end(end_time=self._ns(event.t))
+        elif isinstance(event, Audited):  # after its call's span left: its own span
+            span = self._tracer.start_span(
+                "corps.audit",
+                context=self._parent,
+                start_time=self._ns(event.t),
+                attributes=_values(tx.audit_attributes(event)),
+            )
             span.end(end_time=self._ns(event.t))
 
     @property

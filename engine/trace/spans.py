@@ -1,8 +1,9 @@
 """A trace as OpenTelemetry spans (OTLP/JSON), following the GenAI semantic conventions.
 
 `otlp(trace)` builds one trace from a trace file: a root span for the run, one
-`invoke_agent` span per agent, one span per call under its agent, with GenAI
-attributes (`gen_ai.*`) and corps' own (`corps.*`). Ids are derived from the
+`invoke_agent` span per agent, one span per call under its agent (and an audited
+call's `corps.audit` span under it), with GenAI attributes (`gen_ai.*`) and
+corps' own (`corps.*`). Ids are derived from the
 run, so building it twice gives the same trace. `call_attributes` is shared with
 the live export (`corps.engine.trace.exporter.LiveSpans`), which sends the same spans as
 calls end. Message texts are never part of a span.
@@ -13,7 +14,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Literal
 
-from corps.engine.trace.events import CallEnd
+from corps.engine.trace.events import Audited, CallEnd
 from corps.engine.trace.reader import CallRec, Trace, names_of
 
 
@@ -45,6 +46,13 @@ class Corps:
     REPAIR = "corps.repair"
     MESSAGE = "corps.message.id"
     MODE = "corps.mode"
+    # an audit (corps.engine.audit): its own span, under the audited call's
+    AUDIT_GAP = "corps.audit.gap"  # mean KL(baseline || choreographed), nats per token
+    AUDIT_AGREEMENT = "corps.audit.agreement"
+    AUDIT_POSITIONS = "corps.audit.positions"
+    AUDIT_TOKENS = "corps.audit.tokens"  # what its shadow encoded
+    AUDIT_SHADOW = "corps.audit.shadow"  # the shadow's call id
+    WORKFLOW = "corps.workflow"
 
 
 def _hex(seed: str, n: int) -> str:
@@ -111,6 +119,13 @@ def otlp(trace: Trace, texts: Texts = "none") -> dict[str, Any]:
             if texts != "none" and c.end is not None:
                 span["attributes"] += _texts(trace, c, texts)
             spans.append(span)
+            a = trace.audits.get(c.id)
+            if a is not None:  # its audit, under it: from the call's end to the audit's
+                audit = _hex(f"{trace_id}:audit:{c.id}", 16)
+                t0 = min(c.stop(now), a.t)
+                attrs = audit_attributes(a)
+                spans.append(_span(trace_id, audit, span["spanId"], "corps.audit", t0, a.t,
+                                   nanos, 1, attrs))  # fmt: skip
     return {
         "resourceSpans": [
             {
@@ -175,6 +190,22 @@ def call_attributes(
     else:
         status = {"code": 0, "message": "pending when the trace ended"}
     return attrs, status
+
+
+def audit_attributes(a: Audited) -> list[dict[str, Any]]:
+    """An audit's span attributes: the audited call, its key and its figures."""
+    return [
+        _attr(GenAI.OPERATION, "corps.audit"),
+        _attr(Corps.CALL, a.call),
+        _attr(Corps.AUDIT_SHADOW, a.shadow),
+        _attr(Corps.WORKFLOW, a.workflow),
+        _attr(GenAI.AGENT, a.agent),
+        _attr(Corps.REPAIR, a.repair),
+        _attr(Corps.AUDIT_POSITIONS, a.positions),
+        _attr(Corps.AUDIT_GAP, float(a.gap)),
+        _attr(Corps.AUDIT_AGREEMENT, float(a.agreement)),
+        _attr(Corps.AUDIT_TOKENS, a.tokens),
+    ]
 
 
 def _operation(kind: str) -> str:
