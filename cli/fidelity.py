@@ -26,6 +26,7 @@ from rich.table import Table
 
 from corps.cache.errors import CorpsError
 from corps.cache.visibility import LeakWarning
+from corps.cli.options import AuditOpt
 from corps.cli.run import read_inputs
 from corps.cli.scenario import parse_sets
 from corps.engine import check_adapter_of
@@ -355,6 +356,7 @@ def evaluate(
         Path | None,
         typer.Option("--plot", help="PNG: each configuration's score against its mean TTFT."),
     ] = None,
+    audit: AuditOpt = 0,
 ) -> None:
     """The workflow's task score per configuration on the same inputs and seeds, with
     paired significance against the first (McNemar for right/wrong, bootstrap otherwise),
@@ -371,7 +373,7 @@ def evaluate(
         labels += [label for label in _repairs(repair) if label not in labels]
         if len(labels) < 1 or len(set(labels)) != len(labels):
             raise BadConfig(f"--configs: give distinct configurations, got {configs!r}")
-        cfgs = {label: _config(model, label, dtype) for label in labels}
+        cfgs = {label: _config(model, label, dtype, audit=audit) for label in labels}
         for cfg in cfgs.values():
             check_adapter_of(cfg, err)
     except BadConfig as exc:
@@ -410,7 +412,8 @@ def evaluate(
         row = dict(score=s.mean, scored=sum(x is not None for x in s.scores), errors=s.errors,
                    scores=s.scores, mean_ttft_s=s.ttft, wall_s=s.wall_s,
                    tokens_reused=s.reused, tokens_repaired=s.repaired,
-                   recomputed=s.recomputed)  # fmt: skip
+                   tokens_encoded=s.encoded, tokens_generated=s.generated,
+                   audit_tokens=s.audit_tokens, recomputed=s.recomputed)  # fmt: skip
         cells = ["", "", ""]
         if s is not results[0]:
             c = ev.compare(results[0], s)
@@ -421,6 +424,10 @@ def evaluate(
         report["configs"][s.label] = row
         t.add_row(s.label, _f(s.mean), f"{row['scored']}/{len(lines)}", *cells)
     out.print(t)
+    base = next((s for s in results if s.label == "baseline"), None)
+    for s in results:
+        if base is not None and s is not base:
+            report["configs"][s.label]["of_baseline_work"] = s.share_of(base)
     _eval_costs(f"{name}: what each configuration cost", results)
     for s in results:
         for i, why in sorted(s.errors.items())[:5]:
@@ -435,25 +442,30 @@ def evaluate(
 
 
 def _eval_costs(title: str, results: list[Any]) -> None:
-    """One row per configuration: the context it recomputed, its mean TTFT and wall
-    time, against the first configuration's."""
+    """One row per configuration: the context it recomputed (of what it reused, and of
+    the baseline's own work when a baseline ran), its mean TTFT and wall time, against
+    the first configuration's."""
     first = results[0]
+    base = next((s for s in results if s.label == "baseline"), None)
     t = Table(title=title, title_justify="left")
-    for col in ("configuration", "recomputed", "TTFT ms", "TTFT / first", "wall s",
-                "wall / first"):  # fmt: skip
+    for col in ("configuration", "recomputed", "of baseline's work", "TTFT ms",
+                "TTFT / first", "wall s", "wall / first"):  # fmt: skip
         first_col = col == "configuration"
         t.add_column(col, justify="left" if first_col else "right", overflow="fold",
                      min_width=22 if first_col else None)  # fmt: skip
     for s in results:
+        share = "-" if base is None or s is base else f"{s.share_of(base):.0%}"
         t.add_row(
-            s.label, f"{s.recomputed:.0%}", _f(s.ttft and s.ttft * 1000, 1),
+            s.label, f"{s.recomputed:.0%}", share, _f(s.ttft and s.ttft * 1000, 1),
             _ratio(s.ttft, first.ttft), f"{s.wall_s:.1f}", _ratio(s.wall_s, first.wall_s),
         )  # fmt: skip
     out.print(t)
     out.print(
-        "[dim]recomputed: share of the context tokens the calls recomputed instead of "
-        "reusing; TTFT: mean over the runs of each run's mean; wall: the pass over every "
-        "input, after one untimed run of the first[/]"
+        "[dim]recomputed: share of the context tokens the calls reused that they "
+        "recomputed instead; of baseline's work: the tokens recomputed (and encoded by "
+        "audits) as a share of the context tokens the baseline encoded for the same "
+        "inputs (100%: nothing saved); TTFT: mean over the runs of each run's mean; wall: "
+        "the pass over every input, after one untimed run of the first[/]"
     )
 
 

@@ -123,15 +123,22 @@ def test_fidelity_and_eval_take_repair_policies(tiny_dirs, tmp_path, pairs):
     assert (tmp_path / "curve.png").stat().st_size > 0
 
     ev = _invoke("eval", "multi-qa", "--inputs", pairs, "--n", 2, *common, "--dtype", "float32",
-                 "--repair", "full", "--json", tmp_path / "e.json",
+                 "--repair", "full,auto", "--audit", 1, "--json", tmp_path / "e.json",
                  "--plot", tmp_path / "scores.png")  # fmt: skip
     assert ev.exit_code == 0, ev.output
-    assert "what each configuration cost" in ev.output
+    assert "what each configuration cost" in ev.output and "of baseline's work" in ev.output
     configs = json.loads((tmp_path / "e.json").read_text())["configs"]
-    assert list(configs) == ["baseline", "choreographed", "choreographed@full"]
+    assert list(configs) == ["baseline", "choreographed", "choreographed@full",
+                             "choreographed@auto"]  # fmt: skip
     plain, full = configs["choreographed"], configs["choreographed@full"]
     assert plain["tokens_repaired"] == 0 and plain["recomputed"] == 0.0
     assert full["tokens_repaired"] > 0 and 0.0 < full["recomputed"] < 1.0
+    # the cost against the baseline's own work: repairs and audits over its context tokens
+    base = configs["baseline"]
+    work = base["tokens_encoded"] - base["tokens_generated"]
+    for c in (plain, full, configs["choreographed@auto"]):
+        want = (c["tokens_repaired"] + c["audit_tokens"]) / work
+        assert c["of_baseline_work"] == pytest.approx(want) and c["audit_tokens"] > 0
     assert all(c["mean_ttft_s"] > 0 and c["wall_s"] > 0 for c in configs.values())
     assert (tmp_path / "scores.png").stat().st_size > 0
 

@@ -4,7 +4,8 @@
 for line i, the pattern's own sampling settings) and scores each result with the
 pattern's scorer (`corps.patterns.evaluation.scoring`); a run that fails scores None and
 says why. It also keeps what the runs cost: their TTFT, the context their calls
-reused and recomputed (a repair), and the wall time of the whole pass, timed
+reused, encoded and recomputed (a repair; the engine's fidelity audits' shadows
+apart), and the wall time of the whole pass, timed
 after one untimed run of the first line (the warm-up a first configuration
 would otherwise pay alone). `compare` pairs two configurations' scores on the
 inputs both scored.
@@ -34,7 +35,10 @@ class Scores:
     ttfts: list[float] = field(default_factory=list)  # each run's mean TTFT (s)
     reused: int = 0  # context tokens the runs' calls read as encoded
     repaired: int = 0  # context tokens they recomputed instead (a repair)
-    wall_s: float = 0.0  # the pass over every line (after the warm-up)
+    encoded: int = 0  # tokens the runs' calls ran through the model (repairs included)
+    generated: int = 0  # tokens their decodes generated (encoded in every mode)
+    audit_tokens: int = 0  # tokens the engine's fidelity audits encoded during the pass
+    wall_s: float = 0.0  # the pass over every line (after the warm-up), its audits included
 
     @property
     def mean(self) -> float | None:
@@ -51,6 +55,19 @@ class Scores:
         """Share of the context tokens the calls recomputed instead of reusing."""
         context = self.reused + self.repaired
         return self.repaired / context if context else 0.0
+
+    @property
+    def context_encoded(self) -> int:
+        """Context (prompt) tokens the calls encoded: what the baseline's own work is
+        (its prefix cache's hits are not encoded, so not counted)."""
+        return self.encoded - self.generated
+
+    def share_of(self, baseline: Scores) -> float:
+        """The tokens this configuration recomputed (its repairs, and its audits'
+        shadows) as a share of the context tokens `baseline` encoded for the same
+        inputs: 1.0 saves nothing."""
+        work = baseline.context_encoded
+        return (self.repaired + self.audit_tokens) / work if work else math.nan
 
 
 async def scores(
@@ -77,6 +94,8 @@ async def scores(
             out.ttfts.append(result.mean_ttft_s)
         out.repaired += sum(h.tokens_repaired for h in result.messages)
         out.reused += result.tokens_reused
+        out.encoded += result.tokens_encoded
+        out.generated += sum(len(h.generated) for h in result.messages)
 
     async def warm(i: int) -> None:
         await run(i)
@@ -84,9 +103,13 @@ async def scores(
     if lines:  # a failure here is the timed pass's to report
         await each([0], warm, concurrency=1)
     # an input that fails scores None and says why; the others go on
+    engine = rt.engine
+    audited = engine.stats().audit_tokens
     t0 = time.perf_counter()
     out.errors = await each(range(len(lines)), one, concurrency=concurrency, on_done=on_done)
+    await engine.audited()  # the pass's audits are its cost too
     out.wall_s = time.perf_counter() - t0
+    out.audit_tokens = engine.stats().audit_tokens - audited
     return out
 
 
