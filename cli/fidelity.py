@@ -26,7 +26,7 @@ from rich.table import Table
 
 from corps.cache.errors import CorpsError
 from corps.cache.visibility import LeakWarning
-from corps.cli.options import AuditOpt
+from corps.cli.options import AuditBudgetOpt, AuditOpt
 from corps.cli.run import read_inputs
 from corps.cli.scenario import parse_sets
 from corps.engine import check_adapter_of
@@ -357,6 +357,7 @@ def evaluate(
         typer.Option("--plot", help="PNG: each configuration's score against its mean TTFT."),
     ] = None,
     audit: AuditOpt = 0,
+    audit_budget: AuditBudgetOpt = 0.05,
 ) -> None:
     """The workflow's task score per configuration on the same inputs and seeds, with
     paired significance against the first (McNemar for right/wrong, bootstrap otherwise),
@@ -373,7 +374,10 @@ def evaluate(
         labels += [label for label in _repairs(repair) if label not in labels]
         if len(labels) < 1 or len(set(labels)) != len(labels):
             raise BadConfig(f"--configs: give distinct configurations, got {configs!r}")
-        cfgs = {label: _config(model, label, dtype, audit=audit) for label in labels}
+        cfgs = {
+            label: _config(model, label, dtype, audit=audit, audit_budget=audit_budget)
+            for label in labels
+        }
         for cfg in cfgs.values():
             check_adapter_of(cfg, err)
     except BadConfig as exc:

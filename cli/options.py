@@ -34,6 +34,15 @@ AuditOpt = Annotated[
         "auto: 1 in 4 unless given) (docs/fidelity.md).",
     ),
 ]
+AuditBudgetOpt = Annotated[
+    float,
+    typer.Option(
+        min=0.001,
+        max=1.0,
+        help="The share of the tokens the engine encodes that audits may encode besides "
+        "(1: every due audit runs).",
+    ),
+]
 ModelOpt = Annotated[
     str, typer.Option("--model", "-m", help="Alias, local HF directory or hub id.")
 ]

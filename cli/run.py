@@ -21,7 +21,7 @@ from corps.agents import AgentError
 from corps.cache.errors import CorpsError
 from corps.cache.visibility import LeakWarning
 from corps.cli.audits import audit_table
-from corps.cli.options import AuditOpt, RepairOpt
+from corps.cli.options import AuditBudgetOpt, AuditOpt, RepairOpt
 from corps.cli.scenario import ScenarioError, Target, parse_sets, resolve
 from corps.engine import check_adapter_of
 from corps.engine.config import DEFAULT_DTYPE, DEFAULT_MODEL, BadConfig, EngineConfig
@@ -124,6 +124,7 @@ def run(
     compile_gemms: CompileGemmsOpt = "library",
     repair: RepairOpt = "none",
     audit: AuditOpt = 0,
+    audit_budget: AuditBudgetOpt = 0.05,
     live: Annotated[
         bool | None,
         typer.Option(
@@ -188,6 +189,7 @@ def run(
             compile_gemms=compile_gemms,
             repair=repair,
             audit=audit,
+            audit_budget=audit_budget,
         )
         check_adapter_of(config, err)
         if otel_endpoint is not None:

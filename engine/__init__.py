@@ -33,9 +33,17 @@ _HOME = {
     "SamplingParams": "corps.engine.request.sampling_params",
     "EngineStats": "corps.engine.stats",
     "Repair": "corps.engine.repair",
+    "AUDIT_POSITIONS": "corps.engine.audit",
+    "AuditKey": "corps.engine.audit",
+    "AuditReport": "corps.engine.audit",
+    "AuditRow": "corps.engine.audit",
 }
 __all__ = [
+    "AUDIT_POSITIONS",
     "AuditEvent",
+    "AuditKey",
+    "AuditReport",
+    "AuditRow",
     "BadConfig",
     "CallCancelled",
     "ChatFormat",
@@ -67,6 +75,7 @@ if TYPE_CHECKING:
     from corps.engine.api.pending import Pending
     from corps.engine.api.select import Selection
     from corps.engine.api.stream import TextStream
+    from corps.engine.audit import AUDIT_POSITIONS, AuditKey, AuditReport, AuditRow
     from corps.engine.config import BadConfig, EngineConfig
     from corps.engine.errors import (
         CallCancelled,

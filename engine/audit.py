@@ -15,7 +15,11 @@ first `AUDIT_POSITIONS` sampled positions:
 - `agreement`: the share of positions where both modes' most likely token is the
   same (`corps fidelity`'s "agree").
 
-The audited call returns its choreographed result unchanged and at once; the
+A shadow encodes what the baseline would for that call (its rewired context),
+so its cost is set by a token budget as well as by N: the shadows encode at most
+`AUDIT_BUDGET` (5%) of the tokens the engine encoded for everything else, and an
+audit that is due when the budget is spent goes to the next call of its key that
+fits. The audited call returns its choreographed result unchanged and at once; the
 shadow runs after it, in the ordinary fused steps, and is freed. Figures are
 kept per (workflow, agent, repair policy) (`AuditBook`; `Engine.audited()`),
 summed in `EngineStats` and traced (`Audited` events). Torch-free.
@@ -33,6 +37,10 @@ from corps.engine.errors import InvalidRequest
 AUDIT_POSITIONS = 8
 #: The largest N of audit=N (1 in N calls).
 MAX_AUDIT = 1_000_000
+#: The share of the tokens an engine encodes for its calls that its audits' shadows may
+#: encode besides (`EngineConfig.audit_budget`; 1.0: no cap). A due audit waits for the
+#: next call of its key the budget allows.
+AUDIT_BUDGET = 0.05
 
 
 def check_audit(value: object) -> int | None:

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from corps.cache.errors import InvalidRequest
 from corps.cache.visibility import LEAK_POLICIES, check_policy
-from corps.engine.audit import check_audit
+from corps.engine.audit import AUDIT_BUDGET, check_audit
 from corps.engine.repair import parse_repair
 
 Mode = Literal["choreographed", "baseline", "hf"]
@@ -195,7 +195,9 @@ class EngineConfig(BaseModel):
       decodes of each workflow and agent is also encoded as the baseline reads it,
       and the gap between the two is recorded (`Engine.audit()`, `stats()`, traces,
       /metrics); 0 (the default) audits nothing unless a workflow, agent or call
-      asks (or its repair is "auto").
+      asks (or its repair is "auto"). `audit_budget`: the share of the tokens the
+      engine encodes for its calls that the audits may encode besides (0.05; 1.0:
+      every due audit runs).
     - `jump_forward`: when a decode's constraint allows exactly one continuation
       for several tokens (a JSON key, punctuation), append them without sampling
       and encode them together in the next step (True); False samples each one.
@@ -224,6 +226,7 @@ class EngineConfig(BaseModel):
     graphs: Graphs = "auto"
     repair: str = "none"
     audit: int = 0
+    audit_budget: Annotated[float, Field(gt=0.0, le=1.0)] = AUDIT_BUDGET
     compile: bool = False
     compile_gemms: CompileGemms = "library"
     admission: bool = True

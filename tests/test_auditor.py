@@ -43,7 +43,7 @@ def spy(monkeypatch) -> list:
 async def test_a_chain_audits_to_no_gap_and_a_rewired_context_to_some(tiny_dirs):
     """A chain reads exactly what the baseline reads: gap 0, full agreement. Two
     questions encoded apart do not; `serial+full` (the baseline's reading) closes it."""
-    async with open_tiny(tiny_dirs, "llama", audit=1) as engine:
+    async with open_tiny(tiny_dirs, "llama", audit=1, audit_budget=1.0) as engine:
         sys, q1, q2 = await parallel(engine)
         kw = dict(max_tokens=AUDIT_POSITIONS + 2, ignore_eos=True)
         with engine.workflow("chain"):
@@ -70,7 +70,7 @@ async def test_the_shadow_is_the_baseline_and_the_kept_rows_are_the_calls_own(
     parents' tokens, header, generated); the kept rows are the distributions the call
     drew from (their value at each token is its logprob, their argmax its greedy)."""
     seen = spy(monkeypatch)
-    async with open_tiny(tiny_dirs, "llama", audit=1) as engine:
+    async with open_tiny(tiny_dirs, "llama", audit=1, audit_budget=1.0) as engine:
         sys, q1, q2 = await parallel(engine)
         h = await engine.decode(parents=[sys, q1, q2], max_tokens=5, ignore_eos=True,
                                 logprobs=True)  # fmt: skip
@@ -91,7 +91,7 @@ async def test_an_audit_changes_nothing_the_call_returns_nor_the_store(tiny_dirs
     kw = dict(max_tokens=6, ignore_eos=True)
     results = {}
     for audit in (0, 1):
-        async with open_tiny(tiny_dirs, "llama", audit=audit) as engine:
+        async with open_tiny(tiny_dirs, "llama", audit=audit, audit_budget=1.0) as engine:
             sys, q1, q2 = await parallel(engine)
             greedy = await engine.decode(parents=[sys, q1, q2], **kw)
             sampled = await engine.decode(parents=[sys, q1, q2], temperature=1.0, seed=3, **kw)
@@ -111,7 +111,10 @@ async def test_one_in_n_per_workflow_and_agent_and_the_nearest_rate_wins(tiny_di
         async def handle(self, msg):
             return await self.decode(parents=[msg], max_tokens=2, ignore_eos=True)
 
-    async with open_tiny(tiny_dirs, "llama", audit=3) as engine, Runtime(engine) as rt:
+    async with (
+        open_tiny(tiny_dirs, "llama", audit=3, audit_budget=1.0) as engine,
+        Runtime(engine) as rt,
+    ):
         sys, q1, _ = await parallel(engine)
         kw = dict(parents=[sys, q1], max_tokens=2, ignore_eos=True)
         for _ in range(7):
@@ -130,7 +133,7 @@ async def test_one_in_n_per_workflow_and_agent_and_the_nearest_rate_wins(tiny_di
 
 
 async def test_a_parent_freed_after_the_call_is_still_there_for_its_shadow(tiny_dirs):
-    async with open_tiny(tiny_dirs, "llama", audit=1) as engine:
+    async with open_tiny(tiny_dirs, "llama", audit=1, audit_budget=1.0) as engine:
         sys, q1, q2 = await parallel(engine)
         await engine.decode(parents=[sys, q1, q2], max_tokens=3, ignore_eos=True)
         engine.free(q2)  # before its shadow ran
@@ -140,7 +143,7 @@ async def test_a_parent_freed_after_the_call_is_still_there_for_its_shadow(tiny_
 
 
 async def test_closing_with_shadows_pending_neither_hangs_nor_fails(tiny_dirs):
-    async with open_tiny(tiny_dirs, "llama", audit=1) as engine:
+    async with open_tiny(tiny_dirs, "llama", audit=1, audit_budget=1.0) as engine:
         sys, q1, q2 = await parallel(engine)
         h = await engine.decode(parents=[sys, q1, q2], max_tokens=3, ignore_eos=True)
     assert len(h.generated) == 3  # the engine closed with the shadow queued or running
@@ -148,7 +151,7 @@ async def test_closing_with_shadows_pending_neither_hangs_nor_fails(tiny_dirs):
 
 async def test_audits_are_traced_without_text_and_counted_in_stats(tiny_dirs, tmp_path):
     path = tmp_path / "t.jsonl"
-    async with open_tiny(tiny_dirs, "llama", audit=1, trace=path) as engine:
+    async with open_tiny(tiny_dirs, "llama", audit=1, audit_budget=1.0, trace=path) as engine:
         sys, q1, q2 = await parallel(engine)
         h = await engine.decode(parents=[sys, q1, q2], max_tokens=3, ignore_eos=True,
                                 owner="solver")  # fmt: skip
@@ -193,7 +196,7 @@ async def test_auto_moves_a_drifting_agent_up_the_ladder_and_says_why(
 
     monkeypatch.setattr(auto, "HIGH", 1e-6)
     path = tmp_path / "t.jsonl"
-    async with open_tiny(tiny_dirs, "llama", repair="auto", trace=path) as engine:
+    async with open_tiny(tiny_dirs, "llama", repair="auto", audit_budget=1.0, trace=path) as engine:
         sys, q1, q2 = await parallel(engine)
         kw = dict(parents=[sys, q1, q2], max_tokens=3, ignore_eos=True, owner="judge", audit=1)
         first = await engine.decode(**kw)
@@ -209,3 +212,20 @@ async def test_auto_moves_a_drifting_agent_up_the_ladder_and_says_why(
     assert switches[0]["why"] == "high" and switches[0]["agent"] == "judge"
     audits = [e for e in events if e["type"] == "audited"]
     assert [a["repair"] for a in audits] == ["none", "first:4"]
+
+
+async def test_a_due_audit_waits_for_the_budget_and_goes_to_the_next_call_it_allows(tiny_dirs):
+    """With a budget of half the engine's other work, a due audit that would pass it is
+    not dropped: the key's next call that fits takes it; the shadows never encode more
+    than the budget allows."""
+    async with open_tiny(tiny_dirs, "llama", audit=1, audit_budget=0.5) as engine:
+        sys, q1, q2 = await parallel(engine)
+        kw = dict(parents=[sys, q1, q2], max_tokens=4, ignore_eos=True)
+        audited = []
+        for _ in range(12):
+            await engine.decode(**kw)
+            await engine.audited()  # one at a time: each audit's cost is known before the next
+            audited.append(engine.stats().audited)
+        s = engine.stats()
+    assert 0 < audited[-1] < 12  # some ran, some waited
+    assert s.audit_tokens <= 0.5 * (s.tokens_encoded - s.audit_tokens)

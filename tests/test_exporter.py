@@ -184,7 +184,9 @@ async def test_an_audit_reaches_the_collector_as_its_own_span(tiny_dirs, tmp_pat
     url = f"http://127.0.0.1:{server.server_port}/v1/traces"
     path = tmp_path / "t.jsonl"
     try:
-        async with open_tiny(tiny_dirs, "llama", otel=url, audit=1, trace=path) as engine:
+        async with open_tiny(
+            tiny_dirs, "llama", otel=url, audit=1, audit_budget=1.0, trace=path
+        ) as engine:
             q = await engine.prefill("What is 7*6?", role="user")
             d = await engine.decode(parents=[q], max_tokens=3, temperature=0.0, owner="solver")
             await engine.audited()

@@ -123,8 +123,8 @@ def test_fidelity_and_eval_take_repair_policies(tiny_dirs, tmp_path, pairs):
     assert (tmp_path / "curve.png").stat().st_size > 0
 
     ev = _invoke("eval", "multi-qa", "--inputs", pairs, "--n", 2, *common, "--dtype", "float32",
-                 "--repair", "full,auto", "--audit", 1, "--json", tmp_path / "e.json",
-                 "--plot", tmp_path / "scores.png")  # fmt: skip
+                 "--repair", "full,auto", "--audit", 1, "--audit-budget", 1,
+                 "--json", tmp_path / "e.json", "--plot", tmp_path / "scores.png")  # fmt: skip
     assert ev.exit_code == 0, ev.output
     assert "what each configuration cost" in ev.output and "of baseline's work" in ev.output
     configs = json.loads((tmp_path / "e.json").read_text())["configs"]

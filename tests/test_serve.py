@@ -227,7 +227,7 @@ def test_metrics_give_the_audit_by_repair_policy_and_no_client_name(tiny_dirs):
     from urllib.request import urlopen
 
     audited = threading.Event()
-    with Served(tiny_dirs["llama"], audit=1) as s:
+    with Served(tiny_dirs["llama"], audit=1, audit_budget=1.0) as s:
         s.engine.recorder.add(lambda e: audited.set() if e.type == "audited" else None)
         client = s.client()
         first = ask(client, "remember the number 7", extra_body={"corps_agent": "alice"})

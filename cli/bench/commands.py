@@ -148,6 +148,68 @@ def bench_step(
         fail(exc)
 
 
+@bench_app.command("audit")
+def bench_audit(
+    pattern: Annotated[str, typer.Argument(help="A built-in pattern (see corps scenarios).")],
+    inputs: Annotated[
+        str | None, typer.Option(help="JSON lines of pattern inputs (default: its own, --n times).")
+    ] = None,
+    n: Annotated[int, typer.Option(min=1, help="Inputs (the first N lines).")] = 8,
+    seed: Annotated[int, typer.Option(help="Input i runs at seed + i.")] = 0,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="key=value parameter (repeatable).")
+    ] = None,
+    rates: Annotated[
+        str,
+        typer.Option(help="Comma-separated audit rates N (1 in N) whose cost to time; '' skips."),
+    ] = "4,8,16",
+    rounds: Annotated[int, typer.Option(min=1, help="Timed passes per rate (medians).")] = 3,
+    budget: Annotated[
+        float, typer.Option(min=0.001, max=1.0, help="The engines' audit token budget.")
+    ] = 0.05,
+    concurrency: Annotated[int, typer.Option(min=1, help="Inputs run at once.")] = 4,
+    model: ModelOpt = "smollm2-135m",
+    dtype: DtypeOpt = "float32",
+    json_out: Annotated[str | None, typer.Option("--json", help="Write the report here.")] = None,
+) -> None:
+    """The online fidelity audit beside corps fidelity on the same inputs and tokens
+    (per role: the sampled gap and the audit's exact one), and what auditing 1 in N
+    calls costs in wall time and tokens, against the same passes unaudited."""
+    import json
+
+    from corps.cli.bench import audit as ba
+    from corps.cli.fidelity import _lines
+    from corps.patterns import registry
+
+    try:
+        every = [int(r) for r in rates.split(",") if r.strip()]
+        if any(r < 1 for r in every):
+            raise ValueError
+    except ValueError:
+        fail(f"--rates: comma-separated rates >= 1, got {rates!r}")
+    try:
+        lines = _lines(pattern, Path(inputs) if inputs else None, set_, n)
+        name = registry.canonical(pattern)
+    except BadConfig as exc:
+        fail(exc.for_cli())
+    except CorpsError as exc:
+        fail(exc)
+    try:
+        agree = _run_bench(lambda: ba.agreement(name, lines, seed, model, dtype, concurrency))
+        costs = (
+            _run_bench(
+                lambda: ba.cost(name, lines, seed, model, dtype, every, rounds, concurrency, budget)
+            )
+            if every
+            else []
+        )
+    except CorpsError as exc:
+        fail(exc)
+    ba.show(name, agree, costs)
+    if json_out is not None:
+        Path(json_out).write_text(json.dumps(dict(agreement=agree, cost=costs), indent=2) + "\n")
+
+
 @bench_app.command("workflow")
 def bench_workflow(
     pattern: Annotated[str, typer.Argument(help="A built-in pattern (see corps scenarios).")],

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from corps.cache.errors import CorpsError
-from corps.cli.options import AuditOpt, DeviceOpt, DtypeOpt, ModelOpt, RepairOpt
+from corps.cli.options import AuditBudgetOpt, AuditOpt, DeviceOpt, DtypeOpt, ModelOpt, RepairOpt
 from corps.cli.options import bad as _bad
 from corps.engine.config import DEFAULT_DTYPE, EngineConfig
 
@@ -58,6 +58,7 @@ def serve(
     ] = 4096,
     repair: RepairOpt = "none",
     audit: AuditOpt = 0,
+    audit_budget: AuditBudgetOpt = 0.05,
 ) -> None:
     """An OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models,
     /health, /metrics) over one engine; messages by id as an extension. Needs
@@ -85,6 +86,7 @@ def serve(
         cfg = EngineConfig.of(
             model, mode=mode, dtype=dtype, device=device, policy=policy,
             leak_policy=leak_policy, trace=trace, otel=otel_endpoint, repair=repair, audit=audit,
+            audit_budget=audit_budget,
         )  # fmt: skip
     except CorpsError as exc:
         _bad(str(exc))

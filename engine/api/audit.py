@@ -5,7 +5,9 @@ call's, else its workflow's, else the engine's; "auto" becomes the policy its
 workflow and agent are at now, `corps.engine.auto_repair`) and, for a
 choreographed decode that reads parents, whether it is audited (its audit rate:
 the call's, else its agent's, else its workflow's, else the engine's; 1 in N
-per workflow family and agent, the first of each N). An audited call keeps the
+per workflow family and agent, the first of each N; a call whose turn comes
+while the audits' token budget is spent passes it to the next call of its key
+the budget allows). An audited call keeps the
 model's distribution at its first `AUDIT_POSITIONS` sampled positions
 (`Job.keep`), and its parents stay pinned for its shadow.
 
@@ -32,7 +34,14 @@ import torch
 
 from corps.cache.handle import Handle
 from corps.cache.messages import Message
-from corps.engine.audit import AUDIT_POSITIONS, Audit, AuditBook, AuditKey, AuditReport
+from corps.engine.audit import (
+    AUDIT_BUDGET,
+    AUDIT_POSITIONS,
+    Audit,
+    AuditBook,
+    AuditKey,
+    AuditReport,
+)
 from corps.engine.auto_repair import AUTO_AUDIT, AutoRepair
 from corps.engine.exec.executor import Executor
 from corps.engine.repair import AUTO, Repair, parse_repair
@@ -62,11 +71,15 @@ class Auditor:
         *,
         repair: Repair,
         audit: int,
+        budget: float = AUDIT_BUDGET,
         spawn: Callable[[Callable[[], Any]], bool],
         jobs: Jobs,
     ) -> None:
         self.executor, self.recorder, self.jobs = executor, recorder, jobs
-        self.default_repair, self.default_audit = repair, audit
+        self.default_repair, self.default_audit, self.budget = repair, audit, budget
+        self.due: set[tuple[str, str]] = set()  # keys whose next call is to be audited
+        self.spent = 0  # tokens the shadows encoded
+        self.reserved = 0  # what the shadows in flight may encode (their contexts, bounded)
         self.spawn = spawn  # starts a task in the engine's task group (False: not running)
         self.book = AuditBook()
         self.auto = AutoRepair()
@@ -104,16 +117,29 @@ class Auditor:
         if not every:
             return
         key = (_kind(job.workflow), _agent(request.owner, job.workflow))
-        if next(self.seen.setdefault(key, itertools.count())) % every:
+        if not next(self.seen.setdefault(key, itertools.count())) % every:
+            self.due.add(key)  # its turn: this call, or the next one the budget allows
+        cost = sum(len(m.tokens) for m in job.pins) + AUDIT_POSITIONS  # at most
+        if key not in self.due or not self._affords(cost):
             return
         pins = self.executor.pin(job.pins)  # kept for the shadow past the call's end
-        if not self.spawn(lambda: self._shadow_after(job, pins, auto)):
+        if not self.spawn(lambda: self._shadow_after(job, pins, auto, cost)):
             self.executor.unpin(pins)  # the engine is not running: nothing to audit with
             return
+        self.due.discard(key)
+        self.reserved += cost
         job.keep = AUDIT_POSITIONS
         self.in_flight += 1
         if self._idle.is_set():
             self._idle = anyio.Event()
+
+    def _affords(self, cost: int) -> bool:
+        """Whether a shadow of at most `cost` tokens keeps the audits within their
+        budget: a share of the tokens the engine encoded for everything else."""
+        if self.budget >= 1.0:
+            return True
+        work = self.executor.stats().tokens_encoded - self.spent
+        return self.spent + self.reserved + cost <= self.budget * work
 
     def rate(self, request: DecodeRequest, wf: Workflow | None, auto: bool) -> int:
         """1 in how many such calls are audited (0: none)."""
@@ -124,7 +150,7 @@ class Auditor:
 
     # ---- the shadow ----
 
-    async def _shadow_after(self, job: Job, pins: list[Message], auto: bool) -> None:
+    async def _shadow_after(self, job: Job, pins: list[Message], auto: bool, cost: int) -> None:
         try:
             await job.done.wait()
             call = job.call
@@ -135,6 +161,7 @@ class Auditor:
         finally:
             if pins:
                 self.executor.unpin(pins)
+            self.reserved -= cost
             self.in_flight -= 1
             if not self.in_flight:
                 self._idle.set()
@@ -165,6 +192,7 @@ class Auditor:
         wf = job.workflow
         key = AuditKey(_kind(wf), _agent(request.owner, wf), str(request.repair or "none"))
         audit = Audit(job.id, key, len(call.kept), gap, agree, tokens)
+        self.spent += tokens
         self.book.add(audit)
         self._trace(audit, sjob.id)
         if auto:

@@ -90,7 +90,7 @@ class Engine:
         self._submit.deduce = cfg.deduce_objectives
         self._auditor = Auditor(
             executor, self.recorder, repair=parse_repair(cfg.repair), audit=cfg.audit,
-            spawn=self._spawn, jobs=self._submit,
+            budget=cfg.audit_budget, spawn=self._spawn, jobs=self._submit,
         )  # fmt: skip
         self._submit.auditor = self._auditor
         self._model_name = cfg.model
