@@ -7,7 +7,8 @@
    role: `corps fidelity`'s gap (the baseline's sampled tokens, replay minus
    baseline log-loss: a one-sample estimate of KL(baseline || choreographed))
    beside the audit's (that KL, computed over the whole vocabulary), and both
-   modes' argmax agreement.
+   modes' argmax agreement: for a pattern's voters, judge or reducer, whether
+   they would choose as the baseline does (`--repair`: the replay repaired).
 2. **Cost.** Passes over the inputs (the pattern's own settings, seed i for line
    i) in one choreographed engine, unaudited and audited 1 in N for each N,
    interleaved round by round after one untimed pass: the median wall time of
@@ -36,14 +37,14 @@ out = Console()
 
 async def agreement(
     pattern: str, lines: Sequence[Mapping[str, Any]], seed: int, model: str, dtype: str,
-    concurrency: int,
+    concurrency: int, repair: str = "none",
 ) -> list[dict[str, Any]]:  # fmt: skip
     """Per role (and "all"): turns, positions, the sampled gap, the audit's gap, both
     agreements."""
     params = [sampling_params(pattern, line, seed + i) for i, line in enumerate(lines)]
     base_cfg = EngineConfig.of(model, mode="baseline", dtype=dtype)
-    chor_cfg = EngineConfig.of(model, mode="choreographed", dtype=dtype, audit=1,
-                               audit_budget=1.0)  # every decode: no token budget  # fmt: skip
+    every = dict(audit=1, audit_budget=1.0)  # every decode, no token budget
+    chor_cfg = EngineConfig.of(model, mode="choreographed", dtype=dtype, repair=repair, **every)
     recorded, pairs = {}, []
     async with Engine.open(base_cfg) as be, Runtime(be) as brt:
 
@@ -158,16 +159,20 @@ async def cost(
             wall_s=statistics.median(w),
             ratio=statistics.median(w) / base,
             walls=w,
-            tokens_encoded=sum(e for e, _ in tokens[rate]) / rounds,
-            audit_tokens=sum(a for _, a in tokens[rate]) / rounds,
+            tokens_encoded=sum(t[0] for t in tokens[rate]) / rounds,
+            audit_tokens=sum(t[1] for t in tokens[rate]) / rounds,
+            audited=sum(t[2] for t in tokens[rate]) / rounds,
+            budget=budget,
         )
         for rate, w in walls.items()
     ]
 
 
-def show(pattern: str, agree: list[dict[str, Any]], costs: list[dict[str, Any]]) -> None:
+def show(
+    pattern: str, agree: list[dict[str, Any]], costs: list[dict[str, Any]], repair: str = "none"
+) -> None:
     title = (f"{pattern}: the audit's gap against corps fidelity's, first {AUDIT_POSITIONS} "
-             "positions of each turn, the same tokens")  # fmt: skip
+             f"positions of each turn, the same tokens (repair {repair})")  # fmt: skip
     t = Table(title=title, title_justify="left")
     for col in ("role", "turns", "positions", "fidelity gap", "audit gap", "fidelity agree",
                 "audit agree"):  # fmt: skip

@@ -171,6 +171,7 @@ def bench_audit(
     model: ModelOpt = "smollm2-135m",
     dtype: DtypeOpt = "float32",
     json_out: Annotated[str | None, typer.Option("--json", help="Write the report here.")] = None,
+    repair: RepairOpt = "none",
 ) -> None:
     """The online fidelity audit beside corps fidelity on the same inputs and tokens
     (per role: the sampled gap and the audit's exact one), and what auditing 1 in N
@@ -195,7 +196,9 @@ def bench_audit(
     except CorpsError as exc:
         fail(exc)
     try:
-        agree = _run_bench(lambda: ba.agreement(name, lines, seed, model, dtype, concurrency))
+        agree = _run_bench(
+            lambda: ba.agreement(name, lines, seed, model, dtype, concurrency, repair)
+        )
         costs = (
             _run_bench(
                 lambda: ba.cost(name, lines, seed, model, dtype, every, rounds, concurrency, budget)
@@ -205,9 +208,10 @@ def bench_audit(
         )
     except CorpsError as exc:
         fail(exc)
-    ba.show(name, agree, costs)
+    ba.show(name, agree, costs, repair)
     if json_out is not None:
-        Path(json_out).write_text(json.dumps(dict(agreement=agree, cost=costs), indent=2) + "\n")
+        report = dict(pattern=name, repair=repair, agreement=agree, cost=costs)
+        Path(json_out).write_text(json.dumps(report, indent=2) + "\n")
 
 
 @bench_app.command("workflow")

@@ -1,0 +1,40 @@
+"""`corps bench audit` (corps.cli.bench.audit): the audit's gap beside corps fidelity's on
+the same tokens, and its cost per rate, on a tiny model. Never asserts on time."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from typer.testing import CliRunner
+
+from corps.cli.app import app
+
+
+def test_the_audit_and_fidelity_see_the_same_turns_and_a_chain_agrees(tiny_dirs, tmp_path):
+    out = tmp_path / "a.json"
+    result = CliRunner().invoke(app, [
+        "bench", "audit", "tree-of-thoughts", "--model", str(tiny_dirs["llama"]), "--n", "2",
+        "--set", "max_tokens=6", "--set", "branches=2", "--set", "voters=2", "--rates", "2",
+        "--rounds", "1", "--budget", "1", "--json", str(out),
+    ])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    rows = {r["role"]: r for r in report["agreement"]}
+    assert set(rows) >= {"proposer", "voter", "all"}
+    for r in rows.values():  # every sampled position was audited, and both gaps exist
+        assert r["positions"] == r["audited_positions"] > 0
+        assert math.isfinite(r["sampled_gap"]) and r["audit_gap"] >= -1e-6  # a KL, rounded
+    assert rows["proposer"]["audit_gap"] == pytest.approx(0.0, abs=1e-4)  # they read a chain
+    assert rows["proposer"]["audit_agree"] == 1.0
+    off, two = report["cost"]
+    assert off["audit"] == 0 and off["audit_tokens"] == 0 and off["audited"] == 0
+    assert two["audit"] == 2 and two["audit_tokens"] > 0 and two["audited"] > 0
+    assert "what the audit costs" in result.output
+
+
+@pytest.mark.parametrize("rates", ["x", "0", "2,-1"])
+def test_bad_rates_exit_before_anything_loads(rates):
+    result = CliRunner().invoke(app, ["bench", "audit", "debate", "--rates", rates])
+    assert result.exit_code != 0 and "--rates" in result.output
