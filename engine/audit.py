@@ -16,10 +16,11 @@ first `AUDIT_POSITIONS` sampled positions:
   same (`corps fidelity`'s "agree").
 
 A shadow encodes what the baseline would for that call (its rewired context),
-so its cost is set by a token budget as well as by N: the shadows encode at most
-`AUDIT_BUDGET` (5%) of the tokens the engine encoded for everything else, and an
-audit that is due when the budget is spent goes to the next call of its key that
-fits. The audited call returns its choreographed result unchanged and at once; the
+so its cost is set by a token budget as well as by N: over any stretch of time
+the shadows encode at most `AUDIT_BUDGET` (5%) of the tokens the engine encoded
+for everything else, plus one burst (`AUDIT_BURST`, a token bucket), and an
+audit that is due when the bucket is short goes to the next call of its key
+that fits. The audited call returns its choreographed result unchanged and at once; the
 shadow runs after it, in the ordinary fused steps, and is freed. Figures are
 kept per (workflow, agent, repair policy) (`AuditBook`; `Engine.audited()`),
 summed in `EngineStats` and traced (`Audited` events). Torch-free.
@@ -41,6 +42,10 @@ MAX_AUDIT = 1_000_000
 #: encode besides (`EngineConfig.audit_budget`; 1.0: no cap). A due audit waits for the
 #: next call of its key the budget allows.
 AUDIT_BUDGET = 0.05
+#: Tokens of budget the audits may save up while none is due or affordable: what one
+#: burst of shadows may encode beyond `AUDIT_BUDGET` of the work since (a larger
+#: shadow waits until the bucket holds its own bound).
+AUDIT_BURST = 2048
 
 
 def check_audit(value: object) -> int | None:

@@ -229,3 +229,28 @@ async def test_a_due_audit_waits_for_the_budget_and_goes_to_the_next_call_it_all
         s = engine.stats()
     assert 0 < audited[-1] < 12  # some ran, some waited
     assert s.audit_tokens <= 0.5 * (s.tokens_encoded - s.audit_tokens)
+
+
+async def test_a_quiet_stretch_saves_up_one_burst_at_most(tiny_dirs, monkeypatch):
+    """Budget left unused while nothing was audited does not pile up: after a long
+    unaudited stretch, the audits that follow take at most their budget of the work
+    since plus one burst (the bucket's size)."""
+    monkeypatch.setattr(audit_mod, "AUDIT_BURST", 40)
+    async with open_tiny(tiny_dirs, "llama", audit_budget=0.5) as engine:
+        sys, q1, q2 = await parallel(engine)
+        kw = dict(parents=[sys, q1, q2], max_tokens=4, ignore_eos=True)
+        with engine.workflow("quiet", audit=0):
+            for _ in range(20):
+                await engine.decode(**kw)
+        before = engine.stats()
+        with engine.workflow("audited", audit=1):
+            for _ in range(6):
+                await engine.decode(**kw)
+                await engine.audited()
+        after = engine.stats()
+    spent = after.audit_tokens - before.audit_tokens
+    work = (after.tokens_encoded - after.audit_tokens) - (
+        before.tokens_encoded - before.audit_tokens
+    )
+    bound = sum(len(h.tokens) for h in (sys, q1, q2)) + AUDIT_POSITIONS
+    assert 0 < spent <= 0.5 * work + max(40, bound)

@@ -171,6 +171,13 @@ async def cost(
 def show(
     pattern: str, agree: list[dict[str, Any]], costs: list[dict[str, Any]], repair: str = "none"
 ) -> None:
+    if agree:
+        _agreement_table(pattern, agree, repair)
+    if costs:
+        _cost_table(pattern, costs)
+
+
+def _agreement_table(pattern: str, agree: list[dict[str, Any]], repair: str) -> None:
     title = (f"{pattern}: the audit's gap against corps fidelity's, first {AUDIT_POSITIONS} "
              f"positions of each turn, the same tokens (repair {repair})")  # fmt: skip
     t = Table(title=title, title_justify="left")
@@ -185,8 +192,9 @@ def show(
     out.print("[dim]fidelity gap: the baseline's sampled tokens, replay minus baseline "
               "log-loss (a one-sample estimate of KL(baseline || choreographed)); audit gap: "
               "that KL over the vocabulary; positions: sampled / audited[/]")  # fmt: skip
-    if not costs:
-        return
+
+
+def _cost_table(pattern: str, costs: list[dict[str, Any]]) -> None:
     budget = costs[0]["budget"]
     c = Table(title=f"{pattern}: what the audit costs (median of each rate's passes; token "
               f"budget {budget:.0%})", title_justify="left")  # fmt: skip

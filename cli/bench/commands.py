@@ -172,6 +172,9 @@ def bench_audit(
     dtype: DtypeOpt = "float32",
     json_out: Annotated[str | None, typer.Option("--json", help="Write the report here.")] = None,
     repair: RepairOpt = "none",
+    agreement: Annotated[
+        bool, typer.Option("--agreement/--no-agreement", help="Measure the agreement part.")
+    ] = True,
 ) -> None:
     """The online fidelity audit beside corps fidelity on the same inputs and tokens
     (per role: the sampled gap and the audit's exact one), and what auditing 1 in N
@@ -196,8 +199,10 @@ def bench_audit(
     except CorpsError as exc:
         fail(exc)
     try:
-        agree = _run_bench(
-            lambda: ba.agreement(name, lines, seed, model, dtype, concurrency, repair)
+        agree = (
+            _run_bench(lambda: ba.agreement(name, lines, seed, model, dtype, concurrency, repair))
+            if agreement
+            else []
         )
         costs = (
             _run_bench(

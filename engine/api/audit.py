@@ -36,6 +36,7 @@ from corps.cache.handle import Handle
 from corps.cache.messages import Message
 from corps.engine.audit import (
     AUDIT_BUDGET,
+    AUDIT_BURST,
     AUDIT_POSITIONS,
     Audit,
     AuditBook,
@@ -79,7 +80,10 @@ class Auditor:
         self.default_repair, self.default_audit, self.budget = repair, audit, budget
         self.due: set[tuple[str, str]] = set()  # keys whose next call is to be audited
         self.spent = 0  # tokens the shadows encoded
-        self.reserved = 0  # what the shadows in flight may encode (their contexts, bounded)
+        # the token bucket: budget x the engine's other work fills it (to AUDIT_BURST, or
+        # the shadow at hand), a shadow takes its bound from it and gives back the rest
+        self.bucket = 0.0
+        self.work = 0  # the engine's other work when the bucket was last filled
         self.spawn = spawn  # starts a task in the engine's task group (False: not running)
         self.book = AuditBook()
         self.auto = AutoRepair()
@@ -125,21 +129,34 @@ class Auditor:
         pins = self.executor.pin(job.pins)  # kept for the shadow past the call's end
         if not self.spawn(lambda: self._shadow_after(job, pins, auto, cost)):
             self.executor.unpin(pins)  # the engine is not running: nothing to audit with
+            self._refund(cost)
             return
         self.due.discard(key)
-        self.reserved += cost
         job.keep = AUDIT_POSITIONS
         self.in_flight += 1
         if self._idle.is_set():
             self._idle = anyio.Event()
 
     def _affords(self, cost: int) -> bool:
-        """Whether a shadow of at most `cost` tokens keeps the audits within their
-        budget: a share of the tokens the engine encoded for everything else."""
+        """Whether a shadow of at most `cost` tokens fits the budget: the bucket holds
+        `budget` x the tokens the engine encoded for everything else since it was last
+        filled, up to AUDIT_BURST (or `cost`, so that no shadow waits forever), and
+        the shadow takes `cost` from it. Over any stretch of time the shadows encode
+        at most `budget` x the other work, plus one burst."""
         if self.budget >= 1.0:
             return True
         work = self.executor.stats().tokens_encoded - self.spent
-        return self.spent + self.reserved + cost <= self.budget * work
+        fill = self.budget * max(0, work - self.work)
+        self.bucket = min(self.bucket + fill, max(AUDIT_BURST, cost))
+        self.work = work
+        if cost > self.bucket:
+            return False
+        self.bucket -= cost
+        return True
+
+    def _refund(self, tokens: int) -> None:
+        if self.budget < 1.0:
+            self.bucket = min(self.bucket + tokens, max(AUDIT_BURST, self.bucket))
 
     def rate(self, request: DecodeRequest, wf: Workflow | None, auto: bool) -> int:
         """1 in how many such calls are audited (0: none)."""
@@ -155,18 +172,18 @@ class Auditor:
             await job.done.wait()
             call = job.call
             if job.error is None and not job.cancelled and call is not None and call.kept:
-                await self._compare(job, pins, auto)
+                await self._compare(job, pins, auto, cost)
         except Exception:  # the engine closed, or no room: the audit is dropped
             self.failed += 1
+            self._refund(cost)
         finally:
             if pins:
                 self.executor.unpin(pins)
-            self.reserved -= cost
             self.in_flight -= 1
             if not self.in_flight:
                 self._idle.set()
 
-    async def _compare(self, job: Job, pins: list[Message], auto: bool) -> None:
+    async def _compare(self, job: Job, pins: list[Message], auto: bool, cost: int) -> None:
         call, request = job.call, job.request
         last = max(p for p, _ in call.kept)
         header = call.plan.prefix[len(call.plan.prefix) - call.plan.own :]
@@ -193,6 +210,7 @@ class Auditor:
         key = AuditKey(_kind(wf), _agent(request.owner, wf), str(request.repair or "none"))
         audit = Audit(job.id, key, len(call.kept), gap, agree, tokens)
         self.spent += tokens
+        self._refund(cost - tokens)  # what it left of its bound (or took beyond it)
         self.book.add(audit)
         self._trace(audit, sjob.id)
         if auto:
