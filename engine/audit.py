@@ -45,7 +45,7 @@ AUDIT_BUDGET = 0.05
 #: Tokens of budget the audits may save up while none is due or affordable: what one
 #: burst of shadows may encode beyond `AUDIT_BUDGET` of the work since (a larger
 #: shadow waits until the bucket holds its own bound).
-AUDIT_BURST = 2048
+AUDIT_BURST = 256
 
 
 def check_audit(value: object) -> int | None:
