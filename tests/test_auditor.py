@@ -254,3 +254,23 @@ async def test_a_quiet_stretch_saves_up_one_burst_at_most(tiny_dirs, monkeypatch
     )
     bound = sum(len(h.tokens) for h in (sys, q1, q2)) + AUDIT_POSITIONS
     assert 0 < spent <= 0.5 * work + max(40, bound)
+
+
+async def test_runs_of_one_family_share_what_auto_learned(tiny_dirs, monkeypatch):
+    """Two workflows of one family (a pattern's runs): what the first's audits taught
+    `repair="auto"` applies to the second's calls; another family starts afresh."""
+    import corps.engine.auto_repair as auto
+
+    monkeypatch.setattr(auto, "HIGH", 1e-6)
+    async with open_tiny(tiny_dirs, "llama", audit_budget=1.0) as engine:
+        sys, q1, q2 = await parallel(engine)
+        kw = dict(parents=[sys, q1, q2], max_tokens=3, ignore_eos=True, audit=1)
+        with engine.workflow("run-1", repair="auto", family="qa"):
+            assert (await engine.decode(**kw)).tokens_repaired == 0
+            await engine.audited()
+        with engine.workflow("run-2", repair="auto", family="qa"):
+            assert (await engine.decode(**kw)).tokens_repaired > 0  # first:4 now
+        with engine.workflow("other", repair="auto"):
+            assert (await engine.decode(**kw)).tokens_repaired == 0
+        report = await engine.audited()
+    assert {r.key.workflow for r in report.rows} == {"qa", "other"}
