@@ -274,3 +274,9 @@ async def test_runs_of_one_family_share_what_auto_learned(tiny_dirs, monkeypatch
             assert (await engine.decode(**kw)).tokens_repaired == 0
         report = await engine.audited()
     assert {r.key.workflow for r in report.rows} == {"qa", "other"}
+
+
+@pytest.mark.parametrize("bad", [0, -0.1, 1.5, "half", None])
+def test_a_bad_audit_budget_is_refused_before_anything_loads(tiny_dirs, bad):
+    with pytest.raises(InvalidRequest, match="audit_budget"):
+        open_tiny(tiny_dirs, "llama", audit_budget=bad)
