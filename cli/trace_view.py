@@ -438,6 +438,10 @@ def call_detail(trace: Trace, call_id: int, full: bool = False) -> Group:
     if e.message is not None:
         facts += f" · made m{e.message}"
     parts: list = [head, Text(facts)]
+    audited = next((a.call for a in trace.audits.values() if a.shadow == call_id), None)
+    if audited is not None:
+        parts.append(Text(f"the shadow of call {cid(audited)}'s fidelity audit: the baseline's "
+                          "encoding of its context, freed once compared", style="dim"))  # fmt: skip
     a = trace.audits.get(call_id)
     if a is not None:
         parts.append(Text(

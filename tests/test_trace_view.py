@@ -310,3 +310,6 @@ def test_audits_and_auto_repair_switches_are_shown(traces, tmp_path):
     assert "gap 0.0123" in detail and "agreement 75%" in detail
     text = render(tv.problems(trace), width=200)
     assert "none -> first:4 (high" in text
+    shadow = next(c for c in trace.calls if c != decode.id)
+    trace.audits[decode.id] = trace.audits[decode.id].model_copy(update={"shadow": shadow})
+    assert "the shadow of call" in render(tv.call_detail(trace, shadow), width=200)
