@@ -253,8 +253,8 @@ def _curve_table(title: str, report: Any) -> None:
     ref, ref_ttft = tables[first][-1].gap, tables[first][-1].ttft
     t = Table(title=title, title_justify="left")
     short = _short(first)
-    for col in ("replay", "gap", "closes", "agree", "recomputed", "TTFT ms",
-                "TTFT / " + short, "TTFT / baseline", "wall / " + short,
+    for col in ("replay", "gap", "closes", "agree", "recomputed", "of baseline's work",
+                "TTFT ms", "TTFT / " + short, "TTFT / baseline", "wall / " + short,
                 "wall / baseline"):  # fmt: skip
         first_col = col == "replay"  # a label is never cut: it wraps
         t.add_column(col, justify="left" if first_col else "right", overflow="fold",
@@ -265,7 +265,9 @@ def _curve_table(title: str, report: Any) -> None:
         closes = 1 - r.gap / ref if ref and not math.isnan(ref) else math.nan
         t.add_row(
             _short(label), _f(r.gap, 4), f"{closes:.0%}" if not math.isnan(closes) else "-",
-            _f(r.agreement), f"{r.recomputed:.0%}", _f(r.ttft and r.ttft * 1000, 1),
+            _f(r.agreement), f"{r.recomputed:.0%}",
+            "-" if math.isnan(r.of_baseline) else f"{r.of_baseline:.0%}",
+            _f(r.ttft and r.ttft * 1000, 1),
             _ratio(r.ttft, ref_ttft), _ratio(r.ttft, r.baseline_ttft),
             _ratio(wall.get(label), wall.get(first)),
             _ratio(wall.get(label), wall.get("baseline")),
@@ -273,7 +275,9 @@ def _curve_table(title: str, report: Any) -> None:
     out.print(t)
     out.print(
         f"[dim]closes: share of {first}'s gap removed; recomputed: share of the reused "
-        "context tokens recomputed instead; TTFT: mean over the replay's turns (the "
+        "context tokens recomputed instead; of baseline's work: the tokens recomputed as a "
+        "share of the context tokens the baseline encoded for the same turns (100%: nothing "
+        "saved); TTFT: mean over the replay's turns (the "
         "baseline's: over the same turns as it sampled them); wall: each replay over every "
         "input, alone (the baseline: its sampling)[/]"
     )

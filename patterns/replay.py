@@ -45,6 +45,13 @@ class TurnScores:
     ttft_s: float | None = None  # submit to first token (Handle.ttft)
     reused: int = 0  # context tokens read as encoded (Handle.tokens_reused)
     repaired: int = 0  # rewired context tokens recomputed (Handle.tokens_repaired)
+    encoded: int = 0  # tokens the turn ran through the model (Handle.tokens_encoded)
+
+    @property
+    def context_encoded(self) -> int:
+        """Context (prompt) tokens the turn encoded: its encoded less its generated; for
+        a baseline turn, the baseline's own work (its prefix-cache hits not counted)."""
+        return max(0, self.encoded - len(self.tokens))
 
 
 class Replay:
@@ -78,6 +85,7 @@ class Replay:
                 handle.ttft,
                 handle.tokens_reused,
                 handle.tokens_repaired,
+                handle.tokens_encoded,
             )
 
     def force(self, index: int) -> tuple[int, ...] | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from corps.agents import Runtime
@@ -114,6 +116,18 @@ def test_rows_by_hand():
     assert row.replay_loss == pytest.approx((9 + 6) / 6) and row.gap == pytest.approx(0.5)
     assert row.agreement == pytest.approx(5 / 6) and row.diverged == 1
     assert row.first_divergence == 1
+
+
+def test_the_share_of_the_baselines_own_work_by_hand():
+    """A repair's cost against the context tokens the baseline encoded for the same
+    turns (encoded less generated): 1.0 saves nothing."""
+    base = TurnScores("a", (1, 2), (-1.0, -1.0), (1, 2), encoded=12)  # 10 context tokens
+    other = TurnScores("a", (1, 2), (-1.0, -1.0), (1, 2), repaired=5, encoded=9)
+    row = fidelity.Row("a")
+    row.add(base, other)
+    row.add(base, other)
+    assert row.base_work == 20 and row.of_baseline == pytest.approx(0.5)
+    assert math.isnan(fidelity.Row("b").of_baseline)
 
 
 def test_sampling_params_keep_the_pattern_inputs_only():

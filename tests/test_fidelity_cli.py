@@ -117,6 +117,12 @@ def test_fidelity_and_eval_take_repair_policies(tiny_dirs, tmp_path, pairs):
     assert abs(replays["choreographed@full"][-1]["gap"]) < 1e-4
     assert replays["choreographed"][-1]["tokens_repaired"] == 0
     assert replays["choreographed@full"][-1]["recomputed"] > 0
+    full = replays["choreographed@full"][-1]  # its cost against the baseline's own work
+    assert full["baseline_context_tokens"] > 0 and full["of_baseline_work"] == pytest.approx(
+        full["tokens_repaired"] / full["baseline_context_tokens"]
+    )
+    assert replays["choreographed"][-1]["of_baseline_work"] == 0.0
+    assert "of baseline's work" in fid.output
     assert replays["choreographed@full"][-1]["baseline_ttft_s"] > 0
     assert "as it sampled them" in fid.output  # the TTFT / baseline column's legend
     assert set(report["wall_s"]) == {"baseline", *replays}

@@ -101,6 +101,7 @@ class Row:
     base_ttfts: list[float] = field(default_factory=list)  # the baseline's (its sampling)
     reused: int = 0  # context tokens the replay's turns read as encoded
     repaired: int = 0  # context tokens they recomputed (a repair)
+    base_work: int = 0  # context tokens the baseline encoded for the same turns
 
     def add(self, base: TurnScores, other: TurnScores) -> None:
         n = min(len(base.logprobs), len(other.logprobs))
@@ -110,6 +111,7 @@ class Row:
             self.base_ttfts.append(base.ttft_s)
         self.reused += other.reused
         self.repaired += other.repaired
+        self.base_work += base.context_encoded
         self.turns += 1
         self.tokens += n
         self.baseline_nll -= sum(base.logprobs[:n])
@@ -155,6 +157,12 @@ class Row:
         return self.repaired / total if total else 0.0
 
     @property
+    def of_baseline(self) -> float:
+        """Tokens the replay recomputed as a share of the context tokens the baseline
+        encoded for the same turns (its own work: 1.0 saves nothing)."""
+        return self.repaired / self.base_work if self.base_work else math.nan
+
+    @property
     def first_divergence(self) -> float | None:
         """Mean position of the first differing argmax, over the turns that diverge."""
         return sum(self.first) / len(self.first) if self.first else None
@@ -167,6 +175,7 @@ class Row:
             first_divergence=self.first_divergence, ttft_s=self.ttft,
             baseline_ttft_s=self.baseline_ttft,
             tokens_reused=self.reused, tokens_repaired=self.repaired, recomputed=self.recomputed,
+            baseline_context_tokens=self.base_work, of_baseline_work=self.of_baseline,
         )  # fmt: skip
 
 
