@@ -28,7 +28,11 @@ EXPORTS = {
         "ViewsFull",
     ],
     "corps.engine": [
+        "AUDIT_POSITIONS",
         "AuditEvent",
+        "AuditKey",
+        "AuditReport",
+        "AuditRow",
         "BadConfig",
         "CallCancelled",
         "ChatFormat",
