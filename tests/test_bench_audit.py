@@ -38,3 +38,20 @@ def test_the_audit_and_fidelity_see_the_same_turns_and_a_chain_agrees(tiny_dirs,
 def test_bad_rates_exit_before_anything_loads(rates):
     result = CliRunner().invoke(app, ["bench", "audit", "debate", "--rates", rates])
     assert result.exit_code != 0 and "--rates" in result.output
+
+
+def test_the_warm_up_is_taken_out_per_agent_whatever_its_policies():
+    """An agent with a row per policy (repair="auto" moved it): the audits between two
+    reports are the sums after less the sums before, per agent."""
+    from corps.cli.bench.audit import _minus
+    from corps.engine import AuditKey, AuditRow
+
+    def row(repair, n, gap, agree):
+        return AuditRow(AuditKey("tot", "voter", repair), 1, n, gap, agree, 0)
+
+    before = [row("none", 8, 0.2, 0.5)]
+    after = [row("none", 16, 0.15, 0.75), row("first:4", 8, 0.05, 1.0)]
+    n, kl, agree = _minus(after, before)["voter"]
+    assert n == 16
+    assert kl == pytest.approx(16 * 0.15 + 8 * 0.05 - 8 * 0.2)
+    assert agree == pytest.approx(16 * 0.75 + 8 * 1.0 - 8 * 0.5)

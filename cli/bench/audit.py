@@ -54,7 +54,7 @@ async def agreement(
         await each(range(len(lines)), sample_one, concurrency=concurrency)
     async with Engine.open(chor_cfg) as ce, Runtime(ce) as crt:
         await warm(crt, pattern, params, recorded)
-        before = {r.key.agent: r for r in (await ce.audited()).rows}
+        before = (await ce.audited()).rows
 
         async def replay_one(i: int) -> None:
             forced, _ = await replay(crt, pattern, params[i], recorded[i])
@@ -68,17 +68,14 @@ async def agreement(
 
 def _minus(after, before) -> dict[str, list[float]]:
     """Per agent: positions, KL sum, agreement sum of the audits made between two
-    reports (the warm-up's left out)."""
+    reports' rows (the warm-up's left out); an agent may have a row per policy."""
     sums: dict[str, list[float]] = {}
-    for r in after:
-        s = sums.setdefault(r.key.agent, [0, 0.0, 0.0])
-        b = before.get(r.key.agent)
-        n0, g0, a0 = (
-            (b.positions, b.gap * b.positions, b.agreement * b.positions) if b else (0, 0, 0)
-        )
-        s[0] += r.positions - n0
-        s[1] += r.gap * r.positions - g0
-        s[2] += r.agreement * r.positions - a0
+    for rows, sign in ((after, 1), (before, -1)):
+        for r in rows:
+            s = sums.setdefault(r.key.agent, [0, 0.0, 0.0])
+            s[0] += sign * r.positions
+            s[1] += sign * r.gap * r.positions
+            s[2] += sign * r.agreement * r.positions
     return sums
 
 
