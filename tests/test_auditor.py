@@ -30,13 +30,13 @@ async def parallel(engine):
 def spy(monkeypatch) -> list:
     """Every comparison the auditor makes: (kept rows, shadow rows, header length)."""
     seen = []
-    real = audit_mod._compare
+    real = audit_mod._gap
 
     def record(kept, rows, header):
         seen.append((kept, rows, header))
         return real(kept, rows, header)
 
-    monkeypatch.setattr(audit_mod, "_compare", record)
+    monkeypatch.setattr(audit_mod, "_gap", record)
     return seen
 
 

@@ -202,7 +202,7 @@ class Auditor:
         handle = await self.jobs.run(sjob)
         try:
             rows = torch.cat(sjob.call.logits)  # (own, V): row i predicts own token i + 1
-            gap, agree = _compare(call.kept, rows, len(header))
+            gap, agree = _gap(call.kept, rows, len(header))
             tokens = sum(sjob.call.spans) + sjob.call.repaired
         finally:
             self.executor.free(handle)
@@ -261,7 +261,7 @@ def _agent(owner: str | None, wf: Workflow | None) -> str:
     return owner
 
 
-def _compare(kept, rows, header: int) -> tuple[float, float]:
+def _gap(kept, rows, header: int) -> tuple[float, float]:
     """Mean KL(baseline || choreographed) per kept position and the share of positions
     whose argmax agree. `kept`: (position p, choreographed log-softmax row (V,));
     `rows`: the shadow's own logits (own, V), where row header + p - 1 predicts

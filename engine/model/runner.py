@@ -168,10 +168,7 @@ class ModelRunner:
                  zip(items, ats, strict=True)]  # (R_i, n_i) each  # fmt: skip
         for i in range(layer + 1):
             lw = w.layers[i]
-            q, k_rot, _, v = layer_qkv(
-                x, lw.input_norm, lw.qkv, lw.q_norm, lw.k_norm, cos, sin, spec.num_heads,
-                spec.num_kv_heads, spec.rms_norm_eps,
-            )  # fmt: skip
+            q, k_rot, _, v = self._probe_qkv(lw, x, cos, sin)
             out = []
             for (view, *_), at, mask, a, b in zip(items, ats, masks, bounds[:-1], bounds[1:],
                                                   strict=True):  # fmt: skip
@@ -213,6 +210,14 @@ class ModelRunner:
         cos, sin = w.rope.cos[pos_t].unsqueeze(1), w.rope.sin[pos_t].unsqueeze(1)
         return w.embed[ids_t].to(w.dtype), cos, sin, bounds
 
+    def _probe_qkv(self, lw, x: Tensor, cos: Tensor, sin: Tensor):
+        """A probe's q, rotated k, k and v of layer `lw` for its rows `x` (R, E)."""
+        spec = self.spec
+        return layer_qkv(
+            x, lw.input_norm, lw.qkv, lw.q_norm, lw.k_norm, cos, sin, spec.num_heads,
+            spec.num_kv_heads, spec.rms_norm_eps,
+        )  # fmt: skip
+
     @torch.inference_mode()
     def query_attention(self, items: list[tuple], layer: int) -> list[Tensor]:
         """For each (view, ids, positions, at, every) in `items`: the attention query
@@ -234,10 +239,7 @@ class ModelRunner:
                 for view, _, _, at, _ in items]  # (R_i, n_i) each  # fmt: skip
         for i in range(layer + 1):
             lw = w.layers[i]
-            q, _, _, _ = layer_qkv(
-                x, lw.input_norm, lw.qkv, lw.q_norm, lw.k_norm, cos, sin, spec.num_heads,
-                spec.num_kv_heads, spec.rms_norm_eps,
-            )  # fmt: skip
+            q, _, _, _ = self._probe_qkv(lw, x, cos, sin)
             out = []
             for (view, *_, every), mask, score, a, b in zip(items, seen, scores, bounds[:-1],
                                                               bounds[1:], strict=True):  # fmt: skip
