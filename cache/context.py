@@ -12,6 +12,11 @@ context never outlives the pins that keep its slots valid.
 Memory for B calls sharing a C-token context: C + B x (their own tokens),
 instead of B x (C + own).
 
+A key's tag keeps apart contexts over the same slots and positions whose
+contents differ: a repaired context (`corps.engine.exec.repair_rows`) is shared
+by the calls repairing it alike, never by calls reading the stored encodings.
+While its builder still writes into it (`writer`), no other call joins it.
+
 A context comes in one of two kinds, chosen per engine (`contexts=`):
 
 - `SharedContext` ("copy", the default): the rotated K and V held in the view
@@ -37,7 +42,9 @@ from torch import Tensor
 
 from corps.cache.arena import ViewArena
 
-ContextKey = tuple[tuple[int, ...], tuple[int, ...]]  # (store slots, positions)
+#: (store slots, positions, tag): the tag tells apart contexts over the same slots at
+#: the same positions whose contents differ, e.g. one a repair rewrote (`()`: as stored)
+ContextKey = tuple[tuple[int, ...], tuple[int, ...], tuple]
 
 
 class Context(Protocol):
@@ -48,6 +55,7 @@ class Context(Protocol):
     arena: ViewArena | None  # the arena holding it, if any
     base: int  # its first arena index
     refs: int  # live views reading it
+    writer: object | None  # a reader still writing into it (a repair), else None
 
     @property
     def length(self) -> int: ...
@@ -75,6 +83,7 @@ class SharedContext:
         self.arena = arena  # k, v are arena.k/v[:, :, base : base + C] when set
         self.base = base
         self.refs = 0
+        self.writer: object | None = None  # its builder while a repair rewrites it
 
     @property
     def length(self) -> int:
@@ -105,6 +114,10 @@ class ContextPool:
 
     def __len__(self) -> int:
         return len(self._live)
+
+    def peek(self, key: ContextKey) -> SharedContext | None:
+        """The live context for key, if any, without reading it."""
+        return self._live.get(key)
 
     def get(self, key: ContextKey) -> SharedContext | None:
         """The live context for key, with one more reader; None if there is none."""

@@ -62,6 +62,7 @@ class CallView:
         self.own_arena = arena  # own_k/v are arena.k/v[:, :, own_base : own_base + E] when set
         self.own_base = own_base
         self.pool = pool
+        self.built = False  # it made its context (its first reader), not joined a live one
 
     @property
     def contiguous(self) -> bool:

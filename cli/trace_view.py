@@ -435,6 +435,8 @@ def call_detail(trace: Trace, call_id: int, full: bool = False) -> Group:
     )
     if e.repaired:
         facts += f" · repaired {e.repaired} ({e.repair})"
+    elif e.repair:
+        facts += f" · read a context another call repaired ({e.repair})"
     if e.message is not None:
         facts += f" · made m{e.message}"
     parts: list = [head, Text(facts)]

@@ -254,8 +254,9 @@ async def test_the_leak_audit_still_flags_a_repaired_call(tiny_dirs):
 
 async def test_sixteen_repaired_calls_share_their_steps(tiny_dirs, monkeypatch):
     """Repair rows are prefill rows of the fused steps and their probes run batched in
-    the first: sixteen parallel repaired calls take the steps and the probe passes one
-    repaired call takes, not sixteen times as many."""
+    the first: sixteen parallel repaired calls (each its last question at an offset of
+    its own, so no two repair the same context) take the steps and the probe passes
+    one repaired call takes, not sixteen times as many."""
     from corps.engine.model.runner import ModelRunner
 
     passes, deviation = [], ModelRunner.deviation
@@ -273,7 +274,14 @@ async def test_sixteen_repaired_calls_share_their_steps(tiny_dirs, monkeypatch):
             before = engine.stats()
             got = await engine.decode_many(
                 [
-                    dict(parents=[sys, *qs], max_tokens=4, ignore_eos=True, seed=i, temperature=1.0)
+                    dict(
+                        parents=[sys, *qs],
+                        offsets=[None] * 4 + [200 + i],
+                        max_tokens=4,
+                        ignore_eos=True,
+                        seed=i,
+                        temperature=1.0,
+                    )
                     for i in range(n)
                 ]
             )
@@ -434,3 +442,66 @@ async def test_an_evicted_repaired_encoding_is_recomputed_repaired(tiny_dirs):
         assert torch.equal(core.memory.store.k[:, slots], before[0])
         assert torch.equal(core.memory.store.v[:, slots], before[1])
         core.check()
+
+
+@pytest.mark.parametrize("policy", ["full", "recompute:0.3", "query:0.3", "first:2+temp:0.8"])
+def test_calls_repairing_one_context_alike_share_one_repair(tiny_dirs, policy):
+    """Six decodes over the same parents at the same offsets under one policy (a tree
+    of thoughts' voters): the first recomputes the rewired tokens, the others wait for
+    its rows and read its repaired context, recomputing nothing; each answers what a
+    lone repaired call answers."""
+    core = open_tiny(tiny_dirs, "llama").executor
+    sys, q1, q2 = parallel(core)
+    request = DecodeRequest(parents=[sys, q1, q2], sampling=greedy(4), repair=policy)
+    (alone,), _ = run_calls(core, [request])
+    before = core.stats()
+    got, _ = run_calls(core, [request] * 6)
+    after = core.stats()
+    assert [h.tokens for h in got] == [alone.tokens] * 6
+    assert sorted(h.tokens_repaired for h in got) == [0] * 5 + [alone.tokens_repaired]
+    assert after.tokens_repaired - before.tokens_repaired == alone.tokens_repaired > 0
+    core.check()
+
+
+def test_a_call_waits_for_the_repair_it_would_share_and_builds_its_own_if_that_fails(
+    tiny_dirs,
+):
+    """Admitted while another call still has repair rows to run over the context it
+    would repair alike, a call is held (admit gives None: the loop tries it again
+    after a step); once those rows ran it joins the repaired context; if the builder
+    is given back first, it builds and repairs a context of its own. A call that
+    cannot be held (`hold=False`) repairs a copy of its own at once."""
+    core = open_tiny(tiny_dirs, "llama").executor
+    sys, q1, q2 = parallel(core)
+    request = DecodeRequest(parents=[sys, q1, q2], sampling=greedy(2), repair="full")
+    builder = core.admit(request, hold=True)
+    assert builder.view.built and builder.repair.left > 0
+    assert core.admit(request, hold=True) is None  # its rows have not run
+    own = core.admit(request)  # no hold: a copy of its own
+    assert own.view.built and own.repair is not None and own.view.ctx is not builder.view.ctx
+    core.abort(own)
+    core.abort(builder)  # given back with its rows unrun
+    second = core.admit(request, hold=True)
+    assert second.view.built and second.repair.left > 0
+    core.step(order([second]))  # its repair rows (and prompt) run
+    assert second.repair.left == 0
+    reader = core.admit(request, hold=True)
+    assert not reader.view.built and reader.repair is None and reader.repair_read == "full"
+    assert reader.view.ctx is second.view.ctx
+    for c in (reader, second):
+        core.abort(c)
+    core.check()
+
+
+def test_a_plain_reader_never_reads_a_repaired_context(tiny_dirs):
+    """A call over the same slots at the same positions without a repair reads the
+    context as stored, not the one a repaired call rewrote, running beside it."""
+    core = open_tiny(tiny_dirs, "llama").executor
+    sys, q1, q2 = parallel(core)
+    plain = DecodeRequest(parents=[sys, q1, q2], sampling=greedy(3))
+    (alone,), _ = run_calls(core, [plain])
+    repaired = DecodeRequest(parents=[sys, q1, q2], sampling=greedy(3), repair="full")
+    got, _ = run_calls(core, [repaired, plain, repaired, plain])
+    assert got[1].tokens == got[3].tokens == alone.tokens
+    assert got[1].tokens_repaired == got[3].tokens_repaired == 0
+    core.check()

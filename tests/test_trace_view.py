@@ -293,6 +293,28 @@ async def test_a_repaired_call_says_what_it_recomputed(tiny_dirs, tmp_path):
     assert "repaired 2 (first:2)" in render(tv.call_detail(trace, call.id), width=200)
 
 
+async def test_a_call_that_read_a_shared_repair_says_so(tiny_dirs, tmp_path):
+    """Three readers of one context under one repair: one recomputed, two read its
+    repaired context; the trace and the viewer tell them apart."""
+    from conftest import open_tiny
+
+    path = tmp_path / "shared.jsonl"
+    async with open_tiny(tiny_dirs, "llama", trace=path) as engine:
+        sys = await engine.prefill("you are a careful solver", role="system")
+        q1 = await engine.prefill("what is seven times six", parents=[sys])
+        q2 = await engine.prefill("name a prime", parents=[sys], offsets=[0])
+        got = await engine.decode_many(
+            [dict(parents=[sys, q1, q2], max_tokens=3, repair="full") for _ in range(3)]
+        )
+    trace = Trace.load(path)
+    ends = [c.end for c in trace.calls.values() if c.end and c.end.message in {h.id for h in got}]
+    assert sorted((e.repaired, e.repair) for e in ends) == [(0, "full"), (0, "full"),
+                                                            (q2.length, "full")]  # fmt: skip
+    reader = next(c for c in trace.calls.values() if c.end in ends and not c.end.repaired)
+    text = render(tv.call_detail(trace, reader.id), width=200)
+    assert "read a context another call repaired (full)" in text
+
+
 def test_audits_and_auto_repair_switches_are_shown(traces, tmp_path):
     """An audited call's detail gives its gap; a switch of repair="auto" is listed."""
     lines = traces["debate"].read_text().splitlines()

@@ -40,6 +40,7 @@ def open_view(
     fill: Callable[..., None] | None = None,
     pool: ContextPool | None = None,
     scratch: ViewArena | None = None,
+    tag: tuple = (),
 ) -> CallView:
     """View of `slots` (C,) placed at `positions` (C,), with room for `extra` new tokens.
 
@@ -51,16 +52,17 @@ def open_view(
 
     With a `scratch` (a one-layer arena), the context is not copied at all:
     attention reads it from the store (`StoreContext`), and only the own part
-    is carved from `arena`.
+    is carved from `arena`. `tag` keeps apart contexts over the same slots and
+    positions whose contents differ (a repair's, `ContextKey`). The view is
+    `built` when it made its context (its first reader) rather than joined one.
     """
-    key = None
-    if pool is not None and len(slots):  # lists name the context without a device read
-        key = (tuple(_ints(slots)), tuple(_ints(positions)))
+    key = context_key(slots, positions, tag) if pool is not None and len(slots) else None
     dev = store.k.device
     slots = torch.as_tensor(slots, dtype=torch.long, device=dev)  # (C,)
     positions = torch.as_tensor(positions, dtype=torch.long, device=dev)  # (C,)
     n_ctx = int(slots.numel())
     shared = pool.get(key) if key is not None else None
+    built = shared is None
     if shared is None and scratch is not None and n_ctx:
         shared = StoreContext(key, store, rope, slots, positions, scratch)
         if key is not None:  # (without a pool it has this one reader, counted nowhere)
@@ -71,7 +73,9 @@ def open_view(
         except BaseException:
             let_go(shared, pool)
             raise
-        return CallView(shared, k, v, arena if base is not None else None, base or 0, pool=pool)
+        view = CallView(shared, k, v, arena if base is not None else None, base or 0, pool=pool)
+        view.built = built
+        return view
     k, v, base = carve(store, arena, n_ctx + extra)
     try:
         if n_ctx:
@@ -88,7 +92,14 @@ def open_view(
         if key is not None:
             pool.add(ctx)
     own_k, own_v = k[:, :, n_ctx:], v[:, :, n_ctx:]
-    return CallView(ctx, own_k, own_v, into, (base or 0) + n_ctx, whole=(k, v), pool=pool)
+    view = CallView(ctx, own_k, own_v, into, (base or 0) + n_ctx, whole=(k, v), pool=pool)
+    view.built = True
+    return view
+
+
+def context_key(slots: Sequence[int] | Tensor, positions: Sequence[int] | Tensor, tag: tuple = ()):
+    """The `ContextKey` of `slots` placed at `positions` under `tag`."""
+    return (tuple(_ints(slots)), tuple(_ints(positions)), tag)
 
 
 class StoreContext:
@@ -133,6 +144,7 @@ class StoreContext:
         self._layer = -1  # the layer whose keys _k holds now
         self._v: Tensor = self._v_buf
         self.refs = 0
+        self.writer = None  # never rewritten: a repair needs a copy of its own
 
     @property
     def length(self) -> int:

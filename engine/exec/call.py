@@ -104,6 +104,9 @@ class Call:
     spans: list[int] = field(default_factory=list)  # tokens it encoded in each step
     first_spans: tuple[int, ...] = ()  # a recompute: the spans its feed was first encoded in
     repair: RepairRows | None = None  # context tokens it recomputes first (`exec.repair_rows`)
+    # the policy of a repaired context another call built and this one reads, recomputing
+    # nothing itself (`Repairs.tag`: calls over the same context repaired alike share it)
+    repair_read: str | None = None
 
     @property
     def status(self) -> str:
@@ -118,6 +121,12 @@ class Call:
         if self.pending is not None:
             return "decoding"
         return "prefilling" if self.fed else "waiting"
+
+    @property
+    def repair_done(self) -> bool:
+        """Its repair rows have all run (or it has none): its context is whole."""
+        r = self.repair
+        return r is None or (r.probe is None and r.left == 0)
 
     @property
     def repaired(self) -> int:

@@ -150,11 +150,15 @@ class KVExecutor:
 
         With `hold` (baseline), returns None instead when the call's prompt shares
         HOLD_MIN_SHARED or more uncached tokens with a running call's prompt: admit
-        it again after a step, and it reuses that encoding (`PrefixSharing.waits`).
-        Evicted parents are recomputed first (`Restorer`); with `evict` (a victim
-        order), encodings no running call reads may be dropped to make room. A call
-        that fails leaves every message readable as it was. A decode with `keep` keeps
-        the model's distribution at its first `keep` sampled positions (`Call.kept`).
+        it again after a step, and it reuses that encoding (`PrefixSharing.waits`);
+        and (choreographed) when a running call is still repairing the context this
+        one would repair alike: admitted after it, it reads that repaired context
+        instead of recomputing the same tokens (`Repairs.tag`; without `hold`, a
+        repaired call repairs a copy of its own). Evicted parents are recomputed
+        first (`Restorer`); with `evict` (a victim order), encodings no running call
+        reads may be dropped to make room. A call that fails leaves every message
+        readable as it was. A decode with `keep` keeps the model's distribution at its
+        first `keep` sampled positions (`Call.kept`).
         """
         memory, prefixes, repairs = self.memory, self.memory.prefixes, self.repairs
         if self.mode == "choreographed":
@@ -177,16 +181,31 @@ class KVExecutor:
         prompt = len(call.plan.prefix) if prefixes else len(call.ctx_slots) + len(call.feed)
         memory.check_fits(call, prompt, call.plan.generated_max)
         repair = repairs.of(request, call)
+        tag = repairs.tag(call, repair) if hold else None  # shared only where it may wait
+        if tag is not None and memory.being_written(call, tag):
+            return None  # another call is repairing this very context: read it when whole
         try:
             memory.reserve(call, call.plan.generated_max, evict)
-            memory.gather(call, len(call.feed) + call.plan.generated_max, own=not repair.none)
-            call.repair = None if repair.none else repairs.plan(call, repair)
+            memory.gather(call, len(call.feed) + call.plan.generated_max, not repair.none, tag)
+            self._repair(call, repair)
         except BaseException:
             memory.abort(call)
             raise
         call.reused = len(call.ctx_slots) - call.repaired
         self.counts.admitted(call)
         return call
+
+    def _repair(self, call: Call, repair: Repair) -> None:
+        """Plan the repair of a call that built its context; one that joined a context
+        another call repaired alike reads it as it is (`Repairs.tag`)."""
+        if repair.none:
+            return
+        if not call.view.built:
+            call.repair_read = str(repair)
+            return
+        call.repair = self.repairs.plan(call, repair)
+        if call.view.ctx is not None and call.view.ctx.key is not None:
+            call.view.ctx.writer = call  # others join once its rows have run
 
     def step(self, order: StepOrder) -> StepOutput:
         """Run one step in one pass (`corps.engine.exec.step_plan`): the rows of the

@@ -31,7 +31,7 @@ from corps.cache.handle import Handle
 from corps.cache.kv import KVStore
 from corps.cache.messages import Message, MessageTable
 from corps.cache.rope import RopeTables
-from corps.engine.attention.views import open_view
+from corps.engine.attention.views import context_key, open_view
 from corps.engine.errors import InvalidRequest
 from corps.engine.exec.call import Call
 from corps.engine.exec.prefixes import PrefixSharing
@@ -98,10 +98,13 @@ class Memory:
             got = self.alloc(n + generated, request, evict)
             c.slots, c.spare = got[:n], got[n:]
 
-    def gather(self, c: Call, extra: int, own: bool = False) -> None:
+    def gather(self, c: Call, extra: int, own: bool = False, tag: tuple | None = None) -> None:
         """c's view: its context rotated (or read from the store) plus room for `extra`.
         `own`: a context of its own, copied, shared with no one (a repaired call
-        rewrites some of it, `corps.engine.exec.repair_rows`)."""
+        rewrites some of it, `corps.engine.exec.repair_rows`). `tag`: a copied context
+        shared only by the calls that give the same tag (those that repair it alike);
+        the first of them builds it (`c.view.built`)."""
+        private = own and tag is None
         c.view = open_view(
             self.store,
             self.rope,
@@ -110,13 +113,20 @@ class Memory:
             extra,
             self.arena,
             fill=self._fill,
-            pool=None if own else self.contexts,
-            scratch=None if own else self.scratch,
+            pool=None if private else self.contexts,
+            scratch=None if own or tag is not None else self.scratch,
+            tag=tag or (),
         )
         with self.lock:
             self.own_view_tokens += c.view.capacity
             self.view_tokens_peak = max(self.view_tokens_peak, self.view_tokens)
             self.scratch_tokens_peak = max(self.scratch_tokens_peak, self.scratch_tokens)
+
+    def being_written(self, c: Call, tag: tuple) -> bool:
+        """Whether the live context c would share under `tag` is still being written
+        by the call that built it (its repair has rows left): c reads it once whole."""
+        ctx = self.contexts.peek(context_key(c.ctx_slots, c.ctx_pos, tag))
+        return ctx is not None and ctx.writer is not None and not ctx.writer.repair_done
 
     def alloc(self, n: int, request: str, evict: Victims | None = None) -> list[int]:
         with self.lock:

@@ -1,11 +1,12 @@
 """A call's repair: which of its rewired context tokens it recomputes, as step rows.
 
-`corps.engine.repair` names the policy. At admission a repaired call gets
-a context of its own (not shared with other readers: what it recomputes is its
-alone), and `Repairs.plan` picks the tokens: the rewired parents (from the first
-parent the chain breaks at, `corps.cache.rewired.first_rewired`) are where
-choreography changed what the call reads; among their tokens the policy takes
-the first K of each, a share by deviation, or all. The chosen tokens become the
+`corps.engine.repair` names the policy. At admission a repaired call gets a
+context that no call reading the stored encodings shares (what it recomputes
+must not change what they read), and `Repairs.plan` picks the tokens: the
+rewired parents (from the first parent the chain breaks at,
+`corps.cache.rewired.first_rewired`) are where choreography changed what the
+call reads; among their tokens the policy takes the first K of each, a share by
+deviation, or all. The chosen tokens become the
 call's repair rows (`RepairRows`): prefill rows of the ordinary fused steps, run
 before its own prompt, each at its position in the call's context, writing its
 recomputed keys and values over the reused ones in the call's view (the store
@@ -20,6 +21,15 @@ so sixteen calls admitted together probe in one pass, not sixteen. The count of
 rows is known at admission (the first K of each rewired parent, plus R of the
 rewired tokens among the others), so the step plan can budget them before the
 probe has picked which.
+
+Calls that would repair the same context alike share one repair (`Repairs.tag`:
+the same slots at the same positions, the same policy, and for "query:R" the
+same query): the first builds the repaired context and runs the rows; the
+others are held at admission until its rows have run (`Memory.being_written`),
+then read that context and recompute nothing (`Call.repair_read`). A tree of
+thoughts' voters over one set of proposals repair them once, as the baseline's
+prefix cache encodes them once for all voters. If the builder is given back
+before its rows ran, its context goes with it and the next call builds its own.
 """
 
 from __future__ import annotations
@@ -88,6 +98,19 @@ class Repairs:
         if w is None or w.lora is None or not self.choreographed or plan.kind == "sink":
             return False
         return rewired(plan.offset, plan.parents, plan.parent_offsets, self.table.get, self.sink)
+
+    def tag(self, c: Call, repair: Repair) -> tuple | None:
+        """What tells c's repaired context apart from others over the same slots at the
+        same positions (`Memory.gather`'s tag): calls with equal tags would recompute
+        the same rows to the same keys and values, so the first builds the context and
+        the others read it (a tree of thoughts' voters over one set of proposals
+        repair it once, not once each). The policy, and for a share chosen by the
+        query's attention the query's own tokens and where they sit. None: no repair."""
+        if repair.none:
+            return None
+        if not repair.query:
+            return ("repair", repair)
+        return ("repair", repair, tuple(c.feed[-QUERY_ROWS:]), c.feed_start)
 
     def ranges(self, c: Call) -> list[tuple[int, int]]:
         """(first view index, length) of each rewired parent of `c`, in order; [] when

@@ -75,7 +75,7 @@ def end_events(rec: Recorder, table: MessageTable, job: Job) -> list[BaseModel]:
                 encoded=call.encoded,
                 reused=call.reused,
                 repaired=call.repaired,
-                repair=str(call.repair.policy) if call.repair is not None else None,
+                repair=str(call.repair.policy) if call.repair is not None else call.repair_read,
                 generated=len(call.generated),
             )
         )

@@ -89,7 +89,9 @@ class CallEnd(_Event):
     encoded: int = 0  # tokens run through the model
     reused: int = 0  # cached tokens attended to without re-encoding
     repaired: int = 0  # rewired context tokens recomputed in its context (encoded, not reused)
-    repair: str | None = None  # the repair policy it ran under, when it recomputed any
+    # the repair policy it ran under: it recomputed `repaired` tokens, or (0) it read a
+    # context another call had repaired alike (`corps.engine.exec.repair_rows`)
+    repair: str | None = None
     generated: int = 0
     ttft_s: float | None = None
     decode_s: float | None = None

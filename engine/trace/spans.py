@@ -177,8 +177,8 @@ def call_attributes(
             _attr(Corps.ENCODED, e.encoded),
             _attr(Corps.REUSED, e.reused),
         ]
-        if e.repaired:
-            attrs += [_attr(Corps.REPAIRED, e.repaired), _attr(Corps.REPAIR, e.repair or "")]
+        if e.repair:  # repaired 0: it read a context another call repaired
+            attrs += [_attr(Corps.REPAIRED, e.repaired), _attr(Corps.REPAIR, e.repair)]
         if e.new_offset is not None:
             attrs.append(_attr(Corps.NEW_OFFSET, e.new_offset))
         if e.ttft_s is not None:
