@@ -78,7 +78,8 @@ def _lines(pattern: str, inputs: Path | None, sets: list[str] | None, n: int | N
 
 def _config(model: str, label: str, dtype: str, **kw: Any) -> EngineConfig:
     """'baseline', 'choreographed', either '+ADAPTER_DIR', and a choreographed one
-    '@REPAIR' (a repair policy: choreographed@recompute:0.15)."""
+    '@REPAIR' (a repair policy: choreographed@recompute:0.15, for every call: the
+    decision steps' default repair is off; bare 'choreographed' keeps it)."""
     rest, _, repair = label.partition("@")
     mode, _, adapter = rest.partition("+")
     if mode not in ("baseline", "choreographed") or (repair and mode != "choreographed"):
@@ -86,9 +87,8 @@ def _config(model: str, label: str, dtype: str, **kw: Any) -> EngineConfig:
             "a configuration is baseline[+ADAPTER_DIR] or choreographed[+ADAPTER_DIR]"
             f"[@REPAIR], got {label!r}"
         )
-    return EngineConfig.of(
-        model, mode=mode, dtype=dtype, adapter=adapter or None, repair=repair or "none", **kw
-    )
+    named = dict(repair=repair, decision_repair="none") if repair else {}
+    return EngineConfig.of(model, mode=mode, dtype=dtype, adapter=adapter or None, **named, **kw)
 
 
 def _repairs(repair: str | None) -> list[str]:
@@ -179,8 +179,8 @@ def fidelity(
         labels = _repairs(repair) or ["choreographed"]
         configs = {label: _config(model, label, dtype) for label in labels}
         if adapter is not None:  # labelled "+adapter": the directory is printed once
-            for mode in ("choreographed", "baseline"):
-                configs[f"{mode}+adapter"] = _config(model, f"{mode}+{adapter}", dtype)
+            for mode, plain in (("choreographed", "@none"), ("baseline", "")):
+                configs[f"{mode}+adapter"] = _config(model, f"{mode}+{adapter}{plain}", dtype)
         labels = list(configs)
         for cfg in configs.values():
             check_adapter_of(cfg, err)
@@ -544,7 +544,8 @@ def distill(
                 f"{inputs} has {len(lines)} lines; --train {train} --val {val} needs {train + val}"
             )
         lines = lines[: train + val]
-        base, chor = _config(model, "baseline", dtype), _config(model, "choreographed", dtype)
+        base = _config(model, "baseline", dtype)
+        chor = _config(model, "choreographed@none", dtype)  # the adapter alone repairs it
         settings = dist.Settings(
             epochs, rank, alpha, dropout, lr, batch, seed, objective, schedule=schedule,
             targets=dist.targets_of(targets), scope=scope,

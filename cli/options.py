@@ -16,7 +16,7 @@ from corps.engine.config import EngineConfig
 err = Console(stderr=True)
 
 RepairOpt = Annotated[
-    str,
+    str | None,
     typer.Option(
         help="What choreographed calls whose context is rewired recompute in their own "
         "context: none, first:K, recompute:R or query:R (a share), full, temp:T, serial (parents "
@@ -24,6 +24,25 @@ RepairOpt = Annotated[
         "agent from audits) (docs/fidelity.md)."
     ),
 ]
+DecisionRepairOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="The repair the built-in patterns give their decision steps (a tree of "
+        "thoughts' voters) when --repair is not given: a policy as --repair takes, or none "
+        "(default: query:0.3; docs/fidelity.md).",
+    ),
+]
+
+
+def repair_fields(repair: str | None, decision: str | None) -> dict[str, str]:
+    """EngineConfig fields of --repair and --decision-repair: a --repair given applies
+    to every call (the decision steps' default with it: `--repair none` is plain
+    choreography); else the decision steps get --decision-repair, or the default."""
+    if repair is not None:
+        return dict(repair=repair, decision_repair="none")
+    return {} if decision is None else dict(decision_repair=decision)
+
+
 AuditOpt = Annotated[
     int,
     typer.Option(

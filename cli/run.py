@@ -21,7 +21,13 @@ from corps.agents import AgentError
 from corps.cache.errors import CorpsError
 from corps.cache.visibility import LeakWarning
 from corps.cli.audits import audit_table
-from corps.cli.options import AuditBudgetOpt, AuditOpt, RepairOpt
+from corps.cli.options import (
+    AuditBudgetOpt,
+    AuditOpt,
+    DecisionRepairOpt,
+    RepairOpt,
+    repair_fields,
+)
 from corps.cli.scenario import ScenarioError, Target, parse_sets, resolve
 from corps.engine import check_adapter_of
 from corps.engine.config import DEFAULT_DTYPE, DEFAULT_MODEL, BadConfig, EngineConfig
@@ -122,7 +128,8 @@ def run(
     ] = None,
     compile: CompileOpt = False,
     compile_gemms: CompileGemmsOpt = "library",
-    repair: RepairOpt = "none",
+    repair: RepairOpt = None,
+    decision_repair: DecisionRepairOpt = None,
     audit: AuditOpt = 0,
     audit_budget: AuditBudgetOpt = 0.05,
     live: Annotated[
@@ -187,7 +194,7 @@ def run(
             adapter=adapter,
             compile=compile,
             compile_gemms=compile_gemms,
-            repair=repair,
+            **repair_fields(repair, decision_repair),
             audit=audit,
             audit_budget=audit_budget,
         )

@@ -33,6 +33,7 @@ _HOME = {
     "SamplingParams": "corps.engine.request.sampling_params",
     "EngineStats": "corps.engine.stats",
     "Repair": "corps.engine.repair",
+    "DECISION_REPAIR": "corps.engine.repair",
     "AUDIT_POSITIONS": "corps.engine.audit",
     "AuditKey": "corps.engine.audit",
     "AuditReport": "corps.engine.audit",
@@ -40,6 +41,7 @@ _HOME = {
 }
 __all__ = [
     "AUDIT_POSITIONS",
+    "DECISION_REPAIR",
     "AuditEvent",
     "AuditKey",
     "AuditReport",
@@ -88,7 +90,7 @@ if TYPE_CHECKING:
         NonFiniteLogits,
         UnsupportedModel,
     )
-    from corps.engine.repair import Repair
+    from corps.engine.repair import DECISION_REPAIR, Repair
     from corps.engine.request.chat import ChatFormat
     from corps.engine.request.requests import DecodeArgs, DecodeRequest, PrefillArgs, PrefillRequest
     from corps.engine.request.sampling_params import SamplingParams

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from corps.cache.errors import InvalidRequest
 from corps.cache.visibility import LEAK_POLICIES, check_policy
 from corps.engine.audit import AUDIT_BUDGET, check_audit
-from corps.engine.repair import parse_repair
+from corps.engine.repair import DECISION_REPAIR, parse_repair
 
 Mode = Literal["choreographed", "baseline", "hf"]
 Dtype = Literal["auto", "mixed", "float32", "bfloat16", "float16"]
@@ -191,6 +191,11 @@ class EngineConfig(BaseModel):
       (`corps.engine.repair`): "none" (default), "first:K", "recompute:R", "full",
       "temp:T", "serial" (its parents laid end to end first), or several joined by "+";
       or "auto": chosen per workflow and agent from audits (`corps.engine.auto_repair`).
+    - `decision_repair`: the repair the built-in patterns give their decision steps
+      (a tree of thoughts' voters: `corps.patterns.run.Run.decision_repair`) when
+      nothing names one (not the call, its agent, its workflow, nor `repair`, which
+      stays "none"): "query:0.3" (the default, `DECISION_REPAIR`; measured in
+      docs/fidelity.md), any policy, or "none" for plain choreography.
     - `audit`: the online fidelity audit (`corps.engine.audit`): 1 in N choreographed
       decodes of each workflow and agent is also encoded as the baseline reads it,
       and the gap between the two is recorded (`Engine.audited()`, `stats()`, traces,
@@ -225,6 +230,7 @@ class EngineConfig(BaseModel):
     jump_forward: bool = True
     graphs: Graphs = "auto"
     repair: str = "none"
+    decision_repair: str = DECISION_REPAIR
     audit: int = 0
     audit_budget: Annotated[float, Field(gt=0.0, le=1.0)] = AUDIT_BUDGET
     compile: bool = False
@@ -280,7 +286,7 @@ class EngineConfig(BaseModel):
             raise ValueError(why)
         return Path(value).expanduser()
 
-    @field_validator("repair")
+    @field_validator("repair", "decision_repair")
     @classmethod
     def _repair(cls, value: str) -> str:
         try:

@@ -64,6 +64,12 @@ QUERY_ROWS = 32
 #: two layers chose worse than deviation (31% / 30% of the gap closed at R = 0.3 on
 #: parallel debate / tree of thoughts), half of them as well or better (59% / 50%).
 QUERY_DEPTH = 0.5
+#: The repair of the built-in patterns' decision steps where nothing names one
+#: (`EngineConfig.decision_repair`). A tree of thoughts' voters chose as the baseline
+#: at 71% of their first positions unrepaired, 92% under it (docs/fidelity.md); the
+#: voters over one set of proposals share one repair, so it costs about half of what
+#: the baseline encodes for a whole run.
+DECISION_REPAIR = "query:0.3"
 
 
 @dataclass(frozen=True)

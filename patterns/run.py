@@ -76,6 +76,7 @@ class Turn(BaseModel):
     regex: str | None = None
     json_schema: dict[str, Any] | None = None
     choices: tuple[str, ...] | None = None
+    repair: str | None = None  # None: its agent's, workflow's or engine's (`Run.decision_repair`)
 
     def request(self) -> dict[str, Any]:
         """The turn as `DecodeArgs`. A forced turn leaves max_tokens out: the request
@@ -149,6 +150,7 @@ class Run:
         objective: Objective = outer.objective if outer is not None else "throughput"
         repair = outer.repair if outer is not None else None  # and its repair and audit
         audit = outer.audit if outer is not None else None
+        self._named_repair = repair is not None
         tag = Workflow(
             f"{self.pattern}-{self.id}", objective, repair, audit=audit, family=self.pattern
         )
@@ -180,6 +182,18 @@ class Run:
         return mine + self.engine.held_by(self.agents)
 
     # ---- building the workflow ----
+
+    @property
+    def decision_repair(self) -> str | None:
+        """The repair for the pattern's decision steps (a tree of thoughts' voters):
+        the engine's `decision_repair` where nothing else names one (its workflow, its
+        engine's `repair`), else None, and the usual order applies (call, agent,
+        workflow, engine). Judges and voters choose differently from the baseline's
+        more often than the agents they judge (docs/fidelity.md)."""
+        cfg = self.engine.config
+        if self._named_repair or cfg.repair != "none" or cfg.mode != "choreographed":
+            return None
+        return None if cfg.decision_repair == "none" else cfg.decision_repair
 
     async def agent(self, role: str, cls: type[Agent] = Speaker) -> str:
         """Spawn one of the pattern's agents; its name is unique to this run."""

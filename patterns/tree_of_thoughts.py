@@ -75,6 +75,7 @@ async def tree_of_thoughts(
                     [vote, *proposals, vote_now],
                     header="BEST CHOICE: ",
                     max_tokens=vote_tokens,
+                    repair=run.decision_repair,
                     **forms.only(constrained, forms.options(branches)),
                 )
                 for _ in range(voters)

@@ -112,6 +112,9 @@ def test_run_bad_input_exits_2_with_one_line(tiny_dirs, tmp_path):
         (["debate", "--set", "rounds=lots"], "rounds"),
         (["debate", "--set", "rounds"], "key=value"),
         (["debate", "--mode", "fast"], "--mode"),
+        (["tree-of-thoughts", "--decision-repair", "some"], "decision_repair"),
+        (["tree-of-thoughts", "--decision-repair", "query:7"], "decision_repair"),
+        (["tree-of-thoughts", "--repair", "\udcff"], "repair"),
     ]
     bad_toml = tmp_path / "bad.toml"
     bad_toml.write_text('pattern = "debate"\n[params]\nrounds = "x"\n')
@@ -252,3 +255,15 @@ def test_chat_rejects_bad_options_before_loading_a_model(tmp_path, args):
     result = runner.invoke(app, ["chat", "hi", "--model", str(tmp_path / "missing"), *args])
     assert result.exit_code == 2, result.output
     assert "must be one of" in result.output and "missing" not in result.output
+
+
+def test_a_named_repair_turns_the_decision_steps_default_off():
+    """--repair applies to every call (`--repair none`: plain choreography); without
+    it the decision steps get --decision-repair, or the engine's default."""
+    from corps.cli.options import repair_fields
+    from corps.engine import DECISION_REPAIR, EngineConfig
+
+    assert EngineConfig.of(**repair_fields(None, None)).decision_repair == DECISION_REPAIR
+    assert repair_fields("none", None) == dict(repair="none", decision_repair="none")
+    assert repair_fields("full", "first:2") == dict(repair="full", decision_repair="none")
+    assert repair_fields(None, "full") == dict(decision_repair="full")

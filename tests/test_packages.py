@@ -37,6 +37,7 @@ EXPORTS = {
         "CallCancelled",
         "ChatFormat",
         "ConstraintViolated",
+        "DECISION_REPAIR",
         "DecodeArgs",
         "DecodeRequest",
         "Engine",

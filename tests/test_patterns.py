@@ -28,8 +28,9 @@ SETTINGS = {
 }
 
 
-async def run(tiny_dirs, name: str, mode: str, **params):
-    async with open_tiny(tiny_dirs, "llama", mode=mode) as engine, Runtime(engine) as rt:
+async def run(tiny_dirs, name: str, mode: str, engine_kw=None, **params):
+    cfg = dict(mode=mode, **(engine_kw or {}))
+    async with open_tiny(tiny_dirs, "llama", **cfg) as engine, Runtime(engine) as rt:
         result = await run_pattern(rt, name, {**SMALL, **SETTINGS[name], **params})
         assert engine.stats().messages == 0  # the run freed every encoding it made
         return result
@@ -171,9 +172,11 @@ async def test_constrained_outputs_always_parse(tiny_dirs, name, mode, seed):
 @pytest.mark.parametrize("name", sorted(SETTINGS))
 async def test_choreography_encodes_no_more_than_baseline(tiny_dirs, name):
     """The same work in both modes (free decodes: a random model never stops early, so
-    both run every turn to max_tokens), of which choreography encodes less."""
+    both run every turn to max_tokens), of which choreography encodes less (plain
+    choreography: no repair of the decision steps either)."""
     free = {} if name == "map_reduce" else dict(constrained=False)
-    chor = await run(tiny_dirs, name, "choreographed", **free)
+    plain = dict(decision_repair="none")
+    chor = await run(tiny_dirs, name, "choreographed", engine_kw=plain, **free)
     base = await run(tiny_dirs, name, "baseline", **free)
     assert chor.calls == base.calls  # the same structure in both modes
     if name == "multi_qa":  # one reader: nothing to reuse, the same work either way,
@@ -231,3 +234,37 @@ async def test_real_model_smoke_every_pattern(real_dir):
             assert r.answer is None or isinstance(r.answer, str)
             assert r.parse_errors == [], (name, r.parse_errors)  # constrained outputs parse
         assert engine.stats().messages == 0
+
+
+@pytest.mark.parametrize(
+    "engine_kw, voters_repaired",
+    [
+        ({}, True),  # the default: decision steps repaired, nothing else
+        (dict(decision_repair="none"), False),
+        (dict(repair="first:1"), False),  # a named repair applies to every call instead
+    ],
+)
+async def test_the_voters_get_the_decision_repair_where_nothing_names_one(
+    tiny_dirs, engine_kw, voters_repaired
+):
+    """A tree of thoughts' voters (its decision step) run under the engine's
+    `decision_repair` where neither the engine nor the workflow names a repair: the
+    four read one set of proposals, so one of them recomputes and the others read its
+    repaired context; the proposers and the solver are not repaired by it."""
+    from corps.engine import DECISION_REPAIR
+
+    path_kw = dict(engine_kw)
+    async with open_tiny(tiny_dirs, "llama", **path_kw) as engine, Runtime(engine) as rt:
+        before = engine.stats().tokens_repaired
+        r = await run_pattern(rt, "tree_of_thoughts", {**SMALL, **SETTINGS["tree_of_thoughts"]})
+        repaired = engine.stats().tokens_repaired - before
+    voters = [h for h in r.messages if h.owner and h.owner.endswith("-voter")]
+    others = [h for h in r.messages if h.owner and not h.owner.endswith("-voter")]
+    assert voters and others
+    if voters_repaired:
+        assert repaired == sum(h.tokens_repaired for h in voters) > 0
+        assert sum(h.tokens_repaired > 0 for h in voters) == 1  # one repair, shared
+        assert all(h.tokens_repaired == 0 for h in others)
+        assert DECISION_REPAIR == "query:0.3"
+    elif "repair" not in engine_kw:
+        assert repaired == 0

@@ -8,7 +8,8 @@
    baseline log-loss: a one-sample estimate of KL(baseline || choreographed))
    beside the audit's (that KL, computed over the whole vocabulary), and both
    modes' argmax agreement: for a pattern's voters, judge or reducer, whether
-   they would choose as the baseline does (`--repair`: the replay repaired).
+   they would choose as the baseline does (`--repair`: the replay repaired;
+   `--decision-repair`: only the pattern's decision steps, e.g. the voters).
 2. **Cost.** Passes over the inputs (the pattern's own settings, seed i for line
    i) in one choreographed engine, unaudited and audited 1 in N for each N,
    interleaved round by round after one untimed pass: the median wall time of
@@ -37,14 +38,15 @@ out = Console()
 
 async def agreement(
     pattern: str, lines: Sequence[Mapping[str, Any]], seed: int, model: str, dtype: str,
-    concurrency: int, repair: str = "none",
+    concurrency: int, repair: str = "none", decision_repair: str = "none",
 ) -> list[dict[str, Any]]:  # fmt: skip
     """Per role (and "all"): turns, positions, the sampled gap, the audit's gap, both
     agreements."""
     params = [sampling_params(pattern, line, seed + i) for i, line in enumerate(lines)]
     base_cfg = EngineConfig.of(model, mode="baseline", dtype=dtype)
     every = dict(audit=1, audit_budget=1.0)  # every decode, no token budget
-    chor_cfg = EngineConfig.of(model, mode="choreographed", dtype=dtype, repair=repair, **every)
+    chor_cfg = EngineConfig.of(model, mode="choreographed", dtype=dtype, repair=repair,
+                               decision_repair=decision_repair, **every)  # fmt: skip
     recorded, pairs = {}, []
     async with Engine.open(base_cfg) as be, Runtime(be) as brt:
 

@@ -11,7 +11,15 @@ import typer
 from rich.console import Console
 
 from corps.cache.errors import CorpsError
-from corps.cli.options import DtypeOpt, ModelOpt, RepairOpt, dtype_option, err, fail
+from corps.cli.options import (
+    DecisionRepairOpt,
+    DtypeOpt,
+    ModelOpt,
+    RepairOpt,
+    dtype_option,
+    err,
+    fail,
+)
 from corps.cli.options import bad as _bad
 from corps.engine import check_adapter_of
 from corps.engine.config import DEFAULT_DTYPE, BadConfig, EngineConfig
@@ -172,6 +180,7 @@ def bench_audit(
     dtype: DtypeOpt = "float32",
     json_out: Annotated[str | None, typer.Option("--json", help="Write the report here.")] = None,
     repair: RepairOpt = "none",
+    decision_repair: DecisionRepairOpt = None,
     agreement: Annotated[
         bool, typer.Option("--agreement/--no-agreement", help="Measure the agreement part.")
     ] = True,
@@ -194,13 +203,18 @@ def bench_audit(
     try:
         lines = _lines(pattern, Path(inputs) if inputs else None, set_, n)
         name = registry.canonical(pattern)
+        decisions = EngineConfig.of(decision_repair=decision_repair or "none").decision_repair
     except BadConfig as exc:
         fail(exc.for_cli())
     except CorpsError as exc:
         fail(exc)
     try:
         agree = (
-            _run_bench(lambda: ba.agreement(name, lines, seed, model, dtype, concurrency, repair))
+            _run_bench(
+                lambda: ba.agreement(
+                    name, lines, seed, model, dtype, concurrency, repair, decisions
+                )
+            )
             if agreement
             else []
         )
@@ -213,9 +227,12 @@ def bench_audit(
         )
     except CorpsError as exc:
         fail(exc)
-    ba.show(name, agree, costs, repair)
+    shown = repair if decisions == "none" else f"{repair}, decision steps {decisions}"
+    ba.show(name, agree, costs, shown)
     if json_out is not None:
-        report = dict(pattern=name, repair=repair, agreement=agree, cost=costs)
+        report = dict(
+            pattern=name, repair=repair, decision_repair=decisions, agreement=agree, cost=costs
+        )
         Path(json_out).write_text(json.dumps(report, indent=2) + "\n")
 
 
