@@ -192,7 +192,8 @@ class EngineConfig(BaseModel):
       "temp:T", "serial" (its parents laid end to end first), or several joined by "+";
       or "auto": chosen per workflow and agent from audits (`corps.engine.auto_repair`).
     - `decision_repair`: the repair the built-in patterns give their decision steps
-      (a tree of thoughts' voters: `corps.patterns.run.Run.decision_repair`) when
+      (a tree of thoughts' voters, the debate's moderator and judge, map-reduce's
+      reducer, branch-solve-merge's merger: `corps.patterns.run.Run.decision_repair`) when
       nothing names one (not the call, its agent, its workflow, nor `repair`, which
       stays "none"): "query:0.3" (the default, `DECISION_REPAIR`; measured in
       docs/fidelity.md), any policy, or "none" for plain choreography.

@@ -91,7 +91,13 @@ async def branch_solve_merge(
             new_offset = at + max(s.length for s in stories)
         (final,) = await run.ask(
             merger,
-            run.turn([merge, *stories], offsets=offsets, new_offset=new_offset, header="Story: "),
+            run.turn(
+                [merge, *stories],
+                offsets=offsets,
+                new_offset=new_offset,
+                header="Story: ",
+                repair=run.decision_repair,
+            ),
         )
         used = present(final.text, list(concepts))
         return run.result(

@@ -70,7 +70,10 @@ async def debate(
                 turns.append(turn)
             verdict_form = forms.verdict(max_tokens) if constrained else dict(header=VERDICT_HEADER)
             (verdict,) = await run.ask(
-                mod, run.turn([instr[mod], *verdicts, *turns], **verdict_form)
+                mod,
+                run.turn(
+                    [instr[mod], *verdicts, *turns], repair=run.decision_repair, **verdict_form
+                ),
             )
             verdicts.append(verdict)
             obj = parse_fields(verdict.text, ("Reasoning", "Preference", "Answer"))
@@ -86,7 +89,9 @@ async def debate(
         if answer is None:
             judge = await run.prefill(JUDGE, parents=[instr[mod], *history])
             boxed = forms.only(constrained, forms.boxed(max_tokens))
-            (final,) = await run.ask(mod, run.turn([instr[mod], *history, judge], **boxed))
+            (final,) = await run.ask(
+                mod, run.turn([instr[mod], *history, judge], repair=run.decision_repair, **boxed)
+            )
             answer = parse_answer(final.text)
             if answer is None:
                 run.error(f"judge: no answer in {final.text!r}")

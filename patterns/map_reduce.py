@@ -70,7 +70,11 @@ async def map_reduce(
             run.stage(f"reduce level {len(levels)}: {len(level)} summaries")
             groups = [level[i : i + fan_in] for i in range(0, len(level), fan_in)]
             level = await run.ask(
-                reducer, *[run.turn([reduce, *g], header="Summary:") for g in groups]
+                reducer,
+                *[
+                    run.turn([reduce, *g], header="Summary:", repair=run.decision_repair)
+                    for g in groups
+                ],
             )
             levels.append(len(level))
         return run.result(level[0].text.strip(), dict(chunks=len(chunks), levels=levels))

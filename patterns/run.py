@@ -185,7 +185,8 @@ class Run:
 
     @property
     def decision_repair(self) -> str | None:
-        """The repair for the pattern's decision steps (a tree of thoughts' voters):
+        """The repair for the pattern's decision steps (a tree of thoughts' voters, a
+        debate's moderator and judge, map-reduce's reducer, branch-solve-merge's merger):
         the engine's `decision_repair` where nothing else names one (its workflow, its
         engine's `repair`), else None, and the usual order applies (call, agent,
         workflow, engine). Judges and voters choose differently from the baseline's

@@ -236,35 +236,46 @@ async def test_real_model_smoke_every_pattern(real_dir):
         assert engine.stats().messages == 0
 
 
-@pytest.mark.parametrize(
-    "engine_kw, voters_repaired",
-    [
-        ({}, True),  # the default: decision steps repaired, nothing else
-        (dict(decision_repair="none"), False),
-        (dict(repair="first:1"), False),  # a named repair applies to every call instead
-    ],
-)
-async def test_the_voters_get_the_decision_repair_where_nothing_names_one(
-    tiny_dirs, engine_kw, voters_repaired
-):
-    """A tree of thoughts' voters (its decision step) run under the engine's
-    `decision_repair` where neither the engine nor the workflow names a repair: the
-    four read one set of proposals, so one of them recomputes and the others read its
-    repaired context; the proposers and the solver are not repaired by it."""
-    from corps.engine import DECISION_REPAIR
+DECIDERS = {"tree_of_thoughts": "voter", "debate": "moderator", "map_reduce": "reduce",
+            "branch_solve_merge": "merge"}  # fmt: skip
 
-    path_kw = dict(engine_kw)
-    async with open_tiny(tiny_dirs, "llama", **path_kw) as engine, Runtime(engine) as rt:
-        before = engine.stats().tokens_repaired
-        r = await run_pattern(rt, "tree_of_thoughts", {**SMALL, **SETTINGS["tree_of_thoughts"]})
-        repaired = engine.stats().tokens_repaired - before
-    voters = [h for h in r.messages if h.owner and h.owner.endswith("-voter")]
-    others = [h for h in r.messages if h.owner and not h.owner.endswith("-voter")]
-    assert voters and others
-    if voters_repaired:
-        assert repaired == sum(h.tokens_repaired for h in voters) > 0
-        assert sum(h.tokens_repaired > 0 for h in voters) == 1  # one repair, shared
-        assert all(h.tokens_repaired == 0 for h in others)
-        assert DECISION_REPAIR == "query:0.3"
-    elif "repair" not in engine_kw:
+
+@pytest.mark.parametrize("name", sorted(DECIDERS))
+@pytest.mark.parametrize(
+    "engine_kw", [{}, dict(decision_repair="none"), dict(decision_repair="full")]
+)
+async def test_decision_steps_get_the_decision_repair_where_nothing_names_one(
+    tiny_dirs, name, engine_kw
+):
+    """A pattern's decision step (voters, the moderator and judge, the reducer, the
+    merger) runs under the engine's `decision_repair` where neither the engine nor
+    the workflow names a repair; the other agents are not repaired by it. A tree of
+    thoughts' voters read one set of proposals: one of them recomputes, the others
+    read its repaired context."""
+    async with open_tiny(tiny_dirs, "llama", **engine_kw) as engine, Runtime(engine) as rt:
+        r = await run_pattern(rt, name, {**SMALL, **SETTINGS[name]})
+        repaired = engine.stats().tokens_repaired
+    role = DECIDERS[name]
+    deciders = [h for h in r.messages if (h.owner or "").endswith(f"-{role}")]
+    others = [h for h in r.messages if h.owner and h not in deciders]
+    assert deciders and others
+    assert all(h.tokens_repaired == 0 for h in others)
+    if engine_kw.get("decision_repair") == "none":
         assert repaired == 0
+    else:
+        assert repaired == sum(h.tokens_repaired for h in deciders) > 0
+    if name == "tree_of_thoughts" and repaired:
+        assert sum(h.tokens_repaired > 0 for h in deciders) == 1  # one repair, shared
+
+
+async def test_a_named_repair_reaches_every_call_instead(tiny_dirs):
+    """With the engine's `repair` named, the decision steps take it like every call:
+    `decision_repair` changes nothing then."""
+    got = []
+    for decision in ("none", "full"):
+        cfg = dict(repair="first:1", decision_repair=decision)
+        async with open_tiny(tiny_dirs, "llama", **cfg) as engine, Runtime(engine) as rt:
+            params = {**SMALL, **SETTINGS["tree_of_thoughts"]}
+            r = await run_pattern(rt, "tree_of_thoughts", params)
+        got.append([h.tokens_repaired for h in r.messages if (h.owner or "").endswith("-voter")])
+    assert got[0] == got[1] and sum(got[0]) > 0
