@@ -93,14 +93,15 @@ def _config(model: str, label: str, dtype: str, **kw: Any) -> EngineConfig:
 
 def _repairs(repair: str | None) -> list[str]:
     """The configurations of `--repair a,b,...`: choreographed, repaired by each
-    policy ("choreographed" for none), in the order given."""
+    policy on every call ("choreographed@none": plain choreography, the decision
+    steps' default off), in the order given."""
     from corps.engine.repair import parse_repair
 
     labels = []
     for part in (repair or "").split(","):
         if part.strip():
             policy = str(parse_repair(part))
-            labels.append("choreographed" if policy == "none" else f"choreographed@{policy}")
+            labels.append(f"choreographed@{policy}")
     if len(set(labels)) != len(labels):
         raise BadConfig(f"--repair: give distinct policies, got {repair!r}")
     return labels
@@ -284,9 +285,10 @@ def _curve_table(title: str, report: Any) -> None:
 
 
 def _short(label: str) -> str:
-    """A replay's label in the curve: its repair policy, or what else it is."""
+    """A replay's label in the curve: its repair policy, or what else it is (a bare
+    "choreographed": the engine's defaults, the decision steps repaired)."""
     if label == "choreographed":
-        return "none"
+        return "default"
     return label.removeprefix("choreographed@")
 
 

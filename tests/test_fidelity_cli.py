@@ -113,15 +113,15 @@ def test_fidelity_and_eval_take_repair_policies(tiny_dirs, tmp_path, pairs):
     assert "fidelity against cost (2 runs, float32)" in fid.output
     report = json.loads((tmp_path / "f.json").read_text())
     replays = report["replays"]
-    assert list(replays) == ["choreographed", "choreographed@first:2", "choreographed@full"]
+    assert list(replays) == ["choreographed@none", "choreographed@first:2", "choreographed@full"]
     assert abs(replays["choreographed@full"][-1]["gap"]) < 1e-4
-    assert replays["choreographed"][-1]["tokens_repaired"] == 0
+    assert replays["choreographed@none"][-1]["tokens_repaired"] == 0
     assert replays["choreographed@full"][-1]["recomputed"] > 0
     full = replays["choreographed@full"][-1]  # its cost against the baseline's own work
     assert full["baseline_context_tokens"] > 0 and full["of_baseline_work"] == pytest.approx(
         full["tokens_repaired"] / full["baseline_context_tokens"]
     )
-    assert replays["choreographed"][-1]["of_baseline_work"] == 0.0
+    assert replays["choreographed@none"][-1]["of_baseline_work"] == 0.0
     assert "of baseline's work" in fid.output
     assert replays["choreographed@full"][-1]["baseline_ttft_s"] > 0
     assert "as it sampled them" in fid.output  # the TTFT / baseline column's legend
@@ -150,3 +150,18 @@ def test_fidelity_and_eval_take_repair_policies(tiny_dirs, tmp_path, pairs):
 
     bad = _invoke("fidelity", "multi-qa", "--inputs", pairs, *common, "--repair", "some")
     assert bad.exit_code == 2 and "repair 'some'" in bad.output
+
+
+def test_a_policy_label_is_plain_and_a_bare_one_has_the_defaults():
+    """`choreographed@P` runs P on every call (`@none`: plain choreography, the decision
+    steps' default off); a bare `choreographed` is the engine's defaults."""
+    from corps.cli.fidelity import _config, _repairs
+    from corps.engine import DECISION_REPAIR
+
+    assert _repairs("none, full") == ["choreographed@none", "choreographed@full"]
+    plain = _config("smollm2-135m", "choreographed@none", "float32")
+    assert (plain.repair, plain.decision_repair) == ("none", "none")
+    bare = _config("smollm2-135m", "choreographed", "float32")
+    assert (bare.repair, bare.decision_repair) == ("none", DECISION_REPAIR)
+    full = _config("smollm2-135m", "choreographed@full", "float32")
+    assert (full.repair, full.decision_repair) == ("full", "none")
