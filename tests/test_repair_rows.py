@@ -505,3 +505,51 @@ def test_a_plain_reader_never_reads_a_repaired_context(tiny_dirs):
     assert got[1].tokens == got[3].tokens == alone.tokens
     assert got[1].tokens_repaired == got[3].tokens_repaired == 0
     core.check()
+
+
+async def test_readers_of_a_shared_repair_outlive_its_builder(tiny_dirs):
+    """The call that built a repaired context is cancelled while three readers of it
+    decode: they finish with what a lone repaired call decodes, and the store keeps
+    no slot of the cancelled call."""
+    import anyio
+
+    async with open_tiny(tiny_dirs, "llama") as engine:
+        sys = await engine.prefill(TEXTS[0], role="system")
+        q1 = await engine.prefill(TEXTS[1], parents=[sys])
+        q2 = await engine.prefill(TEXTS[2], parents=[sys], offsets=[0])
+        ask = dict(parents=[sys, q1, q2], ignore_eos=True, repair="full")
+        reference = await engine.decode(max_tokens=12, **ask)
+        engine.free(reference)
+        messages = engine.stats().messages
+        started, readers, built = [anyio.Event() for _ in range(3)], {}, anyio.Event()
+
+        async def builder(scope: anyio.CancelScope) -> None:
+            with scope:
+                async with engine.stream(max_tokens=400, **ask) as stream:
+                    async for _ in stream:
+                        built.set()  # its repair rows have run
+                        if all(e.is_set() for e in started):
+                            scope.cancel()  # amid its readers
+                            await anyio.lowlevel.checkpoint()
+
+        async def reader(i: int) -> None:
+            stream = engine.stream(max_tokens=12, **ask)
+            async for _ in stream:
+                started[i].set()
+            readers[i] = stream.handle
+
+        scope = anyio.CancelScope()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(builder, scope)
+            await built.wait()
+            for i in range(3):
+                tg.start_soon(reader, i)
+        assert scope.cancel_called
+        assert [readers[i].tokens for i in range(3)] == [reference.tokens] * 3
+        assert sorted(readers[i].tokens_repaired for i in range(3)) == [0, 0, 0]
+        for h in readers.values():
+            engine.free(h)
+        await engine.prefill("x")  # one more trip through the loop reaps the cancelled call
+        stats = engine.stats()
+        assert stats.messages == messages + 1
+        assert stats.tokens_used == sum(m.slots for m in engine.messages())
