@@ -407,6 +407,13 @@ def _show(result: Any, tgt: Target) -> None:
         str(len(result.parse_errors)),
     )
     out.print(table)
+    repaired = sum(h.tokens_repaired for h in result.messages)
+    if repaired:  # a repair's rows are among the tokens encoded: say how many
+        out.print(
+            f"  {repaired} of the tokens encoded recomputed rewired context "
+            "(--repair / --decision-repair; docs/fidelity.md)",
+            highlight=False,
+        )
     for e in result.parse_errors[:5]:
         out.print(f"  parse error: {e}", highlight=False)
 

@@ -267,3 +267,16 @@ def test_a_named_repair_turns_the_decision_steps_default_off():
     assert repair_fields("none", None) == dict(repair="none", decision_repair="none")
     assert repair_fields("full", "first:2") == dict(repair="full", decision_repair="none")
     assert repair_fields(None, "full") == dict(decision_repair="full")
+
+
+def test_run_says_how_many_tokens_a_repair_recomputed(tiny_dirs):
+    """The voters' decision repair is on by default: the summary says what it
+    recomputed; with --decision-repair none there is nothing to say."""
+    args = ["tree-of-thoughts", "--set", "branches=3", "--set", "voters=2",
+            "--set", "max_tokens=4", "--set", "vote_tokens=2"]  # fmt: skip
+    result = run_cli(tiny_dirs, *args)
+    assert result.exit_code == 0, result.output
+    assert "recomputed rewired context" in result.output
+    result = run_cli(tiny_dirs, *args, "--decision-repair", "none")
+    assert result.exit_code == 0, result.output
+    assert "recomputed rewired context" not in result.output

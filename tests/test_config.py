@@ -62,6 +62,9 @@ def test_fields_override_a_config_and_keep_the_rest():
         (dict(max_workflows=0), ("max_workflows",), "greater than or equal to 1"),
         (dict(colour="red"), ("colour",), "unknown engine setting 'colour'"),
         (dict(contexts="store", attention="flex"), ("contexts", "attention"), "torch attention"),
+        (dict(decision_repair="query:2"), ("decision_repair",), "each part is none, full"),
+        (dict(decision_repair=["full"]), ("decision_repair",), "string"),
+        (dict(repair="\udcff"), ("repair",), "each part is none, full"),
     ],
 )
 def test_bad_values_say_which_setting_and_what_it_takes(fields, at_fault, says):
@@ -75,6 +78,8 @@ def test_bad_values_say_which_setting_and_what_it_takes(fields, at_fault, says):
 def test_values_are_normalised():
     cfg = EngineConfig.of(mode=" Baseline ", dtype="FLOAT32", device="CUDA:1")
     assert (cfg.mode, cfg.dtype, cfg.device) == ("baseline", "float32", "cuda:1")
+    cfg = EngineConfig.of(decision_repair=" Query:0.30 ")
+    assert cfg.decision_repair == "query:0.3"
 
 
 def test_environment_variables_only_fill_defaults(monkeypatch):
