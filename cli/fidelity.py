@@ -79,7 +79,8 @@ def _lines(pattern: str, inputs: Path | None, sets: list[str] | None, n: int | N
 def _config(model: str, label: str, dtype: str, **kw: Any) -> EngineConfig:
     """'baseline', 'choreographed', either '+ADAPTER_DIR', and a choreographed one
     '@REPAIR' (a repair policy: choreographed@recompute:0.15, for every call: the
-    decision steps' default repair is off; bare 'choreographed' keeps it)."""
+    decision steps' default repair is off, but '@auto' starts them at its rung;
+    bare 'choreographed' keeps it)."""
     rest, _, repair = label.partition("@")
     mode, _, adapter = rest.partition("+")
     if mode not in ("baseline", "choreographed") or (repair and mode != "choreographed"):
@@ -87,7 +88,11 @@ def _config(model: str, label: str, dtype: str, **kw: Any) -> EngineConfig:
             "a configuration is baseline[+ADAPTER_DIR] or choreographed[+ADAPTER_DIR]"
             f"[@REPAIR], got {label!r}"
         )
-    named = dict(repair=repair, decision_repair="none") if repair else {}
+    named: dict[str, str] = {}
+    if repair:  # every call under it; "auto" starts the decision steps at their rung
+        named = dict(repair=repair)
+        if repair != "auto":
+            named["decision_repair"] = "none"
     return EngineConfig.of(model, mode=mode, dtype=dtype, adapter=adapter or None, **named, **kw)
 
 

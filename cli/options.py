@@ -37,10 +37,14 @@ DecisionRepairOpt = Annotated[
 def repair_fields(repair: str | None, decision: str | None) -> dict[str, str]:
     """EngineConfig fields of --repair and --decision-repair: a --repair given applies
     to every call (the decision steps' default with it: `--repair none` is plain
-    choreography); else the decision steps get --decision-repair, or the default."""
-    if repair is not None:
-        return dict(repair=repair, decision_repair="none")
-    return {} if decision is None else dict(decision_repair=decision)
+    choreography), but "auto" starts the decision steps at their repair's rung; else
+    the decision steps get --decision-repair, or the default."""
+    fields = {} if decision is None else dict(decision_repair=decision)
+    if repair is None:
+        return fields
+    if repair.strip().lower() == "auto":
+        return dict(repair=repair, **fields)
+    return dict(repair=repair, decision_repair="none")
 
 
 AuditOpt = Annotated[

@@ -26,14 +26,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from corps.engine.repair import Repair, parse_repair
+# LADDER, cheapest first: nothing; EPIC's sink tokens; the query's most attended tenth,
+# then third; every rewired token (defined beside the policies, `corps.engine.repair`,
+# which checks an "auto:P" start against it). Costs and closed gaps: docs/fidelity.md.
+from corps.engine.repair import LADDER, Repair
 
-#: Cheapest first: nothing; EPIC's sink tokens; the query's most attended tenth, then
-#: third (corps.engine.repair); every rewired token. Costs and closed gaps measured in
-#: docs/fidelity.md.
-LADDER: tuple[Repair, ...] = tuple(
-    parse_repair(p) for p in ("none", "first:4", "query:0.15", "query:0.3", "full")
-)
 #: Smoothed gap (KL nats per token, corps.engine.audit) above which a key moves up.
 HIGH = 0.04
 #: Smoothed gap below which an audit counts toward moving down.
@@ -77,9 +74,13 @@ class AutoRepair:
     ladder: tuple[Repair, ...] = LADDER
     _keys: dict[tuple[str, str], _State] = field(default_factory=dict)
 
-    def policy(self, workflow: str, agent: str) -> Repair:
-        """The policy a call of this key runs with now."""
+    def policy(self, workflow: str, agent: str, start: Repair | None = None) -> Repair:
+        """The policy a call of this key runs with now. A key not seen yet starts at
+        rung `start` ("auto:P": a pattern's decision steps start where its default
+        repairs them), else at the bottom."""
         state = self._keys.get((workflow, agent))
+        if state is None and start in self.ladder[1:]:  # its first call: where it starts
+            state = self._keys[(workflow, agent)] = _State(rung=self.ladder.index(start))
         return self.ladder[state.rung if state else 0]
 
     def observe(self, workflow: str, agent: str, gap: float) -> Switch | None:

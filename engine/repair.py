@@ -86,6 +86,8 @@ class Repair:
     serial: bool = False
     query: float = 0.0  # a share chosen by the query's attention ("query:R")
     auto: bool = False  # "auto": the engine chooses the policy (corps.engine.auto_repair)
+    # "auto:P": where auto starts a key it has not seen (a rung of `LADDER`; None: none)
+    start: Repair | None = None
 
     def __post_init__(self) -> None:
         shares = 0.0 <= self.ratio <= 1.0 and 0.0 <= self.query <= 1.0
@@ -98,6 +100,11 @@ class Repair:
         chosen = self.first or self.share or self.full or self.serial or self.temperature != 1.0
         if self.auto and chosen:
             raise InvalidRequest("repair 'auto' chooses the policy itself: give it alone")
+        if self.start is not None and (not self.auto or self.start not in LADDER):
+            raise InvalidRequest(
+                "repair 'auto:P' starts auto at a rung of its ladder: P is one of "
+                + ", ".join(map(str, LADDER))
+            )
 
     @property
     def none(self) -> bool:
@@ -117,7 +124,7 @@ class Repair:
 
     def __str__(self) -> str:
         if self.auto:
-            return "auto"
+            return "auto" if self.start is None else f"auto:{self.start}"
         serial = ["serial"] if self.serial else []
         if self.full or self.ratio >= 1.0:
             return "+".join([*serial, "full"])
@@ -138,8 +145,8 @@ AUTO = Repair(auto=True)
 
 def parse_repair(value: str | Repair | None) -> Repair:
     """A Repair from its string ("none", "first:4", "recompute:0.15", "full",
-    "first:4+recompute:0.1", "serial+full"), a Repair, or None (none). InvalidRequest says what
-    it takes."""
+    "first:4+recompute:0.1", "serial+full"; "auto", or "auto:P" to start auto's new keys
+    at rung P of `LADDER`), a Repair, or None (none). InvalidRequest says what it takes."""
     if value is None:
         return NONE
     if isinstance(value, Repair):
@@ -148,6 +155,16 @@ def parse_repair(value: str | Repair | None) -> Repair:
         raise InvalidRequest(f"repair must be a string such as 'recompute:0.15', got {value!r}")
     if value.strip().lower() == "auto":
         return AUTO
+    head, _, rest = value.strip().partition(":")
+    if head.strip().lower() == "auto":  # "auto:P": auto, new keys starting at rung P
+        start = _parse(rest, value)
+        return AUTO if start == NONE else Repair(auto=True, start=start)
+    return _parse(value)
+
+
+def _parse(value: str, whole: str | None = None) -> Repair:
+    """A Repair from parts joined by '+' (not "auto"); errors quote `whole` (the value
+    given) when it is a part of it."""
     first, ratio, full, temperature, serial, query = 0, 0.0, False, 1.0, False, 0.0
     for part in value.strip().lower().split("+"):
         name, _, arg = part.strip().partition(":")
@@ -170,12 +187,19 @@ def parse_repair(value: str | Repair | None) -> Repair:
                 raise ValueError
         except ValueError:
             raise InvalidRequest(
-                f"repair {value!r}: each part is none, full, first:K (tokens), "
+                f"repair {whole or value!r}: each part is none, full, first:K (tokens), "
                 "recompute:R or query:R (a share 0..1), temp:T (> 0) or serial, joined by '+'; "
-                "or 'auto' alone"
+                "or 'auto' alone, or 'auto:P' with P a rung of auto's ladder"
             ) from None
     if ratio >= 1.0 or query >= 1.0:  # every rewired token
         full, ratio, query = True, 0.0, 0.0
     if full:  # nothing is left to read at a temperature
         first, temperature = 0, 1.0
     return Repair(first, ratio, full, temperature, serial, query)
+
+
+#: `repair="auto"`'s rungs, cheapest first (`corps.engine.auto_repair`): nothing; EPIC's
+#: sink tokens; the query's most attended tenth and third; every rewired token.
+LADDER: tuple[Repair, ...] = tuple(
+    _parse(p) for p in ("none", "first:4", "query:0.15", "query:0.3", "full")
+)

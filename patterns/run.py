@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict
 from corps.agents import Agent, Runtime
 from corps.cache.handle import Handle
 from corps.cache.visibility import Private
+from corps.engine.repair import LADDER, parse_repair
 from corps.engine.request.workflow import CURRENT, Objective, Workflow
 from corps.engine.trace.events import Gate, Stage
 from corps.patterns.replay import CURRENT as REPLAY
@@ -150,7 +151,7 @@ class Run:
         objective: Objective = outer.objective if outer is not None else "throughput"
         repair = outer.repair if outer is not None else None  # and its repair and audit
         audit = outer.audit if outer is not None else None
-        self._named_repair = repair is not None
+        self._named_repair = repair  # the workflow's, which decides over the engine's
         tag = Workflow(
             f"{self.pattern}-{self.id}", objective, repair, audit=audit, family=self.pattern
         )
@@ -189,12 +190,19 @@ class Run:
         debate's moderator and judge, map-reduce's reducer, branch-solve-merge's merger):
         the engine's `decision_repair` where nothing else names one (its workflow, its
         engine's `repair`), else None, and the usual order applies (call, agent,
-        workflow, engine). Judges and voters choose differently from the baseline's
-        more often than the agents they judge (docs/fidelity.md)."""
+        workflow, engine). Under "auto" the decision steps start auto's ladder at that
+        rung ("auto:P") instead of at none. Judges and voters choose differently from
+        the baseline's more often than the agents they judge (docs/fidelity.md)."""
         cfg = self.engine.config
-        if self._named_repair or cfg.repair != "none" or cfg.mode != "choreographed":
+        if cfg.mode != "choreographed" or cfg.decision_repair == "none":
             return None
-        return None if cfg.decision_repair == "none" else cfg.decision_repair
+        named = self._named_repair
+        if named is None and cfg.repair == "none":
+            return cfg.decision_repair
+        policy = parse_repair(named if named is not None else cfg.repair)
+        if policy.auto and policy.start is None and parse_repair(cfg.decision_repair) in LADDER:
+            return f"auto:{cfg.decision_repair}"  # auto, the decision steps starting there
+        return None
 
     async def agent(self, role: str, cls: type[Agent] = Speaker) -> str:
         """Spawn one of the pattern's agents; its name is unique to this run."""

@@ -66,3 +66,16 @@ def test_it_never_leaves_the_ladder_and_each_switch_is_one_rung_for_its_reason(g
             assert (s.why == "low") == (now < rung)
             assert s.why != "low" or g < LOW
         rung = now
+
+
+def test_a_key_not_seen_yet_starts_where_its_call_says():
+    """A call under "auto:P" starts its key at rung P (a pattern's decision steps start
+    where their default repair is); a key already on the ladder stays where it is, and
+    the start never changes how it moves."""
+    auto, start = AutoRepair(), LADDER[3]
+    assert auto.policy("w", "voter", start) == start
+    assert auto.policy("w", "voter") == start  # remembered
+    assert auto.chosen() == {("w", "voter"): str(start)}
+    auto.observe("w", "other", HI)  # on the ladder, at rung 1
+    assert auto.policy("w", "other", start) == LADDER[1]  # the start is ignored
+    assert rungs(auto, [HI], key=("w", "voter")) == [str(LADDER[4])]

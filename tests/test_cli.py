@@ -267,6 +267,8 @@ def test_a_named_repair_turns_the_decision_steps_default_off():
     assert repair_fields("none", None) == dict(repair="none", decision_repair="none")
     assert repair_fields("full", "first:2") == dict(repair="full", decision_repair="none")
     assert repair_fields(None, "full") == dict(decision_repair="full")
+    assert repair_fields("auto", None) == dict(repair="auto")  # decision steps start higher
+    assert repair_fields("auto", "none") == dict(repair="auto", decision_repair="none")
 
 
 def test_run_says_how_many_tokens_a_repair_recomputed(tiny_dirs):

@@ -165,3 +165,5 @@ def test_a_policy_label_is_plain_and_a_bare_one_has_the_defaults():
     assert (bare.repair, bare.decision_repair) == ("none", DECISION_REPAIR)
     full = _config("smollm2-135m", "choreographed@full", "float32")
     assert (full.repair, full.decision_repair) == ("full", "none")
+    auto = _config("smollm2-135m", "choreographed@auto", "float32")  # decision steps start higher
+    assert (auto.repair, auto.decision_repair) == ("auto", DECISION_REPAIR)

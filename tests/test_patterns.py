@@ -279,3 +279,23 @@ async def test_a_named_repair_reaches_every_call_instead(tiny_dirs):
             r = await run_pattern(rt, "tree_of_thoughts", params)
         got.append([h.tokens_repaired for h in r.messages if (h.owner or "").endswith("-voter")])
     assert got[0] == got[1] and sum(got[0]) > 0
+
+
+@pytest.mark.parametrize(("decision", "voters_repaired"), [("query:0.3", True), ("none", False)])
+async def test_under_auto_the_decision_steps_start_at_their_repair(
+    tiny_dirs, decision, voters_repaired
+):
+    """With repair="auto", a tree of thoughts' voters start auto's ladder at the
+    decision repair's rung ("auto:query:0.3"), the other agents at none; with the
+    decision default off, every key starts at none."""
+    cfg = dict(repair="auto", decision_repair=decision, audit_budget=0.001)
+    async with open_tiny(tiny_dirs, "llama", **cfg) as engine, Runtime(engine) as rt:
+        params = {**SMALL, **SETTINGS["tree_of_thoughts"]}
+        r = await run_pattern(rt, "tree_of_thoughts", params)
+        report = await engine.audited()
+    voters = [h for h in r.messages if (h.owner or "").endswith("-voter")]
+    proposers = [h for h in r.messages if (h.owner or "").endswith("-proposer")]
+    assert (sum(h.tokens_repaired for h in voters) > 0) == voters_repaired
+    assert all(h.tokens_repaired == 0 for h in proposers)
+    if voters_repaired:
+        assert report.auto[("tree_of_thoughts", "voter")] == "query:0.3"

@@ -63,8 +63,27 @@ def test_what_a_policy_needs():
         "query:2",
         "query",
         "recompute:0.1+query:0.2",
+        "auto:",
+        "auto:auto",
+        "auto:temp:0.8",  # not a rung of auto's ladder
+        "auto:query:0.2",
+        "auto+full",
+        "\udcff",
     ],
 )
 def test_bad_policies_say_what_they_take(bad):
     with pytest.raises(InvalidRequest, match="repair"):
         parse_repair(bad)
+
+
+def test_auto_may_name_where_its_new_keys_start():
+    """ "auto:P" is auto whose keys not seen yet start at rung P of its ladder."""
+    from corps.engine.repair import AUTO, LADDER
+
+    got = parse_repair(" Auto: Query:0.30 ")
+    assert got.auto and got.start == parse_repair("query:0.3") and got.none
+    assert str(got) == "auto:query:0.3" and parse_repair(str(got)) == got
+    assert parse_repair("auto:none") is AUTO and str(AUTO) == "auto"
+    assert all(parse_repair(f"auto:{p}").start in (None, p) for p in LADDER)
+    with pytest.raises(InvalidRequest, match="rung of its ladder"):
+        Repair(first=4, start=parse_repair("full"))  # a start without auto

@@ -45,7 +45,7 @@ from corps.engine.audit import (
 )
 from corps.engine.auto_repair import AUTO_AUDIT, AutoRepair
 from corps.engine.exec.executor import Executor
-from corps.engine.repair import AUTO, Repair, parse_repair
+from corps.engine.repair import Repair, parse_repair
 from corps.engine.request.requests import DecodeRequest, PrefillRequest
 from corps.engine.request.workflow import Workflow
 from corps.engine.sched.job import Job
@@ -102,9 +102,10 @@ class Auditor:
         repair = request.repair
         if repair is None and wf is not None:
             repair = wf.repair
-        auto = (repair or self.default_repair) == AUTO
+        named = repair or self.default_repair
+        auto = named.auto
         if auto:
-            repair = self.auto.policy(_kind(wf), _agent(request.owner, wf))
+            repair = self.auto.policy(_kind(wf), _agent(request.owner, wf), named.start)
         if repair is not request.repair:
             request = dataclasses.replace(request, repair=repair)
         return request, auto
