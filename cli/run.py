@@ -318,7 +318,7 @@ async def _session(
                     view.attach(engine)
                     view.status = "running"
                 outcome.append(await body(rt))
-                if config.audit or config.repair == "auto":
+                if config.audit or config.repair.startswith("auto"):
                     audits = await engine.audited()
         except Exception as exc:  # re-raised below, outside the task group
             outcome.append(exc)
