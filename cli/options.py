@@ -21,7 +21,7 @@ RepairOpt = Annotated[
         help="What choreographed calls whose context is rewired recompute in their own "
         "context: none, first:K, recompute:R or query:R (a share), full, temp:T, serial (parents "
         "laid end to end first), or several joined by '+'; or auto (chosen per workflow and "
-        "agent from audits) (docs/fidelity.md)."
+        "agent from audits; auto:P starts new agents at rung P) (docs/fidelity.md)."
     ),
 ]
 DecisionRepairOpt = Annotated[

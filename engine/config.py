@@ -190,13 +190,15 @@ class EngineConfig(BaseModel):
       parents' encodings in its own context, unless the call names its own
       (`corps.engine.repair`): "none" (default), "first:K", "recompute:R", "full",
       "temp:T", "serial" (its parents laid end to end first), or several joined by "+";
-      or "auto": chosen per workflow and agent from audits (`corps.engine.auto_repair`).
+      or "auto": chosen per workflow and agent from audits (`corps.engine.auto_repair`;
+      "auto:P": new keys start at rung P of its ladder).
     - `decision_repair`: the repair the built-in patterns give their decision steps
       (a tree of thoughts' voters, the debate's moderator and judge, map-reduce's
       reducer, branch-solve-merge's merger: `corps.patterns.run.Run.decision_repair`) when
       nothing names one (not the call, its agent, its workflow, nor `repair`, which
-      stays "none"): "query:0.3" (the default, `DECISION_REPAIR`; measured in
-      docs/fidelity.md), any policy, or "none" for plain choreography.
+      stays "none"; under "auto" they start auto's ladder at its rung): "query:0.3"
+      (the default, `DECISION_REPAIR`; measured in docs/fidelity.md), any policy,
+      or "none" for plain choreography.
     - `audit`: the online fidelity audit (`corps.engine.audit`): 1 in N choreographed
       decodes of each workflow and agent is also encoded as the baseline reads it,
       and the gap between the two is recorded (`Engine.audited()`, `stats()`, traces,
