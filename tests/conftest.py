@@ -114,7 +114,8 @@ TRACE_SETTINGS = {
 
 @pytest.fixture(scope="session")
 def traces(tiny_dirs, tmp_path_factory) -> dict[str, Path]:
-    """A trace of every built-in pattern on a tiny model (choreographed), plus
+    """A trace of every built-in pattern on a tiny model (plain choreography: no
+    decision-step repair, so the debate takes the same rounds in both modes), plus
     `debate@baseline`, keyed by pattern name."""
     import warnings
 
@@ -134,7 +135,8 @@ def traces(tiny_dirs, tmp_path_factory) -> dict[str, Path]:
         params = dict(max_tokens=6, seed=3, **TRACE_SETTINGS[name])
         if name == "map_reduce":
             params["document"] = " ".join(DOCUMENT_PARAGRAPHS[:3])
-        async with open_tiny(tiny_dirs, "llama", mode=mode, trace=path) as engine:
+        plain = dict(decision_repair="none")
+        async with open_tiny(tiny_dirs, "llama", mode=mode, trace=path, **plain) as engine:
             async with Runtime(engine) as rt:
                 await run_pattern(rt, name, params)
         return path
