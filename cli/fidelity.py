@@ -26,7 +26,7 @@ from rich.table import Table
 
 from corps.cache.errors import CorpsError
 from corps.cache.visibility import LeakWarning
-from corps.cli.options import AuditBudgetOpt, AuditOpt
+from corps.cli.options import AuditBudgetOpt, AuditOpt, DecisionRepairOpt
 from corps.cli.run import read_inputs
 from corps.cli.scenario import parse_sets
 from corps.engine import check_adapter_of
@@ -76,11 +76,14 @@ def _lines(pattern: str, inputs: Path | None, sets: list[str] | None, n: int | N
     return lines
 
 
-def _config(model: str, label: str, dtype: str, **kw: Any) -> EngineConfig:
+def _config(
+    model: str, label: str, dtype: str, decision: str | None = None, **kw: Any
+) -> EngineConfig:
     """'baseline', 'choreographed', either '+ADAPTER_DIR', and a choreographed one
     '@REPAIR' (a repair policy: choreographed@recompute:0.15, for every call: the
     decision steps' default repair is off, but '@auto' starts them at its rung;
-    bare 'choreographed' keeps it)."""
+    bare 'choreographed' keeps it). `decision` (--decision-repair): the decision
+    steps' repair of the bare and '@auto' configurations, else the default."""
     rest, _, repair = label.partition("@")
     mode, _, adapter = rest.partition("+")
     if mode not in ("baseline", "choreographed") or (repair and mode != "choreographed"):
@@ -88,9 +91,9 @@ def _config(model: str, label: str, dtype: str, **kw: Any) -> EngineConfig:
             "a configuration is baseline[+ADAPTER_DIR] or choreographed[+ADAPTER_DIR]"
             f"[@REPAIR], got {label!r}"
         )
-    named: dict[str, str] = {}
+    named: dict[str, str] = {} if decision is None else dict(decision_repair=decision)
     if repair:  # every call under it; "auto" starts the decision steps at their rung
-        named = dict(repair=repair)
+        named = dict(repair=repair, **named)
         if repair != "auto":
             named["decision_repair"] = "none"
     return EngineConfig.of(model, mode=mode, dtype=dtype, adapter=adapter or None, **named, **kw)
@@ -172,6 +175,7 @@ def fidelity(
     dtype: Dtype = "float32",
     concurrency: Concurrency = 4,
     json_out: Json = None,
+    decision_repair: DecisionRepairOpt = None,
 ) -> None:
     """How much choreography changes a workflow: sample baseline runs at temperature 1,
     replay each choreographed with every decode forced to the baseline's tokens, and
@@ -183,7 +187,7 @@ def fidelity(
         lines = _lines(pattern, inputs, set_, n)
         base = _config(model, "baseline", dtype)
         labels = _repairs(repair) or ["choreographed"]
-        configs = {label: _config(model, label, dtype) for label in labels}
+        configs = {label: _config(model, label, dtype, decision_repair) for label in labels}
         if adapter is not None:  # labelled "+adapter": the directory is printed once
             for mode, plain in (("choreographed", "@none"), ("baseline", "")):
                 configs[f"{mode}+adapter"] = _config(model, f"{mode}+{adapter}{plain}", dtype)
@@ -369,6 +373,7 @@ def evaluate(
     ] = None,
     audit: AuditOpt = 0,
     audit_budget: AuditBudgetOpt = 0.05,
+    decision_repair: DecisionRepairOpt = None,
 ) -> None:
     """The workflow's task score per configuration on the same inputs and seeds, with
     paired significance against the first (McNemar for right/wrong, bootstrap otherwise),
@@ -386,7 +391,9 @@ def evaluate(
         if len(labels) < 1 or len(set(labels)) != len(labels):
             raise BadConfig(f"--configs: give distinct configurations, got {configs!r}")
         cfgs = {
-            label: _config(model, label, dtype, audit=audit, audit_budget=audit_budget)
+            label: _config(
+                model, label, dtype, decision_repair, audit=audit, audit_budget=audit_budget
+            )
             for label in labels
         }
         for cfg in cfgs.values():

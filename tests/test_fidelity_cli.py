@@ -167,3 +167,14 @@ def test_a_policy_label_is_plain_and_a_bare_one_has_the_defaults():
     assert (full.repair, full.decision_repair) == ("full", "none")
     auto = _config("smollm2-135m", "choreographed@auto", "float32")  # decision steps start higher
     assert (auto.repair, auto.decision_repair) == ("auto", DECISION_REPAIR)
+    # --decision-repair: the bare and @auto configurations' decision steps, no other
+    cases = (("choreographed", "full"), ("choreographed@auto", "full"),
+             ("choreographed@none", "none"), ("choreographed@first:4", "none"))  # fmt: skip
+    for label, want in cases:
+        assert _config("smollm2-135m", label, "float32", "full").decision_repair == want
+
+
+def test_eval_takes_a_decision_repair_and_refuses_a_bad_one(tiny_dirs, tmp_path, pairs):
+    bad = _invoke("eval", "multi-qa", "--inputs", pairs, "--model", tiny_dirs["llama"],
+                  "--decision-repair", "query:9")  # fmt: skip
+    assert bad.exit_code == 2 and "decision" in bad.output and "Traceback" not in bad.output
