@@ -46,6 +46,7 @@ class CallView:
         own_base: int,
         whole: tuple[Tensor, Tensor] | None = None,
         pool: ContextPool | None = None,
+        built: bool = False,
     ) -> None:
         self.ctx = ctx
         self.ctx_len = ctx.length if ctx is not None else 0
@@ -62,7 +63,7 @@ class CallView:
         self.own_arena = arena  # own_k/v are arena.k/v[:, :, own_base : own_base + E] when set
         self.own_base = own_base
         self.pool = pool
-        self.built = False  # it made its context (its first reader), not joined a live one
+        self.built = built  # it made its context (its first reader), not joined a live one
 
     @property
     def contiguous(self) -> bool:

@@ -26,7 +26,7 @@ from rich.table import Table
 
 from corps.cache.errors import CorpsError
 from corps.cache.visibility import LeakWarning
-from corps.cli.options import AuditBudgetOpt, AuditOpt, DecisionRepairOpt
+from corps.cli.options import AuditBudgetOpt, AuditOpt, DecisionRepairOpt, repair_fields
 from corps.cli.run import read_inputs
 from corps.cli.scenario import parse_sets
 from corps.engine import check_adapter_of
@@ -91,11 +91,7 @@ def _config(
             "a configuration is baseline[+ADAPTER_DIR] or choreographed[+ADAPTER_DIR]"
             f"[@REPAIR], got {label!r}"
         )
-    named: dict[str, str] = {} if decision is None else dict(decision_repair=decision)
-    if repair:  # every call under it; "auto" starts the decision steps at their rung
-        named = dict(repair=repair, **named)
-        if repair != "auto":
-            named["decision_repair"] = "none"
+    named = repair_fields(repair or None, decision)  # the rule --repair follows in run
     return EngineConfig.of(model, mode=mode, dtype=dtype, adapter=adapter or None, **named, **kw)
 
 

@@ -195,8 +195,8 @@ class EngineConfig(BaseModel):
     - `decision_repair`: the repair the built-in patterns give their decision steps
       (a tree of thoughts' voters, the debate's moderator and judge, map-reduce's
       reducer, branch-solve-merge's merger: `corps.patterns.run.Run.decision_repair`) when
-      nothing names one (not the call, its agent, its workflow, nor `repair`, which
-      stays "none"; under "auto" they start auto's ladder at its rung): "query:0.3"
+      neither their workflow nor `repair` names one (`repair` stays "none"; under
+      "auto" they start auto's ladder at its rung): "query:0.3"
       (the default, `DECISION_REPAIR`; measured in docs/fidelity.md), any policy,
       or "none" for plain choreography.
     - `audit`: the online fidelity audit (`corps.engine.audit`): 1 in N choreographed

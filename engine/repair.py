@@ -66,7 +66,7 @@ QUERY_ROWS = 32
 QUERY_DEPTH = 0.5
 #: The repair of the built-in patterns' decision steps where nothing names one
 #: (`EngineConfig.decision_repair`). A tree of thoughts' voters chose as the baseline
-#: at 71% of their first positions unrepaired, 92% under it (docs/fidelity.md); the
+#: at 76% of their first positions unrepaired, 93% under it (docs/fidelity.md); the
 #: voters over one set of proposals share one repair, so it costs about half of what
 #: the baseline encodes for a whole run.
 DECISION_REPAIR = "query:0.3"

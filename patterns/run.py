@@ -151,7 +151,7 @@ class Run:
         objective: Objective = outer.objective if outer is not None else "throughput"
         repair = outer.repair if outer is not None else None  # and its repair and audit
         audit = outer.audit if outer is not None else None
-        self._named_repair = repair  # the workflow's, which decides over the engine's
+        self._workflow_repair = repair  # decides over the engine's (`decision_repair`)
         tag = Workflow(
             f"{self.pattern}-{self.id}", objective, repair, audit=audit, family=self.pattern
         )
@@ -188,15 +188,17 @@ class Run:
     def decision_repair(self) -> str | None:
         """The repair for the pattern's decision steps (a tree of thoughts' voters, a
         debate's moderator and judge, map-reduce's reducer, branch-solve-merge's merger):
-        the engine's `decision_repair` where nothing else names one (its workflow, its
-        engine's `repair`), else None, and the usual order applies (call, agent,
-        workflow, engine). Under "auto" the decision steps start auto's ladder at that
-        rung ("auto:P") instead of at none. Judges and voters choose differently from
-        the baseline's more often than the agents they judge (docs/fidelity.md)."""
+        the engine's `decision_repair` where neither the run's workflow nor its engine's
+        `repair` names one, else None (the workflow's or engine's applies, as to every
+        call). It is the turn's own repair, so it decides over the agent class's
+        (the patterns' `Speaker` names none). Under "auto" the decision steps start
+        auto's ladder at that rung ("auto:P") instead of at none. Judges and voters
+        choose differently from the baseline's more often than the agents they judge
+        (docs/fidelity.md)."""
         cfg = self.engine.config
         if cfg.mode != "choreographed" or cfg.decision_repair == "none":
             return None
-        named = self._named_repair
+        named = self._workflow_repair
         if named is None and cfg.repair == "none":
             return cfg.decision_repair
         policy = parse_repair(named if named is not None else cfg.repair)

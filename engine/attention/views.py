@@ -73,9 +73,8 @@ def open_view(
         except BaseException:
             let_go(shared, pool)
             raise
-        view = CallView(shared, k, v, arena if base is not None else None, base or 0, pool=pool)
-        view.built = built
-        return view
+        into = arena if base is not None else None
+        return CallView(shared, k, v, into, base or 0, pool=pool, built=built)
     k, v, base = carve(store, arena, n_ctx + extra)
     try:
         if n_ctx:
@@ -92,9 +91,8 @@ def open_view(
         if key is not None:
             pool.add(ctx)
     own_k, own_v = k[:, :, n_ctx:], v[:, :, n_ctx:]
-    view = CallView(ctx, own_k, own_v, into, (base or 0) + n_ctx, whole=(k, v), pool=pool)
-    view.built = True
-    return view
+    own_base = (base or 0) + n_ctx
+    return CallView(ctx, own_k, own_v, into, own_base, whole=(k, v), pool=pool, built=True)
 
 
 def context_key(slots: Sequence[int] | Tensor, positions: Sequence[int] | Tensor, tag: tuple = ()):

@@ -186,7 +186,8 @@ class KVExecutor:
             return None  # another call is repairing this very context: read it when whole
         try:
             memory.reserve(call, call.plan.generated_max, evict)
-            memory.gather(call, len(call.feed) + call.plan.generated_max, not repair.none, tag)
+            extra = len(call.feed) + call.plan.generated_max
+            memory.gather(call, extra, own=not repair.none, tag=tag)
             self._repair(call, repair)
         except BaseException:
             memory.abort(call)
