@@ -33,11 +33,14 @@ def test_every_section_on_a_tiny_model(tiny_dirs, tmp_path):
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     sections = [x["section"] for x in lines]
     assert sections == (
-        ["prefill"] * 2 + ["decode"] * 2 + ["streams"] * 2 + ["graphs"] * 2 + ["workflows"] * 2
-    )
+        ["prefill"] * 2 + ["decode"] * 2 + ["streams"] * 2 + ["graphs"] * 2 + ["patterns"] * 7
+        + ["memory"] * 4 + ["workflows"] * 2
+    )  # fmt: skip
+    assert not any(x["error"] for x in lines)
     graphs = [x["name"] for x in lines if x["section"] == "graphs"]
     assert graphs == ["one stream, 8 tokens", "2 streams x 3"]  # against graphs="off"
-    assert all(x["corps"] > 0 and x["reference"] > 0 for x in lines)
+    timed = [x for x in lines if x["section"] != "memory"]  # memory: 0 MiB on a CPU
+    assert all(x["corps"] > 0 and x["reference"] > 0 for x in timed)
     assert {x["name"] for x in lines if x["section"] == "streams"} == {
         "2 streams x 3",
         "3 streams x 3",
@@ -72,5 +75,6 @@ def test_bad_options_are_refused_before_anything_loads(tiny_dirs, args, says):
     assert result.exit_code == 2 and says in result.output
 
 
-def test_the_cli_names_the_workflows_the_bench_knows():
+def test_the_cli_names_the_workflows_and_sections_the_bench_knows():
     assert app_mod._GPU_WORKFLOWS == tuple(bench_gpu.WORKFLOWS)
+    assert app_mod._GPU_SECTIONS == bench_gpu.SECTIONS

@@ -32,6 +32,8 @@ bench_app = typer.Typer(
 
 #: `corps bench gpu --workflows` (corps.cli.bench.gpu.WORKFLOWS, named here without torch)
 _GPU_WORKFLOWS = ("debate", "tree_of_thoughts", "parallel_debate", "tree_of_thoughts_8x8")
+#: `corps bench gpu --sections` (corps.cli.bench.gpu.SECTIONS)
+_GPU_SECTIONS = ("prefill", "decode", "streams", "graphs", "patterns", "memory", "workflows")
 
 
 @bench_app.command("adapter")
@@ -734,13 +736,29 @@ def bench_gpu(
             "static or off. Unless off, decode is measured again with off, side by side."
         ),
     ] = "auto",
+    sections: Annotated[
+        str, typer.Option(help="Comma-separated, of: " + ", ".join(_GPU_SECTIONS))
+    ] = ",".join(_GPU_SECTIONS),
+    memory_budget: Annotated[
+        float | None,
+        typer.Option(
+            min=0.5,
+            help="GiB of KV store and views for each measured engine (default: 16 on a GPU, "
+            "so that transformers' copy or a second engine fits beside it; the engine's own "
+            "default on a CPU). The memory section always opens at the default sizing.",
+        ),
+    ] = None,
+    engines: Annotated[
+        int, typer.Option(min=1, max=16, help="The memory section's engines, in sequence.")
+    ] = 4,
     out: Annotated[
         str | None, typer.Option("--out", help="JSON lines, one per figure, as they come.")
     ] = None,
 ) -> None:
     """The GPU figures of one model in one run: prefill (one prompt; spans over a shared
     context) and decode (one stream, many) against transformers and the bandwidth bound,
-    and workflows choreographed against the baseline. Exits 1 if any section fails."""
+    workflows choreographed against the baseline, every built-in pattern in both modes,
+    and memory given back on close. Exits 1 if any section fails."""
     import anyio
     import torch
 
@@ -751,6 +769,12 @@ def bench_gpu(
     unknown = [w for w in chosen if w not in bg.WORKFLOWS]
     if unknown:
         _bad(f"--workflows: unknown {', '.join(unknown)}; pick of {', '.join(bg.WORKFLOWS)}")
+    picked = tuple(x.strip() for x in sections.split(",") if x.strip())
+    unknown = [x for x in picked if x not in bg.SECTIONS]
+    if unknown:
+        _bad(f"--sections: unknown {', '.join(unknown)}; pick of {', '.join(bg.SECTIONS)}")
+    if memory_budget is None and device.startswith("cuda"):
+        memory_budget = 16.0
     try:
         counts = tuple(int(x) for x in streams.split(",") if x.strip())
         EngineConfig.of(model, dtype=dtype, device=device, graphs=graphs)
@@ -761,6 +785,8 @@ def bench_gpu(
         span_tokens=span_tokens, context_tokens=context_tokens, decode_tokens=decode_tokens,
         streams=counts, stream_tokens=stream_tokens, workflows=chosen,
         workflow_tokens=workflow_tokens, runs=runs, repeats=repeats, graphs=graphs,
+        sections=picked, engines=engines,
+        memory_budget=int(memory_budget * 2**30) if memory_budget else None,
     )  # fmt: skip
     console = Console()
     console.print(f"[dim]{bg.device_name(device)}, torch {torch.__version__}[/]")

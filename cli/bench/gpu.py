@@ -17,8 +17,19 @@ any section failed):
 - graphs: when the engine runs decode steps through static buffers (`--graphs`,
   CUDA graphs by default on a GPU), one stream and the first stream count again
   on an engine with graphs="off": what the graphs are worth.
+- patterns: every built-in pattern once with its default settings (but the
+  decode budget `workflow_tokens`) in both modes, one engine per mode: that
+  each runs on this model and device, and its wall time choreographed against
+  the baseline's (not equal work: each mode samples its own tokens).
+- memory: `engines` engines opened at the default sizing (the store takes
+  `memory_fraction` of what the weights leave free) and closed in sequence; the
+  device memory still allocated after each close against what it held open.
 - workflows: choreographed against the prefix-cached baseline on equal work
-  (`corps.cli.bench.workflow.measure`): wall and mean TTFT ratios.
+  (`corps.cli.bench.workflow.measure`): wall and mean TTFT ratios. (last: the longest)
+
+Every engine but the memory section's is opened with `memory_budget` (when
+set), so that an engine and transformers' copy of a large model, or two
+engines of it, fit on one device together.
 
 On the GPU the clock is read after `torch.cuda.synchronize()`. On a CPU the
 same sections run (tiny sizes rehearse the command; the figures mean little).
@@ -40,6 +51,9 @@ from rich.table import Table
 
 from corps.cli.bench.runner import random_ids
 
+#: the sections, in the order they run
+SECTIONS = ("prefill", "decode", "streams", "graphs", "patterns", "memory", "workflows")
+
 #: workflows and their settings: the paper's three, and tree of thoughts 8x8
 WORKFLOWS: dict[str, tuple[str, dict]] = {
     "debate": ("debate", dict(rounds=3)),
@@ -59,6 +73,7 @@ class Figure:
     reference: float
     unit: str
     note: str = ""
+    error: str = ""  # a figure that could not be measured says why (its section failed)
     ratio: float = field(init=False)
 
     def __post_init__(self) -> None:
@@ -82,6 +97,14 @@ class Settings:
     runs: int = 2
     repeats: int = 3
     graphs: str = "auto"  # EngineConfig.graphs of the measured engine
+    sections: tuple[str, ...] = SECTIONS
+    memory_budget: int | None = None  # of every engine but the memory section's
+    engines: int = 4  # the memory section's engines, opened and closed in sequence
+
+    def engine_kw(self) -> dict[str, Any]:
+        """`Engine.open` settings shared by the measured engines."""
+        budget = {"memory_budget": self.memory_budget} if self.memory_budget else {}
+        return dict(dtype=self.dtype, device=self.device, **budget)
 
 
 def sync(device: str) -> None:
@@ -229,7 +252,7 @@ async def graph_figures(s: Settings, hf: HFReference, measured: list[Figure]) ->
     from corps.engine import Engine
 
     eager_s = Settings(**{**asdict(s), "streams": s.streams[:1], "graphs": "off"})
-    async with Engine.open(s.model, dtype=s.dtype, device=s.device, graphs="off") as engine:
+    async with Engine.open(s.model, graphs="off", **s.engine_kw()) as engine:
         eager = await decode_figures(engine, hf, eager_s) + await stream_figures(
             engine, hf, eager_s
         )
@@ -262,6 +285,8 @@ async def workflow_figures(s: Settings) -> list[Figure]:
         report = await measure(
             pattern, params, model=s.model, impls=("baseline", "choreographed"),
             runs=s.runs, dtype=s.dtype, device=s.device, questions=[q for q, _ in MATH_PROBLEMS],
+            engine_kw={"graphs": s.graphs, **({"memory_budget": s.memory_budget}
+                                              if s.memory_budget else {})},
         )  # fmt: skip
         r = report.ratios["baseline/choreographed"]
         for metric, label in (("wall_s", "wall"), ("ttft_s", "mean TTFT")):
@@ -272,10 +297,77 @@ async def workflow_figures(s: Settings) -> list[Figure]:
     return out
 
 
-async def run(s: Settings, out: Path | None, console: Console) -> tuple[list[Figure], list[str]]:
-    """Every section; (figures, failures). Each section's lines go to `out` at once."""
-    from corps.engine import Engine, torch_dtype
+async def pattern_figures(s: Settings) -> list[Figure]:
+    """Every built-in pattern once per mode (one engine per mode), default settings but
+    a decode budget of `s.workflow_tokens`; a pattern that fails is a figure with its
+    error, and the others still run."""
+    import warnings
 
+    from corps.cache.visibility import LeakWarning
+    from corps.patterns import PATTERNS
+
+    walls: dict[tuple[str, str], float] = {}
+    errors: dict[str, str] = {}
+    for mode in ("baseline", "choreographed"):
+        with warnings.catch_warnings():
+            # the prisoner's dilemma leaks on purpose (it shows the leak policies)
+            warnings.simplefilter("ignore", LeakWarning)
+            await _patterns_in(s, mode, walls, errors)
+        release(s.device)
+    note = f"reference: baseline wall; max_tokens {s.workflow_tokens}, seed 0"
+    return [
+        Figure("patterns", f"{name} wall", walls.get(("choreographed", name), math.nan),
+               walls.get(("baseline", name), math.nan), "s", note, errors.get(name, ""))
+        for name in PATTERNS
+    ]  # fmt: skip
+
+
+async def _patterns_in(s: Settings, mode: str, walls: dict, errors: dict) -> None:
+    """Each built-in pattern once on one engine of `mode`: its wall time into `walls`,
+    or its error into `errors`."""
+    from corps.agents import Runtime
+    from corps.engine import Engine
+    from corps.patterns import PATTERNS, run_pattern
+
+    async with Engine.open(s.model, mode=mode, graphs=s.graphs, **s.engine_kw()) as engine:
+        async with Runtime(engine) as rt:
+            for name in PATTERNS:
+                params = {"max_tokens": s.workflow_tokens, "seed": 0}
+                try:
+                    walls[mode, name] = await timed(
+                        s.device, lambda n=name, p=params: run_pattern(rt, n, p), 1
+                    )
+                except Exception as exc:  # reported as the pattern's figure
+                    errors.setdefault(name, f"{mode}: {exc!r}")
+
+
+def allocated(device: str) -> int:
+    """Bytes of device memory torch holds in tensors (0 on a CPU: not tracked)."""
+    return torch.cuda.memory_allocated(torch.device(device)) if device.startswith("cuda") else 0
+
+
+async def memory_figures(s: Settings) -> list[Figure]:
+    """`s.engines` engines at the default sizing, opened and closed in sequence: the
+    memory each leaves allocated after its close (over before the first opened)
+    against what it held open. A leak fails the next open for want of memory."""
+    from corps.engine import Engine
+
+    before, out = allocated(s.device), []
+    for i in range(s.engines):
+        async with Engine.open(s.model, dtype=s.dtype, device=s.device) as engine:
+            await _prefill_free(engine, random_ids(engine.tokenizer.vocab_size, 64))
+            held = allocated(s.device) - before
+        release(s.device)
+        left = allocated(s.device) - before
+        name = f"engine {i + 1} of {s.engines}: left after close"
+        note = "reference: held while open"
+        out.append(Figure("memory", name, left / 2**20, held / 2**20, "MiB", note))
+    return out
+
+
+async def run(s: Settings, out: Path | None, console: Console) -> tuple[list[Figure], list[str]]:
+    """The settings' sections; (figures, failures). Each section's lines go to `out`
+    at once."""
     figures: list[Figure] = []
     failures: list[str] = []
 
@@ -283,38 +375,51 @@ async def run(s: Settings, out: Path | None, console: Console) -> tuple[list[Fig
         if isinstance(got, BaseException):
             failures.append(f"{section}: {got!r}")
             console.print(f"[bold red]{section} failed:[/] {got!r}")
-            line = {"section": section, "error": repr(got)}
-            rows = [line]
+            rows = [{"section": section, "error": repr(got)}]
         else:
             figures.extend(got)
+            failures.extend(f"{section}: {f.name}: {f.error}" for f in got if f.error)
             rows = [asdict(f) for f in got]
         if out is not None:
             with out.open("a") as f:
                 f.writelines(json.dumps(r) + "\n" for r in rows)
 
-    async with Engine.open(s.model, dtype=s.dtype, device=s.device, graphs=s.graphs) as engine:
-        hf = HFReference(engine.model_path, torch_dtype(s.dtype), s.device)
-        for section, fn in (("prefill", prefill_figures), ("decode", decode_figures),
-                            ("streams", stream_figures)):  # fmt: skip
+    async def section(name: str, fn: Callable[..., Awaitable[list[Figure]]], *args) -> None:
+        if name in s.sections:
             try:
-                keep(section, await fn(engine, hf, s))
+                keep(name, await fn(*args))
             except Exception as exc:  # a failing section is reported; the others run
-                keep(section, exc)
-        static = engine.stats().static_steps
-    release(s.device)
-    if static:  # the steps ran through static buffers: against the same steps eager
+                keep(name, exc)
+
+    measured = ("prefill", "decode", "streams", "graphs")
+    if any(x in s.sections for x in measured):
         try:
-            keep("graphs", await graph_figures(s, hf, figures))
-        except Exception as exc:
-            keep("graphs", exc)
+            hf, static = await _measured_engine(s, section)
+        except Exception as exc:  # the engine or transformers' copy did not load
+            keep("engine", exc)
+            hf, static = None, 0
         release(s.device)
-    del hf
-    release(s.device)
-    try:
-        keep("workflows", await workflow_figures(s))
-    except Exception as exc:
-        keep("workflows", exc)
+        if static:  # the steps ran through static buffers: against the same steps eager
+            await section("graphs", graph_figures, s, hf, figures)
+        del hf
+        release(s.device)
+    await section("patterns", pattern_figures, s)
+    await section("memory", memory_figures, s)
+    await section("workflows", workflow_figures, s)  # the longest, last
     return figures, failures
+
+
+async def _measured_engine(s: Settings, section) -> tuple[HFReference, int]:
+    """The prefill, decode and streams sections on one engine (transformers' copy
+    loaded beside it); (that copy, the engine's static decode steps)."""
+    from corps.engine import Engine, torch_dtype
+
+    async with Engine.open(s.model, graphs=s.graphs, **s.engine_kw()) as engine:
+        hf = HFReference(engine.model_path, torch_dtype(s.dtype), s.device)
+        await section("prefill", prefill_figures, engine, hf, s)
+        await section("decode", decode_figures, engine, hf, s)
+        await section("streams", stream_figures, engine, hf, s)
+        return hf, engine.stats().static_steps
 
 
 def table(s: Settings, figures: list[Figure]) -> Table:
@@ -323,7 +428,7 @@ def table(s: Settings, figures: list[Figure]) -> Table:
         t.add_column(col, justify="right" if col in ("corps", "reference") else "left")
     for f in figures:
         t.add_row(f.section, f.name, f"{f.corps:,.1f} {f.unit}", f"{f.reference:,.1f} {f.unit}",
-                  f"{f.ratio:.2f}x", f.note)  # fmt: skip
+                  f"{f.ratio:.2f}x", f"failed: {f.error}" if f.error else f.note)  # fmt: skip
     return t
 
 

@@ -145,11 +145,14 @@ async def measure(
     questions: list[str] | None = None,
     device: str = "cpu",
     repair: str = "none",
+    engine_kw: dict[str, Any] | None = None,
 ) -> Report:
     """Open one engine per implementation, warm up, then interleave `runs` runs.
 
     With `questions`, run r asks questions[r % len] unless params fix `question`.
     `repair`: the choreographed engine's repair policy (`corps.engine.repair`).
+    `engine_kw`: further `Engine.open` settings of every engine (e.g. a
+    `memory_budget`, so that two engines of a large model fit on one GPU).
     """
     from corps.agents import Runtime
     from corps.engine import Engine
@@ -160,7 +163,9 @@ async def measure(
     async with AsyncExitStack() as stack:
         runtimes = {}
         for impl in order:
-            extra = {"repair": repair} if impl == "choreographed" else {}
+            extra = dict(engine_kw or {})
+            if impl == "choreographed":
+                extra["repair"] = repair
             engine = await stack.enter_async_context(
                 Engine.open(model, mode=impl, dtype=dtype, device=device, **extra)
             )
