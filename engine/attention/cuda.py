@@ -48,11 +48,35 @@ class FlexPlan:
     mask: Any  # corps.engine.kernels.flex_prefill.PrefillMask
 
 
+@dataclass(frozen=True)
+class DensePlan:
+    """A step of one span whose keys are arena positions [start, end) back to back
+    (its context, if any, right before its own tokens): dense causal attention."""
+
+    arena: ViewArena
+    start: int
+    end: int  # after the span's rows are appended
+
+
+def dense_plan(spans) -> DensePlan | None:
+    """The DensePlan of a step of one span over one contiguous run of the arena (a
+    prompt without parents, or whose context sits right before it), else None."""
+    if len(spans) != 1 or spans[0].at is not None or spans[0].view.arena is None:
+        return None
+    sp, view = spans[0], spans[0].view
+    if view.ctx_len and view.ctx_base + view.ctx_len != view.own_base:
+        return None
+    end = view.own_base + view.own_length + (sp.end - sp.start)
+    return DensePlan(view.arena, view.ctx_base, end)
+
+
 class FlexAttention(SdpaAttention):
     """Prefill with FlexAttention: all of a step's rows in one launch over the view
-    arena, under a block mask built once per step. Steps whose views are not all in
-    the arena (views built without one, as the attention sink's) use the torch
-    reference."""
+    arena, under a block mask built once per step. A step of one span over one
+    contiguous run of the arena (a prompt without parents) runs dense causal
+    attention instead (`dense_prefill`: flash attention, no mask to build). Steps
+    whose views are not all in the arena (views built without one, as the attention
+    sink's) use the torch reference."""
 
     name = "flex"
     short_span_rows = 1  # FlexAttention batches every prefill span in one launch
@@ -63,6 +87,9 @@ class FlexAttention(SdpaAttention):
         arena = spans[0].view.arena
         if arena is None or any(sp.view.arena is not arena or sp.at is not None for sp in spans):
             return super().plan_prefill(spans)  # the torch reference's per-span masks
+        dense = dense_plan(spans)
+        if dense is not None:
+            return dense
         dev = arena.k.device
         views = [sp.view for sp in spans]
         t = torch.tensor([sp.end - sp.start for sp in spans], device=dev)  # (S,) rows
@@ -77,6 +104,14 @@ class FlexAttention(SdpaAttention):
         return FlexPlan(arena, PrefillMask.build(lo, lo + cl.repeat_interleave(t), own_lo, own_hi))
 
     def attend_spans(self, layer, q, k, v, spans, plan, scale) -> Tensor:
+        if isinstance(plan, DensePlan):
+            from corps.engine.kernels.dense_prefill import dense_prefill
+
+            rows = slice(spans[0].start, spans[0].end)
+            spans[0].view.append(layer, k[rows], v[rows])
+            ak = plan.arena.k_layers[layer][:, plan.start : plan.end]  # (Hkv, W, D)
+            av = plan.arena.v_layers[layer][:, plan.start : plan.end]
+            return dense_prefill(q[rows], ak, av, scale)
         if not isinstance(plan, FlexPlan):  # views outside the arena: the torch reference
             return super().attend_spans(layer, q, k, v, spans, plan, scale)
         from corps.engine.kernels.flex_prefill import flex_prefill
