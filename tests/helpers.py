@@ -146,9 +146,9 @@ class Oracle:
         t = len(tokens)
         with torch.no_grad():
             out = self.hf(
-                input_ids=torch.tensor([tokens]),
-                position_ids=torch.arange(new_offset, new_offset + t)[None],
-                cache_position=torch.arange(n, n + t),
+                input_ids=torch.tensor([tokens], device=self.hf.device),
+                position_ids=torch.arange(new_offset, new_offset + t, device=self.hf.device)[None],
+                cache_position=torch.arange(n, n + t, device=self.hf.device),
                 past_key_values=cache,
                 use_cache=True,
             )

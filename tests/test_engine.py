@@ -592,7 +592,7 @@ async def test_logprobs_are_the_models_own_log_probabilities_of_each_token(
     for h in (sampled, forced):
         ids = prompt + h.tokens[: h.generated_from + len(h.generated)]
         with torch.no_grad():
-            logits = hf(torch.tensor([ids])).logits[0].double()  # (T, V)
+            logits = hf(torch.tensor([ids], device=hf.device)).logits[0].double()  # (T, V)
         rows = torch.log_softmax(logits, -1)[len(ids) - len(h.generated) - 1 : -1]
         want = [float(r[t]) for r, t in zip(rows, h.generated, strict=True)]
         assert len(h.logprobs) == len(h.generated)

@@ -16,7 +16,7 @@ TINY = ("--dtype float32 --prompt-tokens 24 --spans 3 --span-tokens 4 --context-
         "--decode-tokens 8 --streams 2 --stream-tokens 3 --workflow-tokens 3 --runs 1 "
         "--repeats 1 --workflows debate --graphs static --engines 2")  # fmt: skip
 QUICK_TEST = (
-    "tests/test_bench_gpu.py::test_the_cli_names_the_workflows_and_sections_the_bench_knows"  # noqa: E501
+    "tests/test_bench_gpu.py::test_the_cli_names_the_workflows_and_sections_the_bench_knows"
 )
 
 

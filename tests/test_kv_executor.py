@@ -44,13 +44,13 @@ def test_chain_equivalence_logits_and_greedy(tiny_dirs, tiny_hf, arch, backend):
         handles.append(h)
         ours.append(logits)
     seq = core.fmt.sink + [t for h in handles for t in h.tokens]
-    ref = hf(torch.tensor([seq])).logits[0][len(core.fmt.sink) :]
+    ref = hf(torch.tensor([seq], device=hf.device)).logits[0][len(core.fmt.sink) :]
     assert (torch.cat(ours) - ref).abs().max().item() <= TOL
 
     (ans,) = run_calls(core, [DecodeRequest(parents=handles, sampling=greedy(12))])[0]
     footer = core.fmt.encode(core.fmt.frame("assistant")[1])
     header = ans.tokens[: len(ans.tokens) - 12 - len(footer)]
-    prompt = torch.tensor([seq + header])
+    prompt = torch.tensor([seq + header], device=hf.device)
     hf.generation_config.eos_token_id = None
     out = hf.generate(prompt, max_new_tokens=12, min_new_tokens=12, do_sample=False, pad_token_id=0)
     assert ans.generated == out[0, prompt.shape[1] :].tolist()
@@ -59,7 +59,7 @@ def test_chain_equivalence_logits_and_greedy(tiny_dirs, tiny_hf, arch, backend):
     assert ans.tokens == header + ans.generated + footer
     nxt, logits = prefill(core, "hello world", parents=[*handles, ans])
     seq2 = seq + ans.tokens + nxt.tokens
-    ref = hf(torch.tensor([seq2])).logits[0][-nxt.length :]
+    ref = hf(torch.tensor([seq2], device=hf.device)).logits[0][-nxt.length :]
     assert (logits - ref).abs().max().item() <= TOL
 
 
@@ -69,9 +69,10 @@ def test_repositioning_keys_and_attention(tiny_dirs, backend):
     x_a, _ = prefill(core, "the quick brown fox", new_offset=3)
     x_b, _ = prefill(core, "the quick brown fox", new_offset=57)
     n = x_a.length
-    pos = torch.arange(57, 57 + n)
-    slots_a = torch.tensor(core.table.get(x_a.id).slots)
-    slots_b = torch.tensor(core.table.get(x_b.id).slots)
+    dev = core.memory.store.k.device
+    pos = torch.arange(57, 57 + n, device=dev)
+    slots_a = torch.tensor(core.table.get(x_a.id).slots, device=dev)
+    slots_b = torch.tensor(core.table.get(x_b.id).slots, device=dev)
     fill = core.runner.attention.gather  # the backend's gather (a Triton kernel or torch)
     view_a = open_view(core.memory.store, core.memory.rope, slots_a, pos, 0, fill=fill)
     view_b = open_view(core.memory.store, core.memory.rope, slots_b, pos, 0, fill=fill)

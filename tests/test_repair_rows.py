@@ -42,8 +42,8 @@ def greedy(n, **kw):
 
 def hf_greedy(hf, ids, n):
     hf.generation_config.eos_token_id = None
-    out = hf.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                      pad_token_id=0)  # fmt: skip
+    ids_t = torch.tensor([ids], device=hf.device)
+    out = hf.generate(ids_t, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
     return out[0, len(ids) :].tolist()
 
 
@@ -142,9 +142,9 @@ def hf_kv(hf, view_k, view_v, j: int, token: int, position: int):
             cache.update(view_k[layer][None, :, :j], view_v[layer][None, :, :j], layer)
     with torch.no_grad():
         out = hf(
-            input_ids=torch.tensor([[token]]),
-            position_ids=torch.tensor([[position]]),
-            cache_position=torch.tensor([j]),
+            input_ids=torch.tensor([[token]], device=hf.device),
+            position_ids=torch.tensor([[position]], device=hf.device),
+            cache_position=torch.tensor([j], device=hf.device),
             past_key_values=cache,
             use_cache=True,
         )
@@ -331,7 +331,7 @@ def query_scores_by_hand(core, view, ids, positions, at, every):
     q, *_ = layer_qkv(x, lw.input_norm, lw.qkv, lw.q_norm, lw.k_norm, cos, sin,
                       spec.num_heads, spec.num_kv_heads, spec.rms_norm_eps)  # fmt: skip
     group = spec.num_heads // spec.num_kv_heads
-    total = torch.zeros(n)
+    total = torch.zeros(n, device=x.device)
     for r, a in enumerate(at):
         seen = min(a, n - 1) + 1  # a row in the view sees up to itself; a new one all
         for h in range(spec.num_heads):

@@ -76,7 +76,8 @@ async def test_every_model_family_decodes_the_same_through_the_buffers(tiny_dirs
 async def test_steps_the_buffers_cannot_describe_run_as_before(tiny_dirs):
     """Prompt chunks, forced tokens and contexts read from the store take the
     ordinary step; the static one only ever sees one-row decodes."""
-    async with open_tiny(tiny_dirs, "llama", graphs="static", contexts="store") as engine:
+    store = dict(graphs="static", contexts="store", attention="torch")  # store: torch only
+    async with open_tiny(tiny_dirs, "llama", **store) as engine:
         q = await engine.prefill("hello there, world")
         await engine.decode_many([dict(parents=[q], max_tokens=4) for _ in range(2)])
         assert engine.stats().static_steps == 0  # every view read its context from the store
