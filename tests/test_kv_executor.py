@@ -12,7 +12,7 @@ from corps.engine.attention.views import open_view
 from corps.engine.request.requests import DecodeRequest, PrefillRequest
 from corps.engine.request.sampling_params import SamplingParams
 
-from conftest import open_tiny
+from conftest import batch_rounding, open_tiny, same_encoding
 from helpers import Oracle, build_mask, order, run_calls
 
 TOL = 1e-4
@@ -166,7 +166,7 @@ def test_prefill_many_equals_sequential(tiny_dirs, backend):
     _, together = run_calls(core, reqs, want_logits=True)
     alone = [run_calls(core, [r], want_logits=True)[1][0] for r in reqs]
     for a, b in zip(together, alone, strict=True):
-        assert (a - b).abs().max().item() <= 1e-5
+        assert (a - b).abs().max().item() <= batch_rounding()
 
 
 @pytest.mark.parametrize("arch", ["llama", "llama-sink"])
@@ -415,7 +415,7 @@ async def test_an_evicted_encoding_is_recomputed_bit_for_bit(tiny_dirs, arch):
         assert not msgs[0].slots  # made again only to be read, and given back
         for m, (k, v) in zip(msgs[1:], before[1:], strict=True):
             k2, v2 = _kv(core, m)
-            assert torch.equal(k, k2) and torch.equal(v, v2)
+            assert same_encoding(k, k2) and same_encoding(v, v2)
         assert core.memory.store.used_slots == used - len(msgs[0].tokens)
         stats = engine.stats()
         assert stats.tokens_recomputed == sum(len(m.tokens) for m in msgs)

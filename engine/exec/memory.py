@@ -14,8 +14,8 @@ are dropped (`evict`), least wanted first, until the call fits. Such a message
 stays readable (text, tokens, provenance); the next call that names it as a
 parent recomputes its encoding first (`corps.engine.exec.recompute`), by running its tokens
 through the model again in the steps it was first encoded in, over the same
-parents at the same offsets: the same K/V, bit for bit in float32 when those
-steps had the same rows.
+parents at the same offsets: the same K/V, bit for bit in float32 on a CPU when
+those steps had the same rows (on a GPU, to float32 rounding).
 """
 
 from __future__ import annotations
