@@ -7,9 +7,10 @@ prefill-like call over the same parents at the same offsets, whose feed runs in
 those same steps (a decode's header, then a token a step, then its last token
 with the footer). Same inputs, same row counts: the same K/V, bit for bit in
 float32 on a CPU when the steps ran alone both times (on a GPU, to float32
-rounding: its kernels depend on the step's shape and on CUDA graphs). A parent without an encoding (evicted,
-or freed meanwhile: its record stays while messages encoded over it remain) is
-recomputed first; a freed one only to be read, then given back.
+rounding: its kernels depend on the step's shape and on CUDA graphs). A parent
+without an encoding (evicted, or freed meanwhile: its record stays while messages
+encoded over it remain) is recomputed first; a freed one only to be read, then
+given back.
 """
 
 from __future__ import annotations
