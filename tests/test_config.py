@@ -124,3 +124,11 @@ async def test_a_bad_setting_fails_before_any_weights_load(tmp_path):
     with pytest.raises(BadConfig, match="dtype"):
         async with Engine.open(str(tmp_path / "no-such-model"), dtype="int4"):
             pass
+
+
+def test_step_tokens_default_by_device_and_a_given_value_wins():
+    from corps.engine.config import step_tokens_for
+
+    assert EngineConfig.of().step_tokens is None
+    assert (step_tokens_for("cpu"), step_tokens_for("cuda:1")) == (512, 4096)
+    assert EngineConfig.of(step_tokens=40).step_tokens == 40

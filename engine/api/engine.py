@@ -25,9 +25,7 @@ from corps.engine.api.stream import StreamCalls, TextStream
 from corps.engine.api.submit import Submitter
 from corps.engine.api.tracing import live_spans, trace_header
 from corps.engine.audit import AuditReport
-from corps.engine.config import (
-    EngineConfig,
-)
+from corps.engine.config import EngineConfig, step_tokens_for
 from corps.engine.distill.graph import MessageGraph, message_graph
 from corps.engine.errors import InvalidRequest
 from corps.engine.exec.executor import Executor
@@ -76,7 +74,7 @@ class Engine:
         self._sched = Scheduler(
             executor,
             queue_size=cfg.queue_size,
-            step_tokens=cfg.step_tokens,
+            step_tokens=cfg.step_tokens or step_tokens_for(cfg.device),
             recorder=self.recorder,
             max_running=cfg.max_running,
             policy=make_policy(cfg.policy, **measured_settings(cfg.policy, executor)),
