@@ -11,8 +11,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corps.engine.attention.cuda import DensePlan, dense_plan
-from corps.engine.kernels.dense_prefill import dense_prefill
+from corps.engine.attention.cuda import dense_plan
+from corps.engine.kernels.dense_prefill import dense_prefill, lower_right_mask
 from corps.engine.kernels.flex_prefill import prefill_attention_ref
 
 
@@ -32,10 +32,14 @@ def test_dense_matches_reference(rows, prefix, kv_heads, group, seed):
     lo = torch.zeros(rows, dtype=torch.long)
     hi = torch.arange(prefix + 1, w + 1)  # row i sees the prefix and rows 0..i
     want = prefill_attention_ref(q, k, v, lo, hi, 0.125)
-    assert torch.allclose(dense_prefill(q, k, v, 0.125), want, atol=1e-5)
+    mask = lower_right_mask(rows, w, q.device)
+    assert torch.allclose(dense_prefill(q, k, v, 0.125, mask), want, atol=1e-5)
 
 
-def span(ctx_base, ctx_len, own_base, own_length, rows, arena="arena", at=None):
+ARENA = SimpleNamespace(k=torch.empty(0))
+
+
+def span(ctx_base, ctx_len, own_base, own_length, rows, arena=ARENA, at=None):
     view = SimpleNamespace(
         arena=arena, ctx_base=ctx_base, ctx_len=ctx_len, own_base=own_base,
         own_length=own_length,
@@ -44,8 +48,11 @@ def span(ctx_base, ctx_len, own_base, own_length, rows, arena="arena", at=None):
 
 
 def test_one_span_over_a_contiguous_run_is_dense():
-    assert dense_plan((span(8, 0, 8, 0, 5),)) == DensePlan("arena", 8, 13)  # no parents
-    assert dense_plan((span(0, 8, 8, 3, 5),)) == DensePlan("arena", 0, 16)  # context right before
+    plan = dense_plan((span(8, 0, 8, 0, 5),))  # no parents: plain causal
+    assert (plan.arena, plan.start, plan.end, plan.mask) == (ARENA, 8, 13, None)
+    plan = dense_plan((span(0, 8, 8, 3, 5),))  # its context right before it
+    assert (plan.start, plan.end) == (0, 16)
+    assert plan.mask.shape == (5, 16) and plan.mask[0, :12].all() and not plan.mask[0, 12:].any()
 
 
 def test_other_steps_keep_the_block_mask():

@@ -134,3 +134,13 @@ def test_decode_keys_sum_the_views():
     assert decode_keys([]) == 0
     assert decode_keys([300]) == 300
     assert decode_keys([100, 1500, 200]) == 1800
+
+
+def test_a_gpu_takes_longer_prompt_chunks():
+    from corps.engine.exec.step_plan import GPU_PREFILL_CHUNK, prefill_chunk_for
+
+    assert prefill_chunk_for("cpu") == PREFILL_CHUNK
+    assert prefill_chunk_for("cuda:0") == GPU_PREFILL_CHUNK > PREFILL_CHUNK
+    long = call(feed=3000)
+    assert shape(plan_rows([long], chunk=GPU_PREFILL_CHUNK)) == [(0, 3000)]
+    assert shape(plan_rows([long], budget=1000, chunk=GPU_PREFILL_CHUNK)) == [(0, 1000)]

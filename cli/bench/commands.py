@@ -158,6 +158,35 @@ def bench_step(
         fail(exc)
 
 
+@bench_app.command("ops")
+def bench_ops(
+    model: ModelOpt = "dummy:llama-3.2-1b",
+    dtype: Annotated[str, typer.Option(help="Weights, activations and KV store.")] = "bfloat16",
+    step_tokens: Annotated[
+        str, typer.Option(help="Comma-separated step_tokens settings, one engine each.")
+    ] = "512,4096",
+    prompt_tokens: Annotated[int, typer.Option(min=1, help="The lone prompt's tokens.")] = 2048,
+    spans: Annotated[int, typer.Option(min=1, help="Spans over a shared context.")] = 16,
+    span_tokens: Annotated[int, typer.Option(min=1)] = 128,
+    context_tokens: Annotated[int, typer.Option(min=1)] = 1024,
+) -> None:
+    """The torch ops a prefill runs per step and layer, counted on this machine: the
+    proxy for a GPU's kernel launches (a lone prompt; spans over a shared context)."""
+    from corps.cli.bench.ops import main
+
+    try:
+        settings = [int(x) for x in step_tokens.split(",") if x.strip()]
+        if not settings or min(settings) < 1:
+            raise ValueError("give positive integers")
+    except ValueError as exc:
+        _bad(f"--step-tokens: {exc}")
+    try:
+        main(model, dtype, settings, prompt=prompt_tokens, spans=spans, span_tokens=span_tokens,
+             context=context_tokens)  # fmt: skip
+    except CorpsError as exc:
+        fail(exc)
+
+
 @bench_app.command("audit")
 def bench_audit(
     pattern: Annotated[str, typer.Argument(help="A built-in pattern (see corps scenarios).")],

@@ -46,6 +46,7 @@ class FlexPlan:
 
     arena: ViewArena
     mask: Any  # corps.engine.kernels.flex_prefill.PrefillMask
+    dest: Tensor  # (T,) the arena position each of the step's rows is written to
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,7 @@ class DensePlan:
     arena: ViewArena
     start: int
     end: int  # after the span's rows are appended
+    mask: Any = None  # dense_prefill.lower_right_mask of the span's rows over its keys
 
 
 def dense_plan(spans) -> DensePlan | None:
@@ -66,8 +68,12 @@ def dense_plan(spans) -> DensePlan | None:
     sp, view = spans[0], spans[0].view
     if view.ctx_len and view.ctx_base + view.ctx_len != view.own_base:
         return None
-    end = view.own_base + view.own_length + (sp.end - sp.start)
-    return DensePlan(view.arena, view.ctx_base, end)
+    from corps.engine.kernels.dense_prefill import lower_right_mask
+
+    rows = sp.end - sp.start
+    end = view.own_base + view.own_length + rows
+    mask = lower_right_mask(rows, end - view.ctx_base, view.arena.k.device)
+    return DensePlan(view.arena, view.ctx_base, end, mask)
 
 
 class FlexAttention(SdpaAttention):
@@ -101,7 +107,8 @@ class FlexAttention(SdpaAttention):
         lo = cb.repeat_interleave(t)  # (T,) each row's context
         own_lo = ob.repeat_interleave(t)  # (T,) each row's own tokens
         own_hi = own_lo + first.repeat_interleave(t) + row  # row i sees own_length + i + 1
-        return FlexPlan(arena, PrefillMask.build(lo, lo + cl.repeat_interleave(t), own_lo, own_hi))
+        mask = PrefillMask.build(lo, lo + cl.repeat_interleave(t), own_lo, own_hi)
+        return FlexPlan(arena, mask, own_hi - 1)  # row i is written where it last sees
 
     def attend_spans(self, layer, q, k, v, spans, plan, scale) -> Tensor:
         if isinstance(plan, DensePlan):
@@ -111,15 +118,17 @@ class FlexAttention(SdpaAttention):
             spans[0].view.append(layer, k[rows], v[rows])
             ak = plan.arena.k_layers[layer][:, plan.start : plan.end]  # (Hkv, W, D)
             av = plan.arena.v_layers[layer][:, plan.start : plan.end]
-            return dense_prefill(q[rows], ak, av, scale)
+            return dense_prefill(q[rows], ak, av, scale, plan.mask)
         if not isinstance(plan, FlexPlan):  # views outside the arena: the torch reference
             return super().attend_spans(layer, q, k, v, spans, plan, scale)
         from corps.engine.kernels.flex_prefill import flex_prefill
 
-        arena, mask = plan.arena, plan.mask
-        for sp in spans:
-            sp.view.append(layer, k[sp.start : sp.end], v[sp.start : sp.end])
-        return flex_prefill(q, arena.k_layers[layer], arena.v_layers[layer], mask, scale)
+        ak, av = plan.arena.k_layers[layer], plan.arena.v_layers[layer]  # (Hkv, A, D)
+        # every span's rows at once (what each view's `append` would write): two
+        # launches a layer, not two per span
+        ak.index_copy_(1, plan.dest, k.transpose(0, 1))
+        av.index_copy_(1, plan.dest, v.transpose(0, 1))
+        return flex_prefill(q, ak, av, plan.mask, scale)
 
 
 class TritonFlexAttention(TritonAttention, FlexAttention):

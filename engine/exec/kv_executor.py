@@ -217,7 +217,9 @@ class KVExecutor:
         reported in `failed`; the others go on."""
         calls = order.calls
         try:
-            out = self.stepper.step(plan_rows(calls, order.budget)) if calls else StepOutput()
+            out = StepOutput()
+            if calls:
+                out = self.stepper.step(plan_rows(calls, order.budget, self.stepper.chunk))
         except Exception as exc:  # the forward failed: the step's calls fail, none other
             out = StepOutput(failed=[(c, exc) for c in calls], ran=False)
             for c in calls:

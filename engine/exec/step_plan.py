@@ -18,13 +18,14 @@ when `KVExecutor.step` decided them):
 - Decoding calls go first, so a long prefill never starves them; a decoding
   call brings its pending token, the tokens jump-forward appended after it, and
   when it is finishing the footer that closes its turn (`next_rows`).
-- Prompt chunks (at most `PREFILL_CHUNK` tokens each) fill what is left of the
+- Prompt chunks (at most `chunk` tokens each: `PREFILL_CHUNK` on a CPU,
+  `GPU_PREFILL_CHUNK` on a GPU, `prefill_chunk_for`) fill what is left of the
   budget in the order given, and always get 1/`PREFILL_SHARE` of it while any
   call is prefilling (so decodes never starve prefills either).
 - A recompute (`Call.first_spans`) encodes its feed in the spans it was first
   encoded in; a span that does not fit what is left waits a step.
 - A repaired call (`corps.engine.exec.repair_rows`) runs its repair rows before its
-  prompt, as prompt chunks are run (in order, chunks of at most PREFILL_CHUNK); its
+  prompt, as prompt chunks are run (in order, chunks of at most `chunk`); its
   prompt's first chunk may follow them in the same step.
 """
 
@@ -37,8 +38,13 @@ from corps.cache.handle import Handle
 from corps.engine.exec.call import Call
 from corps.engine.model.static_decode import BUCKETS, bucket_for
 
-#: Longest piece of one call's prompt encoded in a single forward step.
+#: Longest piece of one call's prompt encoded in a single forward step, by default (on
+#: a CPU; `prefill_chunk_for`).
 PREFILL_CHUNK = 512
+#: ... on a GPU, where a step is bound by its launches rather than its rows (an H200
+#: ran a 1B model's 2,048-token prompt in four 512-token steps: 2,344 kernels, the GPU
+#: busy 16 of 63 ms): a prompt of a few thousand tokens goes in one step.
+GPU_PREFILL_CHUNK = 4096
 #: While calls are prefilling, they get at least 1/PREFILL_SHARE of each step's tokens.
 PREFILL_SHARE = 8
 #: `Rows.start` of a decoding call's pending token (and what follows it).
@@ -57,6 +63,7 @@ __all__ = [
     "StepPlan",
     "next_rows",
     "plan_rows",
+    "prefill_chunk_for",
 ]
 
 
@@ -153,7 +160,12 @@ class StepPlan:
         return bool(self.entries)
 
 
-def next_rows(c: Call) -> int:
+def prefill_chunk_for(device: object) -> int:
+    """The longest prompt chunk of one call in a step on `device`."""
+    return GPU_PREFILL_CHUNK if str(device).startswith("cuda") else PREFILL_CHUNK
+
+
+def next_rows(c: Call, chunk: int = PREFILL_CHUNK) -> int:
     """Rows the call brings to its next step when the budget does not cut it: its
     pending token with what it jumped to and its closing footer when decoding, its
     repair rows (`corps.engine.exec.repair_rows`), else the next chunk of its prompt
@@ -161,24 +173,27 @@ def next_rows(c: Call) -> int:
     if c.pending is not None:
         return 1 + len(c.jumped) + len(c.closing)
     if c.repair is not None and c.repair.left:
-        return min(c.repair.left, PREFILL_CHUNK)
-    return next_chunk(c)
+        return min(c.repair.left, chunk)
+    return next_chunk(c, chunk)
 
 
-def next_chunk(c: Call) -> int:
-    """The next chunk of the call's prompt: at most PREFILL_CHUNK tokens, or for a
+def next_chunk(c: Call, chunk: int = PREFILL_CHUNK) -> int:
+    """The next chunk of the call's prompt: at most `chunk` tokens, or for a
     recompute its next recorded span; 0 when its prompt is all encoded."""
     left = len(c.feed) - c.fed
     if left <= 0:
         return 0
     if c.first_spans:
         return c.first_spans[len(c.spans)]
-    return min(left, PREFILL_CHUNK)
+    return min(left, chunk)
 
 
-def plan_rows(calls: Sequence[Call], budget: int | None = None) -> StepPlan:
+def plan_rows(
+    calls: Sequence[Call], budget: int | None = None, chunk: int = PREFILL_CHUNK
+) -> StepPlan:
     """The rows of the next step over `calls` (in the order given) within `budget`
-    tokens (None: no bound). Pure: reads the calls, changes nothing."""
+    tokens (None: no bound), each call's prompt in chunks of at most `chunk` tokens.
+    Pure: reads the calls, changes nothing."""
     left = NO_BUDGET if budget is None else budget
     decoding = [c for c in calls if c.pending is not None]
     prefilling = sum(len(c.feed) - c.fed + repair_left(c) for c in calls if c.pending is None)
@@ -196,7 +211,7 @@ def plan_rows(calls: Sequence[Call], budget: int | None = None) -> StepPlan:
         if c.pending is not None or left <= 0:
             continue
         if repair_left(c):  # before its prompt: the prompt attends to what it repairs
-            n = min(next_rows(c), left)
+            n = min(next_rows(c, chunk), left)
             entries.append(Rows(c, REPAIR, n))
             left -= n
             if n < repair_left(c) or left <= 0:
@@ -205,7 +220,7 @@ def plan_rows(calls: Sequence[Call], budget: int | None = None) -> StepPlan:
             # order, layer by layer, so the prompt reads the recomputed encodings
         if c.fed >= len(c.feed):
             continue
-        n = next_chunk(c) if c.first_spans else min(next_chunk(c), left)
+        n = next_chunk(c, chunk) if c.first_spans else min(next_chunk(c, chunk), left)
         if n > left:
             continue  # a recompute's span waits for a step with room for it whole
         entries.append(Rows(c, c.fed, n))

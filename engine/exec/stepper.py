@@ -31,6 +31,7 @@ from corps.engine.exec.step_plan import (
     StepPlan,
     decode_keys,
     plan_rows,
+    prefill_chunk_for,
 )
 from corps.engine.model.runner import ModelRunner
 
@@ -50,6 +51,7 @@ class Stepper:
         self.memory, self.runner, self.grammars = memory, runner, grammars
         self.post, self.repairs, self.counts = post, repairs, counts
         self.store, self.device = memory.store, memory.store.k.device
+        self.chunk = prefill_chunk_for(self.device)  # a call's prompt chunk per step
 
     def step(self, plan: StepPlan) -> StepOutput:
         """Run the plan's rows; the calls it moved on are advanced, failures reported."""
@@ -63,7 +65,7 @@ class Stepper:
         """Step `call` alone until it is done (the attention sink, a recompute), each
         step planned as the loop plans one (`plan_rows`); raises what failed it."""
         while not call.done:
-            out = self.step(plan_rows([call]))
+            out = self.step(plan_rows([call], chunk=self.chunk))
             if out.failed:
                 raise out.failed[0][1]
 
