@@ -58,7 +58,7 @@ def test_every_stage_and_section_on_a_tiny_model(tiny_dirs, tmp_path):
     first, second = out / f"bench-1-{_file(model)}.jsonl", out / f"bench-2-{_file(model)}.jsonl"
     sections = [x["section"] for x in lines(first)]
     assert set(sections) == {
-        "prefill", "decode", "streams", "graphs", "workflows", "patterns", "memory",
+        "prefill", "decode", "streams", "profile", "graphs", "workflows", "patterns", "memory",
     }  # fmt: skip
     assert not any(x.get("error") for x in lines(first))
     patterns = [x for x in lines(first) if x["section"] == "patterns"]

@@ -33,7 +33,9 @@ bench_app = typer.Typer(
 #: `corps bench gpu --workflows` (corps.cli.bench.gpu.WORKFLOWS, named here without torch)
 _GPU_WORKFLOWS = ("debate", "tree_of_thoughts", "parallel_debate", "tree_of_thoughts_8x8")
 #: `corps bench gpu --sections` (corps.cli.bench.gpu.SECTIONS)
-_GPU_SECTIONS = ("prefill", "decode", "streams", "graphs", "patterns", "memory", "workflows")
+_GPU_SECTIONS = (
+    "prefill", "decode", "streams", "profile", "graphs", "patterns", "memory", "workflows",
+)  # fmt: skip
 
 
 @bench_app.command("adapter")

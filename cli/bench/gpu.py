@@ -14,6 +14,9 @@ any section failed):
   once per token at the copy bandwidth measured on the device.
 - decode, many streams: `decode_many` of S streams against HF `generate` of a
   batch of S (tokens sampled per second).
+- profile: the device's busy time against the wall time, and the kernels
+  launched, for the long prompt's prefill and the decode of one and of the
+  first stream count (torch.profiler): how host-bound each is.
 - graphs: when the engine runs decode steps through static buffers (`--graphs`,
   CUDA graphs by default on a GPU), one stream and the first stream count again
   on an engine with graphs="off": what the graphs are worth.
@@ -52,7 +55,9 @@ from rich.table import Table
 from corps.cli.bench.runner import random_ids
 
 #: the sections, in the order they run
-SECTIONS = ("prefill", "decode", "streams", "graphs", "patterns", "memory", "workflows")
+SECTIONS = (
+    "prefill", "decode", "streams", "profile", "graphs", "patterns", "memory", "workflows",
+)  # fmt: skip
 
 #: workflows and their settings: the paper's three, and tree of thoughts 8x8
 WORKFLOWS: dict[str, tuple[str, dict]] = {
@@ -246,6 +251,45 @@ async def stream_figures(engine, hf: HFReference, s: Settings) -> list[Figure]:
     return out
 
 
+async def profile_figures(engine, hf: HFReference, s: Settings) -> list[Figure]:
+    """Where a step's time goes: the device's busy time (its kernels' summed time, from
+    torch.profiler) against the wall time, and the kernels launched, for the long
+    prompt's prefill, one stream's decode and the first stream count's decode. A busy
+    share well below 1 is a host-bound (launch- or Python-bound) step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    vocab, n = hf.vocab, s.stream_tokens
+    q = await engine.prefill(random_ids(vocab, 16), frame=False)
+
+    async def prefill() -> None:
+        await _prefill_free(engine, random_ids(vocab, s.prompt_tokens))
+
+    async def decode(streams: int) -> None:
+        many = [dict(parents=[q], max_tokens=n, ignore_eos=True, seed=i) for i in range(streams)]
+        for h in await engine.decode_many(many):
+            engine.free(h)
+
+    work = [(f"prefill of {s.prompt_tokens}", prefill)]
+    work += [(f"decode, {k} stream(s) x {n}", lambda k=k: decode(k)) for k in (1, s.streams[0])]
+    cuda = s.device.startswith("cuda")
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    out = []
+    for name, fn in work:
+        await fn()  # warm: captures and compiles are not the steady state
+        sync(s.device)
+        with profile(activities=activities) as prof:
+            t0 = time.perf_counter()
+            await fn()
+            sync(s.device)
+            wall = time.perf_counter() - t0
+        kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        busy = sum(getattr(e, "device_time", 0) or 0 for e in kernels) / 1e6  # us -> s
+        note = f"reference: wall time; {len(kernels)} kernels"
+        out.append(Figure("profile", f"{name}: device busy", busy * 1e3, wall * 1e3, "ms", note))
+    engine.free(q)
+    return out
+
+
 async def graph_figures(s: Settings, hf: HFReference, measured: list[Figure]) -> list[Figure]:
     """One stream and the first stream count on an engine with graphs="off", against
     the figures `measured` with the settings' graphs."""
@@ -391,7 +435,7 @@ async def run(s: Settings, out: Path | None, console: Console) -> tuple[list[Fig
             except Exception as exc:  # a failing section is reported; the others run
                 keep(name, exc)
 
-    measured = ("prefill", "decode", "streams", "graphs")
+    measured = ("prefill", "decode", "streams", "profile", "graphs")
     if any(x in s.sections for x in measured):
         try:
             hf, static = await _measured_engine(s, section)
@@ -419,6 +463,7 @@ async def _measured_engine(s: Settings, section) -> tuple[HFReference, int]:
         await section("prefill", prefill_figures, engine, hf, s)
         await section("decode", decode_figures, engine, hf, s)
         await section("streams", stream_figures, engine, hf, s)
+        await section("profile", profile_figures, engine, hf, s)
         return hf, engine.stats().static_steps
 
 
