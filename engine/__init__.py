@@ -121,7 +121,7 @@ _TOOLS: dict[str, tuple[str, str]] = {
     "Trace": ("corps.engine.trace.reader", "Trace"),
     "TraceError": ("corps.engine.trace.reader", "TraceError"),
     "cached_models": ("corps.engine.model.names", "cached_models"),
-    "counting_ops": ("corps.engine.exec.op_count", "counting_ops"),
+    "counting_ops": ("corps.engine.exec.counting", "counting_ops"),
     "check_adapter_of": ("corps.engine.model.adapter_files", "check_adapter_of"),
     "check_available": ("corps.engine.trace.exporter", "check_available"),
     "corps_home": ("corps.engine.model.names", "corps_home"),

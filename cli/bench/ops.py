@@ -33,7 +33,7 @@ class OpFigures:
     steps: int
     kernels: int  # ops that launch kernels, in all
     layers: int
-    top: tuple[tuple[str, int], ...]
+    ops: tuple[tuple[str, int], ...]  # every kernel-launching call, most run first
 
     @property
     def per_step_layer(self) -> float:
@@ -48,9 +48,9 @@ async def count(engine, section: str, run) -> OpFigures:
     async with counting_ops() as ops:
         await run()
     layers = engine.executor.runner.spec.num_layers
-    top = tuple((op, n) for op, n in ops.ops.most_common() if n)[:8]
+    most = tuple((op, n) for op, n in ops.ops.most_common() if n)
     return OpFigures(section, engine.config.step_tokens or 0, engine.stats().steps - steps,
-                     ops.kernels, layers, top)  # fmt: skip
+                     ops.kernels, layers, most)  # fmt: skip
 
 
 async def measure(model: str, dtype: str, step_tokens: int, prompt: int, spans: int,
@@ -85,7 +85,7 @@ def table(model: str, figures: list[OpFigures]) -> Table:
     for col in ("section", "step_tokens", "steps", "kernels", "per step and layer", "most run"):
         t.add_column(col, justify="left" if col in ("section", "most run") else "right")
     for f in figures:
-        top = ", ".join(f"{op} {n}" for op, n in f.top[:5])
+        top = ", ".join(f"{op} {n}" for op, n in f.ops[:5])
         t.add_row(f.section, str(f.step_tokens), str(f.steps), f"{f.kernels:,}",
                   f"{f.per_step_layer:.1f}", top)  # fmt: skip
     return t

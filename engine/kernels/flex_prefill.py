@@ -21,6 +21,8 @@ from functools import cache
 import torch
 from torch import Tensor
 
+from corps.engine.kernels.op_count import count_kernel
+
 
 def prefill_attention_ref(
     q: Tensor, arena_k: Tensor, arena_v: Tensor, lo: Tensor, hi: Tensor, scale: float,
@@ -107,6 +109,7 @@ def flex_prefill(
     FlexAttention, which computes the same thing densely)."""
     if compiled is None:
         compiled = q.is_cuda
+    count_kernel("flex_attention")  # one launch, compiled; invisible to OpCounts eager
     k = arena_k[None, :, mask.start : mask.end]  # (1, Hkv, W, D)
     v = arena_v[None, :, mask.start : mask.end]  # (1, Hkv, W, D)
     # q is often a view of the fused QKV projection, and how far apart its rows are

@@ -1,11 +1,12 @@
-"""Counting the torch ops engine work runs: a proxy, measurable on a CPU, for the
+"""Counting the torch calls some work makes: a proxy, measurable on a CPU, for the
 kernels a GPU would launch for it (a launch-bound step's cost is its launches).
 
-`counting_ops()` pushes a torch-function mode on the torch thread (`TORCH`), where
-every engine of the process steps, for as long as its block lasts: every torch call
-any engine makes meanwhile is seen at the level the engine makes it (`F.linear` is
-one call, as it is one GEMM on a GPU; FlexAttention one, as its one compiled
-kernel). A call counts as a kernel (`OpCounts.kernels`, by name in `ops`) when it
+`OpCounts` is a torch-function mode: under it every torch call is seen at the level
+the caller makes it (`F.linear` is one call, as it is one GEMM on a GPU).
+FlexAttention, which eager mode runs inside a compiled wrapper the mode does not
+see, reports itself once per launch (`count_kernel`), as its one compiled kernel on
+a GPU. (`corps.engine.exec.counting.counting_ops` counts what the engines run on
+their thread.) A call counts as a kernel (`OpCounts.kernels`, by name in `ops`) when it
 computes: it returns a tensor that is not a view of its first argument, or it works
 in place (`add_`, `index_copy_`, `__setitem__`). Views, metadata (`.shape`,
 `.size()`) and no-op casts are not counted; calls that bring a value to the host
@@ -15,18 +16,32 @@ Counting slows the work it sees; time nothing under it.
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
-from corps.engine.exec.torch_thread import TORCH
-
 #: calls that copy a value to the host (a device sync on a GPU)
 SYNCS = frozenset({"item", "tolist", "__bool__", "__int__", "__float__", "__index__"})
+
+
+#: the counters active on each thread, innermost last
+_ACTIVE = threading.local()
+
+
+def _active() -> list[OpCounts]:
+    if not hasattr(_ACTIVE, "counts"):
+        _ACTIVE.counts = []
+    return _ACTIVE.counts
+
+
+def count_kernel(name: str) -> None:
+    """One launch of `name`, for the counters active on this thread (for calls the
+    mode cannot see); nothing when none is."""
+    for counts in _active():
+        counts.ops[name] += 1
 
 
 def _storage(x: Any) -> int | None:
@@ -64,17 +79,14 @@ class OpCounts(TorchFunctionMode):
             self.ops[name] += 1
         return out
 
+    def __enter__(self) -> OpCounts:
+        _active().append(self)
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        _active().remove(self)
+        super().__exit__(*exc)
+
     @property
     def kernels(self) -> int:
         return sum(self.ops.values())
-
-
-@asynccontextmanager
-async def counting_ops() -> AsyncIterator[OpCounts]:
-    """Count the torch calls the torch thread makes inside the block."""
-    counts = OpCounts()
-    await TORCH.run(counts.__enter__)
-    try:
-        yield counts
-    finally:
-        await TORCH.run(counts.__exit__, None, None, None)
