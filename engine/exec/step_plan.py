@@ -35,16 +35,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from corps.cache.handle import Handle
+from corps.engine.config import STEP_TOKENS, step_tokens_for
 from corps.engine.exec.call import Call
 from corps.engine.model.static_decode import BUCKETS, bucket_for
 
-#: Longest piece of one call's prompt encoded in a single forward step, by default (on
-#: a CPU; `prefill_chunk_for`).
-PREFILL_CHUNK = 512
-#: ... on a GPU, where a step is bound by its launches rather than its rows (an H200
-#: ran a 1B model's 2,048-token prompt in four 512-token steps: 2,344 kernels, the GPU
-#: busy 16 of 63 ms): a prompt of a few thousand tokens goes in one step.
-GPU_PREFILL_CHUNK = 4096
+#: Longest piece of one call's prompt encoded in a single forward step: as many tokens
+#: as a default step holds on the device (`corps.engine.config.STEP_TOKENS`: few on a
+#: CPU, where a step costs what its rows do; a few thousand on a GPU, where it costs
+#: its launches), so one call's prompt may fill a step.
+PREFILL_CHUNK = STEP_TOKENS["cpu"]
+GPU_PREFILL_CHUNK = STEP_TOKENS["cuda"]
 #: While calls are prefilling, they get at least 1/PREFILL_SHARE of each step's tokens.
 PREFILL_SHARE = 8
 #: `Rows.start` of a decoding call's pending token (and what follows it).
@@ -162,7 +162,7 @@ class StepPlan:
 
 def prefill_chunk_for(device: object) -> int:
     """The longest prompt chunk of one call in a step on `device`."""
-    return GPU_PREFILL_CHUNK if str(device).startswith("cuda") else PREFILL_CHUNK
+    return step_tokens_for(str(device))
 
 
 def next_rows(c: Call, chunk: int = PREFILL_CHUNK) -> int:
