@@ -160,8 +160,10 @@ class HFReference:
         return torch.tensor([random_ids(self.vocab, cols) for _ in range(rows)], device=self.device)
 
     async def forward(self, ids: torch.Tensor, cache=None) -> None:
+        """A prefill as corps runs one: the logits of each row's last position only
+        (`logits_to_keep=1`), not the vocabulary at every position."""
         with torch.inference_mode():
-            self.model(ids, past_key_values=cache, use_cache=cache is not None)
+            self.model(ids, past_key_values=cache, use_cache=cache is not None, logits_to_keep=1)
 
     def cache_of(self, context: torch.Tensor, copies: int):
         """The KV cache of `context` (1, C), repeated for a batch of `copies`."""
