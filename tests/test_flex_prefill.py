@@ -7,7 +7,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corps.engine.kernels.flex_prefill import PrefillMask, flex_prefill, prefill_attention_ref
+from corps.engine.kernels.flex_prefill import (
+    BLOCK,
+    PrefillMask,
+    flex_prefill,
+    padded_rows,
+    padded_window,
+    prefill_attention_ref,
+)
 
 
 @st.composite
@@ -84,3 +91,27 @@ def test_compiled_steps_take_the_main_kernel_whatever_their_rows(monkeypatch):
     flex_prefill(q, arena, arena, mask, 0.25, compiled=True)
     flex_prefill(q, arena, arena, mask, 0.25, compiled=False)
     assert seen == [(True, {"FORCE_USE_FLEX_ATTENTION": True}, True), (False, None, True)]
+
+
+@settings(max_examples=25, deadline=None)
+@given(steps(), st.integers(0, 300))
+def test_padded_shapes_give_the_same_rows(step, extra):
+    """Padded for the compiled kernel (rows to whole blocks, the key window to two
+    blocks where the arena allows), the step's rows are what they were."""
+    g = torch.Generator().manual_seed(step["seed"])
+    size, hkv = step["size"] + extra, step["kv_heads"]
+    ak, av = torch.randn(hkv, size, 64, generator=g), torch.randn(hkv, size, 64, generator=g)
+    q = torch.randn(step["lo"].numel(), hkv * step["group"], 64, generator=g)
+    mask = PrefillMask.build(step["lo"], step["hi"], arena_size=size)
+    assert mask.q_len % BLOCK == 0 and mask.q_len >= max(BLOCK, q.shape[0])
+    assert mask.end - mask.start == min(size, max(2 * BLOCK, mask.end - mask.start))
+    got = flex_prefill(q, ak, av, mask, 0.125, compiled=False)
+    want = prefill_attention_ref(q, ak, av, step["lo"], step["hi"], 0.125)
+    assert torch.allclose(got, want, atol=1e-5)
+
+
+def test_padding_leaves_a_window_inside_the_arena():
+    assert padded_window(10, 40, 1000) == (10, 266)  # widened forward
+    assert padded_window(900, 990, 1000) == (744, 1000)  # ... and back at the arena's end
+    assert padded_window(0, 30, 100) == (0, 100)  # a small arena: all of it
+    assert padded_rows(torch.arange(3)).tolist() == [0, 1, 2] + [0] * (BLOCK - 3)

@@ -107,7 +107,9 @@ class FlexAttention(SdpaAttention):
         lo = cb.repeat_interleave(t)  # (T,) each row's context
         own_lo = ob.repeat_interleave(t)  # (T,) each row's own tokens
         own_hi = own_lo + first.repeat_interleave(t) + row  # row i sees own_length + i + 1
-        mask = PrefillMask.build(lo, lo + cl.repeat_interleave(t), own_lo, own_hi)
+        # compiled (on CUDA), its shapes padded to fewer variants: fewer compiles
+        size = arena.k.shape[2] if dev.type == "cuda" else None  # (L, Hkv, A, D)
+        mask = PrefillMask.build(lo, lo + cl.repeat_interleave(t), own_lo, own_hi, size)
         return FlexPlan(arena, mask, own_hi - 1)  # row i is written where it last sees
 
     def attend_spans(self, layer, q, k, v, spans, plan, scale) -> Tensor:

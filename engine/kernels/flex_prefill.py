@@ -44,24 +44,39 @@ def prefill_attention_ref(
     return out
 
 
+#: FlexAttention's block size: the compiled kernel's shapes are padded in these
+BLOCK = 128
+
+
 @dataclass(frozen=True)
 class PrefillMask:
-    """The block mask of one step, over the key window [start, end) of the arena."""
+    """The block mask of one step, over the key window [start, end) of the arena, and
+    over `q_len` query rows (the step's own, or more when padded: `padded_rows`)."""
 
     block_mask: object  # torch.nn.attention.flex_attention.BlockMask
     start: int
     end: int
+    q_len: int
 
     @classmethod
     def build(
-        cls, lo: Tensor, hi: Tensor, own_lo: Tensor | None = None, own_hi: Tensor | None = None
+        cls,
+        lo: Tensor,
+        hi: Tensor,
+        own_lo: Tensor | None = None,
+        own_hi: Tensor | None = None,
+        arena_size: int | None = None,
     ) -> PrefillMask:
+        """With `arena_size`, shapes padded for the compiled kernel (`padded`)."""
         from torch.nn.attention.flex_attention import create_block_mask
 
         if own_lo is None:
             own_lo = own_hi = hi
         start = int(torch.minimum(lo, own_lo).min())
         end = int(torch.maximum(hi, own_hi).max())
+        if arena_size is not None:
+            lo, hi, own_lo, own_hi = (padded_rows(x) for x in (lo, hi, own_lo, own_hi))
+            start, end = padded_window(start, end, arena_size)
         lo_w, hi_w = lo - start, hi - start  # (T,) bounds inside the window
         olo_w, ohi_w = own_lo - start, own_hi - start
 
@@ -72,7 +87,27 @@ class PrefillMask:
         mask = create_block_mask(
             visible, B=None, H=None, Q_LEN=lo.numel(), KV_LEN=end - start, device=lo.device
         )
-        return cls(mask, start, end)
+        return cls(mask, start, end, lo.numel())
+
+
+# Compiled FlexAttention specialises on a few shapes: fewer than 128 query rows or
+# not, one key block or more, a key window at the arena's start or not (dynamo's 0/1
+# specialisation); each variant is a compile of 5-12 s on an H200. Padded, every
+# step but those whose window starts at 0 is one variant.
+
+
+def padded_rows(x: Tensor) -> Tensor:
+    """Per-row bounds (T,) padded to a multiple of BLOCK rows (at least one block);
+    padded rows copy row 0's bounds (their outputs are dropped)."""
+    t = x.numel()
+    want = max(BLOCK, -(-t // BLOCK) * BLOCK)
+    return torch.cat([x, x[:1].expand(want - t)]) if want > t else x
+
+
+def padded_window(start: int, end: int, arena_size: int) -> tuple[int, int]:
+    """The key window [start, end) widened to at least two blocks inside the arena."""
+    end = min(arena_size, max(end, start + 2 * BLOCK))
+    return max(0, min(start, end - 2 * BLOCK)), end
 
 
 @cache
@@ -112,18 +147,22 @@ def flex_prefill(
     count_kernel("flex_attention")  # one launch, compiled; invisible to OpCounts eager
     k = arena_k[None, :, mask.start : mask.end]  # (1, Hkv, W, D)
     v = arena_v[None, :, mask.start : mask.end]  # (1, Hkv, W, D)
+    rows = q.shape[0]
+    pad = mask.q_len - rows  # padded rows (`PrefillMask.build`'s arena_size)
+    if pad > 0:
+        q = torch.cat([q, q.new_zeros(pad, *q.shape[1:])])  # (T', Hq, D)
     # q is often a view of the fused QKV projection, and how far apart its rows are
     # differs between steps (and models): contiguous, the compiled kernel's stride
     # guards hold for every step rather than recompiling until dynamo gives up (at its
     # recompile limit, 8, it fell back to eager FlexAttention, which materialises every
     # score: prefill at 12-26% of transformers' on an H200)
     out = _flex(compiled)(
-        q.contiguous().transpose(0, 1)[None],  # (1, Hq, T, D)
+        q.contiguous().transpose(0, 1)[None],  # (1, Hq, T', D)
         k,
         v,
         block_mask=mask.block_mask,
         scale=scale,
         enable_gqa=q.shape[1] != arena_k.shape[0],
         kernel_options=kernel_options(compiled),
-    )  # (1, Hq, T, D)
-    return out[0].transpose(0, 1)  # (T, Hq, D)
+    )  # (1, Hq, T', D)
+    return out[0, :, :rows].transpose(0, 1)  # (T, Hq, D)
