@@ -69,6 +69,9 @@ def test_a_failing_section_fails_the_command_and_the_others_still_run(
     [
         (["--workflows", "chess"], "unknown chess"),
         (["--streams", "two"], "invalid literal"),
+        (["--sections", "prefill,warp"], "unknown warp"),
+        (["--memory-budget", "0.1"], "memory-budget"),
+        (["--engines", "0"], "engines"),
     ],
 )
 def test_bad_options_are_refused_before_anything_loads(tiny_dirs, args, says):
