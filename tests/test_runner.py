@@ -11,6 +11,8 @@ from corps.engine.model.runner import ForwardBatch, ModelRunner, SeqSpan
 from corps.engine.model.spec import ModelSpec
 from corps.engine.model.weights import weights_from_hf
 
+from conftest import DEVICE, open_tiny
+
 
 def run_ours(hf, ids: list[int], chunks: list[int]) -> torch.Tensor:
     """Our logits for ids, encoded in the given chunk sizes through one view."""
@@ -105,3 +107,19 @@ async def test_real_model_modes_agree_and_stop_at_end_of_turn(real_dir):
     tokens, generated = texts[0]
     assert generated[-1] == 2 or len(generated) == 96  # stopped on <|im_end|> or ran to the limit
     assert tokens[-2:] == [2, 198]  # closed with the template's footer, "<|im_end|>\n", once
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="the fused 16-bit kernels: pytest --device cuda")
+async def test_bf16_on_cuda_reads_the_same_through_the_fused_kernels(tiny_dirs, monkeypatch):
+    """In 16 bits on CUDA, RMSNorm and RoPE are one Triton launch each: a prompt's
+    logits through them are those of the torch ops they replace, within bfloat16."""
+    from corps.engine.model import runner
+
+    logits = []
+    for fused in (True, False):
+        monkeypatch.setattr(runner, "triton_available", lambda f=fused: f)
+        async with open_tiny(tiny_dirs, "qwen3", dtype="bfloat16") as engine:  # q/k norms too
+            q = await engine.prefill("the quick brown fox jumps over the lazy dog")
+            h = await engine.decode(parents=[q], max_tokens=1, ignore_eos=True, logprobs=True)
+            logits.append(torch.tensor(h.logprobs))
+    torch.testing.assert_close(logits[0], logits[1], rtol=0.0, atol=0.05)
