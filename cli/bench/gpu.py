@@ -5,7 +5,8 @@ written as a JSON line to `--out` as soon as it is done (a run cut short keeps
 what it measured), each failure reported and counted (the command exits 1 if
 any section failed):
 
-- prefill: one long prompt, corps' `prefill` against HF's forward; and many
+- prefill: one long prompt, corps' `prefill` against HF's forward (the last
+  position's logits only, as corps' prefill computes none); and many
   short spans over one shared context (`prefill_many` of spans whose parent is
   the context) against HF's forward of the same spans over a cache of the
   context repeated for each (equal work: neither re-encodes the context).
@@ -27,8 +28,8 @@ any section failed):
 - memory: `engines` engines opened at the default sizing (the store takes
   `memory_fraction` of what the weights leave free) and closed in sequence; the
   device memory still allocated after each close against what it held open.
-- workflows: choreographed against the prefix-cached baseline on equal work
-  (`corps.cli.bench.workflow.measure`): wall and mean TTFT ratios. (last: the longest)
+- workflows (last: the longest): choreographed against the prefix-cached baseline
+  on equal work (`corps.cli.bench.workflow.measure`): wall and mean TTFT ratios.
 
 Every engine but the memory section's is opened with `memory_budget` (when
 set), so that an engine and transformers' copy of a large model, or two
