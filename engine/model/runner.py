@@ -302,8 +302,17 @@ def layer_mlp(x, attn, o_proj, norm, gate_up_proj, down_proj, eps: float):
 
 def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """`apply_rope` of a step's (T, H, D) queries and keys; on CUDA in 16 bits one
-    Triton launch (`corps.engine.kernels.rope`, the same rounding) instead of five."""
-    if x.is_cuda and x.dtype != torch.float32 and cos.dtype == x.dtype and triton_available():
+    Triton launch (`corps.engine.kernels.rope`, the same rounding) instead of five,
+    where half the head dim is a power of two (the kernel's rows; 64 and 128 are)."""
+    half = x.shape[-1] // 2
+    fits = x.shape[-1] % 2 == 0 and half & (half - 1) == 0
+    if (
+        x.is_cuda
+        and x.dtype != torch.float32
+        and cos.dtype == x.dtype
+        and fits
+        and triton_available()
+    ):
         from corps.engine.kernels.rope import rope_fused
 
         return rope_fused(x, cos, sin)
