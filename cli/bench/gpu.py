@@ -107,10 +107,13 @@ class Settings:
     memory_budget: int | None = None  # of every engine but the memory section's
     engines: int = 4  # the memory section's engines, opened and closed in sequence
 
+    def budget_kw(self) -> dict[str, Any]:
+        """The measured engines' `memory_budget`, when set."""
+        return {"memory_budget": self.memory_budget} if self.memory_budget else {}
+
     def engine_kw(self) -> dict[str, Any]:
         """`Engine.open` settings shared by the measured engines."""
-        budget = {"memory_budget": self.memory_budget} if self.memory_budget else {}
-        return dict(dtype=self.dtype, device=self.device, **budget)
+        return dict(dtype=self.dtype, device=self.device, **self.budget_kw())
 
 
 def sync(device: str) -> None:
@@ -332,8 +335,7 @@ async def workflow_figures(s: Settings) -> list[Figure]:
         report = await measure(
             pattern, params, model=s.model, impls=("baseline", "choreographed"),
             runs=s.runs, dtype=s.dtype, device=s.device, questions=[q for q, _ in MATH_PROBLEMS],
-            engine_kw={"graphs": s.graphs, **({"memory_budget": s.memory_budget}
-                                              if s.memory_budget else {})},
+            engine_kw={"graphs": s.graphs, **s.budget_kw()},
         )  # fmt: skip
         r = report.ratios["baseline/choreographed"]
         for metric, label in (("wall_s", "wall"), ("ttft_s", "mean TTFT")):

@@ -5,13 +5,14 @@ kernels a GPU would launch for it (a launch-bound step's cost is its launches).
 the caller makes it (`F.linear` is one call, as it is one GEMM on a GPU).
 FlexAttention, which eager mode runs inside a compiled wrapper the mode does not
 see, reports itself once per launch (`count_kernel`), as its one compiled kernel on
-a GPU. (`corps.engine.exec.counting.counting_ops` counts what the engines run on
-their thread.) A call counts as a kernel (`OpCounts.kernels`, by name in `ops`) when it
+a GPU. A call counts as a kernel (`OpCounts.kernels`, by name in `ops`) when it
 computes: it returns a tensor that is not a view of its first argument, or it works
 in place (`add_`, `index_copy_`, `__setitem__`). Views, metadata (`.shape`,
 `.size()`) and no-op casts are not counted; calls that bring a value to the host
 (`item`, `tolist`) are counted apart (`syncs`): on a GPU each waits for the device.
 Counting slows the work it sees; time nothing under it.
+`corps.engine.exec.counting.counting_ops` counts what the engines run on their
+thread.
 """
 
 from __future__ import annotations

@@ -42,11 +42,16 @@ def _kernel():
     return rms_norm_kernel
 
 
+def takes(x: Tensor, weight: Tensor) -> bool:
+    """Whether `rms_norm_fused` takes these: 16-bit x, and a weight of its dtype."""
+    return x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype
+
+
 def rms_norm_fused(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """The Triton kernel (contract above). x (..., E) in bfloat16 or float16."""
     import triton
 
-    if x.dtype not in (torch.bfloat16, torch.float16) or weight.dtype != x.dtype:
+    if not takes(x, weight):
         raise ValueError(f"rms_norm_fused takes 16-bit x and weight, got {x.dtype}")
     n = x.shape[-1]
     rows = x.reshape(-1, n)  # (R, E): a view when rows are evenly spaced, else a copy

@@ -51,13 +51,22 @@ def _kernel():
     return rope_kernel
 
 
+def takes(x: Tensor, cos: Tensor) -> bool:
+    """Whether `rope_fused` takes these: 16-bit x and tables of its dtype, and a head
+    dim twice a power of two (the kernel's rows; 64 and 128 are)."""
+    half = x.shape[-1] // 2
+    sized = x.shape[-1] == 2 * half and half & (half - 1) == 0
+    return x.dtype in (torch.bfloat16, torch.float16) and cos.dtype == x.dtype and sized
+
+
 def rope_fused(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """The Triton kernel (contract above); returns a new (T, H, D) tensor."""
-    if x.dtype not in (torch.bfloat16, torch.float16) or cos.dtype != x.dtype:
-        raise ValueError(f"rope_fused takes 16-bit x and tables, got {x.dtype}, {cos.dtype}")
+    if not takes(x, cos):
+        raise ValueError(
+            f"rope_fused takes 16-bit x and tables of its dtype and a head dim twice a "
+            f"power of two, got {x.dtype}, {cos.dtype}, {x.shape[-1]}"
+        )
     t, heads, dim = x.shape
-    if dim % 2 or (dim // 2) & (dim // 2 - 1):
-        raise ValueError(f"rope_fused needs a head dim of twice a power of two, got {dim}")
     cos, sin = cos.reshape(t, dim), sin.reshape(t, dim)  # (T, D)
     if x.stride(-1) != 1 or cos.stride(-1) != 1 or sin.stride() != cos.stride():
         raise ValueError("rope_fused needs the head dim contiguous and like tables")

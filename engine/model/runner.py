@@ -20,6 +20,8 @@ from corps.engine.attention import (
     repair_mask,
     split_step,
 )
+from corps.engine.kernels import rms_norm as fused_norm
+from corps.engine.kernels import rope as fused_rope
 from corps.engine.kernels import triton_available
 from corps.engine.model.weights import Weights
 
@@ -301,21 +303,11 @@ def layer_mlp(x, attn, o_proj, norm, gate_up_proj, down_proj, eps: float):
 
 
 def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """`apply_rope` of a step's (T, H, D) queries and keys; on CUDA in 16 bits one
-    Triton launch (`corps.engine.kernels.rope`, the same rounding) instead of five,
-    where half the head dim is a power of two (the kernel's rows; 64 and 128 are)."""
-    half = x.shape[-1] // 2
-    fits = x.shape[-1] % 2 == 0 and half & (half - 1) == 0
-    if (
-        x.is_cuda
-        and x.dtype != torch.float32
-        and cos.dtype == x.dtype
-        and fits
-        and triton_available()
-    ):
-        from corps.engine.kernels.rope import rope_fused
-
-        return rope_fused(x, cos, sin)
+    """`apply_rope` of a step's (T, H, D) queries and keys; on CUDA one Triton launch
+    where it takes them (`corps.engine.kernels.rope`: 16 bits, the same rounding)
+    instead of five."""
+    if x.is_cuda and fused_rope.takes(x, cos) and triton_available():
+        return fused_rope.rope_fused(x, cos, sin)
     return apply_rope(x, cos, sin)
 
 
@@ -326,10 +318,8 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     CUDA in 16 bits, one Triton launch (`corps.engine.kernels.rms_norm`) instead of
     eight: a GPU's decode step is bound by its launches.
     """
-    if x.is_cuda and x.dtype != torch.float32 and weight.dtype == x.dtype and triton_available():
-        from corps.engine.kernels.rms_norm import rms_norm_fused
-
-        return rms_norm_fused(x, weight, eps)
+    if x.is_cuda and fused_norm.takes(x, weight) and triton_available():
+        return fused_norm.rms_norm_fused(x, weight, eps)
     if x.dtype == torch.float32:
         return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
     xf = x.float()
