@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -175,3 +177,29 @@ def test_non_finite_logits_fail_that_call_only():
     assert drawn[1] is None and None not in (drawn[0], drawn[2])
     with pytest.raises(NonFiniteLogits, match="float32"):
         sample(logits[1], params[1], params[1].generator())
+
+
+PALETTE = [-math.inf, -1.0, 0.0, 0.5, 2.0, math.inf, math.nan]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    rows=st.integers(1, 5),
+    cols=st.integers(1, 5 * sampling.ARGMAX_BLOCK + 7),
+    palette=st.lists(st.sampled_from(PALETTE), min_size=1, max_size=4),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
+)
+def test_first_argmax_is_torchs_argmax(seed, rows, cols, palette, dtype):
+    # few distinct values: ties everywhere, the maxima in any block, NaN and infinities
+    gen = torch.Generator().manual_seed(seed)
+    values = torch.tensor(palette)[torch.randint(len(palette), (rows, cols), generator=gen)]
+    x = values.to(dtype)
+    assert torch.equal(sampling.first_argmax(x), x.argmax(-1))
+    assert sampling.argmax_rows(x) == x.argmax(-1).tolist()
+
+
+def test_first_argmax_reads_row_views():
+    x = torch.randn(8, 3 * sampling.ARGMAX_BLOCK + 5)
+    view = x[2:6]  # take_rows' view of an ascending run of rows
+    assert torch.equal(sampling.first_argmax(view), view.argmax(-1))

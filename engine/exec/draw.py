@@ -158,10 +158,36 @@ def draw(
     return [t if good else None for t, good in zip(tokens[:, 0].tolist(), ok, strict=True)]
 
 
+#: Columns per block of `first_argmax`'s first pass.
+ARGMAX_BLOCK = 1024
+
+
 def argmax_rows(logits: Tensor) -> list[int]:
-    """Greedy tokens of logits (N, V), one per row, in one op (a step's greedy calls
+    """Greedy tokens of logits (N, V), one per row, in one pass (a step's greedy calls
     together: a per-call argmax over the vocabulary cost ~60 us each)."""
-    return logits.argmax(-1).tolist()
+    return first_argmax(logits).tolist()
+
+
+def first_argmax(x: Tensor) -> Tensor:
+    """`x.argmax(-1)` of x (N, V), the first index of each row's maximum (NaN counts
+    as the maximum, as in torch), computed on a CPU in two passes: each block of
+    `ARGMAX_BLOCK` columns' maximum, then the argmax inside the row's first block
+    that holds the row's maximum. torch's CPU argmax is not vectorised; its amax
+    is: 16 rows of a 49k vocabulary took 0.28 ms in float32 and 1.28 ms in
+    bfloat16 with argmax, 0.06 and 0.18 ms in two passes (2-core Zen 5). On other
+    devices, and for rows shorter than two blocks, torch's argmax as it is."""
+    n, v = x.shape
+    blocks = v // ARGMAX_BLOCK
+    if x.device.type != "cpu" or blocks < 2:
+        return x.argmax(-1)
+    whole = blocks * ARGMAX_BLOCK
+    peaks = x[:, :whole].reshape(n, blocks, ARGMAX_BLOCK).amax(-1)  # (N, blocks)
+    if whole < v:  # the last, shorter block
+        peaks = torch.cat([peaks, x[:, whole:].amax(-1, keepdim=True)], -1)
+    first = peaks.argmax(-1, keepdim=True) * ARGMAX_BLOCK  # (N, 1) its block's start
+    cols = (first + torch.arange(ARGMAX_BLOCK)).clamp_(max=v - 1)  # (N, BLOCK)
+    # a clamped column repeats column v-1 after it: never an earlier first maximum
+    return cols.gather(-1, x.gather(-1, cols).argmax(-1, keepdim=True))[:, 0]  # (N,)
 
 
 def take_rows(logits: Tensor, rows: list[int]) -> Tensor:
