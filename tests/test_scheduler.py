@@ -578,3 +578,141 @@ async def test_a_call_with_room_is_queued_before_its_caller_yields():
         with anyio.move_on_after(0.05) as scope:  # full: it waits for room
             await sched.submit(Job(request=None))
         assert scope.cancelled_caught and sched.queue_depth() == 1
+
+
+# ---- steps run ahead of the loop (run_ahead) ----
+
+
+def chain_lengths(monkeypatch) -> list[int]:
+    """Record how many steps each hop to the torch thread ran."""
+    lengths: list[int] = []
+    steps_sync = Scheduler._steps_sync
+
+    def counted(self, new, t0):
+        ran = steps_sync(self, new, t0)
+        lengths.append(len(ran))
+        return ran
+
+    monkeypatch.setattr(Scheduler, "_steps_sync", counted)
+    return lengths
+
+
+def on_step(monkeypatch, at: int, act) -> None:
+    """Run `act()` on the event loop after the torch thread's step number `at` (0-based)
+    and wait there until it has run, as a call made while that step ran would be."""
+    import asyncio
+    import threading
+
+    loop = asyncio.get_running_loop()
+    step_sync = Scheduler._step_sync
+    count = iter(range(1 << 30))
+
+    def step(self, new, t0):
+        out = step_sync(self, new, t0)
+        if next(count) == at:
+            done = threading.Event()
+            loop.call_soon_threadsafe(lambda: (act(), done.set()))
+            done.wait()
+        return out
+
+    monkeypatch.setattr(Scheduler, "_step_sync", step)
+
+
+async def decode_mix(engine, prompts=PROMPTS) -> list:
+    """Greedy and seeded calls of different lengths (they end in different steps)."""
+    qs = await engine.prefill_many([dict(message=p) for p in prompts])
+    kws = [
+        dict(parents=[qs[i % 4]], max_tokens=3 + 2 * i, ignore_eos=True, seed=i)
+        | (dict(temperature=0.8) if i % 2 else {})
+        for i in range(8)
+    ]
+    return await engine.decode_many(kws)
+
+
+@pytest.mark.parametrize("mode", ["choreographed", "baseline"])
+async def test_running_ahead_decodes_and_steps_what_a_hop_per_step_does(
+    tiny_dirs, tmp_path, monkeypatch, mode
+):
+    """The same tokens, in the same steps of the same rows, with run_ahead=1 (a hop to
+    the loop after every step) and the default: only the hops differ (float32)."""
+    runs = {}
+    for ahead in (1, 8):
+        lengths = chain_lengths(monkeypatch)
+        trace = tmp_path / f"{mode}-{ahead}.jsonl"
+        async with open_tiny(tiny_dirs, "qwen3", mode=mode, run_ahead=ahead, trace=trace) as e:
+            handles = await decode_mix(e)
+            runs[ahead] = [h.tokens for h in handles], e.stats().steps
+        steps = [(s.rows, s.stepped, s.sampled) for s in Trace.load(trace).steps]
+        runs[ahead] += (steps, max(lengths))
+        monkeypatch.undo()
+    (tokens1, steps1, shape1, most1), (tokens8, steps8, shape8, most8) = runs[1], runs[8]
+    assert tokens8 == tokens1 and steps8 == steps1 and shape8 == shape1
+    assert most1 == 1 and 1 < most8 <= 8  # it ran ahead, at most run_ahead steps a hop
+
+
+async def test_a_call_made_while_steps_run_ahead_joins_the_next_step(
+    tiny_dirs, tmp_path, monkeypatch
+):
+    lengths = chain_lengths(monkeypatch)
+    trace = tmp_path / "t.jsonl"
+    async with open_tiny(tiny_dirs, "llama", trace=trace) as engine:
+        q = await engine.prefill(PROMPTS[0])
+        late = []
+
+        def call() -> None:
+            late.append(engine.decode_nowait(parents=[q], max_tokens=2))
+
+        on_step(monkeypatch, 3, call)  # counted from here: step 3 is the decode's fourth
+        lengths.clear()
+        first = await engine.decode(parents=[q], max_tokens=20, ignore_eos=True)
+        second = await late[0]
+    assert len(second.generated) == 2 and len(first.generated) == 20
+    assert lengths[0] == 4  # the first hop ended at the step while which the call came
+    decode_steps = Trace.load(trace).steps[-sum(lengths) :]
+    assert [s.stepped for s in decode_steps[3:6]] == [1, 2, 2]  # it joined the next step
+
+
+async def test_a_call_cancelled_while_steps_run_ahead_stops_them_and_leaves_nothing(
+    tiny_dirs, monkeypatch
+):
+    lengths = chain_lengths(monkeypatch)
+    async with open_tiny(tiny_dirs, "llama") as engine:
+        q = await engine.prefill(PROMPTS[1])
+        before = used(engine)
+        pending = engine.decode_nowait(parents=[q], max_tokens=30, ignore_eos=True)
+        other = engine.decode_nowait(parents=[q], max_tokens=12, ignore_eos=True)
+        on_step(monkeypatch, 4, pending.cancel)  # counted from here: the fifth step
+        lengths.clear()
+        kept = await other
+        with pytest.raises(Exception) as info:
+            await pending
+        assert type(info.value).__name__ == "CallCancelled"
+        assert len(kept.generated) == 12
+        engine.free(kept)
+        assert used(engine) == before  # the cancelled call's tokens rolled back
+    assert lengths[0] == 5  # the hop that ran step 4 ended there
+
+
+async def test_a_streamed_call_gets_each_token_between_steps(tiny_dirs, monkeypatch):
+    """A call whose tokens stream (`on_token`) takes every token as its step ends:
+    no step runs ahead while it runs."""
+    lengths = chain_lengths(monkeypatch)
+    async with open_tiny(tiny_dirs, "llama") as engine:
+        q = await engine.prefill(PROMPTS[2])
+        lengths.clear()
+        async with engine.stream(parents=[q], max_tokens=10, ignore_eos=True) as s:
+            deltas = [d async for d in s]
+    assert deltas and set(lengths) == {1}
+
+
+async def test_the_policy_hears_each_step_before_the_next_is_planned(tiny_dirs):
+    """Run ahead or not, a step is planned after the policy heard every step before it."""
+    async with open_tiny(tiny_dirs, "qwen3", policy="objective") as engine:
+        policy, heard, planned = engine.policy, [], []
+        stepped, step_order = policy.stepped, policy.step_order
+        policy.stepped = lambda wall: heard.append(wall) or stepped(wall)
+        policy.step_order = lambda running: planned.append(len(heard)) or step_order(running)
+        with engine.workflow("chat", objective="latency"):
+            q = await engine.prefill(PROMPTS[0])
+            await engine.decode(parents=[q], max_tokens=12, ignore_eos=True)
+    assert planned == list(range(len(planned))) and len(heard) == len(planned) >= 12

@@ -79,6 +79,7 @@ class Engine:
             max_running=cfg.max_running,
             policy=make_policy(cfg.policy, **measured_settings(cfg.policy, executor)),
             evict=cfg.evict,
+            run_ahead=cfg.run_ahead,
         )
         self._tg: anyio.abc.TaskGroup | None = None
         self._guard = Guard(

@@ -105,6 +105,9 @@ class TorchThread:
                 future.set_result(fn(*args))
             except BaseException as exc:  # the caller gets it, the thread goes on
                 future.set_exception(exc)
+            # while it waits for the next job, the thread keeps no result alive (a
+            # message's handle in it would outlive every other reference to it)
+            del future, fn, args
 
 
 #: The process's torch thread: every engine loads and steps on it.

@@ -6,6 +6,12 @@ event loop, on the process's torch thread (`corps.engine.exec.torch_thread` says
 one): a next token for every running decode plus prefill chunks for waiting
 calls. Callers only await their own job.
 
+Run ahead: while nothing needs the event loop between two steps (no call ended,
+failed, arrived, was held or cancelled; none streams its tokens), the torch
+thread runs the next step at once, up to `run_ahead` steps a hop, and the loop
+then does each one's bookkeeping in order (`_run_ahead` says exactly when). The
+steps are those the loop would have run; only the hops between them are saved.
+
 Policy (fairness): running decodes always get their token first; prefill
 chunks (at most 512 tokens each, see `corps.engine.exec.step_plan`) fill the rest of the
 per-step token budget in arrival order. A long prompt is thus spread over
@@ -46,6 +52,7 @@ import anyio
 import anyio.lowlevel
 
 from corps.cache.handle import Handle
+from corps.engine.config import RUN_AHEAD
 from corps.engine.errors import EngineBusy, EngineClosed
 from corps.engine.exec.executor import Executor
 from corps.engine.exec.step_plan import StepOutput
@@ -74,6 +81,22 @@ class _Counters:
     ttft_n: int = 0
 
 
+@dataclass
+class _Stepped:
+    """One step as the torch thread ran it, for the loop's bookkeeping (`_account`)."""
+
+    t0: float  # when it began (the first of a run ahead: when the loop handed it over)
+    end: float  # when it ended (the last of a run ahead: when the loop took it back)
+    out: StepOutput
+    tokens: list[tuple[Job, int]]  # sampled, with their jobs
+    ran: bool  # a forward step ran (the policy's feedback, the trace's step event)
+    admit_s: float  # seconds before its forward (admission)
+    calls: int  # jobs running or ended at its end
+    queue: int  # jobs queued or held at its end
+    gauges: tuple[int, ...]  # the executor's gauges at its end (recording only)
+    fed_back: bool = False  # the policy had its wall time on the torch thread (run ahead)
+
+
 class Scheduler:
     def __init__(
         self,
@@ -86,9 +109,10 @@ class Scheduler:
         policy: Policy | None = None,
         evict: bool = True,
         thread: TorchThread = TORCH,
+        run_ahead: int = RUN_AHEAD,
     ) -> None:
-        if queue_size < 1 or step_tokens < 1 or max_running < 1:
-            raise ValueError("queue_size, step_tokens and max_running must be >= 1")
+        if min(queue_size, step_tokens, max_running, run_ahead) < 1:
+            raise ValueError("queue_size, step_tokens, max_running and run_ahead must be >= 1")
         self.policy: Policy = policy or Fcfs()
         self.executor = executor
         # preemption: a call nothing running could make room for may evict encodings
@@ -97,12 +121,10 @@ class Scheduler:
         self.thread = thread  # runs every step (corps.engine.exec.torch_thread says why one)
         self.rec = recorder or Recorder()
         self.step_tokens = step_tokens
+        self.run_ahead = run_ahead  # steps run back to back on the torch thread, at most
         self.queue_size = queue_size
         self._send, self._recv = anyio.create_memory_object_stream[Job](queue_size)
         self._incoming: list[Job] = []
-        self._tokens: list[tuple[Job, int]] = []
-        self._out = StepOutput()  # what the last step ran (its timing, its trace event)
-        self._admit_s = 0.0  # of the last step, seconds before the forward
         self._linger = False  # the last step ended a critical call: wait for its successor
         self._closing = False
         self._dead: BaseException | None = None
@@ -224,6 +246,7 @@ class Scheduler:
                 self._reap_cancelled()
                 if new or self.admission.running or self.admission.held:
                     await self._step(new)
+                del new  # while it waits for calls, the loop keeps none it ran alive
         except Exception as exc:  # the loop itself died: every waiter learns why
             self._dead = exc
             if self.rec.on:
@@ -283,32 +306,15 @@ class Scheduler:
             self.end(job)
 
     async def _step(self, new: list[Job]) -> None:
+        """One hop to the torch thread: a step, and the steps it ran ahead after it
+        (`_run_ahead`); then each one's bookkeeping in order, and the jobs they ended."""
         t0 = time.perf_counter()
         self._incoming = new  # owned by the loop until the step has taken them
-        steps = self.n.steps
-        await self.thread.run(self._step_sync, new, t0)
+        ran = await self.thread.run(self._steps_sync, new, t0)
         self._incoming = []
-        now = time.perf_counter()
-        self.n.step_seconds += now - t0
-        if self._out.encoded:
-            self.n.encode_seconds += now - t0
-        self.n.forward_seconds += self._out.forward_s
-        if self.n.steps > steps:  # what the step's calls waited, for the policy's feedback
-            self.policy.stepped(now - t0)
-        rec = self.rec
-        for job, tok in self._tokens:
-            if job.first_token is None:  # hf mode knows when generate emitted it
-                job.first_token = job.call.first_token_at or now
-                self.n.ttft_sum += job.first_token - job.submitted
-                self.n.ttft_n += 1
-                if rec.on:
-                    rec.emit(FirstToken(t=rec.rel(job.first_token), call=job.id))
-            if rec.tokens:
-                rec.token(job.id, tok)
-            job.token(tok)
-        self.n.tokens_sampled += len(self._tokens)
-        if rec.on and self.n.steps > steps:
-            rec.emit(self._step_event(t0, now))
+        ran[-1].end = time.perf_counter()  # the last step ends as the loop takes it back
+        for s in ran:
+            self._account(s)
         # who waits for the step's end (the engine's sweep of dead handles) runs before
         # the waiters of the jobs it ended: an event's waiters wake in the order set
         self._stepped.set()
@@ -316,54 +322,119 @@ class Scheduler:
         for job in self.admission.finished:
             self.end(job)
         self._linger = any(j.critical and j.error is None for j in self.admission.finished)
-        self._tokens, self.admission.finished, self._out = [], [], StepOutput()
+        self.admission.finished = []
 
-    def _step_event(self, t0: float, now: float) -> Step:
-        used, capacity, *preempted = self.executor.gauges()
+    def _account(self, s: _Stepped) -> None:
+        """A step's figures, its tokens handed to their jobs, its trace event."""
+        n, rec, wall = self.n, self.rec, s.end - s.t0
+        n.step_seconds += wall
+        if s.out.encoded:
+            n.encode_seconds += wall
+        n.forward_seconds += s.out.forward_s
+        if s.ran and not s.fed_back:  # what the step's calls waited, for the policy
+            self.policy.stepped(wall)
+        for job, tok in s.tokens:
+            if job.first_token is None:  # hf mode knows when generate emitted it
+                job.first_token = job.call.first_token_at or s.end
+                n.ttft_sum += job.first_token - job.submitted
+                n.ttft_n += 1
+                if rec.on:
+                    rec.emit(FirstToken(t=rec.rel(job.first_token), call=job.id))
+            if rec.tokens:
+                rec.token(job.id, tok)
+            job.token(tok)
+        n.tokens_sampled += len(s.tokens)
+        if rec.on and s.ran:
+            rec.emit(self._step_event(s))
+
+    def _step_event(self, s: _Stepped) -> Step:
+        used, capacity, *preempted = s.gauges
         evicted, recomputed = (b - a for a, b in zip(self._preempted, preempted, strict=True))
         self._preempted = tuple(preempted)
         return Step(
-            t=self.rec.rel(t0),
-            dur=now - t0,
-            calls=len(self.admission.running) + len(self.admission.finished),
-            sampled=len(self._tokens),
+            t=self.rec.rel(s.t0),
+            dur=s.end - s.t0,
+            calls=s.calls,
+            sampled=len(s.tokens),
             store_used=used,
             capacity=capacity,
-            queue=self.queue_depth() + len(self.admission.held),
-            rows=self._out.rows,
-            stepped=self._out.calls,
-            admit_s=self._admit_s,
+            queue=s.queue,
+            rows=s.out.rows,
+            stepped=s.out.calls,
+            admit_s=s.admit_s,
             evicted=evicted,
             recomputed=recomputed,
-            chunks=self._out.chunks,
-            keys=self._out.keys,
+            chunks=s.out.chunks,
+            keys=s.out.keys,
         )
 
-    def _step_sync(self, new: list[Job], t0: float) -> None:
-        """Worker thread: admit new jobs, run one step, complete the jobs it ended."""
+    def _steps_sync(self, new: list[Job], t0: float) -> list[_Stepped]:
+        """Torch thread: a step, then up to `run_ahead` - 1 more while `_run_ahead`
+        says nothing needs the event loop between them."""
+        ran = [self._step_sync(new, t0)]
+        while len(ran) < self.run_ahead and self._run_ahead(ran[-1]):
+            last = ran[-1]
+            if last.ran:  # its feedback before the next step is planned, as the loop gives it
+                self.policy.stepped(last.end - last.t0)
+                last.fed_back = True
+            ran.append(self._step_sync([], last.end))
+        return ran
+
+    def _run_ahead(self, last: _Stepped) -> bool:
+        """Whether the next step may follow `last` on the torch thread at once, without
+        the event loop between them. It may while the loop would do nothing there but
+        hand over tokens nobody waits for one by one: no job ended or failed, none is
+        held, queued or cancelled, none streams its tokens (`on_token`), no recording
+        of single tokens, and the engine is not closing. The tokens and figures of the
+        steps run ahead reach the loop after the last of them, each with its own times
+        (TTFT, the trace's step events); the steps themselves are the ones the loop
+        would have run (a call made meanwhile is queued, which ends the run ahead)."""
+        running = self.admission.running
+        return (
+            last.ran
+            and bool(running)
+            and not (self.admission.finished or self.admission.held or last.out.failed)
+            and not self._closing
+            and not self.rec.tokens
+            and self.queue_depth() == 0
+            and not any(j.cancelled or j.on_token is not None for j in running)
+        )
+
+    def _step_sync(self, new: list[Job], t0: float) -> _Stepped:
+        """Torch thread: admit new jobs, run one step, complete the jobs it ended."""
         self.admission.admit(self.admission.held + new, t0)
-        self._admit_s = time.perf_counter() - t0
+        admit_s = time.perf_counter() - t0
         chosen, order = plan_step(self.admission.running, self.policy, self.step_tokens)
         if not order:
-            return
+            return self._stepped_at(t0, admit_s, StepOutput(), [], ran=False)
         t_step = time.perf_counter()
         out = self.executor.step(order)
-        if chosen and out.ran:  # a step whose forward failed teaches the policy nothing
+        ran = bool(chosen) and out.ran  # a step whose forward failed teaches nothing
+        if ran:
             seconds = time.perf_counter() - t_step
             self.policy.observe(out.calls, out.rows, seconds, out.chunks, out.keys)
             self.n.steps += 1
             self.n.calls_in_steps += len(chosen)
-        self._out = out
         job_of = {j.call: j for j in self.admission.running}
         for call, exc in out.failed:
             job_of[call].error = exc
         for call, handle in out.finished.items():
             job_of[call].handle = handle
             self._stamp(job_of[call])
-        self._tokens = [(job_of[c], tok) for c, tok in out.tokens]
+        tokens = [(job_of[c], tok) for c, tok in out.tokens]
         for job in [j for j in self.admission.running if j.call.done]:
             self.admission.running.remove(job)
             self.admission.finished.append(job)
+        return self._stepped_at(t0, admit_s, out, tokens, ran=ran)
+
+    def _stepped_at(
+        self, t0: float, admit_s: float, out: StepOutput, tokens: list, *, ran: bool
+    ) -> _Stepped:
+        """The record of a step that began at t0 and ends now (torch thread)."""
+        gauges = self.executor.gauges() if self.rec.on and ran else (0, 0, *self._preempted)
+        calls = len(self.admission.running) + len(self.admission.finished)
+        queue = self.queue_depth() + len(self.admission.held)
+        return _Stepped(t0, time.perf_counter(), out, tokens, ran, admit_s, calls, queue, gauges)
 
     def _stamp(self, job: Job) -> None:
         """Note on the new message when its workflow started (the policy's victim order)."""
