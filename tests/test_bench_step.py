@@ -14,11 +14,17 @@ from corps.cli.bench import step as bs
 def test_each_count_decodes_its_tokens_in_one_step_a_token(tiny_dirs):
     figures = anyio.run(
         lambda: bs.measure(
-            str(tiny_dirs["llama"]), streams=(1, 3), tokens=5, rounds=2, dtype="float32"
+            str(tiny_dirs["llama"]),
+            streams=(1, 3),
+            tokens=5,
+            rounds=2,
+            run_aheads=(1, 4),
+            dtype="float32",
         )
     )
-    assert [f.streams for f in figures] == [1, 3]
+    assert [(f.run_ahead, f.streams) for f in figures] == [(1, 1), (1, 3), (4, 1), (4, 3)]
     for f in figures:
+        assert f.wall_ms >= f.step_ms  # the caller waits for the steps and the loop
         # the first step encodes the role headers and samples each stream's first
         # token, each next one encodes a token and samples one, the last encodes the
         # last token with the footer that closes the turn
@@ -33,7 +39,14 @@ def test_the_median_is_a_round_that_ran():
     assert bs._median(rounds).host_ms == 1.0
 
 
-@pytest.mark.parametrize("streams", ["x", "0", "", "1,-2"])
-def test_bad_stream_counts_exit_2_before_anything_loads(streams):
-    result = CliRunner().invoke(app, ["bench", "step", "--streams", streams])
-    assert result.exit_code == 2 and "--streams" in result.output
+@pytest.mark.parametrize("option", ["--streams", "--run-ahead"])
+@pytest.mark.parametrize("counts", ["x", "0", "", "1,-2", "9" * 40])
+def test_bad_counts_exit_2_before_anything_loads(option, counts):
+    result = CliRunner().invoke(app, ["bench", "step", option, counts])
+    assert result.exit_code == 2 and option in result.output
+
+
+def test_the_table_compares_each_setting_with_a_hop_per_step():
+    figures = [bs.StepFigures(16, 9, 3.0, 2.0, h, 3.5, a) for a, h in ((1, 1.0), (8, 0.5))]
+    text = str(bs.table(figures, "t").columns[-1]._cells)
+    assert "1.00x" in text and "0.50x" in text

@@ -105,14 +105,19 @@ def bench_runner(
         fail(exc)
 
 
-def _stream_counts(streams: str) -> list[int]:
-    """`--streams` as counts >= 1 (bad input: one line, exit 2)."""
+#: The largest count `--streams` and its kind take (more would only exhaust memory).
+MAX_COUNT = 4096
+
+
+def _stream_counts(streams: str, option: str = "--streams") -> list[int]:
+    """`--streams` (or another such `option`) as counts >= 1 (bad input: one line,
+    exit 2)."""
     try:
         counts = [int(x) for x in streams.split(",") if x.strip()]
     except ValueError:
-        _bad(f"--streams takes comma-separated counts like 1,4,16, got {streams!r}")
-    if not counts or min(counts) < 1:
-        _bad(f"--streams takes counts >= 1, got {streams!r}")
+        _bad(f"{option} takes comma-separated counts like 1,4,16, got {streams!r}")
+    if not counts or min(counts) < 1 or max(counts) > MAX_COUNT:
+        _bad(f"{option} takes counts from 1 to {MAX_COUNT}, got {streams!r}")
     return counts
 
 
@@ -148,14 +153,23 @@ def bench_step(
     rounds: Annotated[
         int, typer.Option(min=1, help="Round-robin rounds; each count reports its median.")
     ] = 5,
+    run_ahead: Annotated[
+        str,
+        typer.Option(
+            help="Comma-separated run_ahead settings, one engine each (1: a hop to the "
+            "event loop after every step)."
+        ),
+    ] = "1,8",
 ) -> None:
     """The host's share of a decode step: per step at 1, 16 and 64 streams, the time
-    outside the model's forward (plan, batch, sample, postprocess, job completion)."""
+    outside the model's forward (plan, batch, sample, postprocess, job completion),
+    with steps handed back to the event loop one by one and run ahead."""
     from corps.cli.bench.step import main
 
     counts = _stream_counts(streams)
+    aheads = _stream_counts(run_ahead, "--run-ahead")
     try:
-        main(model, tokens, rounds, counts, dtype=dtype)
+        main(model, tokens, rounds, counts, aheads, dtype=dtype)
     except CorpsError as exc:
         fail(exc)
 

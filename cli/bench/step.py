@@ -12,12 +12,20 @@ machine whose speed drifts hits every count alike. Only public engine API is use
 the figures come from `Engine.stats()` (`step_s`, `forward_s`, `steps`), taken
 around the decode only: `tokens` + 1 steps, the first of which also encodes each
 stream's role header and the last each stream's closing footer; the others decode
-one token per stream. Run it against any tree with `python -m corps.cli.bench.step`.
+one token per stream. `wall_ms` is the decode's wall time as its caller saw it,
+per step: the steps' time plus the loop's own between them.
+
+`run_ahead` values (`EngineConfig.run_ahead`) each get an engine, measured in the
+same rounds: 1 hands every step back to the event loop, the default runs steps
+back to back while nothing needs the loop between them.
+Run it against any tree with `python -m corps.cli.bench.step`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
+import time
 from dataclasses import dataclass
 
 from rich.console import Console
@@ -25,6 +33,8 @@ from rich.table import Table
 
 #: the streams measured by default
 STREAMS = (1, 16, 64)
+#: the `run_ahead` settings compared by default: a hop per step, and the default
+RUN_AHEADS = (1, 8)
 
 
 @dataclass(frozen=True)
@@ -34,6 +44,8 @@ class StepFigures:
     step_ms: float  # wall time per step
     forward_ms: float  # the model's forward per step
     host_ms: float  # the rest: planning, batching, sampling, bookkeeping
+    wall_ms: float = 0.0  # the decode's wall time as its caller saw it, per step
+    run_ahead: int = 0  # the engine's setting (0: its default)
 
     @property
     def host_share(self) -> float:
@@ -45,7 +57,9 @@ async def one(engine, streams: int, tokens: int) -> StepFigures:
     qs = await engine.prefill_many([dict(message=f"Count to ten (#{i}).") for i in range(streams)])
     before = engine.stats()
     calls = [dict(parents=[q], max_tokens=tokens, ignore_eos=True) for q in qs]
+    t0 = time.perf_counter()
     handles = await engine.decode_many(calls)
+    wall = time.perf_counter() - t0
     after = engine.stats()
     for h in [*handles, *qs]:
         engine.free(h)
@@ -53,21 +67,36 @@ async def one(engine, streams: int, tokens: int) -> StepFigures:
     step_s = after.step_s - before.step_s
     forward_s = after.forward_s - before.forward_s
     per = 1e3 / max(steps, 1)
-    return StepFigures(streams, steps, step_s * per, forward_s * per, (step_s - forward_s) * per)
+    host = (step_s - forward_s) * per
+    return StepFigures(streams, steps, step_s * per, forward_s * per, host, wall * per)
 
 
 async def measure(
-    model: str, *, streams=STREAMS, tokens: int = 64, rounds: int = 3, **engine_kw
+    model: str,
+    *,
+    streams=STREAMS,
+    tokens: int = 64,
+    rounds: int = 3,
+    run_aheads=(None,),
+    **engine_kw,
 ) -> list[StepFigures]:
-    """Median figures per stream count over `rounds` round-robin rounds."""
+    """Median figures per (run_ahead, stream count) over `rounds` round-robin rounds,
+    one engine per `run_aheads` value (None: the engine's default), all open at once."""
+    from contextlib import AsyncExitStack
+
     from corps.engine import Engine
 
-    runs: dict[int, list[StepFigures]] = {n: [] for n in streams}
-    async with Engine.open(model, **engine_kw) as engine:
-        await one(engine, 1, 4)  # warm-up: first-call costs are not a step's
+    runs: dict[tuple, list[StepFigures]] = {(a, n): [] for a in run_aheads for n in streams}
+    async with AsyncExitStack() as stack:
+        engines = {}
+        for a in run_aheads:
+            kw = engine_kw if a is None else engine_kw | dict(run_ahead=a)
+            engines[a] = await stack.enter_async_context(Engine.open(model, **kw))
+            await one(engines[a], 1, 4)  # warm-up: first-call costs are not a step's
         for _ in range(rounds):
-            for n in streams:
-                runs[n].append(await one(engine, n, tokens))
+            for (a, n), rs in runs.items():
+                f = await one(engines[a], n, tokens)
+                rs.append(dataclasses.replace(f, run_ahead=a or 0))
     return [_median(rs) for rs in runs.values()]
 
 
@@ -78,25 +107,40 @@ def _median(rs: list[StepFigures]) -> StepFigures:
 
 def table(figures: list[StepFigures], title: str) -> Table:
     t = Table(title=title)
-    for col in ("streams", "steps", "step ms", "forward ms", "host ms", "host share"):
+    cols = ("run_ahead", "streams", "steps", "step ms", "forward ms", "host ms", "host share")
+    for col in (*cols, "wall ms", "host vs run_ahead=1"):
         t.add_column(col, justify="right")
+    alone = {f.streams: f.host_ms for f in figures if f.run_ahead == 1}
     for f in figures:
+        ratio = f"{f.host_ms / alone[f.streams]:.2f}x" if alone.get(f.streams) else ""
         t.add_row(
+            str(f.run_ahead or "default"),
             str(f.streams),
             str(f.steps),
             f"{f.step_ms:.2f}",
             f"{f.forward_ms:.2f}",
             f"{f.host_ms:.2f}",
             f"{f.host_share:.0%}",
+            f"{f.wall_ms:.2f}",
+            ratio,
         )
     return t
 
 
-def main(model: str, tokens: int, rounds: int, streams=STREAMS, **engine_kw) -> list[StepFigures]:
+def main(
+    model: str, tokens: int, rounds: int, streams=STREAMS, run_aheads=RUN_AHEADS, **engine_kw
+) -> list[StepFigures]:
     import anyio
 
     figures = anyio.run(
-        lambda: measure(model, streams=streams, tokens=tokens, rounds=rounds, **engine_kw)
+        lambda: measure(
+            model,
+            streams=streams,
+            tokens=tokens,
+            rounds=rounds,
+            run_aheads=run_aheads,
+            **engine_kw,
+        )
     )
     Console().print(table(figures, f"host share of a decode step ({model})"))
     return figures
