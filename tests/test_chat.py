@@ -68,6 +68,11 @@ def test_frames_each_role_with_nothing_injected(tmp_path, name):
     assert fmt.encode(fmt.render("user", "hi")) == fmt.encode(
         expected["user"][0] + "hi" + expected["user"][1]
     )
+    for role, (header, footer) in expected.items():  # encoded once, each part alone
+        ids = fmt.frame_ids(role)
+        assert ids == (tuple(fmt.encode(header)), tuple(fmt.encode(footer)))
+        assert fmt.frame_ids(role) is ids
+    assert fmt.encode("") == []
 
 
 def test_stop_ids_and_sink(tmp_path):

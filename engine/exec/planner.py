@@ -47,13 +47,14 @@ class Planner:
         if isinstance(content, str):
             return self.fmt.encode(header + content + footer), content
         ids = list(content)
-        return self.fmt.encode(header) + ids + self.fmt.encode(footer), self.fmt.decode(ids)
+        head, foot = self.fmt.frame_ids(role)
+        return [*head, *ids, *foot], self.fmt.decode(ids)
 
     def _header_tokens(self, req: DecodeRequest) -> list[int]:
         user = self.fmt.encode(req.header) if isinstance(req.header, str) else list(req.header)
         if not req.frame:
             return user
-        return self.fmt.encode(self.fmt.frame(req.role)[0]) + user
+        return [*self.fmt.frame_ids(req.role)[0], *user]
 
     def prefill(self, req: PrefillRequest) -> Call:
         tokens, text = self._message_tokens(req.message, req.role, req.frame)
@@ -65,8 +66,8 @@ class Planner:
         self._check_vocab(header)
         self._check_vocab(list(req.sampling.force))
         self._check_vocab([t for t, _ in req.sampling.logit_bias])
-        footer = self.fmt.encode(self.fmt.frame(req.role)[1]) if req.frame else []
-        frame_len = len(self.fmt.encode(self.fmt.frame(req.role)[0])) if req.frame else 0
+        head, footer = self.fmt.frame_ids(req.role) if req.frame else ((), ())
+        frame_len = len(head)
         decode = dict(
             sampling=req.sampling, frame_len=frame_len, footer=tuple(footer), salt=req.cache_salt
         )
