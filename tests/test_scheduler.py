@@ -716,3 +716,20 @@ async def test_the_policy_hears_each_step_before_the_next_is_planned(tiny_dirs):
             q = await engine.prefill(PROMPTS[0])
             await engine.decode(parents=[q], max_tokens=12, ignore_eos=True)
     assert planned == list(range(len(planned))) and len(heard) == len(planned) >= 12
+
+
+async def test_another_engines_step_takes_its_turn_between_steps_run_ahead(
+    tiny_dirs, monkeypatch
+):
+    """Work queued for the torch thread (another engine's step) ends a run ahead: the
+    engines sharing the thread still take turns a step at a time when both are busy."""
+    from corps.engine.exec.torch_thread import TORCH
+
+    lengths = chain_lengths(monkeypatch)
+    async with open_tiny(tiny_dirs, "llama") as engine:
+        q = await engine.prefill(PROMPTS[0])
+        other = []
+        on_step(monkeypatch, 2, lambda: other.append(TORCH.submit(lambda: "its turn")))
+        lengths.clear()
+        await engine.decode(parents=[q], max_tokens=12, ignore_eos=True)
+    assert lengths[0] == 3 and other[0].result() == "its turn"

@@ -52,6 +52,11 @@ class TorchThread:
         thread = self._thread
         return thread.ident if thread is not None else None
 
+    @property
+    def waiting(self) -> bool:
+        """Whether work is queued for the thread (another engine's step, a load)."""
+        return not self._jobs.empty()
+
     def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
         """Queue `fn(*args)`; its future holds the result or the exception. It runs in
         a copy of the caller's context, as with `anyio.to_thread.run_sync`: context

@@ -385,7 +385,8 @@ class Scheduler:
         the event loop between them. It may while the loop would do nothing there but
         hand over tokens nobody waits for one by one: no job ended or failed, none is
         held, queued or cancelled, none streams its tokens (`on_token`), no recording
-        of single tokens, and the engine is not closing. The tokens and figures of the
+        of single tokens, the engine is not closing, and no other work waits for the
+        torch thread (another engine's step takes its turn). The tokens and figures of the
         steps run ahead reach the loop after the last of them, each with its own times
         (TTFT, the trace's step events); the steps themselves are the ones the loop
         would have run (a call made meanwhile is queued, which ends the run ahead)."""
@@ -397,6 +398,7 @@ class Scheduler:
             and not self._closing
             and not self.rec.tokens
             and self.queue_depth() == 0
+            and not self.thread.waiting
             and not any(j.cancelled or j.on_token is not None for j in running)
         )
 
