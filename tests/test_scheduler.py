@@ -718,9 +718,7 @@ async def test_the_policy_hears_each_step_before_the_next_is_planned(tiny_dirs):
     assert planned == list(range(len(planned))) and len(heard) == len(planned) >= 12
 
 
-async def test_another_engines_step_takes_its_turn_between_steps_run_ahead(
-    tiny_dirs, monkeypatch
-):
+async def test_another_engines_step_takes_its_turn_between_steps_run_ahead(tiny_dirs, monkeypatch):
     """Work queued for the torch thread (another engine's step) ends a run ahead: the
     engines sharing the thread still take turns a step at a time when both are busy."""
     from corps.engine.exec.torch_thread import TORCH
