@@ -188,7 +188,7 @@ PALETTE = [-math.inf, -1.0, 0.0, 0.5, 2.0, math.inf, math.nan]
     rows=st.integers(1, 5),
     cols=st.integers(1, 5 * sampling.ARGMAX_BLOCK + 7),
     palette=st.lists(st.sampled_from(PALETTE), min_size=1, max_size=4),
-    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
+    dtype=st.sampled_from([torch.float32, torch.float64, torch.bfloat16, torch.float16]),
 )
 def test_first_argmax_is_torchs_argmax(seed, rows, cols, palette, dtype):
     # few distinct values: ties everywhere, the maxima in any block, NaN and infinities
@@ -199,7 +199,10 @@ def test_first_argmax_is_torchs_argmax(seed, rows, cols, palette, dtype):
     assert sampling.argmax_rows(x) == x.argmax(-1).tolist()
 
 
-def test_first_argmax_reads_row_views():
-    x = torch.randn(8, 3 * sampling.ARGMAX_BLOCK + 5)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_first_argmax_reads_row_views(dtype):
+    x = torch.randn(8, 3 * sampling.ARGMAX_BLOCK + 5).to(dtype)
     view = x[2:6]  # take_rows' view of an ascending run of rows
     assert torch.equal(sampling.first_argmax(view), view.argmax(-1))
+    strided = x[:, 1::2]  # not contiguous
+    assert torch.equal(sampling.first_argmax(strided), strided.argmax(-1))
