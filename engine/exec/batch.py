@@ -76,13 +76,10 @@ def build_batch(plan: Sequence[Rows], device: torch.device) -> Batch:
         rows += mine
         counts.append(len(mine))
         t += n
-    forward = ForwardBatch(
-        long_tensor(ids, device),
-        long_tensor(pos, device),
-        long_tensor(slots, device),
-        tuple(spans),
-        long_tensor(rows, device),
-    )
+    # one tensor, one copy to the device, viewed as the four index vectors
+    flat = long_tensor([*ids, *pos, *slots, *rows], device)  # (3T + N,)
+    ids_t, pos_t, slots_t, rows_t = flat.split([t, t, t, len(rows)])
+    forward = ForwardBatch(ids_t, pos_t, slots_t, tuple(spans), rows_t)
     return Batch(forward, counts, twins, sum(n for _, _, n in twins))
 
 
