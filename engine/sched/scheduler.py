@@ -93,7 +93,7 @@ class _Stepped:
     admit_s: float  # seconds before its forward (admission)
     calls: int  # jobs running or ended at its end
     queue: int  # jobs queued or held at its end
-    gauges: tuple[int, ...]  # the executor's gauges at its end (recording only)
+    gauges: tuple[int, ...]  # the executor's gauges at its end (the trace's step event)
     fed_back: bool = False  # the policy had its wall time on the torch thread (run ahead)
 
 
@@ -433,7 +433,7 @@ class Scheduler:
         self, t0: float, admit_s: float, out: StepOutput, tokens: list, *, ran: bool
     ) -> _Stepped:
         """The record of a step that began at t0 and ends now (torch thread)."""
-        gauges = self.executor.gauges() if self.rec.on and ran else (0, 0, *self._preempted)
+        gauges = self.executor.gauges()
         calls = len(self.admission.running) + len(self.admission.finished)
         queue = self.queue_depth() + len(self.admission.held)
         return _Stepped(t0, time.perf_counter(), out, tokens, ran, admit_s, calls, queue, gauges)
