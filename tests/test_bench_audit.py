@@ -31,6 +31,8 @@ def test_the_audit_and_fidelity_see_the_same_turns_and_a_chain_agrees(tiny_dirs,
     off, two = report["cost"]
     assert off["audit"] == 0 and off["audit_tokens"] == 0 and off["audited"] == 0
     assert two["audit"] == 2 and two["audit_tokens"] > 0 and two["audited"] > 0
+    assert off["paired"] == [1.0, 1.0, 1.0] and off["cpu_paired"] == [1.0, 1.0, 1.0]
+    assert two["cpu_s"] > 0 and len(two["cpus"]) == len(two["walls"]) == 1
     assert "what the audit costs" in result.output
 
 
@@ -38,6 +40,13 @@ def test_the_audit_and_fidelity_see_the_same_turns_and_a_chain_agrees(tiny_dirs,
 def test_bad_rates_exit_before_anything_loads(rates):
     result = CliRunner().invoke(app, ["bench", "audit", "debate", "--rates", rates])
     assert result.exit_code != 0 and "--rates" in result.output
+
+
+def test_paired_ratios_are_per_round():
+    from corps.cli.bench.audit import _paired
+
+    assert _paired([2.0, 3.0, 12.0], [2.0, 2.0, 10.0]) == (1.2, 1.0, 1.5)
+    assert all(math.isnan(x) for x in _paired([], []))
 
 
 def test_the_warm_up_is_taken_out_per_agent_whatever_its_policies():

@@ -14,7 +14,11 @@
    i) in one choreographed engine, unaudited and audited 1 in N for each N,
    interleaved round by round after one untimed pass: the median wall time of
    each (its audits' shadows included: a pass waits for them) against the
-   unaudited pass's, and the tokens the shadows encoded against the pass's.
+   unaudited pass's, the median of each round's ratio to the unaudited pass
+   beside it (paired: a machine whose speed drifts between rounds moves both),
+   the same for the process's CPU time (`time.process_time`: the work done, which
+   time the machine gives to others does not inflate), and the tokens the
+   shadows encoded against the pass's.
 """
 
 from __future__ import annotations
@@ -126,12 +130,13 @@ async def cost(
     (under the token budget `budget`)."""
     cfg = EngineConfig.of(model, mode="choreographed", dtype=dtype, audit_budget=budget)
     walls: dict[int, list[float]] = {r: [] for r in [0, *rates]}
+    cpus: dict[int, list[float]] = {r: [] for r in walls}
     tokens: dict[int, list[tuple[int, int, int]]] = {r: [] for r in walls}
     async with Engine.open(cfg) as engine, Runtime(engine) as rt:
 
-        async def one_pass(rate: int) -> tuple[float, int, int]:
+        async def one_pass(rate: int) -> tuple[float, float, tuple[int, int, int]]:
             s0 = engine.stats()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             with engine.workflow("bench-audit", audit=rate):
 
                 async def one(i: int) -> None:
@@ -139,17 +144,18 @@ async def cost(
 
                 await each(range(len(lines)), one, concurrency=concurrency)
             await engine.audited()
-            wall = time.perf_counter() - t0
+            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
             s1 = engine.stats()
             audit = s1.audit_tokens - s0.audit_tokens
             encoded = s1.tokens_encoded - s0.tokens_encoded - audit
-            return wall, (encoded, audit, s1.audited - s0.audited)
+            return wall, cpu, (encoded, audit, s1.audited - s0.audited)
 
         await one_pass(0)  # untimed: the process's warm-up
         for _ in range(rounds):
             for rate in walls:
-                wall, counts = await one_pass(rate)
+                wall, cpu, counts = await one_pass(rate)
                 walls[rate].append(wall)
+                cpus[rate].append(cpu)
                 tokens[rate].append(counts)
     base = statistics.median(walls[0])
     return [
@@ -157,7 +163,11 @@ async def cost(
             audit=rate,
             wall_s=statistics.median(w),
             ratio=statistics.median(w) / base,
+            paired=_paired(w, walls[0]),
+            cpu_s=statistics.median(cpus[rate]),
+            cpu_paired=_paired(cpus[rate], cpus[0]),
             walls=w,
+            cpus=cpus[rate],
             tokens_encoded=sum(t[0] for t in tokens[rate]) / rounds,
             audit_tokens=sum(t[1] for t in tokens[rate]) / rounds,
             audited=sum(t[2] for t in tokens[rate]) / rounds,
@@ -165,6 +175,15 @@ async def cost(
         )
         for rate, w in walls.items()
     ]
+
+
+def _paired(times: Sequence[float], base: Sequence[float]) -> tuple[float, float, float]:
+    """Each round's time over the unaudited pass's of the same round: (median, lowest,
+    highest)."""
+    ratios = sorted(t / b for t, b in zip(times, base, strict=True) if b > 0)
+    if not ratios:
+        return (float("nan"),) * 3
+    return statistics.median(ratios), ratios[0], ratios[-1]
 
 
 def show(
@@ -197,13 +216,20 @@ def _cost_table(pattern: str, costs: list[dict[str, Any]]) -> None:
     budget = costs[0]["budget"]
     c = Table(title=f"{pattern}: what the audit costs (median of each rate's passes; token "
               f"budget {budget:.0%})", title_justify="left")  # fmt: skip
-    for col in ("audit", "audited calls", "wall s", "wall / unaudited", "tokens encoded",
-                "shadow tokens", "shadow / encoded"):  # fmt: skip
+    for col in ("audit", "audited calls", "wall s", "wall / unaudited", "paired (range)",
+                "cpu s", "cpu paired (range)", "tokens encoded", "shadow tokens",
+                "shadow / encoded"):  # fmt: skip
         c.add_column(col, justify="right")
     for r in costs:
         share = r["audit_tokens"] / r["tokens_encoded"] if r["tokens_encoded"] else 0.0
         c.add_row("off" if not r["audit"] else f"1 in {r['audit']}", f"{r['audited']:.1f}",
-                  f"{r['wall_s']:.2f}",
-                  f"{r['ratio']:.3f}x", f"{r['tokens_encoded']:.0f}",
+                  f"{r['wall_s']:.2f}", f"{r['ratio']:.3f}x", _span(r["paired"]),
+                  f"{r['cpu_s']:.2f}", _span(r["cpu_paired"]), f"{r['tokens_encoded']:.0f}",
                   f"{r['audit_tokens']:.0f}", f"{share:.0%}")  # fmt: skip
     out.print(c)
+    out.print("[dim]paired: the median of each round's time over the unaudited pass's in the "
+              "same round; cpu: the process's CPU time[/]")  # fmt: skip
+
+
+def _span(p: tuple[float, float, float]) -> str:
+    return f"{p[0]:.3f}x ({p[1]:.3f}-{p[2]:.3f})"
