@@ -45,13 +45,13 @@ def test_the_baseline_closes_a_turn_without_encoding_its_last_token():
     assert c.status == "done" and c.closed == [9] and c.pending is None
 
 
-def test_accept_notes_the_logprob_and_the_greedy_token_of_a_scored_row():
+def test_accept_marks_the_token_of_a_scored_row_for_the_steps_note():
     c = bare_call(feed=1, fed=1)
-    scores = torch.log_softmax(torch.tensor([0.0, 2.0, 1.0]), dim=-1)
-    c.scores = scores
+    c.accept(3)
+    assert c.scored is None  # no row: nothing to note
+    c.scores = torch.log_softmax(torch.tensor([0.0, 2.0, 1.0]), dim=-1)
     c.accept(2)
-    assert c.greedy == [1] and c.logprobs == [float(scores[2])]
-    assert c.scores is None  # used once
+    assert c.scored == 2 and c.logprobs == [] and c.pending == 2  # noted at the step's end
 
 
 def test_generated_max_is_the_tokens_and_the_footer_or_nothing():

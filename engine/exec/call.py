@@ -95,6 +95,7 @@ class Call:
     done: bool = False  # everything encoded, or given back (set by `mark_done` only)
     logits: list[Tensor] = field(default_factory=list)  # want_logits: own rows, per chunk
     scores: Tensor | None = None  # sampling.logprobs: this step's log-softmax row (V,)
+    scored: int | None = None  # the token accepted from `scores`, noted at the step's end
     logprobs: list[float] = field(default_factory=list)  # sampling.logprobs: per emitted token
     greedy: list[int] = field(default_factory=list)  # sampling.logprobs: argmax per position
     # sampling.top_logprobs: the k most likely (token, log-probability) per position
@@ -159,13 +160,11 @@ class Call:
             self.mark_done()
 
     def accept(self, tok: int) -> None:
-        """A token sampled for it: generated, and pending until its next step."""
+        """A token sampled for it: generated, and pending until its next step. From a
+        scored row, the token is noted with the step's others (`exec.scores.note`)."""
         self.generated.append(tok)
         if self.scores is not None:
-            self.logprobs.append(float(self.scores[tok]))
-            self.greedy.append(int(self.scores.argmax()))
-            self.top += top_of(self.scores, self.plan.sampling.top_logprobs)
-            self.scores = None
+            self.scored = tok
         self.pending = tok
 
     def jump(self, forced: list[int]) -> None:

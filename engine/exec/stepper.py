@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import time
 
-import torch
 from torch import Tensor
 
 from corps.cache.errors import CacheFullError
+from corps.engine.exec import scores
 from corps.engine.exec.advance import Postprocess
 from corps.engine.exec.batch import build_batch, logit_rows, long_tensor, samples
 from corps.engine.exec.call import Call
@@ -99,12 +99,7 @@ class Stepper:
         self.repairs.probe([e.call for e in plan if e.is_repair])  # their rows, chosen now
         logits, rows = self._forward(plan, out)
         sampling_rows = logit_rows(plan, rows)
-        for c, r in sampling_rows:  # the model's own distribution, before any mask
-            if c.plan.sampling.logprobs:
-                c.scores = torch.log_softmax(logits[r].float(), dim=-1)  # (V,)
-            if len(c.kept) < c.keep:  # an audited call's first positions
-                row = c.scores if c.scores is not None else torch.log_softmax(logits[r].float(), -1)
-                c.kept.append((len(c.generated), row))
+        self._score(sampling_rows, logits)
         bias(logits, [(r, c.plan.sampling) for c, r in sampling_rows if c.plan.sampling.logit_bias])
         if masks is not None:
             row_of = {id(c): r for c, r in sampling_rows}
@@ -118,6 +113,23 @@ class Stepper:
             if c.done:  # its view and unused reservations go now, for waiting calls
                 self.memory.drop_view(c)
                 self.memory.release_spare(c)
+        scores.note([c for c, _ in sampling_rows])  # the tokens' logprobs, all at once
+
+    @staticmethod
+    def _score(sampling_rows: list[tuple[Call, int]], logits: Tensor) -> None:
+        """The model's own distribution (before any mask or bias) where it is kept:
+        the rows of logprobs calls, one log-softmax for all (`exec.scores`), and an
+        audited call's first positions (`Call.kept`, a copy of its own)."""
+        scored = [(c, r) for c, r in sampling_rows if c.plan.sampling.logprobs]
+        if scored:
+            lsm = scores.score_rows(logits, [r for _, r in scored])  # (K, V)
+            for i, (c, _) in enumerate(scored):
+                c.scores = lsm[i]
+        for c, r in sampling_rows:
+            if len(c.kept) < c.keep:  # an audited call's first positions
+                own = c.scores
+                row = own.clone() if own is not None else scores.score_rows(logits, [r])[0]
+                c.kept.append((len(c.generated), row))
 
     def _forward(self, plan: list[Rows], out: StepOutput) -> tuple[Tensor, list[int]]:
         """Run the plan's rows; returns the logit rows (N, V) and each entry's count.
