@@ -39,6 +39,22 @@ def test_the_median_is_a_round_that_ran():
     assert bs._median(rounds).host_ms == 1.0
 
 
+def test_calls_may_keep_their_logprobs(tiny_dirs):
+    figures = anyio.run(
+        lambda: bs.measure(
+            str(tiny_dirs["llama"]), streams=(2,), tokens=4, rounds=1, top_logprobs=3,
+            dtype="float32",
+        )
+    )  # fmt: skip
+    assert figures[0].steps == 4 + 1 and figures[0].host_ms > 0
+
+
+@pytest.mark.parametrize("top", ["-1", "21", "x"])
+def test_bad_top_logprobs_exit_2(top):
+    result = CliRunner().invoke(app, ["bench", "step", "--top-logprobs", top])
+    assert result.exit_code == 2 and "--top-logprobs" in result.output
+
+
 @pytest.mark.parametrize("option", ["--streams", "--run-ahead"])
 @pytest.mark.parametrize("counts", ["x", "0", "", "1,-2", "9" * 40])
 def test_bad_counts_exit_2_before_anything_loads(option, counts):

@@ -160,6 +160,15 @@ def bench_step(
             "event loop after every step)."
         ),
     ] = "1,8",
+    top_logprobs: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            max=20,
+            help="Every call also keeps its tokens' log-probabilities and this many "
+            "most likely tokens (off by default).",
+        ),
+    ] = None,
 ) -> None:
     """The host's share of a decode step: per step at 1, 16 and 64 streams, the time
     outside the model's forward (plan, batch, sample, postprocess, job completion),
@@ -169,7 +178,7 @@ def bench_step(
     counts = _stream_counts(streams)
     aheads = _stream_counts(run_ahead, "--run-ahead")
     try:
-        main(model, tokens, rounds, counts, aheads, dtype=dtype)
+        main(model, tokens, rounds, counts, aheads, top_logprobs, dtype=dtype)
     except CorpsError as exc:
         fail(exc)
 

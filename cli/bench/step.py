@@ -52,11 +52,13 @@ class StepFigures:
         return self.host_ms / self.step_ms if self.step_ms else 0.0
 
 
-async def one(engine, streams: int, tokens: int) -> StepFigures:
-    """Decode `streams` streams of `tokens` tokens together; the per-step figures."""
+async def one(engine, streams: int, tokens: int, top_logprobs: int | None = None) -> StepFigures:
+    """Decode `streams` streams of `tokens` tokens together; the per-step figures. With
+    `top_logprobs` (0 or more), every call keeps its tokens' log-probabilities too."""
     qs = await engine.prefill_many([dict(message=f"Count to ten (#{i}).") for i in range(streams)])
     before = engine.stats()
-    calls = [dict(parents=[q], max_tokens=tokens, ignore_eos=True) for q in qs]
+    scored = {} if top_logprobs is None else dict(logprobs=True, top_logprobs=top_logprobs)
+    calls = [dict(parents=[q], max_tokens=tokens, ignore_eos=True, **scored) for q in qs]
     t0 = time.perf_counter()
     handles = await engine.decode_many(calls)
     wall = time.perf_counter() - t0
@@ -78,6 +80,7 @@ async def measure(
     tokens: int = 64,
     rounds: int = 3,
     run_aheads=(None,),
+    top_logprobs: int | None = None,
     **engine_kw,
 ) -> list[StepFigures]:
     """Median figures per (run_ahead, stream count) over `rounds` round-robin rounds,
@@ -95,7 +98,7 @@ async def measure(
             await one(engines[a], 1, 4)  # warm-up: first-call costs are not a step's
         for _ in range(rounds):
             for (a, n), rs in runs.items():
-                f = await one(engines[a], n, tokens)
+                f = await one(engines[a], n, tokens, top_logprobs)
                 rs.append(dataclasses.replace(f, run_ahead=a or 0))
     return [_median(rs) for rs in runs.values()]
 
@@ -128,7 +131,13 @@ def table(figures: list[StepFigures], title: str) -> Table:
 
 
 def main(
-    model: str, tokens: int, rounds: int, streams=STREAMS, run_aheads=RUN_AHEADS, **engine_kw
+    model: str,
+    tokens: int,
+    rounds: int,
+    streams=STREAMS,
+    run_aheads=RUN_AHEADS,
+    top_logprobs: int | None = None,
+    **engine_kw,
 ) -> list[StepFigures]:
     import anyio
 
@@ -139,6 +148,7 @@ def main(
             tokens=tokens,
             rounds=rounds,
             run_aheads=run_aheads,
+            top_logprobs=top_logprobs,
             **engine_kw,
         )
     )
