@@ -110,8 +110,8 @@ def _median(rs: list[StepFigures]) -> StepFigures:
 
 def table(figures: list[StepFigures], title: str) -> Table:
     t = Table(title=title)
-    cols = ("run_ahead", "streams", "steps", "step ms", "forward ms", "host ms", "host share")
-    for col in (*cols, "wall ms", "host vs run_ahead=1"):
+    cols = ("run ahead", "streams", "steps", "step ms", "forward ms", "host ms", "host share")
+    for col in (*cols, "wall ms", "host vs 1"):
         t.add_column(col, justify="right")
     alone = {f.streams: f.host_ms for f in figures if f.run_ahead == 1}
     for f in figures:
@@ -153,6 +153,11 @@ def main(
         )
     )
     Console().print(table(figures, f"host share of a decode step ({model})"))
+    Console().print(
+        "[dim]run ahead: steps the torch thread may run without a hop to the event loop "
+        "(1: a hop each); host: the step's time outside the forward; wall: the decode's "
+        "time per step as its caller saw it; host vs 1: against run ahead 1[/]"
+    )
     return figures
 
 
