@@ -35,12 +35,17 @@ def note(calls: Sequence[Call]) -> None:
     todo = [c for c in calls if c.scores is not None and c.scored is not None]
     if not todo:
         return
-    rows = todo[0].scores[None] if len(todo) == 1 else torch.stack([c.scores for c in todo])
+    one = len(todo) == 1  # its row as it is, else a copy of each stacked
+    rows = todo[0].scores[None] if one else torch.stack([c.scores for c in todo])  # (K, V)
     tokens = torch.tensor([c.scored for c in todo], device=rows.device)  # (K,)
     picked = rows.gather(1, tokens[:, None])[:, 0].tolist()
     greedy = first_argmax(rows).tolist()
     k = max(c.plan.sampling.top_logprobs for c in todo)
-    ids, vals = ([], []) if not k else (t.tolist() for t in _top(rows, k))
+    ids: list[list[int]] = []
+    vals: list[list[float]] = []
+    if k:  # the k most likely of each row, in order (K, k)
+        top = rows.topk(k)
+        ids, vals = top.indices.tolist(), top.values.tolist()
     for i, c in enumerate(todo):
         c.logprobs.append(picked[i])
         c.greedy.append(greedy[i])
@@ -48,9 +53,3 @@ def note(calls: Sequence[Call]) -> None:
         if own:  # the first `own` of the k most likely, in order
             c.top.append(tuple(zip(ids[i][:own], vals[i][:own], strict=True)))
         c.scores = c.scored = None
-
-
-def _top(rows: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """The k most likely tokens of each row and their log-probabilities (K, k) each."""
-    vals, ids = rows.topk(k)
-    return ids, vals
