@@ -731,3 +731,50 @@ async def test_another_engines_step_takes_its_turn_between_steps_run_ahead(tiny_
         lengths.clear()
         await engine.decode(parents=[q], max_tokens=12, ignore_eos=True)
     assert lengths[0] == 3 and other[0].result() == "its turn"
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    lengths=st.lists(st.integers(1, 24), min_size=2, max_size=8),
+    cancel_after=st.lists(st.integers(0, 20), max_size=4),
+    run_ahead=st.sampled_from([2, 8]),
+)
+def test_calls_cancelled_at_any_step_of_a_run_ahead_leave_the_store_exact(
+    tiny_dirs, lengths, cancel_after, run_ahead
+):
+    """Decodes of mixed lengths, some cancelled after a number of steps (pending calls
+    cancelled from the loop while steps run ahead on the torch thread): the others
+    finish, and the store's bookkeeping is exact with only their messages left."""
+
+    async def main() -> None:
+        async with open_tiny(tiny_dirs, "llama", run_ahead=run_ahead) as engine:
+            q = await engine.prefill(PROMPTS[0])
+            before = used(engine)
+            calls = [
+                engine.decode_nowait(parents=[q], max_tokens=n, ignore_eos=True) for n in lengths
+            ]
+            victims = {i % len(calls): steps for i, steps in enumerate(cancel_after)}
+
+            async def cancel(i: int, steps: int) -> None:
+                await stepping(engine, steps) if steps else None
+                calls[i].cancel()
+
+            async with anyio.create_task_group() as tg:
+                for i, steps in victims.items():
+                    tg.start_soon(cancel, i, steps)
+            done = {}
+            for i, pending in enumerate(calls):
+                try:
+                    done[i] = await pending
+                except Exception as exc:
+                    assert i in victims and type(exc).__name__ == "CallCancelled"
+            assert set(done) >= set(range(len(calls))) - set(victims)
+            assert all(len(h.generated) == lengths[i] for i, h in done.items())
+            engine.check()
+            for h in done.values():
+                engine.free(h)
+            engine.free(await engine.prefill("x"))  # a trip through the loop reaps the rest
+            engine.check()
+            assert used(engine) == before  # only the prompt's encoding is left
+
+    anyio.run(main)
