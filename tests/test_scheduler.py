@@ -733,7 +733,9 @@ async def test_another_engines_step_takes_its_turn_between_steps_run_ahead(tiny_
     assert lengths[0] == 3 and other[0].result() == "its turn"
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     lengths=st.lists(st.integers(1, 24), min_size=2, max_size=8),
     cancel_after=st.lists(st.integers(0, 20), max_size=4),
