@@ -35,11 +35,12 @@ def test_noting_together_is_noting_each_row_alone(seed, tops, vocab):
     gen = torch.Generator().manual_seed(seed)
     logits = torch.randn(len(tops) + 2, vocab, generator=gen) * 4
     rows = list(range(1, len(tops) + 1))
-    lsm = scores.score_rows(logits, rows)
+    lsm = scores.score_rows(logits, [*rows, 0])  # the last row: a call that took nothing
     tokens = torch.randint(vocab, (len(tops),), generator=gen).tolist()
     calls = [scored_call(lsm[i], t, k) for i, (t, k) in enumerate(zip(tokens, tops, strict=True))]
-    idle = bare_call(feed=1, fed=1)  # no scored row: untouched
-    scores.note([*calls, idle])
+    idle = bare_call(feed=1, fed=1)  # scored, but it accepted no token: untouched
+    idle.scores = lsm[-1]
+    scores.note([*calls, idle], lsm)
     for i, (c, t, k) in enumerate(zip(calls, tokens, tops, strict=True)):
         row = torch.log_softmax(logits[rows[i]].float(), -1)  # alone
         assert c.logprobs == [float(row[t])]
@@ -53,5 +54,5 @@ def test_a_row_whose_call_took_no_token_is_left_as_it_was():
     lsm = scores.score_rows(torch.randn(2, 50), [0, 1])
     took, failed = scored_call(lsm[0], 3, 2), bare_call(feed=1, fed=1)
     failed.scores = lsm[1]  # its sampling failed: it accepted nothing
-    scores.note([took, failed])
+    scores.note([took, failed], lsm)
     assert len(took.logprobs) == 1 and failed.logprobs == [] and failed.scores is not None

@@ -8,8 +8,8 @@ three transfers to the host (on a GPU, three syncs a call and step; on a CPU,
 torch's scalar argmax over 49k scores: 16 calls took 1.6 ms a step, 0.5 ms
 together). Here: one log-softmax over the step's scored rows (`score_rows`),
 each call's row a view of it (`Call.scores`), and once each call has accepted its
-token (`Call.scored`), one gather, one argmax and one top-k for all of them, each
-brought to the host once (`note`).
+token (`Call.scored`), one gather, one argmax and one top-k over those rows for
+all of them, each brought to the host once (`note`).
 """
 
 from __future__ import annotations
@@ -28,16 +28,18 @@ def score_rows(logits: Tensor, rows: list[int]) -> Tensor:
     return torch.log_softmax(logits[rows].float(), dim=-1)
 
 
-def note(calls: Sequence[Call]) -> None:
-    """For each call that accepted a token from its scored row this step: the token's
-    log-probability, the greedy token and its `top_logprobs` most likely, appended
-    to `logprobs`, `greedy` and `top`; its row is let go."""
-    todo = [c for c in calls if c.scores is not None and c.scored is not None]
-    if not todo:
+def note(calls: Sequence[Call], rows: Tensor) -> None:
+    """The step's scored calls, in the order of their rows (K, V) from `score_rows`:
+    for each that accepted a token this step, the token's log-probability, the greedy
+    token and its `top_logprobs` most likely, appended to `logprobs`, `greedy` and
+    `top`; its row is let go. A call that accepted nothing is left as it was."""
+    took = [i for i, c in enumerate(calls) if c.scored is not None]
+    if not took:
         return
-    one = len(todo) == 1  # its row as it is, else a copy of each stacked
-    rows = todo[0].scores[None] if one else torch.stack([c.scores for c in todo])  # (K, V)
-    tokens = torch.tensor([c.scored for c in todo], device=rows.device)  # (K,)
+    todo = [calls[i] for i in took]
+    if len(took) < len(calls):
+        rows = rows[took]  # (K', V)
+    tokens = torch.tensor([c.scored for c in todo], device=rows.device)  # (K',)
     picked = rows.gather(1, tokens[:, None])[:, 0].tolist()
     greedy = first_argmax(rows).tolist()
     k = max(c.plan.sampling.top_logprobs for c in todo)

@@ -99,7 +99,7 @@ class Stepper:
         self.repairs.probe([e.call for e in plan if e.is_repair])  # their rows, chosen now
         logits, rows = self._forward(plan, out)
         sampling_rows = logit_rows(plan, rows)
-        self._score(sampling_rows, logits)
+        scored = self._score(sampling_rows, logits)
         bias(logits, [(r, c.plan.sampling) for c, r in sampling_rows if c.plan.sampling.logit_bias])
         if masks is not None:
             row_of = {id(c): r for c, r in sampling_rows}
@@ -113,23 +113,29 @@ class Stepper:
             if c.done:  # its view and unused reservations go now, for waiting calls
                 self.memory.drop_view(c)
                 self.memory.release_spare(c)
-        scores.note([c for c, _ in sampling_rows])  # the tokens' logprobs, all at once
+        if scored is not None:  # the tokens' logprobs, all at once
+            scores.note(*scored)
 
     @staticmethod
-    def _score(sampling_rows: list[tuple[Call, int]], logits: Tensor) -> None:
+    def _score(
+        sampling_rows: list[tuple[Call, int]], logits: Tensor
+    ) -> tuple[list[Call], Tensor] | None:
         """The model's own distribution (before any mask or bias) where it is kept:
-        the rows of logprobs calls, one log-softmax for all (`exec.scores`), and an
-        audited call's first positions (`Call.kept`, a copy of its own)."""
+        the rows of logprobs calls, one log-softmax for all (`exec.scores`; returned
+        with their calls for `scores.note`), and an audited call's first positions
+        (`Call.kept`, a copy of its own)."""
         scored = [(c, r) for c, r in sampling_rows if c.plan.sampling.logprobs]
+        calls, lsm = [c for c, _ in scored], None
         if scored:
             lsm = scores.score_rows(logits, [r for _, r in scored])  # (K, V)
-            for i, (c, _) in enumerate(scored):
-                c.scores = lsm[i]
+            for c, row in zip(calls, lsm, strict=True):
+                c.scores = row
         for c, r in sampling_rows:
             if len(c.kept) < c.keep:  # an audited call's first positions
                 own = c.scores
                 row = own.clone() if own is not None else scores.score_rows(logits, [r])[0]
                 c.kept.append((len(c.generated), row))
+        return (calls, lsm) if lsm is not None else None
 
     def _forward(self, plan: list[Rows], out: StepOutput) -> tuple[Tensor, list[int]]:
         """Run the plan's rows; returns the logit rows (N, V) and each entry's count.
