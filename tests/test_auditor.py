@@ -142,6 +142,18 @@ async def test_a_parent_freed_after_the_call_is_still_there_for_its_shadow(tiny_
         engine.check()  # q2's slots went back once the shadow let go of it
 
 
+async def test_check_while_a_shadow_is_pending_says_so_and_the_books_are_exact_after(tiny_dirs):
+    # found by the fuzz: check() right after an audited call returned took the shadow's
+    # pins on its parents for a broken invariant
+    async with open_tiny(tiny_dirs, "llama", audit=1, audit_budget=1.0) as engine:
+        sys, q1, q2 = await parallel(engine)
+        await engine.decode(parents=[sys, q1, q2], max_tokens=3, ignore_eos=True)
+        with pytest.raises(InvalidRequest, match="audited"):
+            engine.check()  # the shadow has not run yet: it still holds the parents
+        await engine.audited()
+        engine.check()
+
+
 async def test_closing_with_shadows_pending_neither_hangs_nor_fails(tiny_dirs):
     async with open_tiny(tiny_dirs, "llama", audit=1, audit_budget=1.0) as engine:
         sys, q1, q2 = await parallel(engine)

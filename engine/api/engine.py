@@ -312,11 +312,18 @@ class Engine:
         Every used KV slot has exactly one owner (a message, or the baseline's prefix
         tree) and the free list holds the rest once; no pins, view-arena ranges or
         prefix locks are left. Raises BrokenInvariant (a bug in corps: report it);
-        InvalidRequest if calls are still in flight. Tests and soak runs call it
-        after every operation; it costs O(store slots).
+        InvalidRequest if calls are still in flight, or fidelity audits' shadows
+        (`audit=N`: an audited call's parents stay pinned until its shadow has read
+        them, after the call returned; `await engine.audited()` waits for them). Tests
+        and soak runs call it after every operation; it costs O(store slots).
         """
         if not self._sched.idle:
             raise InvalidRequest("check() needs an idle engine: await your calls first")
+        if self._auditor.in_flight:
+            raise InvalidRequest(
+                "check() needs an idle engine: fidelity audits' shadows are still running; "
+                "await engine.audited() first"
+            )
         self._executor.check()
 
     def reset_peak_stats(self) -> None:
