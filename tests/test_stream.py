@@ -50,3 +50,38 @@ async def test_stream_includes_the_header(tiny_dirs):
         stream = engine.stream(parents=[q], header="the", max_tokens=6, ignore_eos=True)
         assert "".join([d async for d in stream]) == stream.handle.text
         assert stream.handle.text.startswith("the")
+
+
+async def test_leaving_a_stream_early_returns_with_the_store_as_it_was(tiny_dirs):
+    # found by the fuzz: the call was aborted at the loop's next step, after the block
+    async with open_tiny(tiny_dirs, "llama") as engine:
+        q = await engine.prefill("hello world")
+        before = engine.stats()
+        async with engine.stream(parents=[q], max_tokens=50, ignore_eos=True) as stream:
+            async for _ in stream:
+                break  # after the header's delta: the call is still running
+        engine.check()  # idle now: nothing left to await
+        after = engine.stats()
+        assert (after.messages, after.tokens_used) == (before.messages, before.tokens_used)
+        assert stream.handle is None
+
+
+async def test_a_cancelled_decode_returns_with_the_store_as_it_was(tiny_dirs):
+    async with open_tiny(tiny_dirs, "llama") as engine:
+        q = await engine.prefill("hello world")
+        before = engine.stats()
+        started = anyio.Event()
+
+        async def decode():
+            started.set()
+            await engine.decode(parents=[q], max_tokens=200, ignore_eos=True)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(decode)
+            await started.wait()
+            for _ in range(20):  # let it be queued and run a step or more
+                await anyio.lowlevel.checkpoint()
+            tg.cancel_scope.cancel()
+        engine.check()
+        after = engine.stats()
+        assert (after.messages, after.tokens_used) == (before.messages, before.tokens_used)

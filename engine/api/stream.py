@@ -40,8 +40,9 @@ class TextStream:
     incremental (a short window of recent ids per token).
 
     Leaving early cancels the call (its partial tokens are rolled back, or its
-    finished message freed). Use `async with engine.stream(...) as s: async for d
-    in s:` (or `await s.aclose()`) for that to happen at once; a bare `async for`
+    finished message freed) and returns once that is done, at the loop's next step:
+    the store is then as it was. Use `async with engine.stream(...) as s: async for
+    d in s:` (or `await s.aclose()`) for that to happen at once; a bare `async for`
     that breaks leaves the closing to the garbage collector.
     """
 
@@ -98,6 +99,8 @@ class TextStream:
             elif job.done.is_set() and job.handle is not None:
                 calls.free(job.handle)  # finished, but the consumer left
                 job.handle = None
+            else:  # running: leaving returns once its partial tokens are rolled back
+                await job.abandon()
             raise
         final = self.handle.text
         if final.startswith(detok.shown) and len(final) > len(detok.shown):

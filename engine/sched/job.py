@@ -86,6 +86,16 @@ class Job:
             except Exception as exc:
                 self.error = self.error or exc
 
+    async def abandon(self) -> None:
+        """Cancel the job and wait until the loop has ended it: between steps it
+        aborts the call (its partial tokens rolled back, its slots and pins given
+        back), or ends it with the engine (`close`). Shielded, so that a caller
+        leaving a call by cancellation leaves the store as it was when it returns.
+        The job must have been submitted (the loop is what ends it)."""
+        self.cancelled = True
+        with anyio.CancelScope(shield=True):
+            await self.done.wait()
+
     def token(self, tok: int) -> None:
         """Pass a sampled token to `on_token`; a callback error fails this job only."""
         if self.on_token is None or self.cancelled:
@@ -96,12 +106,13 @@ class Job:
             self.error, self.cancelled = exc, True  # aborted before the next step
 
     async def wait(self) -> Handle:
-        """The handle, or the job's error; cancelling the wait cancels the job (a
-        handle it finished with meanwhile is the waiter's to free: `Scheduler.wait`)."""
+        """The handle, or the job's error; cancelling the wait cancels the job and
+        returns once the loop has ended it (`abandon`; a handle it finished with
+        meanwhile is the waiter's to free: `Scheduler.wait`)."""
         try:
             await self.done.wait()
         except BaseException:
-            self.cancelled = True
+            await self.abandon()
             raise
         if self.error is not None:
             raise self.error
