@@ -17,13 +17,18 @@ from typer.testing import CliRunner
 
 from corps.agents import Agent, AgentError, Runtime
 from corps.cache import Handle, Private, Public, Shared
-from corps.cache.errors import CorpsError
+from corps.cache.errors import CorpsError, InvalidRequest
 from corps.cache.visibility import LeakWarning
 from corps.cli.app import app
 
 from conftest import open_tiny
 
 KINDS = ["prefill", "prefill", "decode", "decode", "decode_many", "free", "read", "stream"]
+KINDS += ["audited"]
+#: repair policies (corps.engine.repair), valid and not
+REPAIRS = [None, "none", "first:2", "recompute:0.5", "query:0.5", "full", "temp:0.8", "serial+full"]
+REPAIRS += ["auto", "auto:query:0.3", "first:1+query:0.3"]
+BAD_REPAIRS = ["bogus", "query:2", 3, "recompute:0.3+query:0.2", "auto+full", "auto:temp:0.5", ""]
 
 
 def either(draw, valid, invalid):
@@ -72,7 +77,11 @@ def operations(draw):
             stop=either(draw, st.sampled_from([(), ("x",)]), st.just(("",))),
             header=either(draw, st.just(""), st.lists(st.integers(-2, 70000), max_size=3)),
             frame=either(draw, st.just(True), st.just(False)),
+            repair=either(draw, st.sampled_from(REPAIRS), st.sampled_from(BAD_REPAIRS)),
+            audit=either(draw, st.sampled_from([None, 0, 1, 2]), st.sampled_from([-1, "x", 2.5])),
         )
+        if kind == "stream":  # the reader stops early: the call is cancelled mid-decode
+            args["cut"] = draw(st.booleans())
     else:
         args = {}
     return kind, picks, common, args
@@ -89,6 +98,9 @@ async def apply(engine, handles: list, op) -> None:
         if parents:
             engine.read(parents[0], reader=common["owner"])
         return
+    if kind == "audited":  # every fidelity audit's shadow started so far has run
+        await engine.audited()
+        return
     call = dict(parents=parents, **common, **args)
     if kind == "prefill":
         handles.append(await engine.prefill(call.pop("message"), **call))
@@ -97,14 +109,17 @@ async def apply(engine, handles: list, op) -> None:
     elif kind == "decode_many":
         handles.extend(await engine.decode_many([call, dict(call, seed=1)]))
     else:
+        cut = call.pop("cut")
         async with engine.stream(**call) as s:
             async for _ in s:
-                pass
-        handles.append(s.handle)
+                if cut:
+                    break
+        if not cut:
+            handles.append(s.handle)
 
 
 @settings(
-    max_examples=40,
+    max_examples=100,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -113,8 +128,11 @@ async def apply(engine, handles: list, op) -> None:
     mode=st.sampled_from(["choreographed", "baseline"]),
 )
 def test_random_calls_succeed_or_fail_typed_and_keep_the_store_exact(tiny_dirs, ops, mode):
+    """Repairs and fidelity audits included: every due audit's shadow runs (budget 1)."""
+
     async def main() -> None:
-        async with open_tiny(tiny_dirs, "llama", mode=mode, capacity=512) as engine:
+        kw = dict(mode=mode, capacity=512, audit_budget=1.0)
+        async with open_tiny(tiny_dirs, "llama", **kw) as engine:
             handles: list = []
             for op in ops:
                 try:
@@ -123,7 +141,12 @@ def test_random_calls_succeed_or_fail_typed_and_keep_the_store_exact(tiny_dirs, 
                         await apply(engine, handles, op)
                 except CorpsError as exc:
                     assert str(exc), f"{type(exc).__name__} without a message"
-                engine.check()
+                try:
+                    engine.check()
+                except InvalidRequest:  # audits' shadows still running: checked once settled
+                    pass
+            await engine.audited()  # the shadows left running, then the books again
+            engine.check()
 
     anyio.run(main)
 
