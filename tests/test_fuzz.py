@@ -57,6 +57,23 @@ def operations(draw):
             st.sampled_from(["deny", "bogus"]),
         ),
     )
+    # the call made inside a workflow (its repair and audit rate apply to its calls)
+    workflow = either(
+        draw,
+        st.one_of(
+            st.none(),
+            st.tuples(
+                st.sampled_from(["wf-a", "wf-b"]),
+                st.sampled_from(REPAIRS),
+                st.sampled_from([None, 0, 1, 3]),
+            ),
+        ),
+        st.tuples(
+            st.sampled_from(["wf-a", ""]),
+            st.sampled_from([*REPAIRS, *BAD_REPAIRS]),
+            st.sampled_from([None, 1, -2, "x"]),
+        ),
+    )
     if kind == "prefill":
         args = dict(
             message=either(
@@ -84,10 +101,19 @@ def operations(draw):
             args["cut"] = draw(st.booleans())
     else:
         args = {}
-    return kind, picks, common, args
+    return kind, picks, common, args, workflow
 
 
 async def apply(engine, handles: list, op) -> None:
+    *op, workflow = op
+    if workflow is None:
+        return await make_call(engine, handles, op)
+    name, repair, audit = workflow
+    with engine.workflow(name, repair=repair, audit=audit):
+        await make_call(engine, handles, op)
+
+
+async def make_call(engine, handles: list, op) -> None:
     kind, picks, common, args = op
     parents = [handles[i % len(handles)] for i in picks] if handles else []
     if kind == "free":
