@@ -228,14 +228,28 @@ async def decode_figures(engine, hf: HFReference, s: Settings) -> list[Figure]:
     t_n, t_1 = [await timed(dev, lambda k=k: ours(k), s.repeats) for k in (n, 1)]
     h_n, h_1 = [await timed(dev, lambda k=k: hf.generate(1, k), s.repeats) for k in (n, 1)]
     engine.free(q)
-    mine, ref = (n - 1) / (t_n - t_1), (n - 1) / (h_n - h_1)
+    mine, ref = per_token(n - 1, t_n, t_1), per_token(n - 1, h_n, h_1)
     bound = copy_bandwidth(dev) / engine.stats().weight_bytes
     name = f"one stream, {n} tokens"
     bound_note = "reference: weight bytes / measured copy bandwidth"
+    noisy = not (math.isfinite(mine) and math.isfinite(ref))
     return [
-        Figure("decode", name, mine, ref, "tok/s", "reference: HF generate"),
-        Figure("decode", name + " (of the bound)", mine, bound, "tok/s", bound_note),
-    ]
+        Figure("decode", name, mine, ref, "tok/s", NOISE if noisy else "reference: HF generate"),
+        Figure("decode", name + " (of the bound)", mine, bound, "tok/s",
+               NOISE if noisy else bound_note),
+    ]  # fmt: skip
+
+
+#: the note of a decode figure (NaN) whose two timings' difference was not above the
+#: timer's noise: not a failure of the engine, so the command does not fail on it
+NOISE = "timing noise: decoding n tokens took no longer than 1; raise --decode-tokens or --repeats"
+
+
+def per_token(tokens: int, t_n: float, t_1: float) -> float:
+    """Tokens a second from the time of a decode of n tokens less that of one (the
+    per-call costs cancel); NaN when the difference is not positive (a tiny model or a
+    busy machine: below the timer's noise), rather than a negative or infinite rate."""
+    return tokens / (t_n - t_1) if t_n > t_1 else math.nan
 
 
 async def stream_figures(engine, hf: HFReference, s: Settings) -> list[Figure]:
@@ -307,12 +321,14 @@ async def graph_figures(s: Settings, hf: HFReference, measured: list[Figure]) ->
             engine, hf, eager_s
         )
     with_graphs = {(f.section, f.name): f.corps for f in measured}
+    notes = {(f.section, f.name): f.note for f in measured}
     note = f"reference: graphs='off' (measured: graphs={s.graphs!r})"
     return [
-        Figure("graphs", f.name, with_graphs[(f.section, f.name)], f.corps, f.unit, note)
+        Figure("graphs", f.name, with_graphs[(f.section, f.name)], f.corps, f.unit,
+               NOISE if NOISE in (f.note, notes[(f.section, f.name)]) else note)
         for f in eager
         if (f.section, f.name) in with_graphs and "bound" not in f.name
-    ]
+    ]  # fmt: skip
 
 
 def release(device: str) -> None:
