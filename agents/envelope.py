@@ -25,6 +25,7 @@ class Envelope:
     result: Any = None
     error: BaseException | None = None
     cancelled: bool = False
+    started: bool = False  # its handler is running (it will reply, whatever happens)
     # ask_stream: where text deltas go. Shared by nested streamed asks; only the
     # ask_stream that made it closes it.
     deltas: MemoryObjectSendStream[str] | None = None
@@ -37,12 +38,17 @@ class Envelope:
         self.done.set()
 
     async def wait(self) -> Any:
-        """The handler's result; cancelling this wait cancels the handler and its nested work."""
+        """The handler's result; cancelling this wait cancels the handler and its nested
+        work, and returns once a running handler has ended (its engine calls rolled
+        back: shielded, so the store is as it was when the asker gets control back)."""
         try:
             await self.done.wait()
         except BaseException:
             self.cancelled = True
             self.scope.cancel()
+            if self.started:  # a handler that never started is skipped: nothing to wait for
+                with anyio.CancelScope(shield=True):
+                    await self.done.wait()
             raise
         if self.error is not None:
             raise self.error

@@ -308,6 +308,7 @@ class Runtime:
                 continue
             token = current.set(envelope)
             wf_token = workflow_var.set(envelope.workflow)  # its calls carry the asker's
+            envelope.started = True  # from here it replies on every path
             try:
                 with envelope.scope:
                     message = bind(envelope.message, actor.name)  # what it may read, checked

@@ -131,13 +131,10 @@ async def test_timeout_cancels_three_nested_asks_and_their_engine_calls(tiny_dir
         with pytest.raises(TimeoutError):
             await rt.ask("outer", q, timeout=1.0)
         assert decoding.is_set()
-        with anyio.fail_after(10):
-            while len(cancelled) < 3:
-                await anyio.sleep(0.01)
+        # the ask returns once every handler has ended and the decode is rolled back
         assert sorted(cancelled) == ["inner", "middle", "outer"]
-        await engine.prefill("x")  # one more step: the loop has reaped the cancelled decode
-        assert engine.stats().running == 0  # no engine call left running
-        assert engine.stats().messages == messages + 1
+        engine.check()  # idle: nothing left running
+        assert engine.stats().messages == messages
         live = sum(m.slots for m in engine.messages())
         assert engine.stats().tokens_used == live
 
