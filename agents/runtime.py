@@ -414,7 +414,9 @@ class AskStream:
                     yield delta
         finally:
             if not finished.is_set():
-                scope.cancel()  # the consumer left early (or was cancelled)
+                scope.cancel()  # the consumer left early (or was cancelled): leaving
+                with anyio.CancelScope(shield=True):  # returns once its calls rolled back
+                    await finished.wait()
         await finished.wait()
         if len(outcome) == 2:
             raise outcome[1]

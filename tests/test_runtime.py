@@ -268,6 +268,24 @@ async def test_nested_streamed_ask_does_not_end_the_outer_stream(tiny_dirs):
         assert stream.result == editor.final
 
 
+async def test_leaving_an_ask_stream_early_returns_with_the_store_as_it_was(tiny_dirs):
+    class Writer(Agent):
+        async def handle(self, msg: Handle) -> Handle:
+            return await self.decode(parents=[msg], max_tokens=400, ignore_eos=True)
+
+    async with open_tiny(tiny_dirs, "llama") as engine, Runtime(engine) as rt:
+        await rt.spawn(Writer, "writer")
+        q = await engine.prefill("hello world")
+        before = engine.stats()
+        deltas = aiter(rt.ask_stream("writer", q))
+        async for _ in deltas:
+            break  # the decode is still running
+        await deltas.aclose()
+        engine.check()  # the handler's decode was rolled back before aclose returned
+        after = engine.stats()
+        assert (after.messages, after.tokens_used) == (before.messages, before.tokens_used)
+
+
 async def test_ask_stream_failure_is_an_agent_error(tiny_dirs):
     class Broken(Agent):
         async def handle(self, msg: Handle) -> Handle:
