@@ -167,7 +167,7 @@ class Submitter:
         for job in jobs[queued:]:
             self.sched.end(job)
         for job in jobs[:queued]:
-            await job.done.wait()  # the loop aborts cancelled jobs at its next step
+            await job.abandon()  # the loop aborts cancelled jobs at its next step
         for job in jobs:
             if job.handle is not None:
                 self.executor.free(job.handle)
