@@ -68,41 +68,75 @@ def test_whole_cut_and_parallel_replies_parse(syntax):
     assert (call.name, call.arguments, call.complete) == ("get_weather", '{"city": "Pa', False)
 
 
+ANSWER = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 8}, "score": {"type": "integer"}},
+    "required": ["name", "score"],
+    "additionalProperties": False,
+}
+
+
 @given(
     syntax=st.sampled_from(SYNTAXES),
     calls=st.lists(
-        st.tuples(st.sampled_from(["get_weather", "f"]),
+        st.tuples(st.sampled_from(["get_weather", "get_time"]),
                   st.dictionaries(st.sampled_from(["city", "n", "x"]),
                                   st.one_of(st.text(max_size=6), st.integers(-99, 999),
                                             st.lists(st.booleans(), max_size=2)), max_size=3)),
         min_size=1, max_size=3),
+    answer=st.one_of(st.none(), st.fixed_dictionaries(
+        {"name": st.sampled_from(["get_weather", "get_w", "x"]), "score": st.integers(-9, 99)})),
+    typed=st.booleans(),
     cuts=st.lists(st.integers(0, 200), max_size=12),
     keep=st.integers(1, 400),
 )  # fmt: skip
-def test_streamed_deltas_rebuild_the_parse_of_the_whole(syntax, calls, cuts, keep):
-    """Oracle: `parse` of the whole (possibly cut) text. However the text is split into
-    deltas, the tool-call deltas rebuild, as the SDK joins them, the same calls."""
-    text = syntax.render(calls)[:keep]
-    streamer = Streamer(syntax)
+def test_streamed_deltas_rebuild_the_parse_of_the_whole(syntax, calls, answer, typed, cuts, keep):
+    """Oracle: the offer's `parse` of the whole (possibly cut) text: calls, or (with a
+    response format) JSON content that may begin as a call does. However the text is
+    split into deltas, the deltas rebuild, as the SDK joins them, the same content and
+    calls."""
+    offer = Offer(syntax, TOOLS, "auto", content=ANSWER if typed or answer else None)
+    text = (json.dumps(answer) if answer is not None else syntax.render(calls))[:keep]
+    streamer = Streamer(offer)
     built: dict[int, dict] = {}
+    content = None
     bounds = sorted({0, len(text), *[c for c in cuts if c < len(text)]})
     for a, b in itertools.pairwise(bounds):
         for d in streamer.feed(text[a:b]):
-            assert "content" not in d
+            if "content" in d:
+                content = (content or "") + d["content"]
+                continue
             for tc in d["tool_calls"]:
                 slot = built.setdefault(tc["index"], {"name": None, "arguments": ""})
                 if "id" in tc:
                     assert slot["name"] is None  # announced once, first
                     slot["name"] = tc["function"]["name"]
                 slot["arguments"] += tc["function"]["arguments"]
-    _, whole = parse(syntax, text)
+    whole_content, whole = offer.parse(text)
+    assert content == whole_content
     expected = [(c.name, c.arguments) for c in whole]
     assert [(built[i]["name"], built[i]["arguments"]) for i in sorted(built)] == expected
 
 
 def test_free_text_streams_as_content():
-    s = Streamer(JSON_CALLS)
+    s = Streamer(Offer(JSON_CALLS, TOOLS, "auto"))
     assert s.feed("Hel") == [{"content": "Hel"}] and s.feed("lo {") == [{"content": "lo {"}]
+
+
+@pytest.mark.parametrize("syntax", SYNTAXES, ids=lambda s: s.name)
+def test_with_a_response_format_content_is_json_of_its_schema_or_a_call(syntax):
+    """Tools and a schema in one offer: the grammar admits a call or JSON content that
+    matches the schema, nothing else; content that begins as a call's name does is
+    still content, told apart once it stops matching the call."""
+    offer = Offer(syntax, TOOLS, "auto", content=ANSWER)
+    matcher = LLMatcher.grammar_from_lark(offer.grammar())
+    assert LLMatcher.validate_grammar(matcher) == ""
+    answer = json.dumps({"name": "get_weather", "score": 3})
+    call = syntax.render([("get_weather", {"city": "Paris"})])
+    assert offer.parse(answer) == (answer, [])
+    assert offer.parse(call)[1][0].name == "get_weather"
+    assert offer.kind('{"name": "get_w') is (None if not syntax.open else "content")
+    assert Offer(syntax, TOOLS, "auto").parse("It is sunny.") == ("It is sunny.", [])
 
 
 # ---- against a server ----
@@ -247,6 +281,43 @@ def test_streamed_logprobs_and_n_equal_the_unstreamed(client):
             [x.logprob for x in b.logprobs.content]
         )
     assert final.system_fingerprint == whole.system_fingerprint and whole.system_fingerprint
+
+
+VERDICT = {
+    "type": "object",
+    "properties": {"verdict": {"enum": ["yes", "no"]}, "score": {"type": "integer"}},
+    "required": ["verdict", "score"],
+    "additionalProperties": False,
+}
+TYPED = {"type": "json_schema", "json_schema": {"name": "v", "schema": VERDICT, "strict": True}}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_tools_with_a_response_format_reply_a_call_or_json_of_the_schema(client, served, stream):
+    """The typed-agent pattern (a schema beside tools, `auto`): 30 sampled replies,
+    streamed and not, half nudged towards a call's first key; every one is whole calls
+    or content that validates against the schema, and both occur. Before, the schema
+    was dropped: content was free text."""
+    get = served.engine.tokenizer.encode("n", add_special_tokens=False)
+    kinds = set()
+    for seed in range(30):
+        kw = dict(model="m", messages=messages(f"question {seed}"), tools=[WEATHER, CLOCK],
+                  response_format=TYPED, max_tokens=60, temperature=1.0, seed=seed,
+                  logit_bias={str(t): 8.0 for t in get} if seed % 2 else None)  # fmt: skip
+        choice = streamed(client, **kw) if stream else client.chat.completions.create(**kw)
+        c = choice.choices[0]
+        if c.finish_reason == "length":
+            continue
+        if c.message.tool_calls:
+            kinds.add("calls")
+            assert c.finish_reason == "tool_calls" and not c.message.content
+            for name, arguments in calls_of(c.message):
+                jsonschema.validate(json.loads(arguments),
+                                    WEATHER_ARGS if name == "get_weather" else NOTHING)  # fmt: skip
+        else:
+            kinds.add("content")
+            jsonschema.validate(json.loads(c.message.content), VERDICT)
+    assert kinds == {"calls", "content"}
 
 
 def auto_replies(client, n_prompts=10, n=10, max_tokens=48, nudge: dict | None = None) -> list:

@@ -30,7 +30,7 @@ from corps.cli.serve.limits import check_prompt
 from corps.cli.serve.messages import MessageCache
 from corps.cli.serve.principals import Who
 from corps.cli.serve.schema import ChatRequest, Message, NamedChoice, Sampling
-from corps.cli.serve.tools import Offer, Syntax, parse
+from corps.cli.serve.tools import Offer, Syntax
 
 #: finish reasons of the engine (`Handle.finish_reason`) as OpenAI's
 FINISH = {"max_tokens": "length", "forced": "length"}
@@ -153,14 +153,25 @@ def named_messages(engine, cache: MessageCache, req: ChatRequest, who: Who) -> d
 
 
 def offer_of(req: ChatRequest, syntax: Syntax) -> Offer | None:
-    """The tools the request offers the reply (None: none, or tool_choice "none")."""
+    """The tools the request offers the reply (None: none, or tool_choice "none"), with
+    the response format's schema as what its content must match."""
     if not req.tools or req.tool_choice == "none":
         return None
     choice = req.tool_choice
     name = choice.function["name"] if isinstance(choice, NamedChoice) else (choice or "auto")
     tools = tuple((t.function.name, t.function.description, t.function.parameters)
                   for t in req.tools)  # fmt: skip
-    return Offer(syntax, tools, name, req.parallel_tool_calls)
+    return Offer(syntax, tools, name, req.parallel_tool_calls, content_schema(req))
+
+
+def content_schema(req: ChatRequest) -> dict | None:
+    """The JSON schema `response_format` asks content to match (None: free text)."""
+    fmt = req.response_format
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return {"type": "object"}
+    return fmt.json_schema.schema_ if fmt.json_schema else {}
 
 
 def decode_args(
@@ -186,13 +197,11 @@ def decode_args(
     if req.top_logprobs:  # type: ignore[attr-defined]
         args["top_logprobs"] = req.top_logprobs  # type: ignore[attr-defined]
     offer = offer_of(req, syntax) if syntax is not None else None  # type: ignore[arg-type]
-    fmt = req.response_format  # type: ignore[attr-defined]
-    if offer is not None:  # text or calls, each call well-formed
+    schema = content_schema(req)  # type: ignore[arg-type]
+    if offer is not None:  # content or calls, each call well-formed, content the schema's
         args["grammar"] = offer.grammar()
-    elif fmt is not None and fmt.type == "json_object":
-        args["json_schema"] = {"type": "object"}
-    elif fmt is not None and fmt.type == "json_schema":
-        args["json_schema"] = fmt.json_schema.schema_ if fmt.json_schema else {}
+    elif schema is not None:
+        args["json_schema"] = schema
     return args
 
 
@@ -239,9 +248,10 @@ def reply_of(req: ChatRequest, syntax: Syntax, h: Handle) -> tuple[str | None, l
     """A reply's content, its tool calls (`tools.Call`) and its finish reason: "tool_calls"
     (or the legacy "function_call") when it called, "length" when its budget cut it."""
     finish = finish_of(h)
-    if offer_of(req, syntax) is None:
+    offer = offer_of(req, syntax)
+    if offer is None:
         return h.text, [], finish
-    content, calls = parse(syntax, h.text)
+    content, calls = offer.parse(h.text)
     if calls and finish != "length":
         finish = "function_call" if req.functions is not None else "tool_calls"
     return content, calls, finish

@@ -67,7 +67,7 @@ async def open_stream(
     skip = 0 if is_chat or req.echo else len(chat.shown_prompt(state.engine, req))
     choices = [
         Choice(i, state.engine.stream(**dict(args, seed=seed)), skip=skip,
-               calls=Streamer(state.syntax) if offer is not None else None)
+               calls=Streamer(offer) if offer is not None else None)
         for i, seed in enumerate(chat.seeds(req))
     ]  # fmt: skip
 

@@ -6,11 +6,18 @@ The syntax is chosen in one place (`syntax_of`), from the model's chat template:
 Hermes/Qwen's `<tool_call>` tags where the template has them, Llama 3.1's JSON
 with `parameters` where it has the ipython role, plain JSON objects otherwise
 (SmolLM2 and the dummy models). Every tool reply is constrained: the grammar
-admits free text that does not begin like a call (`tool_choice: "auto"`) or one
-call (or several, one per line, with `parallel_tool_calls`) of a given tool, its
-arguments constrained to the tool's parameter schema. So a call, once begun, is
-always well-formed unless the token budget cuts it; a cut call comes back in
+admits content (`tool_choice: "auto"`) or one call (or several, one per line,
+with `parallel_tool_calls`) of a given tool, its arguments constrained to the
+tool's parameter schema. Content is free text that does not begin like a call,
+or, when the request also has a `response_format`, JSON that matches its schema:
+a typed agent with tools gets a call or its typed answer. So a call, once begun,
+is always well-formed unless the token budget cuts it; a cut call comes back in
 `tool_calls` with `finish_reason: "length"`, its arguments as far as they got.
+
+Where calls and JSON content may begin alike (syntaxes without an opening tag),
+a reply is a call once it begins as one of the offered tools' calls does
+(`{"name": "get_weather", "arguments": `) and content once it cannot; a stream
+holds its first characters back until they say which (`Offer.kind`).
 
 A call's `arguments` is the model's own text of them, streamed or not, so the
 OpenAI SDK's stream helper rebuilds exactly the calls of the unstreamed reply.
@@ -48,6 +55,10 @@ class Syntax:
             self.open + json.dumps({"name": n, self.args: a}) + self.close for n, a in calls
         )
 
+    def head(self, name: str) -> str:
+        """How a call of `name` begins, up to its arguments (the grammar's layout)."""
+        return f'{self.open}{{"name": {json.dumps(name)}, {json.dumps(self.args)}: '
+
 
 JSON_CALLS = Syntax("json")
 HERMES = Syntax("hermes", open="<tool_call>\n", close="\n</tool_call>")
@@ -72,6 +83,7 @@ class Offer:
     tools: tuple[tuple[str, str, dict], ...]  # (name, description, parameter schema)
     choice: str  # "auto", "required", or the one tool's name the reply must call
     parallel: bool = True
+    content: dict | None = None  # the JSON schema content matches; None: free text
 
     def instructions(self) -> str:
         """The system message that tells the model its tools and how to call them."""
@@ -87,11 +99,10 @@ class Offer:
     def grammar(self) -> str:
         """A Lark grammar (llguidance's dialect) of the replies this offer admits."""
         syn = self.syntax
-        offered = [t for t in self.tools if self.choice in ("auto", "required", t[0])]
         shapes = [
             {"type": "object", "additionalProperties": False, "required": ["name", syn.args],
              "properties": {"name": {"const": n}, syn.args: p}}
-            for n, _, p in offered
+            for n, _, p in self._offered()
         ]  # fmt: skip
         schema = shapes[0] if len(shapes) == 1 else {"anyOf": shapes}
         schema = {**schema, "x-guidance": JSON_LAYOUT}
@@ -100,9 +111,35 @@ class Offer:
              *([json.dumps(syn.close)] if syn.close else [])]
         )  # fmt: skip
         calls = f"call ({json.dumps(syn.sep)} call)*" if self.parallel else "call"
-        start = "TEXT | calls" if self.choice == "auto" else "calls"
-        first = syn.first.replace("\\", "\\\\").replace("/", "\\/")
-        return f"start: {start}\ncalls: {calls}\ncall: {call}\nTEXT: /[^{first}\\s][\\s\\S]*/\n"
+        start = "content | calls" if self.choice == "auto" else "calls"
+        return f"start: {start}\ncalls: {calls}\ncall: {call}\n{self._content_rules()}"
+
+    def _offered(self) -> list[tuple[str, str, dict]]:
+        return [t for t in self.tools if self.choice in ("auto", "required", t[0])]
+
+    def _content_rules(self) -> str:
+        if self.content is not None:  # JSON matching the response format's schema
+            return f"content: %json {json.dumps({**self.content, 'x-guidance': JSON_LAYOUT})}\n"
+        first = self.syntax.first.replace("\\", "\\\\").replace("/", "\\/")
+        return f"content: TEXT\nTEXT: /[^{first}\\s][\\s\\S]*/\n"
+
+    def kind(self, text: str) -> str | None:
+        """Whether a reply (so far) is "calls" or "content"; None while it could still
+        be either (its text a proper prefix of how an offered call begins)."""
+        if self.content is None:  # free text never begins as a call does
+            return "calls" if text.startswith(self.syntax.first) else "content"
+        heads = [self.syntax.head(name) for name, _, _ in self._offered()]
+        if any(text.startswith(h) for h in heads):
+            return "calls"
+        return None if any(h.startswith(text) for h in heads) else "content"
+
+    def parse(self, text: str) -> tuple[str | None, list[Call]]:
+        """A reply as (content, calls), as `parse` reads it, content told from calls by
+        `kind` (a reply cut while it could be either has neither)."""
+        kind = self.kind(text)
+        if kind == "content":
+            return text, []
+        return parse(self.syntax, text) if kind == "calls" else (None, [])
 
 
 @dataclass
@@ -241,14 +278,15 @@ def _value_end(text: str, j: int) -> int | None:
 
 
 class Streamer:
-    """A reply's deltas as OpenAI chunk deltas: `{"content": ...}` for text, tool-call
+    """A reply's deltas as OpenAI chunk deltas: `{"content": ...}` for content, tool-call
     deltas for calls (the first of each with its index, id, type and name, then
-    fragments of its arguments). Fed the reply's text deltas in order."""
+    fragments of its arguments). Fed the reply's text deltas in order; what it
+    returns joins to what `offer.parse` makes of the whole text."""
 
-    def __init__(self, syntax: Syntax) -> None:
-        self.syntax = syntax
+    def __init__(self, offer: Offer) -> None:
+        self.offer = offer
         self.text = ""
-        self.mode: str | None = None  # "content" or "calls", from the first character
+        self.mode: str | None = None  # "content" or "calls", once `offer.kind` says
         self.calls: list[Call] = []
         self._sent: list[int] = []  # per call: argument characters sent
 
@@ -257,15 +295,15 @@ class Streamer:
             return []
         self.text += delta
         if self.mode is None:
-            self.mode = "calls" if self.text.startswith(self.syntax.first) else "content"
-            if self.mode == "content":
+            self.mode = self.offer.kind(self.text)
+            if self.mode == "content":  # what was held back, at once
                 return [{"content": self.text}]
         if self.mode == "content":
             return [{"content": delta}]
-        return self._call_deltas()
+        return self._call_deltas() if self.mode == "calls" else []
 
     def _call_deltas(self) -> list[dict]:
-        _, calls = _parse(self.syntax, self.text)
+        _, calls = _parse(self.offer.syntax, self.text)
         out = []
         for index, call in enumerate(calls):
             if call.name is None:
