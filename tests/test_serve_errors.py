@@ -81,7 +81,7 @@ BAD_SCHEMA = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"ty
          400),
         ({"messages": new_then({"role": "user", "corps_message_id": "msg_" + "a" * 32})}, 404),
         ({"messages": new_then({"role": "assistant", "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{nope"}}]})},
+            {"id": "c1", "type": "function", "function": {"name": "f" * 65, "arguments": "{"}}]})},
          400),
         ({"messages": new_then({"role": "user", "content": "x" * 200_000})}, 413),
     ],

@@ -139,6 +139,18 @@ def test_with_a_response_format_content_is_json_of_its_schema_or_a_call(syntax):
     assert Offer(syntax, TOOLS, "auto").parse("It is sunny.") == ("It is sunny.", [])
 
 
+@pytest.mark.parametrize("syntax", SYNTAXES, ids=lambda s: s.name)
+def test_a_cut_call_renders_as_the_model_wrote_it(syntax):
+    """A call cut inside its arguments, sent back as its name and arguments' text,
+    renders to the very text the model wrote; a whole call as `render` writes it."""
+    whole = syntax.render([("get_weather", {"city": "Paris"})])
+    cut = whole[: whole.index("Paris") + 2]
+    (c,) = parse(syntax, cut)[1]
+    assert syntax.render_text([(c.name, c.arguments)]) == cut
+    (w,) = parse(syntax, whole)[1]
+    assert syntax.render_text([(w.name, w.arguments)]) == whole
+
+
 # ---- against a server ----
 
 openai = pytest.importorskip("openai")
@@ -318,6 +330,28 @@ def test_tools_with_a_response_format_reply_a_call_or_json_of_the_schema(client,
             kinds.add("content")
             jsonschema.validate(json.loads(c.message.content), VERDICT)
     assert kinds == {"calls", "content"}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_call_the_server_cut_is_accepted_back_in_the_history(client, stream):
+    """The Agents SDK's second turn after a cut call: the assistant message with the
+    cut call's arguments as they came, then the tool's output. Accepted (it was a 400:
+    "arguments must be a JSON text"), and the cut reply is found, not encoded again."""
+    kw = dict(model="m", messages=messages(), tools=[WEATHER], tool_choice="required",
+              temperature=0, parallel_tool_calls=False)  # fmt: skip
+    whole = client.chat.completions.create(**kw, max_tokens=200)
+    cut = client.chat.completions.create(**kw, max_tokens=whole.usage.completion_tokens - 4)
+    (call,) = cut.choices[0].message.tool_calls
+    with pytest.raises(ValueError):
+        json.loads(call.function.arguments)
+    history = [*messages(), cut.choices[0].message.model_dump(exclude_none=True),
+               {"role": "tool", "tool_call_id": call.id, "content": "sunny"}]  # fmt: skip
+    again = dict(kw, messages=history, tool_choice="auto", max_tokens=8)
+    r = streamed(client, **again) if stream else client.chat.completions.create(**again)
+    assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    if not stream:  # everything before the tool's output was in the store already
+        assert r.corps["prompt"][: len(cut.corps["prompt"]) + 1] == [
+            *cut.corps["prompt"], cut.choices[0].message.corps["id"]]  # fmt: skip
 
 
 def auto_replies(client, n_prompts=10, n=10, max_tokens=48, nudge: dict | None = None) -> list:

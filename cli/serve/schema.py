@@ -10,7 +10,6 @@ has a ceiling, so no field makes the server hold or loop over more than it says.
 
 from __future__ import annotations
 
-import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -43,17 +42,11 @@ class NamedChoice(_Body):
 
 
 class ToolCallFunction(_Body):
+    """A call's name and its arguments' text: JSON, or not (a call the server cut at
+    `max_tokens`, sent back in a history as it came) and then rendered as it is."""
+
     name: str = Field(max_length=64)
     arguments: str
-
-    @field_validator("arguments")
-    @classmethod
-    def _json(cls, v: str) -> str:
-        try:
-            json.loads(v or "{}")
-        except (ValueError, RecursionError):
-            raise ValueError("a tool call's arguments must be a JSON text") from None
-        return v
 
 
 class ToolCall(_Body):
@@ -97,9 +90,8 @@ class Message(_Body):
             return "".join(p.text for p in self.content if p.type == "text")
         if self.content is not None:
             return self.content
-        calls = [(c.function.name, json.loads(c.function.arguments or "{}"))
-                 for c in self.tool_calls or []]  # fmt: skip
-        return (syntax or JSON_CALLS).render(calls)
+        calls = [(c.function.name, c.function.arguments) for c in self.tool_calls or []]
+        return (syntax or JSON_CALLS).render_text(calls)
 
 
 class JsonSchemaFormat(_Body):

@@ -59,6 +59,18 @@ class Syntax:
         """How a call of `name` begins, up to its arguments (the grammar's layout)."""
         return f'{self.open}{{"name": {json.dumps(name)}, {json.dumps(self.args)}: '
 
+    def render_text(self, calls: list[tuple[str, str]]) -> str:
+        """Earlier calls given as (name, arguments' text): a call whose arguments are
+        JSON as `render` writes it; one whose arguments are not (a call a token budget
+        cut) as the model wrote it, its text ending where the arguments end."""
+        out = []
+        for name, arguments in calls:
+            try:
+                out.append(self.render([(name, json.loads(arguments or "{}"))]))
+            except (ValueError, RecursionError):
+                out.append(self.head(name) + arguments)
+        return self.sep.join(out)
+
 
 JSON_CALLS = Syntax("json")
 HERMES = Syntax("hermes", open="<tool_call>\n", close="\n</tool_call>")
