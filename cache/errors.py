@@ -42,6 +42,11 @@ class PositionError(InvalidRequest):
     """Offsets that are negative, of the wrong length, or past the model's context length."""
 
 
+class ContextOverflow(PositionError):
+    """A call that would reach past the model's context length: its parents, where they
+    sit, and its max_tokens together need more positions than the model has."""
+
+
 class BrokenInvariant(CorpsError):
     """corps's own bookkeeping is inconsistent (raised by `Engine.check()`): a bug in
     corps, not in your program; please report it with the message."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from corps.cache.errors import PositionError
+from corps.cache.errors import ContextOverflow, PositionError
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ def _checked(value: int, name: str) -> int:
 
 def check_limit(last_position: int, max_positions: int, what: str) -> None:
     if last_position >= max_positions:
-        raise PositionError(
+        raise ContextOverflow(
             f"{what} reaches logical position {last_position}, past the model's context length "
             f"{max_positions}; use smaller offsets, fewer parents or fewer max_tokens"
         )

@@ -83,7 +83,7 @@ BAD_SCHEMA = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"ty
         ({"messages": new_then({"role": "assistant", "tool_calls": [
             {"id": "c1", "type": "function", "function": {"name": "f" * 65, "arguments": "{"}}]})},
          400),
-        ({"messages": new_then({"role": "user", "content": "x" * 200_000})}, 413),
+        ({"messages": new_then({"role": "user", "content": "x" * 200_000})}, 400),
     ],
 )  # fmt: skip
 @pytest.mark.parametrize("stream", [False, True])
@@ -91,6 +91,24 @@ def test_a_refused_request_leaves_nothing(served, body, status, stream):
     before = state(served)
     r = post(served, {**body, "stream": stream})
     assert_error(r, status)  # streamed or not: the same status, before any stream
+    assert state(served) == before
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("past", ["max_tokens", "engine"])
+def test_a_prompt_past_the_context_is_openais_context_length_exceeded(served, stream, past):
+    """Past the context, found from the request (max_tokens alone) or only by the
+    engine (a short prompt whose max_tokens leaves it no room): 400 with OpenAI's
+    `code: "context_length_exceeded"`, which clients look for to trim a history;
+    nothing kept. It was `code: null` in corps' own words."""
+    context = served.engine.context_length
+    max_tokens = 10**6 if past == "max_tokens" else context - 2
+    before = state(served)
+    r = post(served, {"messages": new_then({"role": "user", "content": "a question"}),
+                      "max_tokens": max_tokens, "stream": stream})  # fmt: skip
+    err = assert_error(r, 400)
+    assert err["code"] == "context_length_exceeded" and err["param"] == "messages"
+    assert str(context) in err["message"]
     assert state(served) == before
 
 

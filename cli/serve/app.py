@@ -151,11 +151,11 @@ def _model_card(model: str) -> dict:
     return {"id": model, "object": "model", "created": 0, "owned_by": "corps"}
 
 
-def refusal(exc: BaseException, who: Who) -> BaseException:
-    """What a failure of `who`'s request is answered with (ServeError for the expected
-    ones; anything else is raised as it is: a bug)."""
+def refusal(exc: BaseException, who: Who, context: int) -> BaseException:
+    """What a failure of `who`'s request to an engine of `context` positions is answered
+    with (ServeError for the expected ones; anything else is raised as it is: a bug)."""
     if isinstance(exc, CorpsError):
-        return from_engine(exc, who.label)
+        return from_engine(exc, who.label, context)
     if isinstance(exc, TimeoutError):
         return ServeError(503, "the request ran past the server's deadline; ask for fewer "
                                "tokens or retry", "server_error")  # fmt: skip
@@ -185,7 +185,7 @@ async def _answer(app: FastAPI, req, principal: Principal, *, is_chat: bool):
         if prompt is not None:
             prompt.release(state.cache, ok=False)
         state.gate.leave()
-        raise refusal(exc, who) from None
+        raise refusal(exc, who, state.engine.context_length) from None
     for h in replies:  # a resent reply is found, not encoded again
         state.cache.keep(_reply_key(who, prompt, h), h, who.tenant)
     prompt.settle(state.engine, replies[0])
@@ -205,7 +205,8 @@ async def _prompt(state, req, who: Who, chat_request: bool) -> chat.Prompt:
         return await chat.prompt_of(state.engine, state.cache, req, who, state.prompt_limit,
                                     state.token_bytes, state.syntax)  # fmt: skip
     size = len(chat.completion_prompt(req).encode("utf-8", "surrogatepass"))
-    check_prompt(size, 0, chat.max_tokens_of(req), state.prompt_limit, state.token_bytes)
+    check_prompt(size, 0, chat.max_tokens_of(req), state.prompt_limit, state.token_bytes,
+                 state.engine.context_length)  # fmt: skip
     return chat.Prompt()
 
 

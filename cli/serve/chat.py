@@ -86,7 +86,7 @@ async def prompt_of(
         if i not in named:
             new_bytes += len(m.text(syntax).encode("utf-8", "surrogatepass"))
     check_prompt(new_bytes, sum(h.length for h in named.values()), max_tokens_of(req), limit,
-                 per_token)  # fmt: skip
+                 per_token, engine.context_length)  # fmt: skip
     todo: list[tuple[int | None, Message]] = list(enumerate(req.messages))
     if tools is not None:
         todo.insert(0, (None, Message(role="system", content=tools)))

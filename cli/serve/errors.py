@@ -11,7 +11,13 @@ from __future__ import annotations
 
 import logging
 
-from corps.cache.errors import CacheFullError, CorpsError, InvalidRequest, UnknownHandle
+from corps.cache.errors import (
+    CacheFullError,
+    ContextOverflow,
+    CorpsError,
+    InvalidRequest,
+    UnknownHandle,
+)
 from corps.cache.visibility import AccessDenied, LeakageError
 from corps.engine.errors import EngineBusy, EngineClosed
 
@@ -24,13 +30,24 @@ class ServeError(Exception):
     def __init__(
         self, status: int, message: str, kind: str = "invalid_request_error",
         param: str | None = None, headers: dict[str, str] | None = None,
+        code: str | None = None,
     ) -> None:  # fmt: skip
         super().__init__(message)
         self.status, self.message, self.kind = status, message, kind
-        self.param, self.headers = param, headers or {}
+        self.param, self.headers, self.code = param, headers or {}, code
 
     def body(self) -> dict:
-        return error_body(self.message, self.kind, self.param)
+        return error_body(self.message, self.kind, self.param, self.code)
+
+
+def context_exceeded(context: int) -> ServeError:
+    """OpenAI's refusal of a prompt that with its max_tokens passes the context (its
+    `code` is what clients look for to trim a history)."""
+    return ServeError(
+        400, f"this model's context length is {context} tokens; the messages with max_tokens "
+        f"pass it: send fewer messages or ask for fewer tokens", param="messages",
+        code="context_length_exceeded",
+    )  # fmt: skip
 
 
 def error_body(message: str, kind: str, param: str | None = None, code: str | None = None):
@@ -38,9 +55,9 @@ def error_body(message: str, kind: str, param: str | None = None, code: str | No
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-def from_engine(exc: CorpsError, label: str) -> ServeError:
+def from_engine(exc: CorpsError, label: str, context: int = 0) -> ServeError:
     """The server's refusal for an engine error raised by a request of `label` (who
-    the request is, `Who.label`)."""
+    the request is, `Who.label`) to an engine of `context` positions."""
     if isinstance(exc, LeakageError):
         return ServeError(
             403, f"{label} may not attend to these messages: their encodings carry context "
@@ -65,6 +82,8 @@ def from_engine(exc: CorpsError, label: str) -> ServeError:
                           "server_error", headers={"Retry-After": "1"})  # fmt: skip
     if isinstance(exc, EngineClosed):
         return ServeError(503, "the server is shutting down", "server_error")
+    if isinstance(exc, ContextOverflow):
+        return context_exceeded(context)
     if isinstance(exc, InvalidRequest):  # the client's own input at fault: said as it is
         return ServeError(400, str(exc))
     log.error("engine error %s", type(exc).__name__, exc_info=exc)

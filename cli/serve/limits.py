@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from starlette.exceptions import HTTPException
 
-from corps.cli.serve.errors import ServeError, error_body
+from corps.cli.serve.errors import ServeError, context_exceeded, error_body
 
 MB = 1 << 20
 
@@ -52,13 +52,19 @@ def token_bytes(tokenizer) -> int:
     return max(len(p.encode("utf-8", "surrogatepass")) for p in pieces if p is not None)
 
 
-def check_prompt(text_bytes: int, named_tokens: int, max_new: int, limit: int, per_token: int):
+def check_prompt(
+    text_bytes: int, named_tokens: int, max_new: int, limit: int, per_token: int, context: int
+):  # fmt: skip
     """ServeError unless a prompt of `text_bytes` new bytes besides `named_tokens`
-    tokens already encoded may fit `limit` with `max_new` tokens generated."""
+    tokens already encoded may fit `limit` (the server's, at most the model's
+    `context`) with `max_new` tokens generated: past the context, OpenAI's 400
+    `context_length_exceeded`; past a lower limit of the server's, 413."""
+    at_least = named_tokens + text_bytes // per_token
+    if max_new >= context or at_least + max_new > context:
+        raise context_exceeded(context)
     if max_new >= limit:
         raise ServeError(400, f"max_tokens: {max_new} is not below the model's context "
                               f"length {limit}; ask for fewer", param="max_tokens")  # fmt: skip
-    at_least = named_tokens + text_bytes // per_token
     if at_least + max_new > limit:
         raise ServeError(
             413, f"the prompt is at least {at_least} tokens; with max_tokens {max_new} it "

@@ -110,7 +110,7 @@ async def open_stream(
             if req.stream_options is not None and req.stream_options.include_usage:
                 yield sse.usage(prompt, [c.handle for c in choices], is_chat)
         except Exception as exc:  # failed mid-stream: an error event, then the end
-            err = refusal(exc, who)
+            err = refusal(exc, who, state.engine.context_length)
             if not isinstance(err, ServeError):
                 log.error("unexpected %s in a stream", type(exc).__name__, exc_info=exc)
                 err = ServeError(500, "the server failed on this request", "server_error")
