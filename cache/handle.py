@@ -203,6 +203,13 @@ class Handle:
         return self._msg.figures.tokens_repaired
 
     @property
+    def tokens_repair_cut(self) -> int:
+        """Tokens its repair's policy chose that were not recomputed: a repair never
+        recomputes more than the baseline would encode of the same context
+        (`corps.engine.exec.baseline_work`)."""
+        return self._msg.figures.tokens_repair_cut
+
+    @property
     def leaks(self) -> int:
         """Leaks recorded for the call that made this message (allow / warn policies)."""
         return self._msg.figures.leaks

@@ -20,6 +20,7 @@ class CallFigures:
     tokens_encoded: int = 0  # tokens the call ran through the model
     tokens_reused: int = 0  # cached tokens it attended to without encoding them
     tokens_repaired: int = 0  # rewired context tokens it recomputed (a repair)
+    tokens_repair_cut: int = 0  # tokens its repair chose that the baseline's work cut
     ttft_s: float | None = None  # a decode's seconds from submit to its first token
     leaks: int = 0  # leaks recorded for the call (allow / warn policies)
 

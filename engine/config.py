@@ -222,7 +222,9 @@ class EngineConfig(BaseModel):
       neither their workflow nor `repair` names one (`repair` stays "none"; under
       "auto" they start auto's ladder at its rung): "query:0.3"
       (the default, `DECISION_REPAIR`; measured in docs/fidelity.md), any policy,
-      or "none" for plain choreography.
+      or "none" for plain choreography. `repair_bound` (True): every repair of a
+      choreographed call recomputes at most what the baseline would encode of its
+      context, less a margin (`corps.engine.exec.baseline_work`); False lifts it.
     - `audit`: the online fidelity audit (`corps.engine.audit`): 1 in N choreographed
       decodes of each workflow and agent is also encoded as the baseline reads it,
       and the gap between the two is recorded (`Engine.audited()`, `stats()`, traces,
@@ -259,6 +261,7 @@ class EngineConfig(BaseModel):
     graphs: Graphs = "auto"
     repair: str = "none"
     decision_repair: str = DECISION_REPAIR
+    repair_bound: bool = True
     audit: int = 0
     audit_budget: Annotated[float, Field(gt=0.0, le=1.0)] = AUDIT_BUDGET
     compile: bool = False

@@ -43,6 +43,11 @@ reads changes). Policies, written as strings (`--repair`, `repair=`):
 - "auto": not a policy but a choice of one, made per workflow and agent by the
   audit's figures (`corps.engine.auto_repair`): the cheapest rung of a ladder
   first, a stronger one while the audited gap is high, back when it stays low;
+- "cap:N": at most N tokens recomputed, whatever the rest chose (the first K of
+  each parent in view order, then the probe's best); the engine caps every repair
+  of a choreographed call at what the baseline would encode of its context
+  (`corps.engine.exec.baseline_work`), so a repair never costs more than the
+  baseline's own encoding of the same call;
 - "A+B": several together (e.g. "first:4+recompute:0.1", "first:4+temp:0.8"; a
   temperature applies to the rewired tokens not recomputed).
 
@@ -51,6 +56,7 @@ Torch-free: the engine's planner turns a Repair into rows (`corps.engine.exec.re
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from corps.engine.errors import InvalidRequest
@@ -88,17 +94,20 @@ class Repair:
     auto: bool = False  # "auto": the engine chooses the policy (corps.engine.auto_repair)
     # "auto:P": where auto starts a key it has not seen (a rung of `LADDER`; None: none)
     start: Repair | None = None
+    cap: int | None = None  # "cap:N": at most N tokens recomputed (None: no cap)
 
     def __post_init__(self) -> None:
         shares = 0.0 <= self.ratio <= 1.0 and 0.0 <= self.query <= 1.0
-        if self.first < 0 or not shares or not 0.0 < self.temperature:
+        capped = self.cap is None or (not isinstance(self.cap, bool) and self.cap >= 0)
+        if self.first < 0 or not shares or not 0.0 < self.temperature or not capped:
             raise InvalidRequest(
-                f"repair: first must be >= 0, ratio and query in [0, 1] and temp > 0, got {self}"
+                "repair: first and cap must be >= 0, ratio and query in [0, 1] and temp > 0, "
+                f"got {self!r}"
             )
         if self.ratio and self.query:
             raise InvalidRequest("repair: recompute:R and query:R are two ways to choose; pick one")
         chosen = self.first or self.share or self.full or self.serial or self.temperature != 1.0
-        if self.auto and chosen:
+        if self.auto and (chosen or self.cap is not None):
             raise InvalidRequest("repair 'auto' chooses the policy itself: give it alone")
         if self.start is not None and (not self.auto or self.start not in LADDER):
             raise InvalidRequest(
@@ -110,7 +119,13 @@ class Repair:
     def none(self) -> bool:
         """Nothing is recomputed or read at a temperature (`serial` may still have laid
         the context out)."""
-        return not (self.full or self.first or self.share) and self.temperature == 1.0
+        recomputes = (self.full or self.first or self.share) and self.cap != 0
+        return not recomputes and self.temperature == 1.0
+
+    def capped(self, most: int) -> Repair:
+        """This policy recomputing at most `most` tokens (its own cap if lower)."""
+        most = max(0, most) if self.cap is None else max(0, min(most, self.cap))
+        return dataclasses.replace(self, cap=most)
 
     @property
     def share(self) -> float:
@@ -126,8 +141,9 @@ class Repair:
         if self.auto:
             return "auto" if self.start is None else f"auto:{self.start}"
         serial = ["serial"] if self.serial else []
+        cap = [f"cap:{self.cap}"] if self.cap is not None else []
         if self.full or self.ratio >= 1.0:
-            return "+".join([*serial, "full"])
+            return "+".join([*serial, "full", *cap])
         parts = (
             serial
             + ([f"first:{self.first}"] if self.first else [])
@@ -135,7 +151,7 @@ class Repair:
             + ([f"query:{self.query:g}"] if self.query else [])
         )
         parts += [f"temp:{self.temperature:g}"] if self.temperature != 1.0 else []
-        return "+".join(parts) or "none"
+        return "+".join(parts + cap if parts else []) or "none"
 
 
 NONE = Repair()
@@ -166,6 +182,7 @@ def _parse(value: str, whole: str | None = None) -> Repair:
     """A Repair from parts joined by '+' (not "auto"); errors quote `whole` (the value
     given) when it is a part of it."""
     first, ratio, full, temperature, serial, query = 0, 0.0, False, 1.0, False, 0.0
+    cap: int | None = None
     for part in value.strip().lower().split("+"):
         name, _, arg = part.strip().partition(":")
         try:
@@ -177,6 +194,8 @@ def _parse(value: str, whole: str | None = None) -> Repair:
                 serial = True
             elif name == "first" and int(arg) >= 0:
                 first = max(first, int(arg))
+            elif name == "cap" and int(arg) >= 0:
+                cap = int(arg) if cap is None else min(cap, int(arg))
             elif name == "recompute" and 0.0 <= float(arg) <= 1.0:
                 ratio = max(ratio, float(arg))
             elif name == "query" and 0.0 <= float(arg) <= 1.0:
@@ -188,14 +207,17 @@ def _parse(value: str, whole: str | None = None) -> Repair:
         except ValueError:
             raise InvalidRequest(
                 f"repair {whole or value!r}: each part is none, full, first:K (tokens), "
-                "recompute:R or query:R (a share 0..1), temp:T (> 0) or serial, joined by '+'; "
+                "recompute:R or query:R (a share 0..1), temp:T (> 0), cap:N (tokens) or serial, "
+                "joined by '+'; "
                 "or 'auto' alone, or 'auto:P' with P a rung of auto's ladder"
             ) from None
     if ratio >= 1.0 or query >= 1.0:  # every rewired token
         full, ratio, query = True, 0.0, 0.0
     if full:  # nothing is left to read at a temperature
         first, temperature = 0, 1.0
-    return Repair(first, ratio, full, temperature, serial, query)
+    if not (full or first or ratio or query):  # nothing to cap
+        cap = None
+    return Repair(first, ratio, full, temperature, serial, query, cap=cap)
 
 
 #: `repair="auto"`'s rungs, cheapest first (`corps.engine.auto_repair`): nothing; EPIC's

@@ -14,9 +14,15 @@ from corps.engine.api import audit as audit_mod
 from corps.engine.audit import AUDIT_POSITIONS
 from corps.engine.errors import InvalidRequest
 
-from conftest import open_tiny
+import conftest
 
 TEXTS = ("You are a careful solver.", "What is seven times six?", "Name a prime above ten.")
+
+
+def open_tiny(tiny_dirs, name: str = "llama", **kwargs):
+    """A tiny engine whose repairs are not capped by the baseline's work: these tests
+    measure what a policy recomputes (the bound: tests/test_baseline_work.py)."""
+    return conftest.open_tiny(tiny_dirs, name, **{"repair_bound": False, **kwargs})
 
 
 async def parallel(engine):

@@ -16,11 +16,18 @@ from corps.engine.repair import QUERY_ROWS
 from corps.engine.request.requests import DecodeRequest, PrefillRequest
 from corps.engine.request.sampling_params import SamplingParams
 
-from conftest import open_tiny, same_encoding
+import conftest
+from conftest import same_encoding
 from helpers import order, run_calls
 
 TOL = 1e-4
 TEXTS = ("You are a careful solver.", "What is seven times six?", "Name a prime above ten.")
+
+
+def open_tiny(tiny_dirs, name: str = "llama", **kwargs):
+    """A tiny engine whose repairs are not capped by the baseline's work: these tests
+    measure what a policy recomputes (the bound: tests/test_baseline_work.py)."""
+    return conftest.open_tiny(tiny_dirs, name, **{"repair_bound": False, **kwargs})
 
 
 def prefill(core, message, **kw):

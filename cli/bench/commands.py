@@ -956,6 +956,44 @@ def bench_workflows(
     _write(bw, reports, json_out, plot_out)
 
 
+@bench_app.command("patterns")
+def bench_patterns(
+    patterns: Annotated[
+        str, typer.Option(help="Comma-separated built-in patterns ('all': every one).")
+    ] = "all",
+    max_tokens: Annotated[str, typer.Option(help="Comma-separated decode budgets.")] = "12,128",
+    configs: Annotated[
+        str, typer.Option(help="Comma-separated: baseline, choreographed, unrepaired, unbounded.")
+    ] = "baseline,choreographed,unrepaired",
+    seeds: Annotated[int, typer.Option(min=1, help="Runs per cell, seeds 0, 1, ...")] = 1,
+    model: ModelOpt = "smollm2-135m",
+    dtype: DtypeOpt = "float32",
+    json_out: Annotated[str | None, typer.Option("--json", help="Write the runs here.")] = None,
+) -> None:
+    """Every built-in pattern in each mode with its defaults (its own decisions, as
+    `corps run`): tokens encoded, repaired and cut, TTFT and wall, side by side."""
+    from corps.cli.bench import patterns as bp
+    from corps.patterns import registry
+
+    names = list(registry.PATTERNS) if patterns.strip() == "all" else [
+        registry.canonical(p) for p in patterns.split(",") if p.strip()]  # fmt: skip
+    chosen = [c.strip() for c in configs.split(",") if c.strip()]
+    try:
+        for name in names:
+            registry.get(name)
+        budgets = [int(b) for b in max_tokens.split(",") if b.strip()]
+    except (CorpsError, ValueError) as exc:
+        _bad(f"--patterns / --max-tokens: {exc}")
+    if not names or not budgets or min(budgets) < 1:
+        _bad("--patterns and --max-tokens need at least one pattern and budgets >= 1")
+    if not chosen or any(c not in bp.CONFIGS for c in chosen):
+        _bad(f"--configs takes {', '.join(bp.CONFIGS)}, got {configs!r}")
+    report = _run_bench(
+        lambda: bp.measure(names, budgets, model=model, configs=chosen, seeds=seeds, dtype=dtype)
+    )
+    _report(report, [bp.table(report)], json_out, width=160)
+
+
 def _bench_args(pattern: str, set_: list[str] | None, impls: str):
     from corps.cli.scenario import parse_sets
     from corps.patterns import registry

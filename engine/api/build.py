@@ -77,6 +77,7 @@ def build_executor(cfg: EngineConfig, console: Console | None = None) -> Executo
             attention=attention,
             jump_forward=cfg.jump_forward,
             repair=parse_repair(cfg.repair),
+            repair_bound=cfg.repair_bound,
             graphs=graphs_of(cfg),
             compile_gemms=cfg.compile_gemms if cfg.compile else None,
             kernel_choice=choice,

@@ -30,6 +30,7 @@ from corps.engine.attention import AttentionBackend, select_backend
 from corps.engine.config import CONTEXTS, MODES
 from corps.engine.errors import InvalidRequest
 from corps.engine.exec.advance import Postprocess
+from corps.engine.exec.baseline_work import BaselineWork, Work
 from corps.engine.exec.call import Call
 from corps.engine.exec.counts import Counts
 from corps.engine.exec.figures import engine_stats
@@ -70,6 +71,7 @@ class KVExecutor:
         attention: AttentionBackend | None = None,
         jump_forward: bool = True,
         repair: Repair = NONE,
+        repair_bound: bool = True,
         graphs: str = "off",
         compile_gemms: str | None = None,
         kernel_choice: KernelChoice | None = None,
@@ -133,6 +135,9 @@ class KVExecutor:
         run_alone = self.stepper.run_alone
         self.restorer = Restorer(memory, self.planner, self.repairs, run_alone, counts)
         self.finisher = Finisher(memory, sampler, choreographed=choreo)
+        # what the baseline would encode of each call: the bound on its repair
+        bound = choreo and repair_bound
+        self.work = BaselineWork(table, self.fmt.sink, capacity) if bound else None
         self.sink = open_sink(self.fmt, memory, run_alone, self.finisher)
         if self.sink is not None:
             self.planner.sink_slots = list(table.get(self.sink.id).slots)
@@ -194,6 +199,8 @@ class KVExecutor:
             raise
         call.reused = len(call.ctx_slots) - call.repaired
         self.counts.admitted(call)
+        if self.work is not None and not want_logits:  # (an audit's shadow is not capped)
+            self.work.admitted(work_of(call), call.repaired)
         return call
 
     def _repair(self, call: Call, repair: Repair) -> None:
@@ -204,6 +211,8 @@ class KVExecutor:
         if not call.view.built:
             call.repair_read = str(repair)
             return
+        if self.work is not None and not call.want_logits:  # never more than the baseline's
+            repair = repair.capped(self.work.bound(work_of(call)))
         call.repair = self.repairs.plan(call, repair)
         if call.view.ctx is not None and call.view.ctx.key is not None:
             call.view.ctx.writer = call  # others join once its rows have run
@@ -228,6 +237,8 @@ class KVExecutor:
         for c in (*order.ready, *calls):
             if c.done and c not in failed:
                 try:
+                    if self.work is not None and c.plan.is_decode:  # its reply, as cached
+                        self.work.read(c.plan.parents, cached_reply(c), c.plan.salt)
                     out.finished[c] = self.finisher.finish(c)
                 except Exception as exc:
                     self.memory.abort(c)
@@ -279,3 +290,17 @@ class KVExecutor:
         return engine_stats(self.mode, self.memory, self.runner, self.grammars, self.counts,
                             messages=messages, contexts=self.context_mode,
                             repair=self.repairs.default)  # fmt: skip
+
+
+def work_of(c: Call) -> Work:
+    """What the repair bound reads of a choreographed call (`BaselineWork`)."""
+    p = c.plan
+    if not p.is_decode:
+        return Work(p.parents, salt=p.salt, decode=False)
+    return Work(p.parents, tuple(c.feed), p.salt, extra=1 + len(p.footer))
+
+
+def cached_reply(c: Call) -> list[int]:
+    """A decode's header and reply as the baseline's cache holds them: its last token
+    (and tokens jumped after it) never encoded (`Finisher._decode`)."""
+    return c.feed + c.generated[: max(0, len(c.generated) - 1 - len(c.jumped))]

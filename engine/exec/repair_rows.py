@@ -133,15 +133,20 @@ class Repairs:
         the probe where one picks the rows."""
         ranges = self.ranges(c)
         every = [j for s, n in ranges for j in range(s, s + n)]
-        if repair.none or not every:
-            return None
+        if dataclasses.replace(repair, cap=None).none or not every:
+            return None  # (a cap of 0 still says what it cut)
         tokens, positions = self.context_tokens(c), dict(enumerate(c.ctx_pos))
         if repair.full or repair.share >= 1.0:
             fixed = every
         else:
             fixed = [s + j for s, n in ranges for j in range(min(repair.first, n))]
         k = min(round(repair.share * len(every)), len(every) - len(fixed))
+        wanted = len(fixed) + k
+        if repair.cap is not None:  # the fixed ones in view order, then the probe's best
+            fixed = fixed[: repair.cap]
+            k = min(k, repair.cap - len(fixed))
         rows = RepairRows(len(fixed) + k, self.scratch, len(every), repair)
+        rows.cut = wanted - rows.total
         if k:  # chosen in the call's first step, with the other calls' probes
             query = self.query_rows(c, tokens, positions) if repair.query else None
             rows.probe = Probe(every, [tokens[j] for j in every], [positions[j] for j in every],
@@ -149,7 +154,7 @@ class Repairs:
             rows.probed = len(query.ids) if query is not None else len(every)
             return rows
         settle(c, rows, fixed, every, tokens, positions)
-        return rows if rows.total else None
+        return rows if rows.total or rows.cut else None
 
     def query_rows(self, c: Call, tokens: dict[int, int], positions: dict[int, int]) -> Query:
         """The last QUERY_ROWS tokens `c` reads: the end of its context (its last

@@ -47,6 +47,7 @@ class RepairRows:
     at: list[int] = field(default_factory=list)  # indices in the call's view
     probe: Probe | None = None  # pending: the rows are chosen by the first step's probe
     probed: int = 0  # tokens the deviation probe runs through its layers
+    cut: int = 0  # tokens the policy chose that its cap left out (`Repair.cap`)
     done: int = 0  # rows run so far
 
     @property

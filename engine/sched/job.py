@@ -73,6 +73,7 @@ class Job:
             tokens_encoded=call.encoded if call is not None else 0,
             tokens_reused=call.reused if call is not None else 0,
             tokens_repaired=call.repaired if call is not None else 0,
+            tokens_repair_cut=call.repair.cut if call is not None and call.repair else 0,
             ttft_s=ttft,
             leaks=self.leaks,
         )
