@@ -408,9 +408,11 @@ def _show(result: Any, tgt: Target) -> None:
     )
     out.print(table)
     repaired = sum(h.tokens_repaired for h in result.messages)
-    if repaired:  # a repair's rows are among the tokens encoded: say how many
+    cut = sum(h.tokens_repair_cut for h in result.messages)
+    if repaired or cut:  # a repair's rows are among the tokens encoded: say how many
+        capped = f"; {cut} more cut: the baseline would not encode them" if cut else ""
         out.print(
-            f"  {repaired} of the tokens encoded recomputed rewired context "
+            f"  {repaired} of the tokens encoded recomputed rewired context{capped} "
             "(--repair / --decision-repair; docs/fidelity.md)",
             highlight=False,
         )

@@ -8,7 +8,9 @@ configurations run one after the other (interleaved), each on a fresh engine
 in this process, as `corps run` opens one: no run finds another's prefixes.
 Per cell: calls, tokens encoded (of them recomputed by repairs, and cut from
 repairs by the baseline bound), mean time to first token, wall time; and
-choreographed / baseline for tokens and wall.
+choreographed / baseline for tokens encoded, for the same less the tokens
+each sampled (the modes' replies differ in length: choreography is not exact),
+and for wall time.
 
 Configurations: "baseline"; "choreographed" (its defaults: the decision steps'
 repair, bounded by the baseline's work); "unrepaired" (choreographed without the
@@ -41,6 +43,7 @@ class Run(BaseModel):
     config: str
     calls: int
     encoded: int  # tokens run through the model
+    generated: int  # of them, sampled (the rest: prompts, context, repairs)
     repaired: int  # of them, rewired context recomputed by repairs
     cut: int  # tokens repairs chose that the baseline bound left out
     ttft_s: float | None  # mean over its decodes
@@ -67,6 +70,7 @@ def run_of(result, pattern: str, max_tokens: int, seed: int, config: str) -> Run
         config=config,
         calls=len(msgs),
         encoded=result.tokens_encoded,
+        generated=sum(len(h.generated) for h in msgs if h.ttft is not None),
         repaired=sum(h.tokens_repaired for h in msgs),
         cut=sum(h.tokens_repair_cut for h in msgs),
         ttft_s=statistics.fmean(ttfts) if ttfts else None,
@@ -124,6 +128,7 @@ def table(report: Report) -> Table:
     both = "baseline" in report.configs and "choreographed" in report.configs
     if both:
         t.add_column("chor / base\nencoded", justify="right")
+        t.add_column("chor / base\nnot sampled", justify="right")
         t.add_column("chor / base\nwall", justify="right")
     cells = sorted({(r.pattern, r.max_tokens) for r in report.runs},
                    key=lambda c: ([r.pattern for r in report.runs].index(c[0]), c[1]))  # fmt: skip
@@ -133,7 +138,8 @@ def table(report: Report) -> Table:
         for name in report.configs:
             runs = report.cell(pattern, budget, name)
             m = {k: _mean([getattr(r, k) for r in runs])
-                 for k in ("calls", "encoded", "repaired", "cut", "ttft_s", "wall_s")}  # fmt: skip
+                 for k in ("calls", "encoded", "generated", "repaired", "cut", "ttft_s",
+                           "wall_s")}  # fmt: skip
             means[name] = m
             row.append(f"{m['calls']:.0f} / {m['encoded']:.0f} ({m['repaired']:.0f} / "
                        f"{m['cut']:.0f})")  # fmt: skip
@@ -141,6 +147,8 @@ def table(report: Report) -> Table:
         if both:
             c, b = means["choreographed"], means["baseline"]
             row.append(f"{c['encoded'] / b['encoded']:.2f}x" if b["encoded"] else "-")
+            prompt = b["encoded"] - b["generated"]
+            row.append(f"{(c['encoded'] - c['generated']) / prompt:.2f}x" if prompt else "-")
             row.append(f"{c['wall_s'] / b['wall_s']:.2f}x" if b["wall_s"] else "-")
         t.add_row(*row)
     return t

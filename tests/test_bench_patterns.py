@@ -1,0 +1,64 @@
+"""`corps bench patterns` (corps.cli.bench.patterns): every pattern in each mode with its
+defaults. Structure, the counts it reads off the handles, and its refusals of bad
+options; never time."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from corps.cli.app import app
+from corps.cli.bench import patterns as bp
+
+runner = CliRunner()
+pytestmark = pytest.mark.filterwarnings("ignore::corps.cache.visibility.LeakWarning")
+
+
+async def test_each_configuration_runs_each_pattern_with_its_own_decisions(tiny_dirs):
+    configs = ["baseline", "choreographed", "unrepaired", "unbounded"]
+    report = await bp.measure(
+        ["tree_of_thoughts", "debate"], [4], model=str(tiny_dirs["llama"]), configs=configs
+    )
+    assert [(r.pattern, r.config) for r in report.runs] == [
+        (p, c) for p in ("tree_of_thoughts", "debate") for c in configs
+    ]
+    runs = {(r.pattern, r.config): r for r in report.runs}
+    tot = {c: runs[("tree_of_thoughts", c)] for c in configs}
+    assert tot["baseline"].repaired == tot["unrepaired"].repaired == 0
+    assert tot["unbounded"].cut == 0  # nothing caps it
+    for r in report.runs:
+        assert r.calls > 0 and 0 < r.generated < r.encoded and r.wall_s > 0
+        assert r.repaired <= r.encoded - r.generated
+    table = bp.table(report)
+    assert table.row_count == 2 and len(table.columns) == 2 + 2 * len(configs) + 3
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--configs", "baseline,nope"], "--configs"),
+        (["--configs", ""], "--configs"),
+        (["--max-tokens", "12,x"], "--max-tokens"),
+        (["--max-tokens", "0"], "--max-tokens"),
+        (["--patterns", "no-such-pattern"], "no pattern named"),
+    ],
+)
+def test_bad_options_are_refused_in_one_line_before_a_model_loads(args, says):
+    result = runner.invoke(app, ["bench", "patterns", *args])
+    assert result.exit_code == 2 and says in result.output
+    assert "Traceback" not in result.output
+
+
+def test_the_cli_prints_the_table_and_writes_the_runs(tiny_dirs, tmp_path):
+    out = tmp_path / "runs.json"
+    result = runner.invoke(app, [
+        "bench", "patterns", "--patterns", "multi-qa", "--max-tokens", "3",
+        "--configs", "baseline,choreographed", "--model", str(tiny_dirs["llama"]),
+        "--json", str(out),
+    ])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "multi-qa" in result.output and "chor / base" in result.output
+    runs = json.loads(out.read_text())["runs"]
+    assert [r["config"] for r in runs] == ["baseline", "choreographed"]
