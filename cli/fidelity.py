@@ -82,8 +82,10 @@ def _config(
     """'baseline', 'choreographed', either '+ADAPTER_DIR', and a choreographed one
     '@REPAIR' (a repair policy: choreographed@recompute:0.15, for every call: the
     decision steps' default repair is off, but '@auto' starts them at its rung;
-    bare 'choreographed' keeps it). `decision` (--decision-repair): the decision
-    steps' repair of the bare and '@auto' configurations, else the default."""
+    bare 'choreographed' keeps it). A named policy other than auto runs uncapped
+    by the baseline's work (`repair_bound=False`): what is measured is the policy's
+    own reach and cost. `decision` (--decision-repair): the decision steps' repair
+    of the bare and '@auto' configurations, else the default."""
     rest, _, repair = label.partition("@")
     mode, _, adapter = rest.partition("+")
     if mode not in ("baseline", "choreographed") or (repair and mode != "choreographed"):
@@ -92,6 +94,8 @@ def _config(
             f"[@REPAIR], got {label!r}"
         )
     named = repair_fields(repair or None, decision)  # the rule --repair follows in run
+    if repair and repair.strip().lower().partition(":")[0] != "auto":
+        kw.setdefault("repair_bound", False)  # the policy's own reach
     return EngineConfig.of(model, mode=mode, dtype=dtype, adapter=adapter or None, **named, **kw)
 
 

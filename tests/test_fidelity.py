@@ -65,7 +65,7 @@ async def test_a_full_repair_reads_what_the_baseline_reads(tiny_dirs):
     async with (
         open_tiny(tiny_dirs, "llama", mode="baseline") as b,
         open_tiny(tiny_dirs, "llama") as c,
-        open_tiny(tiny_dirs, "llama", repair="full") as f,
+        open_tiny(tiny_dirs, "llama", repair="full", repair_bound=False) as f,
         Runtime(b) as rb,
         Runtime(c) as rc,
         Runtime(f) as rf,
@@ -86,8 +86,8 @@ async def test_serial_full_repairs_questions_read_at_one_offset(tiny_dirs):
     baseline reads (float32)."""
     async with (
         open_tiny(tiny_dirs, "llama", mode="baseline") as b,
-        open_tiny(tiny_dirs, "llama", repair="full") as f,
-        open_tiny(tiny_dirs, "llama", repair="serial+full") as s,
+        open_tiny(tiny_dirs, "llama", repair="full", repair_bound=False) as f,
+        open_tiny(tiny_dirs, "llama", repair="serial+full", repair_bound=False) as s,
         Runtime(b) as rb,
         Runtime(f) as rf,
         Runtime(s) as rs,

@@ -281,8 +281,8 @@ def test_a_workflow_that_waited_at_the_gate_starts_when_it_arrived_there(traces)
 async def test_a_repaired_call_says_what_it_recomputed(tiny_dirs, tmp_path):
     from conftest import open_tiny
 
-    path = tmp_path / "repair.jsonl"
-    async with open_tiny(tiny_dirs, "llama", trace=path) as engine:
+    path = tmp_path / "repair.jsonl"  # uncapped: what the policy recomputes, as it chose
+    async with open_tiny(tiny_dirs, "llama", trace=path, repair_bound=False) as engine:
         sys = await engine.prefill("you are a careful solver", role="system")
         q1 = await engine.prefill("what is seven times six", parents=[sys])
         q2 = await engine.prefill("name a prime", parents=[sys], offsets=[0])
@@ -299,7 +299,7 @@ async def test_a_call_that_read_a_shared_repair_says_so(tiny_dirs, tmp_path):
     from conftest import open_tiny
 
     path = tmp_path / "shared.jsonl"
-    async with open_tiny(tiny_dirs, "llama", trace=path) as engine:
+    async with open_tiny(tiny_dirs, "llama", trace=path, repair_bound=False) as engine:
         sys = await engine.prefill("you are a careful solver", role="system")
         q1 = await engine.prefill("what is seven times six", parents=[sys])
         q2 = await engine.prefill("name a prime", parents=[sys], offsets=[0])

@@ -15,7 +15,7 @@ from __future__ import annotations
 from corps.cache.errors import CacheFullError, StoreTooSmall
 from corps.engine.exec.executor import Executor
 from corps.engine.sched.job import Job
-from corps.engine.sched.policies import Policy, least_recent
+from corps.engine.sched.policies import Policy
 
 
 class Admission:
@@ -45,10 +45,10 @@ class Admission:
         except CacheFullError as exc:
             if not alone or not self.evict or isinstance(exc, StoreTooSmall):
                 raise
-        victims = getattr(self.policy, "victims", least_recent)
         return self.executor.admit(
-            job.request, want_logits=job.want_logits, keep=job.keep, hold=True, evict=victims
-        )
+            job.request, want_logits=job.want_logits, keep=job.keep, hold=True,
+            evict=self.policy.victims,
+        )  # fmt: skip
 
     def admit(self, arrived: list[Job], t0: float) -> None:
         """Admit waiting jobs as the policy orders them, a task group at a time.
