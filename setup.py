@@ -1,11 +1,11 @@
-"""Packages are found, not listed: every folder with an __init__.py under the five
-top-level folders becomes `corps.<folder>...`, so a new subpackage cannot be left
+"""Packages are found, not listed: every folder with an __init__.py under the top-level
+folders (`ROOTS`) becomes `corps.<folder>...`, so a new subpackage cannot be left
 out of the wheel (tests/test_wheel.py builds one and checks)."""
 
 from setuptools import find_packages, setup
 
 #: top-level folders, each the import package corps.<folder> (see DESIGN.md's layout)
-ROOTS = ("engine", "cache", "agents", "patterns", "cli")
+ROOTS = ("engine", "cache", "agents", "patterns", "serve", "bench", "cli")
 
 
 def corps_packages() -> tuple[list[str], dict[str, str]]:

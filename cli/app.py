@@ -6,11 +6,11 @@ import typer
 
 from corps.cli import fidelity as fidelity_cli
 from corps.cli import run as run_cli
-from corps.cli.bench.commands import bench_app
+from corps.cli.bench import bench_app
 from corps.cli.chat import chat
 from corps.cli.models import models
 from corps.cli.options import fail
-from corps.cli.serve.command import serve
+from corps.cli.serve import serve
 from corps.cli.trace_cmd import trace_app
 
 app = typer.Typer(

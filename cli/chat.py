@@ -12,8 +12,8 @@ from corps.cache.errors import CorpsError
 from corps.cli.options import DeviceOpt, DtypeOpt, ModelOpt, err, fail
 from corps.cli.options import bad as _bad
 from corps.cli.run import CompileGemmsOpt, CompileOpt
-from corps.engine import check_adapter_of
 from corps.engine.config import DEFAULT_DTYPE, BadConfig, EngineConfig
+from corps.engine.model.adapter_files import check_adapter_of
 
 
 def chat(

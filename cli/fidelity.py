@@ -29,8 +29,8 @@ from corps.cache.visibility import LeakWarning
 from corps.cli.options import AuditBudgetOpt, AuditOpt, DecisionRepairOpt, repair_fields
 from corps.cli.run import read_inputs
 from corps.cli.scenario import parse_sets
-from corps.engine import check_adapter_of
 from corps.engine.config import DEFAULT_MODEL, BadConfig, EngineConfig
+from corps.engine.model.adapter_files import check_adapter_of
 from corps.patterns import registry
 from corps.patterns.evaluation.scoring import split_line
 
@@ -320,7 +320,7 @@ def _plot_points(
     zero: bool = False,
 ) -> None:
     """Each (label, mean TTFT s, y) as a labelled point (those without both left out)."""
-    from corps.cli.plotting import pyplot
+    from corps.bench.plotting import pyplot
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.4))

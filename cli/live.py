@@ -24,7 +24,8 @@ from rich.live import Live
 from rich.panel import Panel
 from rich.text import Text
 
-from corps.engine import CallEnd, CallQueued, Names, Stage, Step, Token
+from corps.engine.trace.events import CallEnd, CallQueued, Stage, Step, Token
+from corps.engine.trace.reader import Names
 
 HZ = 2  # redraws per second, at most
 SHOWN = 8  # agent panels at most

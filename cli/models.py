@@ -9,10 +9,9 @@ from rich.table import Table
 def models() -> None:
     """List model aliases, dummy models (real shapes, random weights, for speed) and the
     models converted in $CORPS_HOME."""
-    from corps.engine import DEFAULT_MODEL, cached_models, corps_home, dummy_config
-    from corps.engine import DUMMY_PREFIX as PREFIX
-    from corps.engine import DUMMY_SHAPES as SHAPES
-    from corps.engine import EMBEDDED_MODELS as EMBEDDED
+    from corps.engine.config import DEFAULT_MODEL
+    from corps.engine.model.dummy import PREFIX, SHAPES, dummy_config
+    from corps.engine.model.names import EMBEDDED, cached_models, corps_home
 
     table = Table(title=f"models (CORPS_HOME={corps_home()})")
     table.add_column("name")

@@ -29,8 +29,8 @@ from corps.cli.options import (
     repair_fields,
 )
 from corps.cli.scenario import ScenarioError, Target, parse_sets, resolve
-from corps.engine import check_adapter_of
 from corps.engine.config import DEFAULT_DTYPE, DEFAULT_MODEL, BadConfig, EngineConfig
+from corps.engine.model.adapter_files import check_adapter_of
 from corps.patterns import registry
 from corps.patterns.result import PatternResult, to_json
 
@@ -200,7 +200,7 @@ def run(
         )
         check_adapter_of(config, err)
         if otel_endpoint is not None:
-            from corps.engine import check_available
+            from corps.engine.trace.exporter import check_available
 
             check_available(config.otel_protocol)
     except BadConfig as exc:

@@ -12,7 +12,8 @@ from rich.console import Console, Group
 from rich.markup import escape
 
 from corps.cache.errors import CorpsError
-from corps.engine import Trace, TraceError, otlp
+from corps.engine.trace.reader import Trace, TraceError
+from corps.engine.trace.spans import otlp
 
 trace_app = typer.Typer(
     help="View, compare and export traces written by `corps run --trace FILE`.",
@@ -202,7 +203,7 @@ def export(
             otel.write_text(json.dumps(spans))
             out.print(f"wrote {otel} (OTLP/JSON)")
         if otel_endpoint is not None:
-            from corps.engine import trace_exporter as trace_otel
+            from corps.engine.trace import exporter as trace_otel
 
             try:
                 n = trace_otel.send(spans, otel_endpoint, protocol=otel_protocol)

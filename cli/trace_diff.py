@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from corps.cli.trace_view import _clip, ms
-from corps.engine import CallRec, Names, Trace
+from corps.engine.trace.reader import CallRec, Names, Trace
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,8 @@ from typing import Any
 from rich.console import Console
 
 from corps.cli.trace_view import ALL, Filter, Timeline, overview
-from corps.engine import CallRec, Step, Trace
+from corps.engine.trace.events import Step
+from corps.engine.trace.reader import CallRec, Trace
 
 
 def _us(t: float) -> float:

@@ -22,7 +22,7 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import DataTable, Footer, Input, Static, TabbedContent, TabPane
 
 from corps.cli import trace_view as tv
-from corps.engine import Trace
+from corps.engine.trace.reader import Trace
 
 FOLLOW_S = 0.5  # seconds between reads of a followed file
 TABS = ("tab-calls", "tab-totals", "tab-messages", "tab-problems")

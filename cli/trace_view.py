@@ -20,7 +20,9 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from corps.engine import CallRec, Step, StepCost, Trace, names_of
+from corps.engine.sched.cost import StepCost
+from corps.engine.trace.events import Step
+from corps.engine.trace.reader import CallRec, Trace, names_of
 
 #: How the timeline draws each phase of a call.
 QUEUE, PREFILL, FIRST, DECODE, PENDING = (

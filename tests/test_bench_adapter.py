@@ -1,4 +1,4 @@
-"""`corps bench adapter` (corps.cli.bench.adapter): its structure on a tiny model, never time."""
+"""`corps bench adapter` (corps.bench.adapter): its structure on a tiny model, never time."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`corps bench audit` (corps.cli.bench.audit): the audit's gap beside corps fidelity's on
+"""`corps bench audit` (corps.bench.audit): the audit's gap beside corps fidelity's on
 the same tokens, and its cost per rate, on a tiny model. Never asserts on time."""
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def test_bad_rates_exit_before_anything_loads(rates):
 
 
 def test_paired_ratios_are_per_round():
-    from corps.cli.bench.audit import _paired
+    from corps.bench.audit import _paired
 
     assert _paired([2.0, 3.0, 12.0], [2.0, 2.0, 10.0]) == (1.2, 1.0, 1.5)
     assert all(math.isnan(x) for x in _paired([], []))
@@ -52,7 +52,7 @@ def test_paired_ratios_are_per_round():
 def test_the_warm_up_is_taken_out_per_agent_whatever_its_policies():
     """An agent with a row per policy (repair="auto" moved it): the audits between two
     reports are the sums after less the sums before, per agent."""
-    from corps.cli.bench.audit import _minus
+    from corps.bench.audit import _minus
     from corps.engine import AuditKey, AuditRow
 
     def row(repair, n, gap, agree):

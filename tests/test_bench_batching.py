@@ -1,4 +1,4 @@
-"""`corps bench batching` (corps.cli.bench.batching): its rounds and table, on a tiny
+"""`corps bench batching` (corps.bench.batching): its rounds and table, on a tiny
 model. Never time."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import anyio
 from typer.testing import CliRunner
 
+from corps.bench import batching as bb
 from corps.cli.app import app
-from corps.cli.bench import batching as bb
 
 
 def test_rounds_run_every_count_each_round_and_ratios_pair_rounds(tiny_dirs):

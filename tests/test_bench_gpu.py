@@ -1,4 +1,4 @@
-"""`corps bench gpu` (cli/bench/gpu.py): every section on a tiny model on the CPU (the
+"""`corps bench gpu` (bench/gpu.py): every section on a tiny model on the CPU (the
 rehearsal of the GPU run), its JSON lines, and a failing section failing the command.
 Structure only: nothing here asserts on a timing."""
 
@@ -10,9 +10,9 @@ import math
 import pytest
 from typer.testing import CliRunner
 
+import corps.cli.bench as app_mod
+from corps.bench import gpu as bench_gpu
 from corps.cli.app import app
-from corps.cli.bench import commands as app_mod
-from corps.cli.bench import gpu as bench_gpu
 
 TINY = ["--device", "cpu", "--dtype", "float32", "--prompt-tokens", "24", "--spans", "3",
         "--span-tokens", "4", "--context-tokens", "12", "--decode-tokens", "8",

@@ -1,4 +1,4 @@
-"""`corps bench http` (cli/bench/http.py): both paths on a tiny model, structure only
+"""`corps bench http` (bench/http.py): both paths on a tiny model, structure only
 (nothing here asserts on a timing)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typer.testing import CliRunner
 pytest.importorskip("openai")
 pytest.importorskip("uvicorn")
 
+from corps.bench import http as bench_http
 from corps.cli.app import app
-from corps.cli.bench import http as bench_http
 from corps.engine.config import EngineConfig
 
 

@@ -1,4 +1,4 @@
-"""cli/bench/kernels.py: `corps bench kernels` skips cleanly without CUDA, refuses the CPU
+"""bench/kernels.py: `corps bench kernels` skips cleanly without CUDA, refuses the CPU
 without the interpreter, and its timing code runs end to end under the interpreter."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def test_cpu_needs_the_interpreter(monkeypatch):
 
 def test_timing_code_runs_under_the_interpreter():
     pytest.importorskip("triton")
-    from corps.cli.bench.kernels import measure, table
+    from corps.bench.kernels import measure, table
 
     timings = measure("cpu", small=True, repeats=1)
     assert [t.kernel for t in timings] == ["gather_rotate", "decode_attention", "flex_prefill"]

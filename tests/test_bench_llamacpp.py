@@ -1,4 +1,4 @@
-"""`corps bench vs-llamacpp` (corps.cli.bench.llamacpp): the corps side, and a clear
+"""`corps bench vs-llamacpp` (corps.bench.llamacpp): the corps side, and a clear
 message without llama-cpp-python. Never time."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
+from corps.bench import llamacpp as bl
 from corps.cli.app import app
-from corps.cli.bench import llamacpp as bl
 
 from conftest import open_tiny
 

@@ -1,12 +1,12 @@
-"""`corps bench mapreduce` (corps.cli.bench.mapreduce): its configurations and table on
+"""`corps bench mapreduce` (corps.bench.mapreduce): its configurations and table on
 a tiny model. Never time."""
 
 from __future__ import annotations
 
 from typer.testing import CliRunner
 
+from corps.bench import mapreduce as bm
 from corps.cli.app import app
-from corps.cli.bench import mapreduce as bm
 
 
 def test_the_three_configurations_run_the_same_workflow_each_round(tiny_dirs):

@@ -1,10 +1,10 @@
-"""`corps bench memory` (corps.cli.bench.memory): counts on a tiny model, never time."""
+"""`corps bench memory` (corps.bench.memory): counts on a tiny model, never time."""
 
 from __future__ import annotations
 
 import pytest
 
-from corps.cli.bench import memory as bm
+from corps.bench import memory as bm
 
 
 async def test_admission_under_pressure_fails_nothing_and_changes_nothing(tiny_dirs):

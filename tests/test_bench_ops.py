@@ -1,4 +1,4 @@
-"""`corps bench ops` (cli/bench/ops.py) on a tiny model: a section per prefill and
+"""`corps bench ops` (bench/ops.py) on a tiny model: a section per prefill and
 `step_tokens` setting, counts that follow from the steps, and bad options refused
 before anything loads. Counts only: nothing here is timed."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
+from corps.bench.ops import measure
 from corps.cli.app import app
-from corps.cli.bench.ops import measure
 
 SIZES = dict(prompt=40, spans=3, span_tokens=6, context=12)
 

@@ -1,4 +1,4 @@
-"""`corps bench patterns` (corps.cli.bench.patterns): every pattern in each mode with its
+"""`corps bench patterns` (corps.bench.patterns): every pattern in each mode with its
 defaults. Structure, the counts it reads off the handles, and its refusals of bad
 options; never time."""
 
@@ -9,8 +9,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
+from corps.bench import patterns as bp
 from corps.cli.app import app
-from corps.cli.bench import patterns as bp
 
 runner = CliRunner()
 pytestmark = pytest.mark.filterwarnings("ignore::corps.cache.visibility.LeakWarning")

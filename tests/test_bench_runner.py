@@ -1,12 +1,12 @@
-"""`corps bench runner` (corps.cli.bench.runner): its alternation and table, on a tiny
+"""`corps bench runner` (corps.bench.runner): its alternation and table, on a tiny
 model. Never time."""
 
 from __future__ import annotations
 
 from typer.testing import CliRunner
 
+from corps.bench import runner as br
 from corps.cli.app import app
-from corps.cli.bench import runner as br
 
 
 def test_best_of_runs_every_probe_once_per_round_in_turn():

@@ -1,12 +1,12 @@
-"""cli/bench/serve.py: the open-loop bench's structure on a tiny model (never its times)."""
+"""bench/serve.py: the open-loop bench's structure on a tiny model (never its times)."""
 
 from __future__ import annotations
 
 import pytest
 from typer.testing import CliRunner
 
+from corps.bench import serve as bs
 from corps.cli.app import app
-from corps.cli.bench import serve as bs
 
 TINY_MIX = {"multi_qa": dict(max_tokens=4), "tree_of_thoughts": dict(branches=2, voters=2,
                                                                        max_tokens=4)}  # fmt: skip

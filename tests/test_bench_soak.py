@@ -1,12 +1,12 @@
-"""`corps bench soak` (corps.cli.bench.soak): counts on a tiny model, never time."""
+"""`corps bench soak` (corps.bench.soak): counts on a tiny model, never time."""
 
 from __future__ import annotations
 
 import pytest
 from typer.testing import CliRunner
 
+from corps.bench import soak as bs
 from corps.cli.app import app
-from corps.cli.bench import soak as bs
 
 pytestmark = pytest.mark.filterwarnings("ignore::corps.cache.visibility.LeakWarning")
 

@@ -1,4 +1,4 @@
-"""`corps bench step` (corps.cli.bench.step): the host's share of a decode step, on a
+"""`corps bench step` (corps.bench.step): the host's share of a decode step, on a
 tiny model. Never asserts on time, only on how the figures relate."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import anyio
 import pytest
 from typer.testing import CliRunner
 
+from corps.bench import step as bs
 from corps.cli.app import app
-from corps.cli.bench import step as bs
 
 
 def test_each_count_decodes_its_tokens_in_one_step_a_token(tiny_dirs):

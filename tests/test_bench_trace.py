@@ -1,11 +1,11 @@
-"""`corps bench trace` (corps.cli.bench.trace): structure and equal work, never time."""
+"""`corps bench trace` (corps.bench.trace): structure and equal work, never time."""
 
 from __future__ import annotations
 
 from typer.testing import CliRunner
 
+from corps.bench import trace as bt
 from corps.cli.app import app
-from corps.cli.bench import trace as bt
 
 
 async def test_traced_and_untraced_runs_do_the_same_work(tiny_dirs):

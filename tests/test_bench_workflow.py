@@ -1,4 +1,4 @@
-"""`corps bench workflow` (corps.cli.bench.workflow) and the replay it relies on.
+"""`corps bench workflow` (corps.bench.workflow) and the replay it relies on.
 
 Structure and equal work only: these tests never assert on time."""
 
@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 from typer.testing import CliRunner
 
+from corps.bench import workflow as bw
 from corps.cli.app import app
-from corps.cli.bench import workflow as bw
 from corps.patterns.replay import Replay, ReplayMismatch
 
 runner = CliRunner()

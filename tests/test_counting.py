@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from corps.engine import counting_ops
+from corps.engine.exec.counting import counting_ops
 from corps.engine.exec.torch_thread import TORCH
 
 

@@ -1,5 +1,6 @@
-"""The import graph of the source tree: no module imports another in a circle, and
-each engine subpackage imports only the layers its docstring allows.
+"""The import graph of the source tree: no module imports another in a circle, each
+engine subpackage imports only the layers its docstring allows, and each package
+above the engine only what `ABOVE` says, with no exception.
 
 Every import counts, at module level or inside a function; for circles, those
 under `if TYPE_CHECKING:` (annotations only) count too: a circle of type hints is
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = ("engine", "cache", "agents", "patterns", "cli")
+FOLDERS = ("engine", "cache", "agents", "patterns", "serve", "bench", "cli")
 #: engine layer -> the engine layers it may import ("shared": the torch-free top modules)
 ALLOWED = {
     "shared": {"shared"},
@@ -32,6 +33,32 @@ ALLOWED = {
     "api": {"shared", "request", "trace", "exec", "sched", "model", "attention", "distill"},
 }
 SHARED = {"errors", "config", "stats", "repair", "audit", "auto_repair"}
+#: package above the engine -> (the corps packages it may import, the engine modules
+#: below `corps.engine` and its shared modules it may import, by prefix)
+ABOVE = {
+    # the calls its asks carry and their workflow tag, a selection, the events it traces
+    "agents": (
+        {"cache", "engine"},
+        ("corps.engine.request", "corps.engine.api.select", "corps.engine.trace.events"),
+    ),
+    # a run's workflow tag and trace events, a cluster's merged traces and its workers'
+    # torch thread, and distillation: the differentiable recompute, weights, adapters
+    "patterns": (
+        {"cache", "engine", "agents"},
+        ("corps.engine.request.workflow", "corps.engine.trace", "corps.engine.exec.torch_thread",
+         "corps.engine.distill", "corps.engine.model.adapter_files", "corps.engine.model.weights"),
+    ),
+    "serve": ({"cache", "engine"}, ()),
+    # the benchmarks measure the engine's kernels, tuning and steps: every layer
+    "bench": ({"cache", "engine", "agents", "patterns", "serve"}, ("corps.engine.",)),
+    # the shell: trace files (events, reader, exporters), the model files it lists and
+    # makes (names, dummy shapes, adapters) and the step cost the trace viewer shows
+    "cli": (
+        {"cache", "engine", "agents", "patterns", "serve", "bench", "cli"},
+        ("corps.engine.trace", "corps.engine.model.names", "corps.engine.model.dummy",
+         "corps.engine.model.adapter_files", "corps.engine.sched.cost"),
+    ),
+}  # fmt: skip
 
 
 def modules() -> dict[str, Path]:
@@ -163,19 +190,43 @@ def test_the_store_knows_nothing_of_the_engine_or_above():
     assert wrong == []
 
 
-def test_the_command_line_imports_only_the_public_engine_api():
-    """cli/ is a shell over `corps.engine` (and its shared base modules: config,
-    errors, repair, stats), never over the engine's subpackages."""
-    subpackages = {m.split(".")[2] for m in modules() if layer(m) not in (None, "shared")}
-    wrong = sorted(
-        f"{m} -> {d}"
-        for m, deps in graph(hints=True).items()
-        if m.startswith("corps.cli")
-        for d in deps
-        if d.startswith("corps.engine.") and d.split(".")[2] in subpackages
-    )
-    assert wrong == []
+@pytest.mark.parametrize("package", sorted(ABOVE))
+def test_packages_above_the_engine_import_only_what_they_may(package):
+    """Each imports the corps packages `ABOVE` names, the public `corps.engine` and its
+    shared modules, and of the engine's subpackages only the modules it lists (type
+    hints included)."""
+    packages, below = ABOVE[package]
+    wrong = []
+    for m, deps in graph(hints=True).items():
+        if m.split(".")[1] != package:
+            continue
+        for d in deps:
+            top = d.split(".")[1]
+            inside = layer(d) not in (None, "shared")
+            if top not in packages | {package} or (inside and not d.startswith(below)):
+                wrong.append(f"{m} -> {d}")
+    assert sorted(wrong) == []
+
+
+def test_every_package_has_its_rule():
+    assert {m.split(".")[1] for m in modules()} == set(ABOVE) | {"engine", "cache"}
+
+
+def test_the_engine_has_no_back_door():
+    """`corps.engine` names its public API and nothing else: no lazy table of internal
+    names that would let the packages above reach below it unseen."""
+    import corps.engine as engine
+
+    assert not any(name.startswith("_TOOLS") for name in vars(engine))
+    for name in engine.__all__:
+        getattr(engine, name)
+    with pytest.raises(AttributeError):
+        engine.tuning  # noqa: B018  (an internal module: import it from its home)
 
 
 def test_the_command_line_wires_commands_only():
     assert len((ROOT / "cli" / "app.py").read_text().splitlines()) <= 300
+
+
+def test_the_server_and_the_benchmarks_live_outside_the_command_line():
+    assert not (ROOT / "cli" / "serve").exists() and not (ROOT / "cli" / "bench").exists()

@@ -1,4 +1,4 @@
-"""`corps serve` (cli/serve/): the official `openai` client against a tiny model served
+"""`corps serve` (serve/): the official `openai` client against a tiny model served
 on a free loopback port in this process (float32, so greedy replies are exact)."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
 
-from corps.cli.serve.background import BackgroundServer  # noqa: E402
 from corps.engine.api.engine import Engine  # noqa: E402
+from corps.serve.background import BackgroundServer  # noqa: E402
 
 KEY = "sk-test"
 WEATHER = {

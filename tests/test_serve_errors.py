@@ -1,4 +1,4 @@
-"""cli/serve/errors.py: every failure of `corps serve` is an OpenAI error object with the
+"""serve/errors.py: every failure of `corps serve` is an OpenAI error object with the
 right status, never a 500 or a broken stream, and a refused request leaves the store
 and the message table exactly as they were. Raw HTTP and the `openai` client against
 a real uvicorn server on a free port (tiny model, float32, leak policy deny)."""
@@ -16,8 +16,8 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("uvicorn")
 
-from corps.cli.serve.background import BackgroundServer  # noqa: E402
 from corps.engine.api.engine import Engine  # noqa: E402
+from corps.serve.background import BackgroundServer  # noqa: E402
 
 KEY = "sk-errors-test"
 AUTH = {"Authorization": f"Bearer {KEY}"}

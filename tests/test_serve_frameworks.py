@@ -16,8 +16,8 @@ from pydantic import BaseModel, Field
 pytest.importorskip("openai")
 pytest.importorskip("uvicorn")
 
-from corps.cli.serve.background import BackgroundServer
 from corps.engine.api.engine import Engine
+from corps.serve.background import BackgroundServer
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 

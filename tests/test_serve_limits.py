@@ -1,4 +1,4 @@
-"""cli/serve/limits.py: what one request may cost `corps serve`. Large bodies refused
+"""serve/limits.py: what one request may cost `corps serve`. Large bodies refused
 without being held (the server's RSS, measured on a `corps serve` process), a full
 server answering 429, a deadline answering 503, and a load of 64 streams (half cut)
 with a burst of refused bodies after which the store is back where it was, /health
@@ -21,9 +21,9 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("uvicorn")
 psutil = pytest.importorskip("psutil")
 
-from corps.cli.serve.background import BackgroundServer  # noqa: E402
-from corps.cli.serve.limits import Limits  # noqa: E402
 from corps.engine.api.engine import Engine  # noqa: E402
+from corps.serve.background import BackgroundServer  # noqa: E402
+from corps.serve.limits import Limits  # noqa: E402
 
 KEY = "sk-limits-test"
 AUTH = {"Authorization": f"Bearer {KEY}"}

@@ -1,4 +1,4 @@
-"""cli/serve/principals.py and the privacy it gives `corps serve`: three principals (two
+"""serve/principals.py and the privacy it gives `corps serve`: three principals (two
 tenants; two agents in one) against a real uvicorn server on a free port, with the
 official `openai` client and raw HTTP. No route reads a private message of another
 agent or tenant, ids cannot be walked, cache hits do not cross tenants, and no
@@ -15,9 +15,9 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("uvicorn")
 
 from corps.cache.visibility import LeakWarning  # noqa: E402
-from corps.cli.serve.background import BackgroundServer  # noqa: E402
-from corps.cli.serve.principals import Keys  # noqa: E402
 from corps.engine.api.engine import Engine  # noqa: E402
+from corps.serve.background import BackgroundServer  # noqa: E402
+from corps.serve.principals import Keys  # noqa: E402
 
 SECRET = "The vault code is 4417-swordfish."
 PROTECTED = ("4417", "swordfish", "vault")

@@ -1,4 +1,4 @@
-"""cli/serve/tools.py: tool-call syntax per model family, the grammar of tool replies,
+"""serve/tools.py: tool-call syntax per model family, the grammar of tool replies,
 and their parse whole, cut and streamed; then against a real uvicorn server with the
 official `openai` client: streamed calls the SDK's stream helper rebuilds exactly as
 the unstreamed reply, cut calls, `auto` replies that never break, parallel calls,
@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from llguidance import LLMatcher
 
-from corps.cli.serve.tools import (
+from corps.serve.tools import (
     HERMES,
     JSON_CALLS,
     LLAMA3,
@@ -156,8 +156,8 @@ def test_a_cut_call_renders_as_the_model_wrote_it(syntax):
 openai = pytest.importorskip("openai")
 pytest.importorskip("uvicorn")
 
-from corps.cli.serve.background import BackgroundServer  # noqa: E402
 from corps.engine.api.engine import Engine  # noqa: E402
+from corps.serve.background import BackgroundServer  # noqa: E402
 
 WEATHER = {"type": "function", "function": {"name": "get_weather",
            "description": "The weather in a city", "parameters": WEATHER_ARGS}}  # fmt: skip

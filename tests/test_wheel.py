@@ -10,7 +10,7 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = ("engine", "cache", "agents", "patterns", "cli")
+FOLDERS = ("engine", "cache", "agents", "patterns", "serve", "bench", "cli")
 SKIP = shutil.ignore_patterns(
     ".venv", ".git", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis"
 )
@@ -39,3 +39,13 @@ def test_every_source_module_is_in_the_wheel(tmp_path):
     assert len(expected) > 100  # the tree was found
     assert expected - shipped == set(), "modules missing from the wheel"
     assert shipped - expected == set(), "the wheel ships modules the tree does not have"
+
+
+def test_the_folders_are_setup_pys():
+    """setup.py's `ROOTS` are the folders checked here (and tests/test_layers.py's)."""
+    import ast
+
+    tree = ast.parse((ROOT / "setup.py").read_text())
+    (roots,) = [n.value for n in tree.body if isinstance(n, ast.Assign)
+                and getattr(n.targets[0], "id", "") == "ROOTS"]  # fmt: skip
+    assert set(ast.literal_eval(roots)) == set(FOLDERS)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from rich.console import Console
 from rich.table import Table
 
-from corps.cli.bench.runner import random_ids
+from corps.bench.runner import random_ids
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class OpFigures:
 
 async def count(engine, section: str, run) -> OpFigures:
     """The ops of `await run()` on `engine` (whose steps it counts)."""
-    from corps.engine import counting_ops
+    from corps.engine.exec.counting import counting_ops
 
     steps = engine.stats().steps
     async with counting_ops() as ops:

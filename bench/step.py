@@ -18,7 +18,7 @@ per step: the steps' time plus the loop's own between them.
 `run_ahead` values (`EngineConfig.run_ahead`) each get an engine, measured in the
 same rounds: 1 hands every step back to the event loop, the default runs steps
 back to back while nothing needs the loop between them.
-Run it against any tree with `python -m corps.cli.bench.step`.
+Run it against any tree with `python -m corps.bench.step`.
 """
 
 from __future__ import annotations
@@ -161,7 +161,7 @@ def main(
     return figures
 
 
-if __name__ == "__main__":  # run against any tree: python -m corps.cli.bench.step
+if __name__ == "__main__":  # run against any tree: python -m corps.bench.step
     import sys
 
     main(sys.argv[1] if len(sys.argv) > 1 else "dummy:tiny", 64, 5, dtype="float32")

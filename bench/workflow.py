@@ -237,7 +237,7 @@ def ratio_table(report: Report):
 
 def plot(reports: list[Report], path: str) -> None:
     """Bar chart of the ratios with their 95% intervals (needs the `plot` extra)."""
-    from corps.cli.plotting import pyplot
+    from corps.bench.plotting import pyplot
 
     plt = pyplot()
     bars = [

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from starlette.exceptions import HTTPException
 
-from corps.cli.serve.errors import ServeError, context_exceeded, error_body
+from corps.serve.errors import ServeError, context_exceeded, error_body
 
 MB = 1 << 20
 

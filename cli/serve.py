@@ -66,9 +66,9 @@ def serve(
     try:
         import uvicorn
 
-        from corps.cli.serve.app import create_app
-        from corps.cli.serve.limits import Limits
-        from corps.cli.serve.principals import Keys
+        from corps.serve.app import create_app
+        from corps.serve.limits import Limits
+        from corps.serve.principals import Keys
     except ImportError as exc:
         _bad(f"corps serve needs its extra: pip install 'corps[serve]' ({exc.name} is missing)")
     from corps.engine import Engine

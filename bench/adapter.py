@@ -20,7 +20,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from corps.cli.bench.runner import best_of, ours_probes, rates
+from corps.bench.runner import best_of, ours_probes, rates
 
 
 def measure(model: str, engines: dict[str, dict], dtype: str, decode_tokens: int,
@@ -57,7 +57,7 @@ def measure(model: str, engines: dict[str, dict], dtype: str, decode_tokens: int
 
 def main(model: str, adapter: Path, dtype: str, decode_tokens: int, prefill_tokens: int,
          repeats: int) -> None:  # fmt: skip
-    from corps.engine import read_scope
+    from corps.engine.model.adapter_files import read_scope
 
     apart = read_scope(adapter) == "rewired"
     engines = {"base": {}, "adapter": {"adapter": adapter}}

@@ -82,7 +82,9 @@ def measure_bounds(
     projections, for each of `gemms`: None, the eager kernels; an
     `EngineConfig.compile_gemms` value, the products a captured step would run
     (every projection in one graph, compiled as `compile=True` compiles)."""
-    from corps.engine import corps_home, load_weights, read_spec, torch_dtype, weight_format
+    from corps.engine.model.names import corps_home
+    from corps.engine.model.tuning import weight_format
+    from corps.engine.model.weights import load_weights, read_spec, torch_dtype
 
     mixed, choice = weight_format(dtype, read_spec(path), "cpu", corps_home() / "kernels")
     w = load_weights(path, dtype=torch_dtype(dtype), device="cpu", mixed=mixed, choice=choice)
@@ -101,7 +103,7 @@ def _compiled_stream(projs, xs, gemms: str) -> Callable[[], None]:
     """The projections (1, K) -> (1, N) as one graph over frozen weights, compiled now."""
     from torch import nn
 
-    from corps.engine import StepProjection, frozen_compile_config
+    from corps.engine.model.decode_module import StepProjection, frozen_compile_config
 
     class Stream(nn.Module):
         def __init__(self) -> None:
@@ -126,7 +128,7 @@ def hf_probes(path, dtype: torch.dtype, decode_tokens: int, prefill_tokens: int)
     """HF generate of N and of 1 token, and one forward over a prompt, as functions."""
     from transformers import AutoTokenizer
 
-    from corps.engine import load_hf
+    from corps.engine.model.weights import load_hf
 
     tok = AutoTokenizer.from_pretrained(str(path))
     model = load_hf(path, dtype=dtype).eval()  # a checkpoint, or a dummy model's weights
@@ -175,7 +177,8 @@ def measure(
 
     from anyio.from_thread import start_blocking_portal
 
-    from corps.engine import Engine, torch_dtype
+    from corps.engine import Engine
+    from corps.engine.model.weights import torch_dtype
 
     with ExitStack() as stack:
         portal = stack.enter_context(start_blocking_portal())

@@ -14,12 +14,13 @@ from __future__ import annotations
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel
 
-from corps.cli.bench.workflow import Ratio, bootstrap
+from corps.bench.workflow import Ratio, bootstrap
 from corps.engine.config import DEFAULT_DTYPE
 
 
@@ -34,18 +35,20 @@ class TraceCost(BaseModel):
     live: bool = False
 
 
-async def _run(engine, work, live: bool):
-    """Await `work`, drawing the live view off-screen meanwhile if `live`."""
-    if not live:
+class View(Protocol):
+    """A live view of an engine (`corps.cli.live.LiveView`): attached, run, detached."""
+
+    def attach(self, engine: Any) -> None: ...
+    async def run(self) -> None: ...
+    def detach(self, engine: Any) -> None: ...
+
+
+async def _run(engine, work, view: View | None):
+    """Await `work`, drawing `view` meanwhile if there is one."""
+    if view is None:
         return await work
-    import io
-
     import anyio
-    from rich.console import Console
 
-    from corps.cli.live import LiveView
-
-    view = LiveView(Console(file=io.StringIO(), force_terminal=True, width=120))
     view.attach(engine)
     try:
         async with anyio.create_task_group() as tg:
@@ -65,8 +68,9 @@ async def measure(
     runs: int = 5,
     warmup: int = 1,
     dtype: str = DEFAULT_DTYPE,
-    live: bool = False,
+    live: Callable[[], View] | None = None,
 ) -> TraceCost:
+    """`live`: makes the view the traced runs also draw (off-screen), if given."""
     from corps.agents import Runtime
     from corps.engine import Engine
     from corps.patterns.registry import run_pattern
@@ -81,7 +85,8 @@ async def measure(
                     path = Path(tmp) / f"run{r}.jsonl"
                     sink = engine.trace_to(path) if on else None
                     t0 = time.perf_counter()
-                    result = await _run(engine, run_pattern(rt, pattern, p), on and live)
+                    view = live() if on and live is not None else None
+                    result = await _run(engine, run_pattern(rt, pattern, p), view)
                     wall = time.perf_counter() - t0
                     if sink is not None:
                         engine.end_trace(sink)
@@ -100,7 +105,7 @@ async def measure(
         events=round(statistics.fmean(events)),
         ratio=bootstrap(traced, plain),
         equal_work=same,
-        live=live,
+        live=live is not None,
     )
 
 

@@ -193,7 +193,8 @@ async def measure(
 ) -> list[Cell]:
     from contextlib import closing
 
-    from corps.engine import Engine, gguf_file, resolve_model
+    from corps.engine import Engine
+    from corps.engine.model.names import gguf_file, resolve_model
     from corps.patterns.samples import MATH_PROBLEMS
 
     require_llama_cpp()

@@ -1,4 +1,4 @@
-"""`corps bench ...`: each benchmark's options, wired to its module in `corps.cli.bench`."""
+"""`corps bench ...`: each benchmark's options, wired to its module in `corps.bench`."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from corps.cli.options import (
     fail,
 )
 from corps.cli.options import bad as _bad
-from corps.engine import check_adapter_of
 from corps.engine.config import DEFAULT_DTYPE, BadConfig, EngineConfig
+from corps.engine.model.adapter_files import check_adapter_of
 
 T = TypeVar("T")
 
@@ -30,9 +30,9 @@ bench_app = typer.Typer(
     help="Benchmarks that print measured ratios side by side.", no_args_is_help=True
 )
 
-#: `corps bench gpu --workflows` (corps.cli.bench.gpu.WORKFLOWS, named here without torch)
+#: `corps bench gpu --workflows` (corps.bench.gpu.WORKFLOWS, named here without torch)
 _GPU_WORKFLOWS = ("debate", "tree_of_thoughts", "parallel_debate", "tree_of_thoughts_8x8")
-#: `corps bench gpu --sections` (corps.cli.bench.gpu.SECTIONS)
+#: `corps bench gpu --sections` (corps.bench.gpu.SECTIONS)
 _GPU_SECTIONS = (
     "prefill", "decode", "streams", "profile", "graphs", "patterns", "memory", "workflows",
 )  # fmt: skip
@@ -49,7 +49,7 @@ def bench_adapter(
 ) -> None:
     """Decode and prefill tokens/s with an adapter beside the base model (for one of
     scope rewired: on chain and on rewired calls, with and without its merged copy)."""
-    from corps.cli.bench.adapter import main
+    from corps.bench.adapter import main
 
     try:
         check_adapter_of(EngineConfig.of(model, adapter=adapter), err)
@@ -85,7 +85,7 @@ def bench_runner(
     ] = "library",
 ) -> None:
     """Single-stream decode and prefill tokens/s: our runner next to HF generate."""
-    from corps.cli.bench.runner import main
+    from corps.bench.runner import main
 
     names = [d.strip() for d in dtypes.split(",") if d.strip()]
     gemms = [g.strip() for g in compile_gemms.split(",") if g.strip()] if compile else []
@@ -135,7 +135,7 @@ def bench_batching(
     ] = 1,
 ) -> None:
     """Aggregate decode tokens/s for concurrent streams through the batching loop."""
-    from corps.cli.bench.batching import main
+    from corps.bench.batching import main
 
     counts = _stream_counts(streams)
     try:
@@ -173,7 +173,7 @@ def bench_step(
     """The host's share of a decode step: per step at 1, 16 and 64 streams, the time
     outside the model's forward (plan, batch, sample, postprocess, job completion),
     with steps handed back to the event loop one by one and run ahead."""
-    from corps.cli.bench.step import main
+    from corps.bench.step import main
 
     counts = _stream_counts(streams)
     aheads = _stream_counts(run_ahead, "--run-ahead")
@@ -197,7 +197,7 @@ def bench_ops(
 ) -> None:
     """The torch ops a prefill runs per step and layer, counted on this machine: the
     proxy for a GPU's kernel launches (a lone prompt; spans over a shared context)."""
-    from corps.cli.bench.ops import main
+    from corps.bench.ops import main
 
     try:
         settings = [int(x) for x in step_tokens.split(",") if x.strip()]
@@ -246,7 +246,7 @@ def bench_audit(
     calls costs in wall time and tokens, against the same passes unaudited."""
     import json
 
-    from corps.cli.bench import audit as ba
+    from corps.bench import audit as ba
     from corps.cli.fidelity import _lines
     from corps.patterns import registry
 
@@ -312,7 +312,7 @@ def bench_workflow(
     repair: RepairOpt = "none",
 ) -> None:
     """One workflow in each implementation on equal work; ratios with 95% intervals."""
-    from corps.cli.bench import workflow as bw
+    from corps.bench import workflow as bw
     from corps.patterns import registry
     from corps.patterns.samples import MATH_PROBLEMS
 
@@ -352,7 +352,7 @@ def bench_constrained(
 ) -> None:
     """Constraints side by side: library timings, JSON-constrained vs free tokens/s,
     jump-forward's steps, and each pattern's parse errors constrained and free."""
-    from corps.cli.bench import constrained as bc
+    from corps.bench import constrained as bc
 
     names = None
     if patterns is not None:
@@ -378,7 +378,7 @@ def bench_mapreduce(
     rounds: Annotated[int, typer.Option(min=1, help="Timed runs per configuration.")] = 3,
 ) -> None:
     """A latency-sensitive map-reduce: its map stage as a task group vs per-call latency caps."""
-    from corps.cli.bench.mapreduce import main
+    from corps.bench.mapreduce import main
 
     try:
         main(model, dtype, repeat, chunk_tokens, max_tokens, rounds)
@@ -455,8 +455,7 @@ def bench_serve(
     ] = None,
 ) -> None:
     """Workflows arriving open loop at fractions of saturation, under each policy."""
-    from corps.cli.bench import serve as bs
-    from corps.engine import POLICIES
+    from corps.bench import serve as bs
 
     try:
         loads = [float(x) for x in load.split(",") if x.strip()]
@@ -469,7 +468,7 @@ def bench_serve(
         except ValueError as exc:
             _bad(f"--policies: {exc}")
     if not chosen:
-        _bad(f"--policies: name at least one of {', '.join(POLICIES)}")
+        _bad(f"--policies: name at least one of {', '.join(bs.POLICIES)}")
     patterns = dict(bs.MIX)
     if mix is not None:
         try:
@@ -477,7 +476,7 @@ def bench_serve(
         except CorpsError as exc:
             _bad(str(exc))
     if plot is not None and importlib.util.find_spec("matplotlib") is None:
-        from corps.cli.plotting import INSTALL
+        from corps.bench.plotting import INSTALL
 
         _bad(INSTALL)
     if not loads or any(x <= 0 for x in loads):
@@ -516,7 +515,7 @@ def bench_cluster(
         import ray  # noqa: F401
     except ImportError:
         _bad("corps bench cluster needs Ray: pip install 'corps[ray]'")
-    from corps.cli.bench import cluster as bc
+    from corps.bench import cluster as bc
 
     settings = dict(dtype=dtype, n=n, max_tokens=max_tokens, concurrency=concurrency,
                     workers=workers, rounds=rounds, seed=seed, colocation=colocation)  # fmt: skip
@@ -539,7 +538,7 @@ def bench_trace(
     ] = False,
 ) -> None:
     """What recording a trace costs: the same workflow traced and untraced, alternated."""
-    from corps.cli.bench import trace as bt
+    from corps.bench import trace as bt
 
     params, _ = _bench_args(pattern, set_, "baseline,choreographed")
     cost = _run_bench(
@@ -550,10 +549,19 @@ def bench_trace(
             runs=runs,
             warmup=warmup,
             dtype=dtype,
-            live=live,
+            live=_offscreen_view if live else None,
         )
     )
     Console().print(bt.table(cost))
+
+
+def _offscreen_view():
+    """The live view drawing into an off-screen terminal (what `bench trace --live` times)."""
+    import io
+
+    from corps.cli.live import LiveView
+
+    return LiveView(Console(file=io.StringIO(), force_terminal=True, width=120))
 
 
 @bench_app.command("soak")
@@ -588,7 +596,7 @@ def bench_soak(
     """Many workflows with injected faults through one engine: failures, hangs, memory, speed."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-    from corps.cli.bench import soak as bs
+    from corps.bench import soak as bs
 
     bar = Progress("workflows", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err)
     task = bar.add_task("soak", total=workflows)
@@ -645,7 +653,7 @@ def bench_memory(
 ) -> None:
     """Admission under memory pressure, view memory over a shared context, and a long
     prompt arriving while decodes run."""
-    from corps.cli.bench import memory as bm
+    from corps.bench import memory as bm
 
     async def all_three():
         adm = await bm.admission(
@@ -685,7 +693,7 @@ def bench_vs_llamacpp(
     dtype: DtypeOpt = DEFAULT_DTYPE,
 ) -> None:
     """A tree-of-thoughts-shaped workflow: llama.cpp (its GGUF) vs corps, interleaved."""
-    from corps.cli.bench import llamacpp as bl
+    from corps.bench import llamacpp as bl
 
     try:
         shape = [tuple(int(x) for x in c.lower().split("x")) for c in cells.split(",") if c]
@@ -725,39 +733,22 @@ def bench_kernels(
         except CorpsError as exc:
             fail(exc)
         return
-    import torch
+    from corps.bench import kernels as bk
 
-    from corps.engine import interpreting, triton_available
-
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        Console().print(
-            "no CUDA device: kernel timings need a GPU, skipped. The kernels are verified "
-            "on CPU by the test suite (Triton's interpreter against torch references)."
-        )
-        return
-    if not triton_available():
-        _bad("the kernels need Triton: pip install 'corps[cuda]'")
-    if not device.startswith("cuda") and not interpreting():
-        _bad(f"--device {device} runs Triton through its interpreter: set TRITON_INTERPRET=1")
-    from corps.cli.bench import kernels as bk
-
+    why = bk.unavailable(device)
+    if why is not None:
+        if why.startswith("no CUDA device"):
+            Console().print(why)
+            return
+        _bad(why)
     Console().print(bk.table(bk.measure(device, small=small, repeats=repeats), device))
 
 
 def _cpu_kernels(model: str, remeasure: bool) -> None:
-    from corps.cli.bench import kernels as bk
-    from corps.engine import corps_home, read_spec, resolve_model, tuning
+    from corps.bench import kernels as bk
+    from corps.engine.model.names import resolve_model
 
-    spec = read_spec(resolve_model(model, console=err))
-    cache = corps_home() / "kernels"
-    if remeasure:
-        shapes = tuning.step_shapes(spec)
-        path = cache / f"{tuning.machine_key(shapes, tuning.available())}.json"
-        path.unlink(missing_ok=True)
-    timings, path, fresh = tuning.cached_timings(spec, cache)
-    choice = tuning.choose_fastest(timings)
-    exact = tuning.choose(timings, tuning.EXACT)
-    table = bk.cpu_table(timings, choice, cpu=tuning.cpu_name(), cache=str(path), exact=exact)
+    table, fresh = bk.cpu_kernels(resolve_model(model, console=err), remeasure)
     Console(width=max(150, Console().width)).print(table)
     if fresh:
         Console().print("[dim](timed now; later loads read the cache)[/]")
@@ -816,7 +807,7 @@ def bench_gpu(
     import anyio
     import torch
 
-    from corps.cli.bench import gpu as bg
+    from corps.bench import gpu as bg
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     chosen = tuple(w.strip().replace("-", "_") for w in workflows.split(",") if w.strip())
@@ -885,7 +876,7 @@ def bench_http(
         import uvicorn  # noqa: F401
     except ImportError as exc:
         _bad(f"corps bench http needs {exc.name}: pip install 'corps[serve]' openai")
-    from corps.cli.bench import http as bh
+    from corps.bench import http as bh
 
     try:
         cfg = EngineConfig.of(model, dtype=dtype)
@@ -929,7 +920,7 @@ def bench_workflows(
 ) -> None:
     """The paper's settings (debate, tree of thoughts 8x4, parallel debate 3x3) on short
     math problems, then the tree-of-thoughts sweep as a heat map (baseline vs choreographed)."""
-    from corps.cli.bench import workflow as bw
+    from corps.bench import workflow as bw
     from corps.patterns.samples import MATH_PROBLEMS
 
     questions = [q for q, _ in MATH_PROBLEMS]
@@ -972,7 +963,7 @@ def bench_patterns(
 ) -> None:
     """Every built-in pattern in each mode with its defaults (its own decisions, as
     `corps run`): tokens encoded, repaired and cut, TTFT and wall, side by side."""
-    from corps.cli.bench import patterns as bp
+    from corps.bench import patterns as bp
     from corps.patterns import registry
 
     names = list(registry.PATTERNS) if patterns.strip() == "all" else [

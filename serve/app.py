@@ -29,15 +29,15 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException
 
 from corps.cache.errors import CorpsError
-from corps.cli.serve import chat
-from corps.cli.serve.errors import ServeError, from_engine
-from corps.cli.serve.limits import BodyLimit, Gate, Limits, check_prompt, token_bytes
-from corps.cli.serve.messages import MessageCache
-from corps.cli.serve.metrics import Metrics
-from corps.cli.serve.principals import Keys, Principal, Who
-from corps.cli.serve.schema import ChatRequest, CompletionRequest
-from corps.cli.serve.stream import open_stream
-from corps.cli.serve.tools import syntax_of
+from corps.serve import chat
+from corps.serve.errors import ServeError, from_engine
+from corps.serve.limits import BodyLimit, Gate, Limits, check_prompt, token_bytes
+from corps.serve.messages import MessageCache
+from corps.serve.metrics import Metrics
+from corps.serve.principals import Keys, Principal, Who
+from corps.serve.schema import ChatRequest, CompletionRequest
+from corps.serve.stream import open_stream
+from corps.serve.tools import syntax_of
 
 log = logging.getLogger("corps.serve")
 

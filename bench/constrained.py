@@ -25,7 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from corps.cli.bench.workflow import Ratio, bootstrap
+from corps.bench.workflow import Ratio, bootstrap
 from corps.patterns import forms
 
 SCHEMA = {

@@ -28,7 +28,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from corps.cli.serve.errors import ServeError
+from corps.serve.errors import ServeError
 
 #: tenant and agent names: no "/" (it joins them into the engine's owner names)
 NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")

@@ -29,7 +29,7 @@ any section failed):
   `memory_fraction` of what the weights leave free) and closed in sequence; the
   device memory still allocated after each close against what it held open.
 - workflows (last: the longest): choreographed against the prefix-cached baseline
-  on equal work (`corps.cli.bench.workflow.measure`): wall and mean TTFT ratios.
+  on equal work (`corps.bench.workflow.measure`): wall and mean TTFT ratios.
 
 Every engine but the memory section's is opened with `memory_budget` (when
 set), so that an engine and transformers' copy of a large model, or two
@@ -53,7 +53,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from corps.cli.bench.runner import random_ids
+from corps.bench.runner import random_ids
 
 #: the sections, in the order they run
 SECTIONS = (
@@ -153,7 +153,7 @@ class HFReference:
     def __init__(self, path: Path, dtype: torch.dtype, device: str) -> None:
         from transformers import AutoTokenizer
 
-        from corps.engine import load_hf
+        from corps.engine.model.weights import load_hf
 
         self.device = device
         self.model = load_hf(path, dtype=dtype, device=device).to(device).eval()
@@ -341,7 +341,7 @@ def release(device: str) -> None:
 
 
 async def workflow_figures(s: Settings) -> list[Figure]:
-    from corps.cli.bench.workflow import measure
+    from corps.bench.workflow import measure
     from corps.patterns.samples import MATH_PROBLEMS
 
     out = []
@@ -477,7 +477,8 @@ async def run(s: Settings, out: Path | None, console: Console) -> tuple[list[Fig
 async def _measured_engine(s: Settings, section) -> tuple[HFReference, int]:
     """The prefill, decode and streams sections on one engine (transformers' copy
     loaded beside it); (that copy, the engine's static decode steps)."""
-    from corps.engine import Engine, torch_dtype
+    from corps.engine import Engine
+    from corps.engine.model.weights import torch_dtype
 
     async with Engine.open(s.model, graphs=s.graphs, **s.engine_kw()) as engine:
         hf = HFReference(engine.model_path, torch_dtype(s.dtype), s.device)

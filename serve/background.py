@@ -7,7 +7,7 @@ import socket
 import threading
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
-from corps.cli.serve.app import create_app
+from corps.serve.app import create_app
 
 
 class BackgroundServer:

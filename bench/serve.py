@@ -53,6 +53,8 @@ from typing import Any
 import anyio
 from pydantic import BaseModel
 
+from corps.engine.sched.policies import POLICIES
+
 #: The default mix: small settings of three patterns, so a run fits a CPU.
 MIX: dict[str, dict[str, Any]] = {
     "tree_of_thoughts": dict(branches=4, voters=2, max_tokens=32),
@@ -111,7 +113,6 @@ def engine_settings(spec: str) -> dict[str, Any]:
     """The engine settings of a policy as the bench names it: `workflow`, or
     `workflow:8` for the policy with at most 8 workflows in flight. Raises ValueError
     naming what is wrong."""
-    from corps.engine import POLICIES
 
     name, _, cap = spec.strip().partition(":")
     if name not in POLICIES:
@@ -563,7 +564,7 @@ def load_mix(value: str) -> dict[str, dict[str, Any]]:
 def plot(report: Report, path: str) -> None:
     """PNG: workflow latency p99 and throughput against load, a line per policy (and
     chat time per output token p99 with chat streams). Needs the `plot` extra."""
-    from corps.cli.plotting import pyplot
+    from corps.bench.plotting import pyplot
 
     plt = pyplot()
     panels = [("workflow latency p99 (s)", lambda c: c.latency_s.get("p99")),

@@ -59,7 +59,7 @@ def _sdpa_gathered(q: Tensor, k: Tensor, v: Tensor, lengths: Tensor) -> Tensor:
 
 
 def bench_gather(device: torch.device, context: int, repeats: int, layers: int = LAYERS) -> Timing:
-    from corps.engine import gather_rotate, gather_rotate_ref
+    from corps.engine.kernels.gather_rotate import gather_rotate, gather_rotate_ref
 
     g = torch.Generator(device=device).manual_seed(0)
     store = 4 * context
@@ -95,7 +95,8 @@ def _calls(device: torch.device, calls: int, context: int, g):
 
 def bench_decode(device: torch.device, calls: int, context: int, repeats: int) -> Timing:
     from corps.cache.arena import ViewArena
-    from corps.engine import DecodePlan, SdpaAttention, decode_attention
+    from corps.engine.attention import DecodePlan, SdpaAttention
+    from corps.engine.kernels.decode_attention import decode_attention
 
     g = torch.Generator(device=device).manual_seed(0)
     ak, av, base, n = _calls(device, calls, context, g)
@@ -133,7 +134,7 @@ def bench_decode(device: torch.device, calls: int, context: int, repeats: int) -
 
 
 def bench_prefill(device: torch.device, calls: int, rows: int, context: int, repeats: int):
-    from corps.engine import PrefillMask, flex_prefill
+    from corps.engine.kernels.flex_prefill import PrefillMask, flex_prefill
 
     g = torch.Generator(device=device).manual_seed(0)
     width = context + rows  # each call: its context, then its new rows
@@ -235,3 +236,40 @@ def cpu_table(timings, choice, *, cpu: str, cache: str, exact) -> Any:
     t.add_row("float32 picks", *[exact.kernel_for(b) for b in buckets], style="dim")
     t.caption = f"cached in {cache}"
     return t
+
+
+def unavailable(device: str) -> str | None:
+    """Why the Triton kernels cannot be timed on `device` (None: they can)."""
+    from corps.engine.kernels import interpreting, triton_available
+
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        return (
+            "no CUDA device: kernel timings need a GPU, skipped. The kernels are verified "
+            "on CPU by the test suite (Triton's interpreter against torch references)."
+        )
+    if not triton_available():
+        return "the kernels need Triton: pip install 'corps[cuda]'"
+    if not device.startswith("cuda") and not interpreting():
+        return f"--device {device} runs Triton through its interpreter: set TRITON_INTERPRET=1"
+    return None
+
+
+def cpu_kernels(model_dir, remeasure: bool) -> tuple[Any, bool]:
+    """The table of the CPU product kernels `dtype="auto"` chooses from for the model in
+    `model_dir` (timed once per machine, cached; `remeasure` times them again), and
+    whether they were timed now."""
+    from corps.engine.model import tuning
+    from corps.engine.model.names import corps_home
+    from corps.engine.model.weights import read_spec
+
+    spec = read_spec(model_dir)
+    cache = corps_home() / "kernels"
+    if remeasure:
+        shapes = tuning.step_shapes(spec)
+        path = cache / f"{tuning.machine_key(shapes, tuning.available())}.json"
+        path.unlink(missing_ok=True)
+    timings, path, fresh = tuning.cached_timings(spec, cache)
+    choice = tuning.choose_fastest(timings)
+    exact = tuning.choose(timings, tuning.EXACT)
+    table = cpu_table(timings, choice, cpu=tuning.cpu_name(), cache=str(path), exact=exact)
+    return table, fresh

@@ -25,7 +25,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from corps.cli.bench.runner import measure_hf
+from corps.bench.runner import measure_hf
 
 TOPICS = [
     "a lighthouse",
@@ -88,7 +88,7 @@ async def _measure(
 
 
 def main(model: str, dtype: str, counts: list[int], tokens: int, rounds: int = 1) -> None:
-    from corps.engine import torch_dtype
+    from corps.engine.model.weights import torch_dtype
 
     rows, path = anyio.run(_measure, model, dtype, counts, tokens, rounds)
     hf, _ = measure_hf(path, torch_dtype(dtype), tokens, 8, 1)

@@ -26,9 +26,9 @@ from typing import Any
 import anyio
 from fastapi.responses import StreamingResponse
 
-from corps.cli.serve import chat
-from corps.cli.serve.errors import ServeError
-from corps.cli.serve.tools import Streamer
+from corps.serve import chat
+from corps.serve.errors import ServeError
+from corps.serve.tools import Streamer
 
 log = logging.getLogger("corps.serve")
 

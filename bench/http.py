@@ -81,8 +81,8 @@ async def python_cell(cfg, clients: int, requests: int, tokens: int) -> Cell:
 
 def served(cfg, model: str):
     """`corps serve` over an engine of `cfg`, in this process (`BackgroundServer`)."""
-    from corps.cli.serve.background import BackgroundServer
     from corps.engine import Engine
+    from corps.serve.background import BackgroundServer
 
     return BackgroundServer(Engine.open(cfg), model=model)
 
@@ -367,7 +367,7 @@ def _as_call(message):
     """A free reply read as the server would read a call: its text parsed as one."""
     from types import SimpleNamespace
 
-    from corps.cli.serve.tools import JSON_CALLS, parse
+    from corps.serve.tools import JSON_CALLS, parse
 
     _, calls = parse(JSON_CALLS, (message.content or "").lstrip())
     tool_calls = [SimpleNamespace(function=SimpleNamespace(name=c.name, arguments=c.arguments))
