@@ -42,15 +42,16 @@ out = Console()
 
 async def agreement(
     pattern: str, lines: Sequence[Mapping[str, Any]], seed: int, model: str, dtype: str,
-    concurrency: int, repair: str = "none", decision_repair: str = "none",
+    concurrency: int, repair: str = "none", decision_repair: str = "none", bound: bool = True,
 ) -> list[dict[str, Any]]:  # fmt: skip
     """Per role (and "all"): turns, positions, the sampled gap, the audit's gap, both
-    agreements."""
+    agreements; repairs capped at the baseline's work unless `bound` is False."""
     params = [sampling_params(pattern, line, seed + i) for i, line in enumerate(lines)]
     base_cfg = EngineConfig.of(model, mode="baseline", dtype=dtype)
     every = dict(audit=1, audit_budget=1.0)  # every decode, no token budget
     chor_cfg = EngineConfig.of(model, mode="choreographed", dtype=dtype, repair=repair,
-                               decision_repair=decision_repair, **every)  # fmt: skip
+                               decision_repair=decision_repair, repair_bound=bound,
+                               **every)  # fmt: skip
     recorded, pairs = {}, []
     async with Engine.open(base_cfg) as be, Runtime(be) as brt:
 

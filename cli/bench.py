@@ -240,6 +240,13 @@ def bench_audit(
     agreement: Annotated[
         bool, typer.Option("--agreement/--no-agreement", help="Measure the agreement part.")
     ] = True,
+    bound: Annotated[
+        bool,
+        typer.Option(
+            "--repair-bound/--no-repair-bound",
+            help="Cap repairs at the baseline's work (the default) or not.",
+        ),
+    ] = True,
 ) -> None:
     """The online fidelity audit beside corps fidelity on the same inputs and tokens
     (per role: the sampled gap and the audit's exact one), and what auditing 1 in N
@@ -268,7 +275,7 @@ def bench_audit(
         agree = (
             _run_bench(
                 lambda: ba.agreement(
-                    name, lines, seed, model, dtype, concurrency, repair, decisions
+                    name, lines, seed, model, dtype, concurrency, repair, decisions, bound
                 )
             )
             if agreement
@@ -284,6 +291,7 @@ def bench_audit(
     except CorpsError as exc:
         fail(exc)
     shown = repair if decisions == "none" else f"{repair}, decision steps {decisions}"
+    shown += "" if bound else ", uncapped"
     ba.show(name, agree, costs, shown)
     if json_out is not None:
         report = dict(

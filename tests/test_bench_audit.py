@@ -36,6 +36,17 @@ def test_the_audit_and_fidelity_see_the_same_turns_and_a_chain_agrees(tiny_dirs,
     assert "what the audit costs" in result.output
 
 
+def test_the_uncapped_decision_repair_is_measured_when_asked(tiny_dirs):
+    """`--no-repair-bound`: the decision steps' repair as the policy chooses it, said so."""
+    result = CliRunner().invoke(app, [
+        "bench", "audit", "tree-of-thoughts", "--model", str(tiny_dirs["llama"]), "--n", "1",
+        "--set", "max_tokens=4", "--set", "branches=2", "--set", "voters=2", "--rates", "",
+        "--decision-repair", "full", "--no-repair-bound",
+    ])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "decision steps full, uncapped" in " ".join(result.output.split())
+
+
 @pytest.mark.parametrize("rates", ["x", "0", "2,-1"])
 def test_bad_rates_exit_before_anything_loads(rates):
     result = CliRunner().invoke(app, ["bench", "audit", "debate", "--rates", rates])
