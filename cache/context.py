@@ -13,7 +13,7 @@ Memory for B calls sharing a C-token context: C + B x (their own tokens),
 instead of B x (C + own).
 
 A key's tag keeps apart contexts over the same slots and positions whose
-contents differ: a repaired context (`corps.engine.exec.repair_rows`) is shared
+contents differ: a repaired context (`corps.engine.exec.repairs`) is shared
 by the calls repairing it alike, never by calls reading the stored encodings.
 While its builder still writes into it (`writer`), no other call joins it.
 

@@ -51,7 +51,7 @@ reads changes). Policies, written as strings (`--repair`, `repair=`):
 - "A+B": several together (e.g. "first:4+recompute:0.1", "first:4+temp:0.8"; a
   temperature applies to the rewired tokens not recomputed).
 
-Torch-free: the engine's planner turns a Repair into rows (`corps.engine.exec.repair_rows`).
+Torch-free: the engine's planner turns a Repair into rows (`corps.engine.exec.repairs`).
 """
 
 from __future__ import annotations

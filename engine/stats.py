@@ -66,7 +66,7 @@ class EngineStats:
     messages_evicted: int = 0
     tokens_evicted: int = 0
     tokens_recomputed: int = 0
-    # repairs (corps.engine.exec.repair_rows): the engine's default policy, rewired context
+    # repairs (corps.engine.exec.repairs): the engine's default policy, rewired context
     # tokens recomputed in their readers' contexts (counted in tokens_encoded, not in
     # tokens_reused), and rewired tokens the deviation probe ran (its layers only)
     repair: str = "none"

@@ -31,7 +31,7 @@ class SeqSpan:
     end: int
     view: CallView
     adapted: bool = False  # the rows take an adapter kept apart (`corps.engine.model.adapter_rows`)
-    # repair rows (`corps.engine.exec.repair_rows`): the view indices (t,) inside the call's
+    # repair rows (`corps.engine.exec.repairs`): the view indices (t,) inside the call's
     # context the rows recompute (each writes there, sees the view up to itself);
     # None: the rows extend the view
     at: Tensor | None = None

@@ -174,7 +174,7 @@ def repair_mask(at: Tensor, n: int, dtype: torch.dtype = torch.float32) -> Tenso
 def attend_repair(
     layer: int, q: Tensor, k: Tensor, v: Tensor, span, mask: Tensor, scale: float
 ) -> Tensor:
-    """Repair rows of one call (`corps.engine.exec.repair_rows`): write their rotated keys
+    """Repair rows of one call (`corps.engine.exec.repairs`): write their rotated keys
     and values k, v (t, Hkv, D) over the view's at the span's indices, then attend
     their queries q (t, Hq, D) over the view's context, row i up to its own index
     (`mask`, `repair_mask`). The view is the call's own (one range). (t, Hq, D)."""

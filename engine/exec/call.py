@@ -4,7 +4,7 @@ A call's status moves waiting -> prefilling -> decoding -> finishing -> done (a
 prefill is done once its feed is encoded). Its holdings (`slots`, `spare`,
 `view`, `lock`, `pins_held`) are written by `corps.engine.exec.memory`; its
 decoding state through the transitions below, by the executor's postprocess
-(`corps.engine.exec.advance.Postprocess`).
+(`corps.engine.exec.postprocess.Postprocess`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from torch import Tensor
 from corps.cache.messages import Message
 from corps.cache.radix import Node
 from corps.cache.view import CallView
-from corps.engine.exec.repair_state import RepairRows
+from corps.engine.exec.repair_rows import RepairRows
 from corps.engine.request.sampling_params import SamplingParams
 
 
@@ -104,7 +104,7 @@ class Call:
     finish_reason: str | None = None  # why a decode stopped (see Sampler.stops)
     spans: list[int] = field(default_factory=list)  # tokens it encoded in each step
     first_spans: tuple[int, ...] = ()  # a recompute: the spans its feed was first encoded in
-    repair: RepairRows | None = None  # context tokens it recomputes first (`exec.repair_rows`)
+    repair: RepairRows | None = None  # context tokens it recomputes first (`exec.repairs`)
     # the policy of a repaired context another call built and this one reads, recomputing
     # nothing itself (`Repairs.tag`: calls over the same context repaired alike share it)
     repair_read: str | None = None
@@ -131,7 +131,7 @@ class Call:
 
     @property
     def repaired(self) -> int:
-        """Context tokens it recomputes (`corps.engine.exec.repair_rows`)."""
+        """Context tokens it recomputes (`corps.engine.exec.repairs`)."""
         return self.repair.total if self.repair is not None else 0
 
     @property

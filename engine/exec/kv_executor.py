@@ -29,7 +29,6 @@ from corps.cache.messages import Message, MessageTable
 from corps.engine.attention import AttentionBackend, select_backend
 from corps.engine.config import CONTEXTS, MODES
 from corps.engine.errors import InvalidRequest
-from corps.engine.exec.advance import Postprocess
 from corps.engine.exec.baseline_work import BaselineWork, Work
 from corps.engine.exec.call import Call
 from corps.engine.exec.counts import Counts
@@ -38,8 +37,9 @@ from corps.engine.exec.finish import Finisher, open_sink
 from corps.engine.exec.grammars import Grammars
 from corps.engine.exec.memory import Memory, Victims, scratch_arena
 from corps.engine.exec.planner import Planner
-from corps.engine.exec.recompute import Restorer
-from corps.engine.exec.repair_rows import Repairs
+from corps.engine.exec.postprocess import Postprocess
+from corps.engine.exec.repairs import Repairs
+from corps.engine.exec.restorer import Restorer
 from corps.engine.exec.sampler import Sampler
 from corps.engine.exec.step_plan import StepOrder, StepOutput, plan_rows
 from corps.engine.exec.stepper import Stepper

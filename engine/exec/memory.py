@@ -12,7 +12,7 @@ will give any back, the scheduler admits it again with a victim order (`Victims`
 the policy's choice): the encodings of live messages that no running call reads
 are dropped (`evict`), least wanted first, until the call fits. Such a message
 stays readable (text, tokens, provenance); the next call that names it as a
-parent recomputes its encoding first (`corps.engine.exec.recompute`), by running its tokens
+parent recomputes its encoding first (`corps.engine.exec.restorer`), by running its tokens
 through the model again in the steps it was first encoded in, over the same
 parents at the same offsets: the same K/V, bit for bit in float32 on a CPU when
 those steps had the same rows (on a GPU, to float32 rounding).
@@ -101,7 +101,7 @@ class Memory:
     def gather(self, c: Call, extra: int, own: bool = False, tag: tuple | None = None) -> None:
         """c's view: its context rotated (or read from the store) plus room for `extra`.
         `own`: a context of its own, copied, shared with no one (a repaired call
-        rewrites some of it, `corps.engine.exec.repair_rows`). `tag`: a copied context
+        rewrites some of it, `corps.engine.exec.repairs`). `tag`: a copied context
         shared only by the calls that give the same tag (those that repair it alike);
         the first of them builds it (`c.view.built`)."""
         private = own and tag is None

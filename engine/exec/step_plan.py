@@ -24,7 +24,7 @@ when `KVExecutor.step` decided them):
   call is prefilling (so decodes never starve prefills either).
 - A recompute (`Call.first_spans`) encodes its feed in the spans it was first
   encoded in; a span that does not fit what is left waits a step.
-- A repaired call (`corps.engine.exec.repair_rows`) runs its repair rows before its
+- A repaired call (`corps.engine.exec.repairs`) runs its repair rows before its
   prompt, as prompt chunks are run (in order, chunks of at most `chunk`); its
   prompt's first chunk may follow them in the same step.
 """
@@ -50,7 +50,7 @@ GPU_PREFILL_CHUNK = STEP_TOKENS["cuda"]
 PREFILL_SHARE = 8
 #: `Rows.start` of a decoding call's pending token (and what follows it).
 PENDING = -1
-#: `Rows.start` of a call's repair rows (`corps.engine.exec.repair_rows`).
+#: `Rows.start` of a call's repair rows (`corps.engine.exec.repairs`).
 REPAIR = -2
 
 NO_BUDGET = 1 << 62
@@ -167,7 +167,7 @@ def prefill_chunk_for(device: object) -> int:
 def next_rows(c: Call, chunk: int = PREFILL_CHUNK) -> int:
     """Rows the call brings to its next step when the budget does not cut it: its
     pending token with what it jumped to and its closing footer when decoding, its
-    repair rows (`corps.engine.exec.repair_rows`), else the next chunk of its prompt
+    repair rows (`corps.engine.exec.repairs`), else the next chunk of its prompt
     (`next_chunk`); 0 when it has nothing left to run."""
     if c.pending is not None:
         return 1 + len(c.jumped) + len(c.closing)

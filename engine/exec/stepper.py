@@ -15,7 +15,6 @@ from torch import Tensor
 
 from corps.cache.errors import CacheFullError
 from corps.engine.exec import scores
-from corps.engine.exec.advance import Postprocess
 from corps.engine.exec.batch import build_batch, logit_rows, long_tensor, samples
 from corps.engine.exec.call import Call
 from corps.engine.exec.counts import Counts
@@ -23,7 +22,8 @@ from corps.engine.exec.draw import bias
 from corps.engine.exec.grammars import Grammars
 from corps.engine.exec.grammars import apply as apply_masks
 from corps.engine.exec.memory import Memory
-from corps.engine.exec.repair_rows import Repairs
+from corps.engine.exec.postprocess import Postprocess
+from corps.engine.exec.repairs import Repairs
 from corps.engine.exec.step_plan import (
     REPAIR,
     Rows,

@@ -158,7 +158,7 @@ class ModelRunner:
         """For each (view, ids, positions, at) in `items`: how far recomputing tokens
         `ids` (R,) at `positions`, view indices `at`, in the context of `view` moves
         their keys and values of `layer`: per token, the norm of the change of its
-        rotated key plus that of its value (R,) float32 (`corps.engine.exec.repair_rows`).
+        rotated key plus that of its value (R,) float32 (`corps.engine.exec.repairs`).
         The layers before run as repair rows would (each token over its view up to
         itself, every probed token recomputed), over copies of the views' layers: the
         views are left as they were. All items' rows share each projection and MLP;
@@ -226,7 +226,7 @@ class ModelRunner:
         """For each (view, ids, positions, at, every) in `items`: the attention query
         rows `ids` (R,) at `positions` pay the view's tokens at indices `every` (K,),
         summed over heads, rows and layers 0..`layer` (K,) float32 ("query:R",
-        `corps.engine.exec.repair_rows`). A row at view index `at` attends to the view
+        `corps.engine.exec.repairs`). A row at view index `at` attends to the view
         up to itself; one at `at` >= the view's length (the call's own new tokens)
         to all of it. The rows run from their embeddings through those layers over
         the view's keys and values as they are (nothing is written). All items' rows

@@ -31,7 +31,7 @@ again, as SGLang does for requests that arrive together.
 Preemption: a call that cannot get memory while nothing running could give
 any back evicts the encodings of messages no running call reads, in the
 policy's order (`Policy.victims`); they are recomputed when read again
-(`corps.engine.exec.memory`, `corps.engine.exec.recompute`).
+(`corps.engine.exec.memory`, `corps.engine.exec.restorer`).
 
 Successors: after a step that ended a latency-critical call, the loop lets the
 event loop run a few turns (bounded in turns, never in time) before the next

@@ -90,7 +90,7 @@ class CallEnd(_Event):
     reused: int = 0  # cached tokens attended to without re-encoding
     repaired: int = 0  # rewired context tokens recomputed in its context (encoded, not reused)
     # the repair policy it ran under: it recomputed `repaired` tokens, or (0) it read a
-    # context another call had repaired alike (`corps.engine.exec.repair_rows`)
+    # context another call had repaired alike (`corps.engine.exec.repairs`)
     repair: str | None = None
     generated: int = 0
     ttft_s: float | None = None

@@ -23,7 +23,7 @@ from corps.engine.exec.call import Call, CallPlan
 from corps.engine.exec.counts import Counts
 from corps.engine.exec.memory import Memory, Victims
 from corps.engine.exec.planner import Planner
-from corps.engine.exec.repair_rows import Repairs
+from corps.engine.exec.repairs import Repairs
 from corps.engine.repair import parse_repair
 
 

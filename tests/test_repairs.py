@@ -1,4 +1,4 @@
-"""engine/exec/repair_rows.py: a call's repair recomputes rewired context tokens in its
+"""engine/exec/repairs.py: a call's repair recomputes rewired context tokens in its
 own context, as transformers computes them there, and touches nothing else."""
 
 from __future__ import annotations
