@@ -47,6 +47,7 @@ EXPORTS = {
         "EngineStats",
         "FetchError",
         "InvalidConstraint",
+        "JSON_LAYOUT",
         "ModelNotFound",
         "NonFiniteLogits",
         "Pending",
