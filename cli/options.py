@@ -24,6 +24,14 @@ RepairOpt = Annotated[
         "agent from audits; auto:P starts new agents at rung P) (docs/fidelity.md)."
     ),
 ]
+RepairBoundOpt = Annotated[
+    bool,
+    typer.Option(
+        "--repair-bound/--no-repair-bound",
+        help="Cap every repair at what the baseline would encode of its call's context "
+        "(the default; docs/fidelity.md), or let policies recompute what they choose.",
+    ),
+]
 DecisionRepairOpt = Annotated[
     str | None,
     typer.Option(

@@ -25,6 +25,7 @@ from corps.cli.options import (
     AuditBudgetOpt,
     AuditOpt,
     DecisionRepairOpt,
+    RepairBoundOpt,
     RepairOpt,
     repair_fields,
 )
@@ -130,6 +131,7 @@ def run(
     compile_gemms: CompileGemmsOpt = "library",
     repair: RepairOpt = None,
     decision_repair: DecisionRepairOpt = None,
+    repair_bound: RepairBoundOpt = True,
     audit: AuditOpt = 0,
     audit_budget: AuditBudgetOpt = 0.05,
     live: Annotated[
@@ -195,6 +197,7 @@ def run(
             compile=compile,
             compile_gemms=compile_gemms,
             **repair_fields(repair, decision_repair),
+            repair_bound=repair_bound,
             audit=audit,
             audit_budget=audit_budget,
         )

@@ -282,3 +282,16 @@ def test_run_says_how_many_tokens_a_repair_recomputed(tiny_dirs):
     result = run_cli(tiny_dirs, *args, "--decision-repair", "none")
     assert result.exit_code == 0, result.output
     assert "recomputed rewired context" not in result.output
+
+
+def test_run_says_what_the_baseline_bound_cut_and_lifts_it_when_asked(tiny_dirs):
+    """Full repairs of the voters: capped at what the baseline would encode, the
+    summary says how many tokens the cap cut; with --no-repair-bound nothing is cut."""
+    args = ["tree-of-thoughts", "--set", "branches=3", "--set", "voters=2", "--set",
+            "max_tokens=4", "--set", "vote_tokens=2", "--decision-repair", "full"]  # fmt: skip
+    capped = run_cli(tiny_dirs, *args)
+    assert capped.exit_code == 0, capped.output
+    assert "more cut: the baseline would not encode them" in " ".join(capped.output.split())
+    free = run_cli(tiny_dirs, *args, "--no-repair-bound")
+    assert free.exit_code == 0, free.output
+    assert "recomputed rewired context" in free.output and "cut" not in free.output
