@@ -66,7 +66,7 @@ class BaselineWork:
     def bound(self, call: Work) -> int:
         """At most how many context tokens `call` may recompute."""
         if not call.decode:
-            miss, _, _ = self._miss(call.parents, (), call.salt)
+            miss, _, _ = self._miss(self._context(call.parents), call.parents, (), call.salt)
             return _spendable(min(miss, self.credit))
         saving = self.saving(call)
         return _spendable(min(saving, self.credit + saving))
@@ -77,8 +77,9 @@ class BaselineWork:
         self.credit -= repaired
         if not call.decode:
             return
-        self.credit += self.saving(call)
-        self.read(call.parents, call.header, call.salt)
+        ctx = self._context(call.parents)  # built once for the saving and the insert
+        self.credit += self._saving(ctx, call)
+        self._insert(ctx + list(call.header), call.salt)
         self.seen.update(p for p in call.parents if self.table.get(p).kind == "prefill")
         if len(self.seen) > 2 * self.table.records + 64:  # forget forgotten messages
             self.seen = {i for i in self.seen if self.table.find(i) is not None}
@@ -89,12 +90,17 @@ class BaselineWork:
         tokens read here first, the header tokens the baseline finds cached, and what
         choreography encodes that the baseline encodes only where it is read again
         (the last sampled token and the closing footer, `extra`)."""
-        miss, first, header_hit = self._miss(call.parents, call.header, call.salt)
+        return self._saving(self._context(call.parents), call)
+
+    def _saving(self, ctx: list[int], call: Work) -> int:
+        miss, first, header_hit = self._miss(ctx, call.parents, call.header, call.salt)
         return miss - first - header_hit - call.extra
 
     def read(self, parents: Sequence[int], tail: Sequence[int], salt: str | None) -> None:
         """The baseline's cache holds `parents` then `tail` (a decode's prompt and reply)."""
-        tokens = self._context(parents) + list(tail)
+        self._insert(self._context(parents) + list(tail), salt)
+
+    def _insert(self, tokens: list[int], salt: str | None) -> None:
         self.shadow.insert(tokens, [-1] * len(tokens), salt=salt)
         over = self.shadow.size - self.capacity
         if over > 0:  # least recently used first, as the baseline's cache gives room
@@ -104,12 +110,11 @@ class BaselineWork:
         return self.sink + [t for p in parents for t in self.table.get(p).tokens]
 
     def _miss(
-        self, parents: Sequence[int], header: Sequence[int], salt: str | None
+        self, ctx: list[int], parents: Sequence[int], header: Sequence[int], salt: str | None
     ) -> tuple[int, int, int]:
-        """Of a prompt (the context, then `header`) against the shadow's longest prefix:
-        the context tokens past it; of them, the tokens of prefilled messages no decode
-        read yet; and the header tokens within it."""
-        ctx = self._context(parents)
+        """Of a prompt (`ctx`, the context of `parents`, then `header`) against the
+        shadow's longest prefix: the context tokens past it; of them, the tokens of
+        prefilled messages no decode read yet; and the header tokens within it."""
         hit = self.shadow.peek(ctx + list(header), salt)
         at, first = len(self.sink), 0
         for pid in parents:

@@ -43,8 +43,7 @@ class Finisher:
         c.text = self.sampler.text(tokens[c.plan.frame_len :], c.plan.sampling)
         tokens += c.closed
         if self.prefixes is not None:  # its last generated token(s) were never encoded
-            encoded = len(c.generated) - 1 - len(c.jumped)
-            self.prefixes.cache(c, c.plan.prefix + c.generated[:encoded])
+            self.prefixes.cache(c, c.plan.prefix + encoded_reply(c))
             return self._register(c, tokens, [])
         return self._register(c, tokens, c.slots)
 
@@ -52,6 +51,12 @@ class Finisher:
         handle = register(self.table, c, tokens, slots, reused_encodings=self.choreographed)
         self.memory.unpin_call(c)
         return handle
+
+
+def encoded_reply(c: Call) -> list[int]:
+    """The tokens a baseline decode ran through the model of those it generated: its
+    last token (and the tokens jumped after it) never were."""
+    return c.generated[: max(0, len(c.generated) - 1 - len(c.jumped))]
 
 
 def open_sink(

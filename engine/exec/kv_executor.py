@@ -33,7 +33,7 @@ from corps.engine.exec.baseline_work import BaselineWork, Work
 from corps.engine.exec.call import Call
 from corps.engine.exec.counts import Counts
 from corps.engine.exec.figures import engine_stats
-from corps.engine.exec.finish import Finisher, open_sink
+from corps.engine.exec.finish import Finisher, encoded_reply, open_sink
 from corps.engine.exec.grammars import Grammars
 from corps.engine.exec.memory import Memory, Victims, scratch_arena
 from corps.engine.exec.planner import Planner
@@ -301,6 +301,5 @@ def work_of(c: Call) -> Work:
 
 
 def cached_reply(c: Call) -> list[int]:
-    """A decode's header and reply as the baseline's cache holds them: its last token
-    (and tokens jumped after it) never encoded (`Finisher._decode`)."""
-    return c.feed + c.generated[: max(0, len(c.generated) - 1 - len(c.jumped))]
+    """A decode's header and reply as the baseline's cache would hold them."""
+    return c.feed + encoded_reply(c)
