@@ -79,6 +79,8 @@ BAD_SCHEMA = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"ty
         ({"messages": new_then({"role": "user", "content": "q"}), "max_tokens": 10**6}, 400),
         ({"messages": new_then({"role": "user", "content": "q"}), "response_format": BAD_SCHEMA},
          400),
+        ({"messages": new_then({"role": "user", "content": "q"}), "response_format": BAD_SCHEMA,
+          "tools": [{"type": "function", "function": {"name": "f"}}]}, 400),
         ({"messages": new_then({"role": "user", "corps_message_id": "msg_" + "a" * 32})}, 404),
         ({"messages": new_then({"role": "assistant", "tool_calls": [
             {"id": "c1", "type": "function", "function": {"name": "f" * 65, "arguments": "{"}}]})},

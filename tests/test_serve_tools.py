@@ -332,6 +332,19 @@ def test_tools_with_a_response_format_reply_a_call_or_json_of_the_schema(client,
     assert kinds == {"calls", "content"}
 
 
+def test_tools_with_a_schema_streamed_with_n_choices_equal_the_unstreamed(client):
+    """A schema beside tools, seeded, n=3: each streamed choice rebuilds the unstreamed
+    one (its calls or its JSON content), and every content parses as the schema."""
+    kw = dict(model="m", messages=messages("q"), tools=[WEATHER, CLOCK], response_format=TYPED,
+              max_tokens=60, temperature=1.0, seed=5, n=3)  # fmt: skip
+    whole = client.chat.completions.create(**kw)
+    final = streamed(client, **kw)
+    for a, b in zip(whole.choices, final.choices, strict=True):
+        assert (a.message.content, calls_of(a.message)) == (b.message.content, calls_of(b.message))
+        if a.message.content and a.finish_reason != "length":
+            jsonschema.validate(json.loads(a.message.content), VERDICT)
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_call_the_server_cut_is_accepted_back_in_the_history(client, stream):
     """The Agents SDK's second turn after a cut call: the assistant message with the
