@@ -32,6 +32,7 @@ OtelProtocol = Literal["http/protobuf", "grpc"]
 PolicyName = Literal["fcfs", "workflow", "objective"]
 CompileGemms = Literal["library", "autotune"]
 Graphs = Literal["auto", "capture", "static", "off"]
+WeightFormat = Literal["auto", "dense", "gguf", "int8", "int4"]
 
 #: Engine modes: choreography, the prefix-cached baseline, and transformers `generate`.
 MODES: tuple[str, ...] = get_args(Mode)
@@ -47,6 +48,10 @@ CONTEXTS: tuple[str, ...] = get_args(Contexts)
 ATTENTION_BACKENDS: tuple[str, ...] = get_args(Attention)
 #: How decode-only steps run (`corps.engine.model.static_decode`).
 GRAPHS: tuple[str, ...] = get_args(Graphs)
+#: How projections hold their weights (`corps.engine.model.weights.WEIGHT_FORMATS`):
+#: "auto" runs a GGUF model's own 4- and 8-bit blocks (the embedded default) and
+#: keeps any other model dense; "dense" de-quantizes; "int8" / "int4" quantize on load.
+WEIGHT_FORMATS: tuple[str, ...] = get_args(WeightFormat)
 
 DEFAULT_MODEL = "smollm2-135m"
 DEFAULT_DTYPE = "auto"
@@ -123,6 +128,13 @@ class EngineConfig(BaseModel):
       `$CORPS_HOME/kernels`; within 16-bit rounding of float32), "mixed" (16-bit
       weights by a fixed rule), "float32" (exact against transformers),
       "bfloat16" or "float16".
+    - `weights`: how projections hold their weights. "auto" (default): a model whose
+      directory holds its GGUF (the embedded default) runs the file's own 4- and
+      8-bit blocks through torch's packed int4 kernel (bfloat16 products, see
+      `corps.engine.model.quantized`); any other model stays dense. "dense": the
+      de-quantized path, exact against transformers in float32. "gguf": the file's
+      blocks, or a typed error without one. "int8" (CPU) / "int4": any model
+      quantized on load, round to nearest (int8 per channel, int4 per group of 32).
     - `device`: "cpu" or "cuda[:N]".
     - `attention`: the attention backend; None picks by device (torch on CPU,
       triton+flex on CUDA with Triton). Default from `CORPS_ATTENTION`.
@@ -242,6 +254,7 @@ class EngineConfig(BaseModel):
     model: str = DEFAULT_MODEL
     mode: Mode = "choreographed"
     dtype: Dtype = DEFAULT_DTYPE
+    weights: WeightFormat = "auto"
     device: str = "cpu"
     attention: Attention | None = Field(default_factory=_env_attention)
     contexts: Contexts = Field(default_factory=_env_contexts)
@@ -279,6 +292,7 @@ class EngineConfig(BaseModel):
         "contexts",
         "mode",
         "dtype",
+        "weights",
         "leak_policy",
         "otel_protocol",
         "policy",
@@ -377,6 +391,18 @@ class EngineConfig(BaseModel):
                 "decode step: set compile=True too (--compile)",
                 ("compile_gemms",),
             )
+        if self.weights == "int8" and not self.device.startswith("cpu"):
+            raise BadConfig(
+                f"weights='int8' runs torch's int8 CPU kernel: not on device={self.device!r} "
+                "(use weights='int4' on CUDA)",
+                ("weights",),
+            )
+        if self.weights in ("gguf", "int8", "int4") and self.mode == "hf":
+            raise BadConfig(
+                f"weights={self.weights!r} runs our forward: not for mode='hf', which runs "
+                "transformers on dense weights",
+                ("weights",),
+            )
         if self.graphs == "capture" and not self.device.startswith("cuda"):
             raise BadConfig(
                 f"graphs='capture' records CUDA graphs: not on device={self.device!r} "
@@ -418,6 +444,7 @@ _ALLOWED = {
     "attention": ATTENTION_BACKENDS,
     "leak_policy": LEAK_POLICIES,
     "graphs": GRAPHS,
+    "weights": WEIGHT_FORMATS,
 }
 _FIELDS = tuple(EngineConfig.model_fields)
 

@@ -6,6 +6,7 @@ from corps.cache.errors import CorpsError, InvalidRequest
 
 __all__ = [
     "BadAdapter",
+    "BadWeights",
     "CallCancelled",
     "ConstraintViolated",
     "CorpsError",
@@ -23,6 +24,12 @@ __all__ = [
 class BadAdapter(InvalidRequest):
     """A LoRA adapter directory that is missing, not in PEFT's format, or made for
     another model (its modules or shapes do not match)."""
+
+
+class BadWeights(CorpsError):
+    """A weight file corps cannot read as it is: truncated or not a GGUF, a tensor
+    missing, of a block type nothing decodes, or of a shape the model's config does
+    not give. The message names the file and the tensor; nothing is loaded."""
 
 
 class ModelNotFound(CorpsError):

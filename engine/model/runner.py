@@ -129,7 +129,7 @@ class ModelRunner:
         writes its unrotated K/V to the store at `slots` (T,) and attends through
         `attend(layer, q, k_rot, v) -> (T, Hq, D)`. The last hidden states (T, E)."""
         spec, w = self.spec, self.w
-        x = w.embed[ids].to(w.dtype)  # (T, E)
+        x = w.embedding(ids)  # (T, E)
         cos = w.rope.cos[positions].unsqueeze(1)  # (T, 1, D)
         sin = w.rope.sin[positions].unsqueeze(1)  # (T, 1, D)
         for i, lw in enumerate(w.layers):
@@ -211,7 +211,7 @@ class ModelRunner:
         if w.lora is not None:
             w.lora.set(None, len(ids_t))
         cos, sin = w.rope.cos[pos_t].unsqueeze(1), w.rope.sin[pos_t].unsqueeze(1)
-        return w.embed[ids_t].to(w.dtype), cos, sin, bounds
+        return w.embedding(ids_t), cos, sin, bounds
 
     def _probe_qkv(self, lw, x: Tensor, cos: Tensor, sin: Tensor):
         """A probe's q, rotated k, k and v of layer `lw` for its rows `x` (R, E)."""
