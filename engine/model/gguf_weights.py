@@ -105,6 +105,7 @@ class GgufWeights:
         t = self._tensor(name)
         kind = t.tensor_type.name
         if kind not in (*INT4, "Q8_0"):
+            self._decodable(t)
             return None
         k, n = (int(x) for x in t.shape)  # ggml order: (K, N)
         per_block = 18 if kind == "Q4_0" else 20 if kind == "Q4_1" else 34
@@ -130,16 +131,24 @@ class GgufWeights:
         import gguf
 
         t = self._tensor(name)
-        try:
-            w = gguf.quants.dequantize(t.data, t.tensor_type)
-        except (NotImplementedError, ValueError) as exc:
-            raise BadWeights(
-                f"{self.path}: tensor {name} is of block type {t.tensor_type.name}, which "
-                f"corps cannot decode; convert the model to Q4_0, Q4_1, Q8_0 or a K-quant"
-            ) from exc
+        self._decodable(t)
+        w = gguf.quants.dequantize(t.data, t.tensor_type)
         w = torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32))
         w = w.reshape(int(t.shape[1]), int(t.shape[0]))
         return w[self._row_order(name, w.shape[0])]
+
+    def _decodable(self, t) -> None:
+        """Refuse a tensor whose blocks nothing decodes (its first block tried)."""
+        import gguf
+
+        try:
+            block = gguf.GGML_QUANT_SIZES[t.tensor_type][1]
+            gguf.quants.dequantize(np.zeros((1, block), dtype=np.uint8), t.tensor_type)
+        except (NotImplementedError, KeyError, ValueError) as exc:
+            raise BadWeights(
+                f"{self.path}: tensor {t.name} is of block type {t.tensor_type.name}, which "
+                f"corps cannot decode; convert the model to Q4_0, Q4_1, Q8_0 or a K-quant"
+            ) from exc
 
     def _tensor(self, name: str):
         t = self.tensors.get(name)

@@ -140,7 +140,7 @@ def load_weights(
     choice: KernelChoice | None = None,
     adapter: str | Path | None = None,
     adapter_copy: bool = True,
-    weights: str = "dense",
+    weights: str = "auto",
 ) -> Weights:
     """Load an HF checkpoint with transformers and keep its tensors in our fused layout.
 
