@@ -222,7 +222,7 @@ def test_a_mix_of_block_types_in_one_projection_is_dequantized(gguf_dirs, tmp_pa
 
 
 def test_gguf_weights_without_a_file_say_what_to_do(gguf_dirs):
-    with pytest.raises(BadWeights, match="holds no GGUF file.*int4"):
+    with pytest.raises(BadWeights, match=r"holds no GGUF file.*int4"):
         load_weights(gguf_dirs["q4_1-dense"], dtype=torch.float32, device="cpu", weights="gguf")
 
 
