@@ -111,8 +111,10 @@ class GgufWeights:
         per_block = 18 if kind == "Q4_0" else 20 if kind == "Q4_1" else 34
         raw = np.asarray(t.data, dtype=np.uint8)
         if k % GROUP or raw.size != n * (k // GROUP) * per_block:
-            raise BadWeights(f"{self.path}: tensor {name} holds {raw.size} bytes, not {kind} "
-                             f"blocks of {n} x {k}; the file is damaged: fetch it again")
+            raise BadWeights(
+                f"{self.path}: tensor {name} holds {raw.size} bytes, not {kind} "
+                f"blocks of {n} x {k}; the file is damaged: fetch it again"
+            )
         blocks = torch.from_numpy(raw.reshape(n, k // GROUP, per_block).copy())
         blocks = blocks[self._row_order(name, n)]
         d = blocks[..., 0:2].contiguous().view(torch.float16)[..., 0].float()  # (N, G)
