@@ -1,4 +1,9 @@
-"""`corps bench vs-llamacpp`: a tree-of-thoughts-shaped workflow, corps against llama.cpp.
+"""`corps bench vs-llamacpp`: one chat stream and a tree-of-thoughts-shaped workflow,
+corps against llama.cpp on the same GGUF.
+
+The chat stream: one user prompt in the chat template, 128 greedy tokens with
+end-of-turn suppressed, timed from the prompt to the last token (prompt included),
+best of the runs: tokens per second.
 
 The workflow: B proposals of 48 tokens, V votes of 16 tokens over all proposals,
 one final solve of 48 tokens over everything; end-of-turn suppressed so every
@@ -33,10 +38,22 @@ from corps.engine.config import DEFAULT_DTYPE
 VOTE = "Vote for the best approach above, by its number."
 SOLVE = "Now solve the problem, following the approach with the most votes."
 PROPOSAL_TOKENS, VOTE_TOKENS, SOLVE_TOKENS = 48, 16, 48
+STREAM_PROMPT = "Write a short story about a robot who learns to paint."
+STREAM_TOKENS = 128
 
 
 class MissingLlamaCpp(RuntimeError):
     """llama-cpp-python is not installed."""
+
+
+class Stream(BaseModel):
+    """One chat stream: tokens per second of each implementation, per run."""
+
+    tokens: int
+    rates: dict[str, list[float]]  # implementation -> tokens/s per run
+
+    def best(self, impl: str) -> float:
+        return max(self.rates[impl])
 
 
 class Cell(BaseModel):
@@ -85,7 +102,12 @@ class LlamaProcess:
 
     def run(self, question: str, branches: int, voters: int) -> float:
         """One workflow run in the child; its wall seconds (measured there)."""
-        self._conn.send((question, branches, voters))
+        self._conn.send(("workflow", question, branches, voters))
+        return self._reply()
+
+    def stream(self, prompt: str, tokens: int) -> float:
+        """One chat stream in the child; its wall seconds (measured there)."""
+        self._conn.send(("stream", prompt, tokens))
         return self._reply()
 
     def close(self) -> None:
@@ -123,11 +145,41 @@ def _serve(conn, gguf: str, model_dir: str, threads: int) -> None:
 
         conn.send((True, None))
         while (job := conn.recv()) is not None:
-            conn.send((True, llama_workflow(llm, render, *job)))
+            kind, *args = job
+            run = llama_workflow if kind == "workflow" else llama_stream
+            conn.send((True, run(llm, render, *args)))
     except Exception as exc:  # the parent raises it
         conn.send((False, repr(exc)))
     finally:
         conn.close()
+
+
+def llama_stream(llm, render, prompt: str, tokens: int) -> float:
+    """One chat stream through llama.cpp from an empty context; wall seconds."""
+    ban = {t: -1e9 for t in (llm.token_eos(), *llm.tokenize(b"<|im_end|>", special=True))}
+    llm.reset()  # no prefix kept from the run before: the prompt is encoded
+    t0 = time.perf_counter()
+    out = llm.create_completion(
+        render([{"role": "user", "content": prompt}]),
+        max_tokens=tokens,
+        temperature=0.0,
+        logit_bias=ban,
+    )
+    wall = time.perf_counter() - t0
+    assert out["usage"]["completion_tokens"] == tokens
+    return wall
+
+
+async def corps_stream(engine, prompt: str, tokens: int) -> float:
+    """The same stream through the Engine API; wall seconds (everything freed after)."""
+    t0 = time.perf_counter()
+    q = await engine.prefill(prompt, role="user")
+    reply = await engine.decode(parents=[q], max_tokens=tokens, temperature=0.0, ignore_eos=True)
+    wall = time.perf_counter() - t0
+    assert len(reply.generated) == tokens
+    engine.free(reply)
+    engine.free(q)
+    return wall
 
 
 def llama_workflow(llm, render, question: str, branches: int, voters: int) -> float:
@@ -190,8 +242,13 @@ async def measure(
     warmup: int = 1,
     threads: int = 2,
     dtype: str = DEFAULT_DTYPE,
-) -> list[Cell]:
-    from contextlib import closing
+    weights: str = "auto",
+    stream_runs: int = 3,
+) -> tuple[Stream | None, list[Cell]]:
+    """The chat stream (`stream_runs` runs, none if 0) and each B x V cell, every
+    implementation interleaved run by run. corps runs its `weights` (and, for the
+    stream, the dense path too unless that is what `weights` is)."""
+    from contextlib import AsyncExitStack, closing
 
     from corps.engine import Engine
     from corps.engine.model.names import gguf_file, resolve_model
@@ -200,29 +257,68 @@ async def measure(
     require_llama_cpp()
     gguf, model_dir = str(gguf_file("smollm2-135m")), str(resolve_model("smollm2-135m"))
     out = []
-    async with (
-        Engine.open("smollm2-135m", mode="choreographed", dtype=dtype) as chor,
-        Engine.open("smollm2-135m", mode="baseline", dtype=dtype) as base,
-    ):
-        with closing(LlamaProcess(gguf, model_dir, threads)) as llama:
-            for b, v in cells:
-                seconds: dict[str, list[float]] = {
-                    "llama.cpp": [],
-                    "choreographed": [],
-                    "baseline": [],
-                }
-                for r in range(warmup + runs):
-                    question = MATH_PROBLEMS[r % len(MATH_PROBLEMS)][0]
-                    got = {
-                        "llama.cpp": llama.run(question, b, v),
-                        "choreographed": await corps_workflow(chor, question, b, v),
-                        "baseline": await corps_workflow(base, question, b, v),
-                    }
-                    if r >= warmup:
-                        for k, s in got.items():
-                            seconds[k].append(s)
-                out.append(Cell(branches=b, voters=v, seconds=seconds))
-    return out
+    async with AsyncExitStack() as stack:
+        opened = {}
+        for name, mode, w in (
+            ("choreographed", "choreographed", weights),
+            ("baseline", "baseline", weights),
+            ("dense", "choreographed", "dense"),
+        ):
+            if name == "dense" and (weights == "dense" or not stream_runs):
+                continue
+            engine = Engine.open("smollm2-135m", mode=mode, dtype=dtype, weights=w)
+            opened[name] = await stack.enter_async_context(engine)
+        llama = stack.enter_context(closing(LlamaProcess(gguf, model_dir, threads)))
+        stream = await _stream(llama, opened, stream_runs, warmup) if stream_runs else None
+        for b, v in cells:
+            seconds: dict[str, list[float]] = {"llama.cpp": [], "choreographed": [], "baseline": []}
+            for r in range(warmup + runs):
+                question = MATH_PROBLEMS[r % len(MATH_PROBLEMS)][0]
+                got = {"llama.cpp": llama.run(question, b, v)}
+                for mode in ("choreographed", "baseline"):
+                    got[mode] = await corps_workflow(opened[mode], question, b, v)
+                if r >= warmup:
+                    for k, sec in got.items():
+                        seconds[k].append(sec)
+            out.append(Cell(branches=b, voters=v, seconds=seconds))
+    return stream, out
+
+
+async def _stream(llama: LlamaProcess, engines: dict, runs: int, warmup: int) -> Stream:
+    """The chat stream through llama.cpp and each corps engine, interleaved."""
+    impls = ["llama.cpp", "corps"] + (["corps dense"] if "dense" in engines else [])
+    rates: dict[str, list[float]] = {k: [] for k in impls}
+    n = STREAM_TOKENS
+    for r in range(warmup + runs):
+        got = {
+            "llama.cpp": llama.stream(STREAM_PROMPT, n),
+            "corps": await corps_stream(engines["choreographed"], STREAM_PROMPT, n),
+        }
+        if "dense" in engines:
+            got["corps dense"] = await corps_stream(engines["dense"], STREAM_PROMPT, n)
+        if r >= warmup:
+            for k, sec in got.items():
+                rates[k].append(n / sec)
+    return Stream(tokens=n, rates=rates)
+
+
+def stream_table(stream: Stream, weights: str) -> Any:
+    from rich.table import Table
+
+    t = Table(
+        title=f"one chat stream ({stream.tokens} greedy tokens, prompt included), tokens/s, "
+        f"best of {len(stream.rates['llama.cpp'])} runs"
+    )
+    for col in ("implementation", "tokens/s", "/ llama.cpp"):
+        t.add_column(col, justify="right")
+    base = stream.best("llama.cpp")
+    for impl in stream.rates:
+        label = {"corps": f"corps (weights={weights})", "corps dense": "corps (weights=dense)"}
+        ratio = stream.best(impl) / base
+        style = "green" if ratio >= 1 else "red"
+        t.add_row(label.get(impl, "llama.cpp (its GGUF)"), f"{stream.best(impl):.1f}",
+                  f"[{style}]{ratio:.2f}x[/]")  # fmt: skip
+    return t
 
 
 def table(cells: list[Cell], dtype: str = DEFAULT_DTYPE) -> Any:

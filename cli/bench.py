@@ -16,6 +16,7 @@ from corps.cli.options import (
     DtypeOpt,
     ModelOpt,
     RepairOpt,
+    WeightsOpt,
     dtype_option,
     err,
     fail,
@@ -699,8 +700,13 @@ def bench_vs_llamacpp(
     warmup: Annotated[int, typer.Option(min=0)] = 1,
     threads: Annotated[int, typer.Option(min=1, help="llama.cpp threads.")] = 2,
     dtype: DtypeOpt = DEFAULT_DTYPE,
+    weights: WeightsOpt = "auto",
+    stream_runs: Annotated[
+        int, typer.Option(min=0, help="Runs of the one-chat-stream comparison (0: skip it).")
+    ] = 3,
 ) -> None:
-    """A tree-of-thoughts-shaped workflow: llama.cpp (its GGUF) vs corps, interleaved."""
+    """One chat stream and a tree-of-thoughts-shaped workflow: llama.cpp (its GGUF) vs
+    corps on the same file, interleaved run by run."""
     from corps.bench import llamacpp as bl
 
     try:
@@ -709,11 +715,21 @@ def bench_vs_llamacpp(
     except (ValueError, AssertionError):
         _bad(f"--cells takes BxV pairs like 4x4,8x8, got {cells!r}")
     try:
-        result = _run_bench(
-            lambda: bl.measure(shape, runs=runs, warmup=warmup, threads=threads, dtype=dtype)
+        stream, result = _run_bench(
+            lambda: bl.measure(
+                shape,
+                runs=runs,
+                warmup=warmup,
+                threads=threads,
+                dtype=dtype,
+                weights=weights,
+                stream_runs=stream_runs,
+            )
         )
     except bl.MissingLlamaCpp as exc:
         _bad(str(exc))
+    if stream is not None:
+        Console().print(bl.stream_table(stream, weights))
     Console().print(bl.table(result, dtype))
 
 

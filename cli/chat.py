@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from corps.cache.errors import CorpsError
-from corps.cli.options import DeviceOpt, DtypeOpt, ModelOpt, err, fail
+from corps.cli.options import DeviceOpt, DtypeOpt, ModelOpt, WeightsOpt, err, fail
 from corps.cli.options import bad as _bad
 from corps.cli.run import CompileGemmsOpt, CompileOpt
 from corps.engine.config import DEFAULT_DTYPE, BadConfig, EngineConfig
@@ -26,6 +26,7 @@ def chat(
     seed: Annotated[int | None, typer.Option(help="Seed for reproducible sampling.")] = None,
     mode: Annotated[str, typer.Option(help="choreographed, baseline or hf.")] = "choreographed",
     dtype: DtypeOpt = DEFAULT_DTYPE,
+    weights: WeightsOpt = "auto",
     device: DeviceOpt = "cpu",
     adapter: Annotated[
         Path | None, typer.Option(help="A LoRA adapter directory (PEFT format) to serve with.")
@@ -41,6 +42,7 @@ def chat(
             model,
             mode=mode,
             dtype=dtype,
+            weights=weights,
             device=device,
             adapter=adapter,
             compile=compile,

@@ -87,6 +87,25 @@ def dtype_option(value: str) -> str:
         raise typer.BadParameter(str(exc)) from None
 
 
+def weights_option(value: str) -> str:
+    """Checked by the engine's config, before anything loads."""
+    try:
+        return EngineConfig.of(weights=value).weights
+    except CorpsError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+WeightsOpt = Annotated[
+    str,
+    typer.Option(
+        help="How projections hold their weights: auto (default: a GGUF model, as the "
+        "embedded default, runs its own 4- and 8-bit blocks; others stay dense), dense "
+        "(de-quantized, exact against transformers in float32), gguf, int8 (CPU) or int4 "
+        "(quantized on load).",
+        callback=weights_option,
+    ),
+]
+
 DtypeOpt = Annotated[
     str,
     typer.Option(

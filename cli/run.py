@@ -27,6 +27,7 @@ from corps.cli.options import (
     DecisionRepairOpt,
     RepairBoundOpt,
     RepairOpt,
+    WeightsOpt,
     repair_fields,
 )
 from corps.cli.scenario import ScenarioError, Target, parse_sets, resolve
@@ -104,6 +105,7 @@ def run(
     dtype: Annotated[
         str, typer.Option(help="auto (default), mixed, float32, bfloat16 or float16.")
     ] = DEFAULT_DTYPE,
+    weights: WeightsOpt = "auto",
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
     policy: Annotated[
         str,
@@ -188,6 +190,7 @@ def run(
             model or tgt.model or DEFAULT_MODEL,
             mode=mode or tgt.mode or "choreographed",
             dtype=dtype,
+            weights=weights,
             device=device,
             leak_policy=leak_policy,
             trace=trace,
@@ -308,7 +311,10 @@ async def _session(
     if live:
         from corps.cli.live import LiveView
 
-        loading = f"loading {config.model} ({config.mode}, dtype {config.dtype})…"
+        loading = (
+            f"loading {config.model} ({config.mode}, dtype {config.dtype}, "
+            f"weights {config.weights})…"
+        )
         view = LiveView(out, headline, status=loading)
     outcome: list[Any] = []
     engine = audits = None

@@ -8,7 +8,15 @@ from typing import Annotated
 import typer
 
 from corps.cache.errors import CorpsError
-from corps.cli.options import AuditBudgetOpt, AuditOpt, DeviceOpt, DtypeOpt, ModelOpt, RepairOpt
+from corps.cli.options import (
+    AuditBudgetOpt,
+    AuditOpt,
+    DeviceOpt,
+    DtypeOpt,
+    ModelOpt,
+    RepairOpt,
+    WeightsOpt,
+)
 from corps.cli.options import bad as _bad
 from corps.engine.config import DEFAULT_DTYPE, EngineConfig
 
@@ -23,6 +31,7 @@ def serve(
         "choreographed"
     ),
     dtype: DtypeOpt = DEFAULT_DTYPE,
+    weights: WeightsOpt = "auto",
     device: DeviceOpt = "cpu",
     policy: Annotated[str, typer.Option(help="fcfs (default), workflow or objective.")] = "fcfs",
     leak_policy: Annotated[str, typer.Option(help="allow, warn, deny or reencode.")] = "warn",
@@ -84,7 +93,7 @@ def serve(
 
     try:
         cfg = EngineConfig.of(
-            model, mode=mode, dtype=dtype, device=device, policy=policy,
+            model, mode=mode, dtype=dtype, weights=weights, device=device, policy=policy,
             leak_policy=leak_policy, trace=trace, otel=otel_endpoint, repair=repair, audit=audit,
             audit_budget=audit_budget,
         )  # fmt: skip

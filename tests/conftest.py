@@ -108,7 +108,8 @@ def real_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def real_engine(real_dir) -> Engine:
-    return Engine.load(str(real_dir), capacity=8192, dtype="float32")  # exact vs transformers
+    # float32 and dense weights: exact against transformers
+    return Engine.load(str(real_dir), capacity=8192, dtype="float32", weights="dense")
 
 
 @pytest.fixture(scope="session")

@@ -46,7 +46,12 @@ def test_install_is_atomic_and_a_finished_copy_wins(tmp_path, monkeypatch):
     monkeypatch.setenv("CORPS_HOME", str(tmp_path))
     fake = models.EmbeddedModel("fake", "", "fake==1", "x.gguf")
     monkeypatch.setitem(models.EMBEDDED, "fake", fake)
-    monkeypatch.setattr(models, "_fetch_gguf", lambda model, work: work / "x.gguf")
+
+    def fetch(model, work):
+        (work / "x.gguf").write_bytes(b"GGUF")
+        return work / "x.gguf"
+
+    monkeypatch.setattr(models, "_fetch_gguf", fetch)
     calls = []
 
     def convert(gguf, out):
@@ -57,8 +62,30 @@ def test_install_is_atomic_and_a_finished_copy_wins(tmp_path, monkeypatch):
     monkeypatch.setattr(models, "convert_gguf", convert)
     target = models.resolve_model("fake")
     assert json.loads((target / "config.json").read_text()) == {"n": 0}
+    assert (target / models.GGUF_NAME).read_bytes() == b"GGUF"  # the file's own blocks kept
     # a second process that converted concurrently loses the rename and keeps the first copy
     models._install_embedded(fake, target, models.Console())
     assert json.loads((target / "config.json").read_text()) == {"n": 0}
     assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["fake"]
     assert [p.name for p in models.cached_models()] == ["fake"]
+
+
+def test_a_directory_converted_before_ggufs_were_kept_gets_its_file(tmp_path, monkeypatch):
+    """A cache from an older corps holds the dense conversion only: the next resolve
+    places the GGUF beside it (whole or not at all), without converting again."""
+    monkeypatch.setenv("CORPS_HOME", str(tmp_path))
+    fake = models.EmbeddedModel("fake", "", "fake==1", "x.gguf")
+    monkeypatch.setitem(models.EMBEDDED, "fake", fake)
+
+    def fetch(model, work):
+        (work / "x.gguf").write_bytes(b"GGUF file")
+        return work / "x.gguf"
+
+    monkeypatch.setattr(models, "_fetch_gguf", fetch)
+    monkeypatch.setattr(models, "convert_gguf", lambda *a: pytest.fail("converted again"))
+    old = tmp_path / "models" / "fake"
+    old.mkdir(parents=True)
+    (old / "config.json").write_text("{}")
+    assert models.resolve_model("fake") == old
+    assert (old / models.GGUF_NAME).read_bytes() == b"GGUF file"
+    assert not [p for p in old.iterdir() if p.name.endswith(".part")]
