@@ -244,10 +244,12 @@ async def measure(
     dtype: str = DEFAULT_DTYPE,
     weights: str = "auto",
     stream_runs: int = 3,
+    compile: bool = False,
 ) -> tuple[Stream | None, list[Cell]]:
     """The chat stream (`stream_runs` runs, none if 0) and each B x V cell, every
     implementation interleaved run by run. corps runs its `weights` (and, for the
-    stream, the dense path too unless that is what `weights` is)."""
+    stream, the dense path too unless that is what `weights` is); `compile`: corps'
+    lone one-row decode steps through a captured graph (`EngineConfig.compile`)."""
     from contextlib import AsyncExitStack, closing
 
     from corps.engine import Engine
@@ -266,7 +268,9 @@ async def measure(
         ):
             if name == "dense" and (weights == "dense" or not stream_runs):
                 continue
-            engine = Engine.open("smollm2-135m", mode=mode, dtype=dtype, weights=w)
+            if name == "baseline" and not cells:
+                continue
+            engine = Engine.open("smollm2-135m", mode=mode, dtype=dtype, weights=w, compile=compile)
             opened[name] = await stack.enter_async_context(engine)
         llama = stack.enter_context(closing(LlamaProcess(gguf, model_dir, threads)))
         stream = await _stream(llama, opened, stream_runs, warmup) if stream_runs else None

@@ -704,6 +704,9 @@ def bench_vs_llamacpp(
     stream_runs: Annotated[
         int, typer.Option(min=0, help="Runs of the one-chat-stream comparison (0: skip it).")
     ] = 3,
+    compile: Annotated[
+        bool, typer.Option(help="corps with its one-row decode step captured (compile=True).")
+    ] = False,
 ) -> None:
     """One chat stream and a tree-of-thoughts-shaped workflow: llama.cpp (its GGUF) vs
     corps on the same file, interleaved run by run."""
@@ -711,7 +714,7 @@ def bench_vs_llamacpp(
 
     try:
         shape = [tuple(int(x) for x in c.lower().split("x")) for c in cells.split(",") if c]
-        assert shape and all(len(c) == 2 and min(c) >= 1 for c in shape)
+        assert (shape or stream_runs) and all(len(c) == 2 and min(c) >= 1 for c in shape)
     except (ValueError, AssertionError):
         _bad(f"--cells takes BxV pairs like 4x4,8x8, got {cells!r}")
     try:
@@ -724,13 +727,15 @@ def bench_vs_llamacpp(
                 dtype=dtype,
                 weights=weights,
                 stream_runs=stream_runs,
+                compile=compile,
             )
         )
     except bl.MissingLlamaCpp as exc:
         _bad(str(exc))
     if stream is not None:
         Console().print(bl.stream_table(stream, weights))
-    Console().print(bl.table(result, dtype))
+    if result:
+        Console().print(bl.table(result, dtype))
 
 
 @bench_app.command("kernels")

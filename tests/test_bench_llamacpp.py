@@ -42,3 +42,28 @@ def test_the_llama_process_reports_a_child_failure_and_exits(tmp_path):
     bad model file) is raised in the parent with its cause, and the child is gone."""
     with pytest.raises(RuntimeError, match=r"llama\.cpp failed: .*"):
         bl.LlamaProcess(str(tmp_path / "missing.gguf"), str(tmp_path), threads=1)
+
+
+async def test_the_corps_stream_decodes_the_fixed_count_and_frees_everything(tiny_dirs):
+    async with open_tiny(tiny_dirs, "llama") as engine:
+        wall = await bl.corps_stream(engine, "Tell me a story.", 12)
+        assert wall > 0 and engine.stats().messages == 0
+
+
+def test_the_stream_table_names_each_format_and_its_ratio():
+    from rich.console import Console
+
+    stream = bl.Stream(
+        tokens=128,
+        rates={"llama.cpp": [100.0, 110.0], "corps": [80.0, 88.0], "corps dense": [50.0, 55.0]},
+    )
+    console = Console(width=120, record=True)
+    console.print(bl.stream_table(stream, "auto"))
+    text = console.export_text()
+    assert "weights=auto" in text and "weights=dense" in text
+    assert "0.80x" in text and "0.50x" in text  # best of runs over llama.cpp's best
+
+
+def test_bad_weights_exit_2():
+    result = CliRunner().invoke(app, ["bench", "vs-llamacpp", "--weights", "int3"])
+    assert result.exit_code == 2 and "weights must be one of" in result.output

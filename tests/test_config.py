@@ -68,6 +68,10 @@ def test_fields_override_a_config_and_keep_the_rest():
         (dict(decision_repair="query:2"), ("decision_repair",), "each part is none, full"),
         (dict(decision_repair=["full"]), ("decision_repair",), "string"),
         (dict(repair="\udcff"), ("repair",), "each part is none, full"),
+        (dict(weights="q4"), ("weights",), "weights must be one of auto, dense, gguf, int8"),
+        (dict(weights=4), ("weights",), "weights must be one of"),
+        (dict(weights="int8", device="cuda"), ("weights",), "int8 CPU kernel.*int4"),
+        (dict(weights="gguf", mode="hf"), ("weights",), "not for mode='hf'"),
     ],
 )
 def test_bad_values_say_which_setting_and_what_it_takes(fields, at_fault, says):
