@@ -91,6 +91,7 @@ class Settings:
     model: str
     dtype: str
     device: str
+    weights: str = "auto"  # EngineConfig.weights of every engine (transformers: dense)
     prompt_tokens: int = 2048
     spans: int = 16
     span_tokens: int = 128
@@ -113,7 +114,7 @@ class Settings:
 
     def engine_kw(self) -> dict[str, Any]:
         """`Engine.open` settings shared by the measured engines."""
-        return dict(dtype=self.dtype, device=self.device, **self.budget_kw())
+        return dict(dtype=self.dtype, device=self.device, weights=self.weights, **self.budget_kw())
 
 
 def sync(device: str) -> None:
@@ -351,7 +352,7 @@ async def workflow_figures(s: Settings) -> list[Figure]:
         report = await measure(
             pattern, params, model=s.model, impls=("baseline", "choreographed"),
             runs=s.runs, dtype=s.dtype, device=s.device, questions=[q for q, _ in MATH_PROBLEMS],
-            engine_kw={"graphs": s.graphs, **s.budget_kw()},
+            engine_kw={"graphs": s.graphs, "weights": s.weights, **s.budget_kw()},
         )  # fmt: skip
         r = report.ratios["baseline/choreographed"]
         for metric, label in (("wall_s", "wall"), ("ttft_s", "mean TTFT")):
@@ -419,7 +420,9 @@ async def memory_figures(s: Settings) -> list[Figure]:
 
     before, out = allocated(s.device), []
     for i in range(s.engines):
-        async with Engine.open(s.model, dtype=s.dtype, device=s.device) as engine:
+        async with Engine.open(
+            s.model, dtype=s.dtype, device=s.device, weights=s.weights
+        ) as engine:
             await _prefill_free(engine, random_ids(engine.tokenizer.vocab_size, 64))
             held = allocated(s.device) - before
         release(s.device)
@@ -490,7 +493,7 @@ async def _measured_engine(s: Settings, section) -> tuple[HFReference, int]:
 
 
 def table(s: Settings, figures: list[Figure]) -> Table:
-    t = Table(title=f"corps on {s.device} ({s.model}, {s.dtype})")
+    t = Table(title=f"corps on {s.device} ({s.model}, {s.dtype}, weights {s.weights})")
     for col in ("section", "figure", "corps", "reference", "corps / reference", "note"):
         t.add_column(col, justify="right" if col in ("corps", "reference") else "left")
     for f in figures:

@@ -787,6 +787,7 @@ def _cpu_kernels(model: str, remeasure: bool) -> None:
 def bench_gpu(
     model: ModelOpt = "dummy:llama-3.2-1b",
     dtype: Annotated[str, typer.Option(help="Weights, activations and KV store.")] = "bfloat16",
+    weights: WeightsOpt = "auto",
     device: Annotated[
         str | None, typer.Option(help="cuda[:N] or cpu (default: cuda when there is one).")
     ] = None,
@@ -851,11 +852,12 @@ def bench_gpu(
         memory_budget = 16.0
     try:
         counts = tuple(int(x) for x in streams.split(",") if x.strip())
-        EngineConfig.of(model, dtype=dtype, device=device, graphs=graphs)
+        EngineConfig.of(model, dtype=dtype, device=device, graphs=graphs, weights=weights)
     except (ValueError, CorpsError) as exc:
         _bad(str(exc))
     settings = bg.Settings(
-        model=model, dtype=dtype, device=device, prompt_tokens=prompt_tokens, spans=spans,
+        model=model, dtype=dtype, weights=weights, device=device, prompt_tokens=prompt_tokens,
+        spans=spans,
         span_tokens=span_tokens, context_tokens=context_tokens, decode_tokens=decode_tokens,
         streams=counts, stream_tokens=stream_tokens, workflows=chosen,
         workflow_tokens=workflow_tokens, runs=runs, repeats=repeats, graphs=graphs,
