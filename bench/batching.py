@@ -69,12 +69,12 @@ class Row:
 
 
 async def _measure(
-    model: str, dtype: str, counts: list[int], tokens: int, rounds: int = 1
+    model: str, dtype: str, counts: list[int], tokens: int, rounds: int = 1, weights: str = "auto"
 ) -> tuple[list[Row], Any]:
     from corps.engine import Engine
 
     rows = [Row(n) for n in counts]
-    async with Engine.open(model, dtype=dtype) as engine:
+    async with Engine.open(model, dtype=dtype, weights=weights) as engine:
         await _streams(engine, 2, 4, True)  # warm up
         for r in range(rounds):
             for row in rows:
@@ -87,14 +87,21 @@ async def _measure(
     return rows, path
 
 
-def main(model: str, dtype: str, counts: list[int], tokens: int, rounds: int = 1) -> None:
+def main(
+    model: str,
+    dtype: str,
+    counts: list[int],
+    tokens: int,
+    rounds: int = 1,
+    weights: str = "auto",
+) -> None:
     from corps.engine.model.weights import torch_dtype
 
-    rows, path = anyio.run(_measure, model, dtype, counts, tokens, rounds)
+    rows, path = anyio.run(_measure, model, dtype, counts, tokens, rounds, weights)
     hf, _ = measure_hf(path, torch_dtype(dtype), tokens, 8, 1)
     base = rows[0]
     table = Table(
-        title=f"batching loop ({model}, {dtype}, {tokens} tokens per stream, "
+        title=f"batching loop ({model}, {dtype}, weights {weights}, {tokens} tokens per stream, "
         f"CPU threads={torch.get_num_threads()}, median of {rounds} round(s))"
     )
     for col in (

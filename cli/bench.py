@@ -126,6 +126,7 @@ def _stream_counts(streams: str, option: str = "--streams") -> list[int]:
 def bench_batching(
     model: ModelOpt = "smollm2-135m",
     dtype: DtypeOpt = DEFAULT_DTYPE,
+    weights: WeightsOpt = "auto",
     streams: Annotated[str, typer.Option(help="Comma-separated stream counts.")] = "1,4,16,64",
     tokens: Annotated[int, typer.Option(min=2, help="Tokens decoded per stream.")] = 32,
     rounds: Annotated[
@@ -140,7 +141,7 @@ def bench_batching(
 
     counts = _stream_counts(streams)
     try:
-        main(model, dtype, counts, tokens, rounds)
+        main(model, dtype, counts, tokens, rounds, weights)
     except CorpsError as exc:
         fail(exc)
 
