@@ -325,13 +325,13 @@ def stream_table(stream: Stream, weights: str) -> Any:
     return t
 
 
-def table(cells: list[Cell], dtype: str = DEFAULT_DTYPE) -> Any:
+def table(cells: list[Cell], dtype: str = DEFAULT_DTYPE, weights: str = "auto") -> Any:
     from rich.table import Table
 
     t = Table(
         title=f"tree-of-thoughts shape ({PROPOSAL_TOKENS}/{VOTE_TOKENS}/{SOLVE_TOKENS} tokens), "
         f"wall seconds, mean of {len(cells[0].seconds['llama.cpp']) if cells else 0} runs, "
-        f"corps {dtype}"
+        f"corps dtype {dtype}, weights {weights}"
     )
     for col in ("B x V", "llama.cpp (Q4_1)", "corps choreographed", "corps baseline"):
         t.add_column(col, justify="right")

@@ -736,7 +736,7 @@ def bench_vs_llamacpp(
     if stream is not None:
         Console().print(bl.stream_table(stream, weights))
     if result:
-        Console().print(bl.table(result, dtype))
+        Console().print(bl.table(result, dtype, weights))
 
 
 @bench_app.command("kernels")

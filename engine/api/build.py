@@ -16,7 +16,13 @@ from corps.engine.exec.kv_executor import KVExecutor
 from corps.engine.model.adapter_files import check_for_model, read_scope
 from corps.engine.model.names import corps_home, resolve_model
 from corps.engine.model.tuning import KernelChoice, measure, rows_within, weight_format
-from corps.engine.model.weights import load_hf, load_weights, read_spec, torch_dtype
+from corps.engine.model.weights import (
+    load_hf,
+    load_weights,
+    read_spec,
+    torch_dtype,
+    weight_source,
+)
 from corps.engine.repair import parse_repair
 from corps.engine.sched.cost import StepCost
 from corps.engine.sched.policies import LATENCY_SLOWDOWN
@@ -48,7 +54,9 @@ def build_executor(cfg: EngineConfig, console: Console | None = None) -> Executo
         hf = load_hf(path, dtype=dtype, adapter=merged, device=cfg.device).to(cfg.device)
         executor = HFExecutor(hf, tokenizer, spec, model_path=path, precision=cfg.dtype)
     else:
-        mixed, choice = _weight_format(cfg, spec, console)
+        source = weight_source(cfg.weights, path, cfg.adapter)
+        # quantized projections run their own kernel: no dense kernel to time or choose
+        mixed, choice = _weight_format(cfg, spec, console) if source == "dense" else (False, None)
         weights = load_weights(
             path,
             dtype=dtype,
@@ -58,7 +66,7 @@ def build_executor(cfg: EngineConfig, console: Console | None = None) -> Executo
             adapter=cfg.adapter,
             # only choreographed calls read rewired contexts
             adapter_copy=cfg.adapter_copy and cfg.mode == "choreographed",
-            weights=cfg.weights,
+            weights=source,
         )
         if by_free:
             free, _ = torch.cuda.mem_get_info(torch.device(cfg.device))
