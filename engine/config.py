@@ -397,6 +397,12 @@ class EngineConfig(BaseModel):
                 "(use weights='int4' on CUDA)",
                 ("weights",),
             )
+        if self.weights == "gguf" and self.adapter is not None:
+            raise BadConfig(
+                "weights='gguf' runs the file's blocks as they are, and an adapter changes "
+                "them: use weights='dense' (or 'int4' to quantize the adapted weights)",
+                ("weights", "adapter"),
+            )
         if self.weights in ("gguf", "int8", "int4") and self.mode == "hf":
             raise BadConfig(
                 f"weights={self.weights!r} runs our forward: not for mode='hf', which runs "

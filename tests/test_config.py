@@ -139,3 +139,12 @@ def test_step_tokens_default_by_device_and_a_given_value_wins():
     assert EngineConfig.of().step_tokens is None
     assert (step_tokens_for("cpu"), step_tokens_for("cuda:1")) == (512, 4096)
     assert EngineConfig.of(step_tokens=40).step_tokens == 40
+
+
+def test_an_adapter_is_refused_beside_the_files_own_blocks(tmp_path):
+    (tmp_path / "adapter_config.json").write_text('{"peft_type": "LORA"}')
+    (tmp_path / "adapter_model.safetensors").write_text("{}")
+    with pytest.raises(BadConfig, match="an adapter changes them") as info:
+        EngineConfig.of(weights="gguf", adapter=tmp_path)
+    assert info.value.fields == ("weights", "adapter")
+    assert EngineConfig.of(weights="auto", adapter=tmp_path).weights == "auto"  # dense then

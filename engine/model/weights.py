@@ -180,6 +180,11 @@ def weight_source(weights: str, path: str | Path, adapter: str | Path | None = N
     has_file = (Path(path) / GGUF_NAME).is_file()
     if weights == "auto":
         return "gguf" if has_file and adapter is None else "dense"
+    if weights == "gguf" and adapter is not None:
+        raise BadWeights(
+            "weights='gguf' runs the file's blocks as they are, and an adapter changes them: "
+            "use weights='dense' (or 'int4' to quantize the adapted weights)"
+        )
     if weights == "gguf" and not has_file:
         raise BadWeights(
             f"weights='gguf' needs {Path(path) / GGUF_NAME}: this model directory holds no "
