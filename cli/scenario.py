@@ -19,7 +19,7 @@ from corps.cache.errors import InvalidRequest
 from corps.engine.config import Mode
 from corps.patterns import registry
 from corps.patterns.evaluation.scoring import without_references
-from corps.patterns.scripts import BadScript, load_script
+from corps.patterns.scripts import BadScript, load_script, script_params_model
 
 
 class ScenarioError(InvalidRequest):
@@ -61,13 +61,16 @@ class Target:
     sections: dict[str, str] = field(default_factory=dict)  # param -> "params." / "inputs."
 
     def validated(self, params: Mapping[str, Any], where: str = "") -> dict[str, Any]:
-        """`params` validated for a built-in pattern (as given for a Python file). An
-        input line's references for scoring ("answer", "id": `corps eval`) that the
-        pattern does not take are left out."""
-        if not self.builtin:
-            return dict(params)
-        model = registry.params_model(self.fn)
-        params = without_references(params, model.model_fields)
+        """`params` validated against the pattern's signature and type hints (a Python
+        file's `run` too: `script_params_model`), before any model loads. An input
+        line's references for scoring ("answer", "id": `corps eval`) that the
+        workflow does not take are left out."""
+        if self.builtin:
+            model = registry.params_model(self.fn)
+        else:
+            model = script_params_model(self.fn)
+        if model.model_config.get("extra") == "forbid":
+            params = without_references(params, model.model_fields)
         try:
             return dict(model.model_validate(dict(params)))
         except ValidationError as exc:
@@ -138,6 +141,7 @@ def _scenario(path: Path) -> Target:
 def _python(path: Path) -> Target:
     try:
         fn = load_script(path)
+        script_params_model(fn)  # its hints resolve
     except BadScript as exc:
         raise ScenarioError(str(exc)) from None
     return Target(str(path), fn, {}, builtin=False)

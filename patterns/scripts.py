@@ -14,6 +14,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, create_model
+
 from corps.cache.errors import InvalidRequest
 from corps.patterns import registry
 
@@ -39,6 +41,29 @@ def load_script(path: str | Path) -> Callable[..., Awaitable[Any]]:
     if fn is None or not inspect.iscoroutinefunction(fn):
         raise BadScript(f"{path} defines no `async def run(rt, **params)`")
     return fn
+
+
+def script_params_model(fn: Callable[..., Any]) -> type[BaseModel]:
+    """A pydantic model of a workflow file's `run` parameters after the runtime, checked
+    as a built-in pattern's are: each by its type hint (none: any value), defaults
+    kept; unknown keys refused unless `run` takes `**params`. A hint that does not
+    resolve is a `BadScript`."""
+    try:
+        sig = inspect.signature(fn, eval_str=True)
+    except Exception as exc:  # a hint naming what the file does not define
+        raise BadScript(f"{fn.__code__.co_filename}: run's type hints: {exc!r}") from None
+    fields: dict[str, Any] = {}
+    extra = "forbid"
+    for p in list(sig.parameters.values())[1:]:
+        if p.kind is p.VAR_KEYWORD:
+            extra = "allow"
+            continue
+        if p.kind is p.VAR_POSITIONAL:
+            continue
+        hint = Any if p.annotation is p.empty else p.annotation
+        fields[p.name] = (hint, ... if p.default is p.empty else p.default)
+    config = ConfigDict(extra=extra, arbitrary_types_allowed=True)
+    return create_model(f"{fn.__name__}_params", __config__=config, **fields)
 
 
 def load_workflow(name_or_file: str) -> Callable[..., Awaitable[Any]]:

@@ -52,3 +52,48 @@ def test_good_values_pass_and_the_listing_shows_the_defaults():
     assert registry.validate(registry.PATTERNS["map_reduce"], {"fan_in": 2})["fan_in"] == 2
     result = runner.invoke(app, ["scenarios"], terminal_width=200)
     assert result.exit_code == 0 and "branches=8" in result.output
+
+
+REVIEW = """
+async def run(rt, task: str, max_tokens: int = 32, rounds=2):
+    return task
+"""
+
+
+@pytest.mark.parametrize(
+    ("setting", "says"),
+    [
+        ("max_token=32", "unknown parameter 'max_token' (valid: task, max_tokens, rounds)"),
+        ("task=42", "task: Input should be a valid string (got 42)"),
+        ("max_tokens=many", "max_tokens: Input should be a valid integer"),
+    ],
+)
+def test_a_workflow_files_settings_are_checked_by_its_signature_first(tmp_path, setting, says):
+    """A `.py` workflow's `--set` typos and wrong types: one line, exit 2, before the
+    model loads (a missing model would fail otherwise)."""
+    wf = tmp_path / "review.py"
+    wf.write_text(REVIEW)
+    missing = str(tmp_path / "no-model-here")
+    result = runner.invoke(app, ["run", str(wf), "--set", setting, "--model", missing])
+    assert result.exit_code == 2, result.output
+    assert says in " ".join(result.output.split()) and "Traceback" not in result.output
+    assert "no-model-here" not in result.output
+
+
+def test_a_workflow_file_gets_its_defaults_and_any_key_through_kwargs(tmp_path):
+    from corps.cli.scenario import ScenarioError, resolve
+
+    wf = tmp_path / "review.py"
+    wf.write_text(REVIEW)
+    target = resolve(str(wf))
+    got = target.validated({"task": "t", "max_tokens": "7", "answer": "a reference"})
+    assert got == {"task": "t", "max_tokens": 7, "rounds": 2}  # converted, defaults in
+    with pytest.raises(ScenarioError, match="task: Field required"):
+        target.validated({})
+    loose = tmp_path / "loose.py"
+    loose.write_text("async def run(rt, task, **params):\n    return task\n")
+    assert resolve(str(loose)).validated({"task": 1, "other": [2]}) == {"task": 1, "other": [2]}
+    hint = tmp_path / "hint.py"
+    hint.write_text("async def run(rt, task: 'Nope'):\n    return task\n")
+    with pytest.raises(ScenarioError, match=r"run's type hints: NameError"):
+        resolve(str(hint))
