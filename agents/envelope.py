@@ -69,6 +69,13 @@ def check_payload(message: object) -> None:
         )
 
 
+def label(message: Handle | BaseModel) -> str:
+    """A message as errors name it: its id and role, or its payload type; no text."""
+    if isinstance(message, Handle):
+        return f"message {message.id} ({message.role})"
+    return f"{type(message).__name__} payload"
+
+
 def describe(message: Handle | BaseModel) -> str:
     if isinstance(message, Handle):
         return repr(message)

@@ -9,6 +9,11 @@ class AgentError(CorpsError):
     """A handler raised; the agent and message are named, the cause is chained."""
 
 
+class AskTimeout(CorpsError, TimeoutError):
+    """An ask got no reply within its timeout; the agent, the message and the timeout
+    are named, and the handler was cancelled."""
+
+
 class MailboxFull(CorpsError):
     """send_nowait to an agent whose bounded mailbox is full; await send() instead."""
 

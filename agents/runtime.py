@@ -31,8 +31,14 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from pydantic import BaseModel, ConfigDict
 
 from corps.agents.agent import Agent
-from corps.agents.envelope import Envelope, check_payload, current, describe
-from corps.agents.errors import AgentError, AgentStopped, MailboxFull, UnknownAgent
+from corps.agents.envelope import Envelope, check_payload, current, describe, label
+from corps.agents.errors import (
+    AgentError,
+    AgentStopped,
+    AskTimeout,
+    MailboxFull,
+    UnknownAgent,
+)
 from corps.cache.errors import InvalidRequest
 from corps.cache.handle import Handle, bind
 from corps.cache.visibility import Private
@@ -218,13 +224,23 @@ class Runtime:
         """
         envelope = Envelope(msg, sender, True, deltas=deltas, id=next(self._asks))
         self._trace("ask", to, peer=sender, ask=envelope.id, detail=describe(msg))
-        with anyio.fail_after(timeout) if timeout is not None else nullcontext():
-            try:
-                await self._deliver(to, envelope)
-            except BaseException:
-                envelope.cancelled = True
+        try:
+            with anyio.fail_after(timeout) if timeout is not None else nullcontext():
+                try:
+                    await self._deliver(to, envelope)
+                except BaseException:
+                    envelope.cancelled = True
+                    raise
+                return bind(await envelope.wait(), sender)
+        except AskTimeout:  # a nested ask's, already named
+            raise
+        except TimeoutError:
+            if timeout is None:
                 raise
-            return bind(await envelope.wait(), sender)
+            raise AskTimeout(
+                f"ask to agent {to!r} ({label(msg)}) got no reply within {timeout:g} s; "
+                f"its handler was cancelled (raise the timeout, or check the handler)"
+            ) from None
 
     async def send(self, to: str, msg: Handle | BaseModel, *, sender: str | None = None) -> None:
         """Fire and forget; waits while the mailbox is full. Failures go to supervision."""
@@ -332,9 +348,9 @@ class Runtime:
                 break
 
     def _failed(self, actor: _Actor, envelope: Envelope, exc: Exception) -> None:
-        error = AgentError(f"agent {actor.name!r} failed on {describe(envelope.message)}: {exc}")
-        error.__cause__ = exc
         detail = f"{type(exc).__name__}: {exc}"
+        error = AgentError(f"agent {actor.name!r} failed on {label(envelope.message)}: {detail}")
+        error.__cause__ = exc
         if envelope.expects_reply:
             envelope.reply(error=error)
             self._trace(

@@ -118,15 +118,31 @@ DtypeOpt = Annotated[
 DeviceOpt = Annotated[str, typer.Option(help="cpu or cuda.")]
 
 
+def one_line(exc: BaseException) -> str:
+    """An error as one line: an exception group by its first cause (and how many more
+    there were), any exception but corps' own (which say what to do) with its type."""
+    more = 0
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        more += len(exc.exceptions) - 1
+        exc = exc.exceptions[0]
+    text = str(exc) if isinstance(exc, CorpsError) else f"{type(exc).__name__}: {exc}"
+    text = " ".join(text.split())
+    return f"{text} (and {more} more)" if more else text
+
+
+#: said after an error that did not come from bad input
+DEBUG_HINT = "CORPS_DEBUG=1 shows the traceback"
+
+
 def fail(exc: BaseException) -> None:
     """Print a deliberate error in one line (a traceback only with CORPS_DEBUG=1)."""
     if os.environ.get("CORPS_DEBUG"):
         raise exc
-    err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
+    err.print(f"[bold red]error:[/] {escape(one_line(exc))}", highlight=False, soft_wrap=True)
     raise typer.Exit(1)
 
 
 def bad(message: str) -> None:
     """Refuse bad input in one line, before anything loads (exit status 2)."""
-    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)

@@ -17,17 +17,18 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from corps.agents import AgentError
 from corps.cache.errors import CorpsError
 from corps.cache.visibility import LeakWarning
 from corps.cli.audits import audit_table
 from corps.cli.options import (
+    DEBUG_HINT,
     AuditBudgetOpt,
     AuditOpt,
     DecisionRepairOpt,
     RepairBoundOpt,
     RepairOpt,
     WeightsOpt,
+    one_line,
     repair_fields,
 )
 from corps.cli.scenario import ScenarioError, Target, parse_sets, resolve
@@ -58,7 +59,7 @@ CompileGemmsOpt = Annotated[
 
 
 def _exit(message: str, code: int) -> None:
-    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -232,10 +233,10 @@ def run(
                 failed = anyio.run(_many, tgt, checked, config, concurrency, json_out, live)
                 if failed:
                     _exit(f"{failed} of {len(checked)} runs failed (see --json)", 1)
-    except (AgentError, CorpsError) as exc:
+    except Exception as exc:  # the workflow's own code may raise anything
         if os.environ.get("CORPS_DEBUG"):
             raise
-        _exit(f"workflow failed: {exc}", 1)
+        _exit(f"workflow failed: {one_line(exc)} ({DEBUG_HINT})", 1)
 
 
 def _check_worker_flags(workers, lines, json_out, resume, ray_address, gpus) -> None:
@@ -366,7 +367,7 @@ async def _many(
                 async with limiter:
                     try:
                         results[i] = await tgt.fn(rt, **runs[i])
-                    except (AgentError, CorpsError) as exc:
+                    except Exception as exc:  # one run's failure, counted; the rest go on
                         results[i] = exc
                 progress.advance(task)
 
@@ -456,4 +457,4 @@ def _show_many(results: list[Any], tgt: Target) -> None:
     out.print(table)
     for i, r in enumerate(results):
         if isinstance(r, Exception):
-            out.print(f"  run {i + 1} failed: {r}", highlight=False)
+            out.print(f"  run {i + 1} failed: {one_line(r)}", highlight=False)

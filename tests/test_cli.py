@@ -295,3 +295,78 @@ def test_run_says_what_the_baseline_bound_cut_and_lifts_it_when_asked(tiny_dirs)
     free = run_cli(tiny_dirs, *args, "--no-repair-bound")
     assert free.exit_code == 0, free.output
     assert "recomputed rewired context" in free.output and "cut" not in free.output
+
+
+WORKFLOW_ERRORS = {
+    # an agent's own exception: its type kept, the agent named
+    "key": (
+        "from corps.agents import Agent\n"
+        "class Judge(Agent):\n"
+        "    async def handle(self, msg):\n"
+        "        return {}['verdict']\n"
+        "async def run(rt):\n"
+        "    await rt.spawn(Judge, 'judge')\n"
+        "    q = await rt.engine.prefill('hi')\n"
+        "    return await rt.ask('judge', q)\n",
+        "agent 'judge' failed on",
+        "KeyError: 'verdict'",
+    ),
+    # two agents asked in a task group, both failing: the first cause, not the group
+    "group": (
+        "import anyio\n"
+        "from corps.agents import Agent\n"
+        "class Bad(Agent):\n"
+        "    async def handle(self, msg):\n"
+        "        raise ValueError('no verdict')\n"
+        "async def run(rt):\n"
+        "    await rt.spawn(Bad, 'a')\n"
+        "    await rt.spawn(Bad, 'b')\n"
+        "    q = await rt.engine.prefill('hi')\n"
+        "    async with anyio.create_task_group() as tg:\n"
+        "        tg.start_soon(rt.ask, 'a', q)\n"
+        "        tg.start_soon(rt.ask, 'b', q)\n",
+        "ValueError: no verdict",
+        "failed on",
+    ),
+    # an ask past its timeout: the agent, the message and the timeout named
+    "timeout": (
+        "import anyio\n"
+        "from corps.agents import Agent\n"
+        "class Slow(Agent):\n"
+        "    async def handle(self, msg):\n"
+        "        await anyio.sleep_forever()\n"
+        "async def run(rt):\n"
+        "    await rt.spawn(Slow, 'slow')\n"
+        "    q = await rt.engine.prefill('hi')\n"
+        "    return await rt.ask('slow', q, timeout=0.05)\n",
+        "ask to agent 'slow'",
+        "no reply within 0.05 s",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(WORKFLOW_ERRORS))
+def test_a_workflows_error_is_one_line_from_the_real_command(tiny_dirs, tmp_path, case):
+    """`corps run FILE.py` as a user runs it (a subprocess): the error is one line on
+    stderr, exit 1, with the cause's type and the way to the traceback."""
+    import os
+    import subprocess
+    import sys
+
+    code, *says = WORKFLOW_ERRORS[case]
+    wf = tmp_path / f"{case}.py"
+    wf.write_text(code)
+    env = {k: v for k, v in os.environ.items() if k != "CORPS_DEBUG"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "corps.cli.app", "run", str(wf), "--model", str(tiny_dirs["llama"])],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    lines = [line for line in proc.stderr.splitlines() if "error:" in line]
+    assert proc.returncode == 1, proc.stderr
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    for part in says:
+        assert part in lines[0], lines[0]
+    assert "CORPS_DEBUG=1" in lines[0]

@@ -47,7 +47,9 @@ async def test_ask_fifo_and_errors_come_back(tiny_dirs):
             await rt.send("rec", Note(n=i))
         assert await rt.ask("rec", Note(n=10)) == 20
         assert rt.agent("rec").seen == list(range(11))  # one at a time, in order
-        with pytest.raises(AgentError, match=r"'rec' failed on Note payload: bad note 3") as info:
+        with pytest.raises(
+            AgentError, match=r"'rec' failed on Note payload: ValueError: bad note 3"
+        ) as info:
             await rt.ask("rec", Note(n=3, fail=True))
         assert isinstance(info.value.__cause__, ValueError)
         with pytest.raises(InvalidRequest, match="not str"):
