@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
+import time
 import warnings
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -223,8 +226,8 @@ def run(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", LeakWarning)  # counted in the summary instead
             if lines is None:
-                result, audits = anyio.run(_one, tgt, checked[0], config, live)
-                _show(result, tgt)
+                result, audits, summary = anyio.run(_one, tgt, checked[0], config, live)
+                _show(result, tgt, summary)
                 if audits is not None:
                     out.print(audit_table(audits))
                 if json_out is not None:
@@ -302,7 +305,8 @@ async def _session(
 ) -> Any:
     """Open the engine and a runtime, `await body(rt)` and return what it returns (its
     exception, if any, as itself) with the engine's audit report (None unless it
-    audited: --audit or --repair auto). With `live`, the panels show from before the model
+    audited: --audit or --repair auto) and a `Summary` of the run from the engine's
+    own counters. With `live`, the panels show from before the model
     loads until the run ends, and the last frame stays. With --otel-endpoint, one line
     says, once the engine has closed (its spans flushed), how many spans were taken."""
     from corps.agents import Runtime
@@ -318,7 +322,7 @@ async def _session(
         )
         view = LiveView(out, headline, status=loading)
     outcome: list[Any] = []
-    engine = audits = None
+    engine = audits = summary = None
     async with anyio.create_task_group() as tg:
         if view is not None:
             tg.start_soon(view.run)
@@ -327,7 +331,9 @@ async def _session(
                 if view is not None:
                     view.attach(engine)
                     view.status = "running"
+                t0 = time.perf_counter()
                 outcome.append(await body(rt))
+                summary = Summary.of(engine.stats(), time.perf_counter() - t0)
                 if config.audit or config.repair.startswith("auto"):
                     audits = await engine.audited()
         except Exception as exc:  # re-raised below, outside the task group
@@ -342,7 +348,7 @@ async def _session(
         err.print(f"otel: sent {sink.sent} spans to {config.otel}{lost}", highlight=False)
     if isinstance(outcome[0], Exception):
         raise outcome[0]
-    return outcome[0], audits
+    return outcome[0], audits, summary
 
 
 async def _many(
@@ -375,7 +381,7 @@ async def _many(
                 for i in range(len(runs)):
                     tg.start_soon(one, i)
 
-        _, audits = await _session(config, live, headline, all_runs)
+        _, audits, _ = await _session(config, live, headline, all_runs)
     failed = sum(isinstance(r, Exception) for r in results)
     _show_many(results, tgt)
     if audits is not None:
@@ -390,9 +396,26 @@ async def _many(
     return failed
 
 
-def _show(result: Any, tgt: Target) -> None:
+@dataclass(frozen=True)
+class Summary:
+    """A run's figures from the engine's own counters (what a workflow of one's own
+    gets without filling a `PatternResult`)."""
+
+    tokens_encoded: int
+    tokens_reused: int
+    mean_ttft_s: float
+    wall_s: float
+    leaks: int
+
+    @classmethod
+    def of(cls, stats: Any, wall_s: float) -> Summary:
+        return cls(stats.tokens_encoded, stats.tokens_reused, stats.mean_ttft_s, wall_s,
+                   stats.leaks)  # fmt: skip
+
+
+def _show(result: Any, tgt: Target, summary: Summary | None = None) -> None:
     if not isinstance(result, PatternResult):
-        out.print(result)
+        _show_summary(result, tgt, summary)
         return
     out.print(f"[bold]answer:[/] {result.answer}", highlight=False)
     table = Table(title=f"{result.pattern} ({result.mode})")
@@ -428,6 +451,28 @@ def _show(result: Any, tgt: Target) -> None:
         )
     for e in result.parse_errors[:5]:
         out.print(f"  parse error: {e}", highlight=False)
+
+
+def _show_summary(result: Any, tgt: Target, summary: Summary | None) -> None:
+    """A workflow's own result, then the engine's figures of the run, leaks said."""
+    out.print("[bold]answer:[/] ", end="")
+    out.print(result, highlight=False)
+    if summary is None:
+        return
+    table = Table(title=f"{Path(tgt.label).name}")
+    for col in ("tokens encoded", "tokens reused", "mean TTFT", "wall", "leaks"):
+        table.add_column(col, justify="right")
+    ttft = "-" if math.isnan(summary.mean_ttft_s) else f"{summary.mean_ttft_s * 1000:.0f} ms"
+    table.add_row(str(summary.tokens_encoded), str(summary.tokens_reused), ttft,
+                  f"{summary.wall_s:.1f} s", str(summary.leaks))  # fmt: skip
+    out.print(table)
+    if summary.leaks:
+        out.print(
+            f"  {summary.leaks} leak(s): a call read encodings built over messages its agent "
+            "may not see; --leak-policy reencode removes them (at the cost of re-encoding), "
+            "--trace shows which (docs/agents.md)",
+            highlight=False,
+        )
 
 
 def _show_many(results: list[Any], tgt: Target) -> None:

@@ -370,3 +370,36 @@ def test_a_workflows_error_is_one_line_from_the_real_command(tiny_dirs, tmp_path
     for part in says:
         assert part in lines[0], lines[0]
     assert "CORPS_DEBUG=1" in lines[0]
+
+
+LEAKY = (
+    "from corps.agents import Agent\n"
+    "class Writer(Agent):\n"
+    "    system = 'A private brief.'\n"
+    "    async def handle(self, msg):\n"
+    "        return await self.decode(parents=[self.system_prompt, msg], max_tokens=4)\n"
+    "class Reader(Agent):\n"
+    "    system = 'Another brief.'\n"
+    "    async def handle(self, msg):\n"
+    "        return await self.decode(parents=[self.system_prompt, msg], max_tokens=4)\n"
+    "async def run(rt, question: str = 'hi') -> str:\n"
+    "    await rt.spawn(Writer, 'writer')\n"
+    "    await rt.spawn(Reader, 'reader')\n"
+    "    q = await rt.engine.prefill(question)\n"
+    "    draft = await rt.ask('writer', q)\n"
+    "    return (await rt.ask('reader', draft)).text\n"
+)
+
+
+def test_a_workflow_file_gets_the_summary_and_its_leaks_said(tiny_dirs, tmp_path):
+    """No hand-filled result: the engine's own counters, and the leak (the reader
+    attends to the writer's reply, encoded over the writer's private brief)."""
+    wf = tmp_path / "review.py"
+    wf.write_text(LEAKY)
+    result = run_cli(tiny_dirs, str(wf))
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "answer:" in text and "tokens encoded" in text and "review.py" in text
+    assert "1 leak(s)" in text and "--leak-policy reencode" in text
+    clean = run_cli(tiny_dirs, str(wf), "--leak-policy", "reencode")
+    assert clean.exit_code == 0 and "leak(s)" not in clean.output
