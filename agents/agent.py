@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Unpack
 
 from pydantic import BaseModel
 
 from corps.agents import envelope as env_mod
+from corps.agents.errors import IncompleteReply
 from corps.cache.errors import InvalidRequest
 from corps.cache.handle import Handle
 from corps.cache.visibility import Private, Public, Visibility
@@ -119,11 +122,15 @@ class Agent:
         kw = self._decoding(self._as_me(args))
         envelope = env_mod.current.get()
         if envelope is None or envelope.deltas is None:
-            return await self.engine.decode(**kw)
-        stream = self.engine.stream(**kw)
-        async for delta in stream:
-            envelope.deltas.send_nowait(delta)
-        return stream.handle
+            handle = await self.engine.decode(**kw)
+        else:
+            stream = self.engine.stream(**kw)
+            async for delta in stream:
+                envelope.deltas.send_nowait(delta)
+            handle = stream.handle
+        if schema is not None and handle.value is None:
+            warnings.warn(incomplete(self.name, schema, handle), IncompleteReply, stacklevel=2)
+        return handle
 
     async def decode_many(
         self, requests: list[Mapping[str, Any]], *, visibility: Visibility | None = None
@@ -172,3 +179,28 @@ class Agent:
 
     async def publish(self, topic: str, msg: Handle | BaseModel) -> None:
         await self.runtime.publish(topic, msg, sender=self.name)
+
+
+def _cut_field(text: str, schema: type[BaseModel]) -> str | None:
+    """The field a cut JSON reply was writing: its last whole key, else the one field
+    of the schema its unfinished key begins."""
+    keys = re.findall(r'"(\w+)"\s*:', text)
+    if keys:
+        return keys[-1]
+    start = re.search(r'"(\w*)$', text)
+    fields = [f for f in schema.model_fields if start and f.startswith(start.group(1))]
+    return fields[0] if len(fields) == 1 else None
+
+
+def incomplete(agent: str, schema: type[BaseModel], handle: Handle) -> str:
+    """Why a typed reply has no value, in one line naming the agent, the schema, the
+    field it was cut in and the token budget (no text of the reply)."""
+    what = f"{agent}'s {schema.__name__} reply (message {handle.id})"
+    if handle.complete:
+        return f"{what} does not validate against {schema.__name__}; its value is None"
+    field = _cut_field(handle.text, schema)
+    field = f" inside field {field!r}" if field else ""
+    return (
+        f"{what} was cut at its max_tokens ({len(handle.generated)} tokens){field}; its value "
+        f"is None: raise max_tokens, or bound the schema's strings (Field(max_length=...))"
+    )

@@ -14,6 +14,11 @@ class AskTimeout(CorpsError, TimeoutError):
     are named, and the handler was cancelled."""
 
 
+class IncompleteReply(UserWarning):
+    """A typed reply (`Agent.decode(schema=...)`) that gave no value: cut by its
+    `max_tokens` inside a field, or not valid against the schema."""
+
+
 class MailboxFull(CorpsError):
     """send_nowait to an agent whose bounded mailbox is full; await send() instead."""
 

@@ -366,6 +366,27 @@ async def test_typed_replies_carry_the_parsed_model(tiny_dirs):
             await rt.agent("judge").decode(parents=[q], schema=dict)
 
 
+async def test_a_typed_reply_cut_by_its_budget_is_reported_not_silent(tiny_dirs):
+    """A schema-constrained reply cut by max_tokens warns, naming the agent, the schema,
+    the field it was cut in and the tokens it had; no text of the reply."""
+    from corps.agents import IncompleteReply
+
+    class Hasty(Agent):
+        async def handle(self, question: Handle) -> Handle:
+            return await self.decode(parents=[question], schema=Verdict, max_tokens=6)
+
+    async with open_tiny(tiny_dirs, "llama") as engine, Runtime(engine) as rt:
+        await rt.spawn(Hasty, "hasty")
+        q = await engine.prefill("stop or continue?")
+        with pytest.warns(IncompleteReply) as caught:
+            reply = await rt.ask("hasty", q)
+        assert reply.value is None and not reply.complete, reply.text
+        msg = str(caught[0].message)
+        assert "hasty's Verdict reply" in msg and "max_tokens (6 tokens)" in msg
+        assert "inside field 'decision'" in msg or "inside field 'votes'" in msg
+        assert reply.text not in msg
+
+
 async def test_an_agent_selects_as_itself(tiny_dirs):
     class Picker(Agent):
         async def handle(self, question: Handle) -> Handle:
