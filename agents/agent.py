@@ -174,6 +174,12 @@ class Agent:
         deltas = envelope.deltas if stream and envelope is not None else None
         return await self.runtime.ask(to, msg, timeout=timeout, sender=self.name, deltas=deltas)
 
+    async def ask_many(
+        self, asks: Sequence[tuple[str, Handle | BaseModel]], *, timeout: float | None = None
+    ) -> list[Any]:
+        """`Runtime.ask_many` as this agent: several asks at once, results in order."""
+        return await self.runtime.ask_many(asks, timeout=timeout, sender=self.name)
+
     async def send(self, to: str, msg: Handle | BaseModel) -> None:
         await self.runtime.send(to, msg, sender=self.name)
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import defaultdict, deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -241,6 +241,36 @@ class Runtime:
                 f"ask to agent {to!r} ({label(msg)}) got no reply within {timeout:g} s; "
                 f"its handler was cancelled (raise the timeout, or check the handler)"
             ) from None
+
+    async def ask_many(
+        self,
+        asks: Sequence[tuple[str, Handle | BaseModel]],
+        *,
+        timeout: float | None = None,
+        sender: str | None = None,
+    ) -> list[Any]:
+        """Several asks at once (`(agent, message)` each), their results in order: the
+        fan-out of a workflow, whose decodes the batching loop fuses. If any fails,
+        the others still finish, and the first failure (in order) is raised as itself,
+        the rest noted on it (`__notes__`), never an exception group."""
+        results: list[Any] = [None] * len(asks)
+        failed: dict[int, Exception] = {}
+
+        async def one(i: int, to: str, msg: Handle | BaseModel) -> None:
+            try:
+                results[i] = await self.ask(to, msg, timeout=timeout, sender=sender)
+            except Exception as exc:  # kept, so the other asks run to their end
+                failed[i] = exc
+
+        async with anyio.create_task_group() as tg:
+            for i, (to, msg) in enumerate(asks):
+                tg.start_soon(one, i, to, msg)
+        if failed:
+            first, *rest = (failed[i] for i in sorted(failed))
+            for other in rest:
+                first.add_note(f"also failed: {type(other).__name__}: {other}")
+            raise first
+        return results
 
     async def send(self, to: str, msg: Handle | BaseModel, *, sender: str | None = None) -> None:
         """Fire and forget; waits while the mailbox is full. Failures go to supervision."""

@@ -27,7 +27,8 @@ class ScenarioError(InvalidRequest):
 
 
 class Scenario(BaseModel):
-    """A scenario file: which pattern, on which model and mode, with what inputs.
+    """A scenario file: which pattern (a built-in's name, or a `.py` workflow file
+    relative to the scenario's folder), on which model and mode, with what inputs.
 
     ```toml
     pattern = "tree_of_thoughts"
@@ -128,12 +129,15 @@ def _scenario(path: Path) -> Target:
     except ValidationError as exc:
         msg = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         raise ScenarioError(f"{path}: {msg}") from None
+    builtin = not sc.pattern.endswith(".py")
     try:
-        fn = registry.get(sc.pattern)
+        fn = registry.get(sc.pattern) if builtin else _python(path.parent / sc.pattern).fn
     except registry.UnknownPattern as exc:
+        raise ScenarioError(f"{path}: pattern: {exc} (or a .py file beside it)") from None
+    except ScenarioError as exc:
         raise ScenarioError(f"{path}: pattern: {exc}") from None
     sections = {k: "params." for k in sc.params} | {k: "inputs." for k in sc.inputs}
-    target = Target(str(path), fn, {**sc.params, **sc.inputs}, sc.model, sc.mode)
+    target = Target(str(path), fn, {**sc.params, **sc.inputs}, sc.model, sc.mode, builtin)
     target.sections = sections
     return target
 

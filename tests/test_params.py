@@ -97,3 +97,23 @@ def test_a_workflow_file_gets_its_defaults_and_any_key_through_kwargs(tmp_path):
     hint.write_text("async def run(rt, task: 'Nope'):\n    return task\n")
     with pytest.raises(ScenarioError, match=r"run's type hints: NameError"):
         resolve(str(hint))
+
+
+def test_a_scenario_file_can_name_a_workflow_file_beside_it(tmp_path):
+    from corps.cli.scenario import ScenarioError, resolve
+
+    (tmp_path / "review.py").write_text(REVIEW)
+    sc = tmp_path / "review.toml"
+    sc.write_text('pattern = "review.py"\n[params]\nmax_tokens = 8\n[inputs]\ntask = "t"\n')
+    target = resolve(str(sc))
+    assert not target.builtin
+    assert target.validated(target.params) == {"task": "t", "max_tokens": 8, "rounds": 2}
+    bad = tmp_path / "bad.toml"
+    bad.write_text('pattern = "missing.py"\n')
+    with pytest.raises(ScenarioError, match=r"bad\.toml: pattern: no Python file"):
+        resolve(str(bad))
+    typo = tmp_path / "typo.toml"
+    typo.write_text('pattern = "review.py"\n[params]\nmax_token = 8\n')
+    target = resolve(str(typo))
+    with pytest.raises(ScenarioError, match=r"unknown parameter params\.'max_token'"):
+        target.validated(target.params)

@@ -398,3 +398,24 @@ async def test_an_agent_selects_as_itself(tiny_dirs):
         q = await engine.prefill("red or blue?")
         h = await rt.ask("picker", q)
         assert h.owner == "picker" and h.text in ("red", "blue")
+
+
+async def test_ask_many_fans_out_and_raises_the_first_failure_as_itself(tiny_dirs):
+    class Echo(Agent):
+        async def handle(self, msg: Note) -> int:
+            if msg.fail:
+                raise ValueError(f"bad note {msg.n}")
+            return msg.n
+
+    async with open_tiny(tiny_dirs, "llama") as engine, Runtime(engine) as rt:
+        for name in ("a", "b", "c"):
+            await rt.spawn(Echo, name)
+        got = await rt.ask_many([("a", Note(n=1)), ("b", Note(n=2)), ("c", Note(n=3))])
+        assert got == [1, 2, 3]
+        asks = [("a", Note(n=4)), ("b", Note(n=5, fail=True)), ("c", Note(n=6, fail=True))]
+        with pytest.raises(AgentError, match="bad note 5") as info:
+            await rt.ask_many(asks)
+        assert info.value.__notes__ == [
+            "also failed: AgentError: agent 'c' failed on Note payload: ValueError: bad note 6"
+        ]
+        assert await rt.ask_many([]) == []
