@@ -9,17 +9,22 @@ product is torch's packed int4 kernel (`_weight_int4pack_mm_for_cpu` on a CPU,
 scales and zeros: the file's float16 d and m lose 3 mantissa bits there (a
 relative error of at most 2^-9 on each group's scale), and the activations are
 rounded to bfloat16 on the way in. Measured on a 2-core AMD EPYC (Zen 4,
-AVX512-BF16, no AMX; one product, microseconds, mean of 200 after 10 warm-ups):
+AVX512-BF16, no AMX; one product, microseconds, mean of 200 after 20 warm-ups,
+nothing else running):
 
-    weight (K x N)     rows   int4 bf16   int8 bf16   float32 W^T   bfloat16
-    576 x 960 (qkv)      1        39          38          103          1121*
-    1536 x 576 (down)    1        29          25           67            65
-    576 x 49152 (head)   1       761        1081         4750          3299
-    576 x 49152 (head)   4      1370        3020        20582          4969
-    576 x 960 (qkv)    128      3059        2646         4041          1830
+    weight (K x N)          rows   int4 (bfloat16)   bfloat16, oneDNN prepacked
+    576 x 960 (qkv)           1          22                  42
+    576 x 3072 (gate, up)     1          54                  48
+    1536 x 576 (down)         1          30                  34
+    576 x 3072               16         372                 157
+    576 x 3072               64       1,436                 559
+    576 x 49152 (a head)      1         778    (int8 per channel 1,566; float16 gemv 1,674)
+    1152 x 49152 (Q8_0 split) 1       1,652
 
-(* bfloat16 gemv, not prepacked.) The int4 kernel in float32 or float16 is 20-60x
-slower than in bfloat16 on this CPU: those paths have no vector code.
+One row reads a quarter of bfloat16's bytes but the kernel's cost grows with the
+rows about as fast as a row's own (no reuse of the de-quantized tile across rows):
+from a few rows on, bfloat16 is faster (docs/benchmarks.md, "One chat stream").
+In float32 or float16 the int4 kernel is 20-60x slower on this CPU (no vector code).
 
 GGUF's Q8_0 (w = d q, q an int8, one d per group of 32) has no group-wise int8
 kernel in torch. It splits exactly into two 4-bit codes, q = 16 hi + lo with hi in
