@@ -9,8 +9,9 @@ then fragments of its arguments, the choice's last chunk `finish_reason:
 "tool_calls"` (or "length" if its budget cut it). Logprobs, when asked, come
 with each choice's last chunk (the SDK joins a choice's chunks). With
 `stream_options.include_usage` a usage chunk follows. However the response ends
-(finished, failed, the client gone), `end` runs once: a call not finished is
-cancelled and the prompt's messages are given back unless it succeeded.
+(finished, failed, the client gone), a call not finished is cancelled and the
+prompt's messages are given back unless it succeeded, once: before `[DONE]`, so a
+client's next request finds the store as it was (a client gone early: by `end`).
 """
 
 from __future__ import annotations
@@ -88,6 +89,20 @@ async def open_stream(
         raise
     sse = _Chunks(state, req, is_chat)
     ok = False
+    released = False
+
+    async def give_back() -> None:
+        """Once: cancel what did not finish and give the prompt back (or keep it, if
+        the reply succeeded); before `[DONE]`, so a client's next request sees it."""
+        nonlocal released
+        if released:
+            return
+        released = True
+        with anyio.CancelScope(shield=True):
+            if not ok:
+                for c in choices:
+                    await c.stream.aclose()
+            prompt.release(state.cache, ok=ok)
 
     async def events() -> AsyncIterator[str]:
         nonlocal ok
@@ -115,16 +130,14 @@ async def open_stream(
                 log.error("unexpected %s in a stream", type(exc).__name__, exc_info=exc)
                 err = ServeError(500, "the server failed on this request", "server_error")
             state.metrics.refused(err.status)
+            await give_back()
             yield f"data: {json.dumps(err.body())}\n\n"
+        await give_back()
         yield "data: [DONE]\n\n"
 
     async def end() -> None:
-        with anyio.CancelScope(shield=True):
-            if not ok:
-                for c in choices:
-                    await c.stream.aclose()
-            prompt.release(state.cache, ok=ok)
-            state.gate.leave()
+        await give_back()  # the response ended early (the client gone): not yet done
+        state.gate.leave()
 
     return _Events(events(), end)
 
