@@ -316,8 +316,8 @@ def stream_table(stream: Stream, weights: str) -> Any:
     for col in ("implementation", "tokens/s", "/ llama.cpp"):
         t.add_column(col, justify="right")
     base = stream.best("llama.cpp")
+    label = {"corps": f"corps (weights={weights})", "corps dense": "corps (weights=dense)"}
     for impl in stream.rates:
-        label = {"corps": f"corps (weights={weights})", "corps dense": "corps (weights=dense)"}
         ratio = stream.best(impl) / base
         style = "green" if ratio >= 1 else "red"
         t.add_row(label.get(impl, "llama.cpp (its GGUF)"), f"{stream.best(impl):.1f}",

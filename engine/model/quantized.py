@@ -201,9 +201,10 @@ def _pack(q: Tensor) -> Tensor:
 
 def _unpack_rows(packed: Tensor, ids: Tensor, n: int) -> Tensor:
     """Codes (T, K) uint8 of rows `ids` of a packed int4 weight of `n` rows."""
-    if packed.is_cuda or n % TILE:  # a layout we do not read: unpack through the kernel
-        k = packed.shape[-1] * 2 if not packed.is_cuda else None
-        return _codes_by_product(packed, ids, n, k)
+    if packed.is_cuda:
+        raise NotImplementedError("row lookups of CUDA int4 weights are not supported")
+    if n % TILE:  # a layout we do not read: unpack through the kernel
+        return _codes_by_product(packed, ids, n, packed.shape[-1] * 2)
     # torch's CPU layout, per block of 64 rows: byte [k, j] holds row j's code k in its
     # low nibble and row j + 32's in its high one (`test_quantized` checks it)
     k = packed.shape[1] * 2
@@ -213,11 +214,9 @@ def _unpack_rows(packed: Tensor, ids: Tensor, n: int) -> Tensor:
     return torch.where((j >= TILE // 2)[:, None], byte >> 4, byte & 15)
 
 
-def _codes_by_product(packed: Tensor, ids: Tensor, n: int, k: int | None) -> Tensor:
-    """Codes of rows `ids` read back through the product itself (any layout): with scale
-    1 and zero 8, x = I gives q; slow, only for layouts `_unpack_rows` cannot read."""
-    if k is None:
-        raise NotImplementedError("row lookups of CUDA int4 weights are not supported")
+def _codes_by_product(packed: Tensor, ids: Tensor, n: int, k: int) -> Tensor:
+    """Codes of rows `ids` read back through the CPU product itself (any layout): with
+    scale 1 and zero 8, x = I gives q; slow, only for layouts `_unpack_rows` cannot read."""
     sz = torch.zeros(k // GROUP, n, 2, dtype=torch.bfloat16, device=packed.device)
     sz[..., 0], sz[..., 1] = 1, 8
     eye = torch.eye(k, dtype=torch.bfloat16, device=packed.device)
