@@ -13,6 +13,10 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Engines of the tests decode eagerly unless a test asks for a precompiled step: an
+# engine's default ("auto") would load one built by an earlier run, or start a build.
+os.environ.setdefault("CORPS_PRECOMPILED", "off")
+
 sys.path.insert(0, str(Path(__file__).parent))
 
 from corps.engine.api.engine import Engine

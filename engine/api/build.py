@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -9,6 +11,7 @@ from rich.console import Console
 
 from corps.cache.errors import InvalidRequest
 from corps.cache.kv import KVStore
+from corps.engine.api.precompile import idle, spawn_build
 from corps.engine.attention import select_backend
 from corps.engine.config import DEFAULT_MAX_CAPACITY, DEFAULT_MEMORY_BUDGET, EngineConfig
 from corps.engine.exec.executor import Executor
@@ -90,7 +93,11 @@ def build_executor(cfg: EngineConfig, console: Console | None = None) -> Executo
             graphs=graphs_of(cfg),
             compile_gemms=cfg.compile_gemms if cfg.compile else None,
             kernel_choice=choice,
+            step_cache=None if cfg.precompiled == "off" else corps_home() / "steps",
+            build_step=cfg.precompiled == "build",
         )
+        if executor.step_missing is not None and cfg.precompiled == "auto":
+            spawn_build(cfg, executor.step_missing, console)
     return executor
 
 
@@ -159,3 +166,19 @@ def measured_settings(policy: str, executor: Executor) -> dict[str, Any]:
         latency_rows=rows_within(choice, LATENCY_SLOWDOWN),
         cost=StepCost(products=choice.products),
     )
+
+
+def build_in_background(lock: str, config: str) -> int:
+    """The background build of `precompile.spawn_build`: open `config` (an
+    EngineConfig's JSON, precompiled="build") at the lowest priority, which builds
+    its decode step's package, and exit; the lock goes either way."""
+    try:
+        idle()
+        cfg = EngineConfig.model_validate_json(config)
+        t0 = time.perf_counter()
+        executor = build_executor(cfg)
+        print(f"built in {time.perf_counter() - t0:.1f} s", flush=True)
+        executor.close()
+        return 0
+    finally:
+        Path(lock).unlink(missing_ok=True)

@@ -44,6 +44,7 @@ from corps.engine.exec.sampler import Sampler
 from corps.engine.exec.step_plan import StepOrder, StepOutput, plan_rows
 from corps.engine.exec.stepper import Stepper
 from corps.engine.model.compiled_decode import compile_step
+from corps.engine.model.precompiled_decode import precompiled_step
 from corps.engine.model.runner import ModelRunner
 from corps.engine.model.static_decode import use_graphs
 from corps.engine.model.tuning import KernelChoice
@@ -75,6 +76,8 @@ class KVExecutor:
         graphs: str = "off",
         compile_gemms: str | None = None,
         kernel_choice: KernelChoice | None = None,
+        step_cache: Path | None = None,
+        build_step: bool = False,
     ) -> None:
         if mode not in MODES or mode == "hf" or contexts not in CONTEXTS:
             raise InvalidRequest(
@@ -100,6 +103,11 @@ class KVExecutor:
             if contexts != "copy":
                 raise InvalidRequest("compile=True needs contexts='copy', not 'store'")
             compile_step(runner, arena, compile_gemms)
+        # EngineConfig.precompiled: the same step compiled ahead of time, if one is kept
+        self.step_missing = (
+            None if compile_gemms is not None or step_cache is None or contexts != "copy"
+            else precompiled_step(runner, arena, step_cache, build_step)
+        )  # fmt: skip
         use_graphs(runner, arena, graphs)
         # contexts="store": a one-layer scratch holds each live context's rotated keys of
         # the layer being run (1/L of a copy); nothing else is held beside the store.

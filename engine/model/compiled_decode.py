@@ -52,6 +52,8 @@ SLICE, SHARED = "slice", "shared"
 class CompiledDecode:
     """One-row steps of one call through one captured graph."""
 
+    label = "compile=True"  # the setting that put it there, in warnings
+
     def __init__(
         self, weights: Weights, store: KVStore, arena: ViewArena, gemms: str = "library"
     ) -> None:
@@ -96,14 +98,12 @@ class CompiledDecode:
         it would need another graph: an assumption of `warm` broke); the graph
         is then given up, with a warning, and every step runs eagerly."""
         x, cos, sin = self._inputs(batch.input_ids, batch.positions)
-        graph = self._graph  # `warm` made it
         try:
-            with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
-                logits, new = graph(x, cos, sin, ks, vs)  # (1, V), (L, 3, Hkv, D)
+            logits, new = self._run(x, cos, sin, ks, vs)  # (1, V), (L, 3, Hkv, D)
         except RuntimeError as exc:  # a recompile refused: nothing was written
             self.disabled = str(exc).splitlines()[0]
             warnings.warn(
-                f"compile=True: the captured decode step refused a step ({self.disabled}); "
+                f"{self.label}: the captured decode step refused a step ({self.disabled}); "
                 "decoding eagerly from now on",
                 RuntimeWarning,
                 stacklevel=2,
@@ -119,6 +119,11 @@ class CompiledDecode:
         view.advance(1)
         self.steps[kind] += 1
         return logits if batch.logit_rows.numel() == 1 else logits[batch.logit_rows]  # (N, V)
+
+    def _run(self, x, cos, sin, ks, vs) -> tuple[Tensor, Tensor]:
+        """The graph `warm` made, on one step's inputs."""
+        with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+            return self._graph(x, cos, sin, ks, vs)
 
     def warm(self) -> float:
         """Trace and compile the graph now, on throwaway tensors; the seconds it took.

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from corps.engine.model.linear import Linear, TunedLinear, one_row_weight
 from corps.engine.model.onednn import packed_product
-from corps.engine.model.quantized import Int4Linear, Int8Linear
+from corps.engine.model.quantized import Int4Linear, Int8Linear, int4_product, int8_product
 from corps.engine.model.weights import Weights
 
 
@@ -36,10 +36,20 @@ class StepProjection(nn.Module):
     def __init__(self, proj: Linear | TunedLinear) -> None:
         super().__init__()
         proj = getattr(proj, "plain", proj)  # an adapter kept apart: its base projection
-        # quantized codes: their own packed kernel, called as the eager step calls it
-        self.quant = proj if isinstance(proj, (Int4Linear, Int8Linear)) else None
+        # quantized codes: their own packed kernel, called as the eager step calls it, on
+        # buffers (named constants of an exported step: `precompiled_decode`)
+        self.quant = "int4" if isinstance(proj, Int4Linear) else None
+        self.quant = "int8" if isinstance(proj, Int8Linear) else self.quant
         self.packed = False
+        if isinstance(proj, Int4Linear):
+            self.split = proj.split
+            self.register_buffer("codes", proj.packed)
+            self.register_buffer("scales", proj.scales_zeros)
+        elif isinstance(proj, Int8Linear):
+            self.register_buffer("codes", proj.q)
+            self.register_buffer("scales", proj.scale)
         if self.quant is not None:
+            self.register_buffer("bias", proj.b)
             return
         # oneDNN's float32 layout as it is, else the plain weight inductor packs itself
         self.packed = isinstance(proj, TunedLinear) and proj.kernel_for(1) == "float32-packed"
@@ -48,8 +58,10 @@ class StepProjection(nn.Module):
         self.bias = None if proj.b is None else _frozen(proj.b)  # (N,)
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.quant is not None:
-            return self.quant(x)
+        if self.quant == "int4":
+            return int4_product(x, self.codes, self.scales, self.split, self.bias)
+        if self.quant == "int8":
+            return int8_product(x, self.codes, self.scales, self.bias)
         if self.packed:  # the bias inside the op: inductor's linear + add pass would
             return packed_product(x, self.weight, self.bias)  # want W from its own pack
         y = F.linear(x.to(self.weight.dtype), self.weight).to(x.dtype)

@@ -111,18 +111,7 @@ class Int4Linear:
 
     def __call__(self, x: Tensor) -> Tensor:
         """x (M, K) -> (M, N) in x's dtype."""
-        xb = x.to(torch.bfloat16)
-        if self.split:  # (M, G, 2, 32): each group once for its hi codes, once for its lo
-            m, g = x.shape[0], self.in_features // GROUP
-            xb = xb.view(m, g, 1, GROUP).expand(m, g, 2, GROUP).reshape(m, 2 * g * GROUP)
-        if xb.is_cuda:
-            y = torch.ops.aten._weight_int4pack_mm(xb, self.packed, GROUP, self.scales_zeros)
-        else:
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(
-                xb, self.packed, GROUP, self.scales_zeros
-            )
-        y = y.to(x.dtype)  # (M, N)
-        return y if self.b is None else y + self.b
+        return int4_product(x, self.packed, self.scales_zeros, self.split, self.b)
 
     def rows(self, ids: Tensor) -> Tensor:
         """Rows `ids` (T,) of W, dequantized (T, K) float32: a tied embedding's lookup."""
@@ -172,13 +161,7 @@ class Int8Linear:
 
     def __call__(self, x: Tensor) -> Tensor:
         """x (M, K) -> (M, N) in x's dtype (a CPU kernel: on CUDA, de-quantized rows)."""
-        xb = x.to(torch.bfloat16)
-        if xb.is_cuda:
-            y = xb @ (self.q.to(torch.bfloat16) * self.scale[:, None]).t()
-        else:
-            y = torch.ops.aten._weight_int8pack_mm(xb, self.q, self.scale)
-        y = y.to(x.dtype)
-        return y if self.b is None else y + self.b
+        return int8_product(x, self.q, self.scale, self.b)
 
     def rows(self, ids: Tensor) -> Tensor:
         """Rows `ids` (T,) of W (T, K) float32."""
@@ -189,6 +172,34 @@ class Int8Linear:
 
 
 Quantized = Int4Linear | Int8Linear
+
+
+def int4_product(
+    x: Tensor, packed: Tensor, scales_zeros: Tensor, split: bool, b: Tensor | None = None
+) -> Tensor:
+    """x (M, K) times `Int4Linear`'s codes -> (M, N) in x's dtype. A function of its
+    tensors, so that a module holding them as buffers (`decode_module`) calls it too."""
+    xb = x.to(torch.bfloat16)
+    if split:  # (M, G, 2, 32): each group once for its hi codes, once for its lo
+        m, g = x.shape[0], x.shape[1] // GROUP
+        xb = xb.view(m, g, 1, GROUP).expand(m, g, 2, GROUP).reshape(m, 2 * g * GROUP)
+    if xb.is_cuda:
+        y = torch.ops.aten._weight_int4pack_mm(xb, packed, GROUP, scales_zeros)
+    else:
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, packed, GROUP, scales_zeros)
+    y = y.to(x.dtype)  # (M, N)
+    return y if b is None else y + b
+
+
+def int8_product(x: Tensor, q: Tensor, scale: Tensor, b: Tensor | None = None) -> Tensor:
+    """x (M, K) times `Int8Linear`'s codes -> (M, N) in x's dtype."""
+    xb = x.to(torch.bfloat16)
+    if xb.is_cuda:
+        y = xb @ (q.to(torch.bfloat16) * scale[:, None]).t()
+    else:
+        y = torch.ops.aten._weight_int8pack_mm(xb, q, scale)
+    y = y.to(x.dtype)
+    return y if b is None else y + b
 
 
 def _pack(q: Tensor) -> Tensor:
