@@ -245,11 +245,15 @@ async def measure(
     weights: str = "auto",
     stream_runs: int = 3,
     compile: bool = False,
+    precompiled: str = "build",
 ) -> tuple[Stream | None, list[Cell]]:
     """The chat stream (`stream_runs` runs, none if 0) and each B x V cell, every
     implementation interleaved run by run. corps runs its `weights` (and, for the
     stream, the dense path too unless that is what `weights` is); `compile`: corps'
-    lone one-row decode steps through a captured graph (`EngineConfig.compile`)."""
+    lone one-row decode steps through a captured graph (`EngineConfig.compile`);
+    `precompiled`: its setting for corps' engines ("build", the default here: the
+    package a user's first engine has built for the next, built now if missing). The
+    stream also runs an engine with the step eager (precompiled="off") beside it."""
     from contextlib import AsyncExitStack, closing
 
     from corps.engine import Engine
@@ -261,16 +265,20 @@ async def measure(
     out = []
     async with AsyncExitStack() as stack:
         opened = {}
-        for name, mode, w in (
-            ("choreographed", "choreographed", weights),
-            ("baseline", "baseline", weights),
-            ("dense", "choreographed", "dense"),
+        for name, mode, w, pre in (
+            ("choreographed", "choreographed", weights, precompiled),
+            ("baseline", "baseline", weights, precompiled),
+            ("eager", "choreographed", weights, "off"),
+            ("dense", "choreographed", "dense", "off"),
         ):
-            if name == "dense" and (weights == "dense" or not stream_runs):
+            if name in ("dense", "eager") and not stream_runs:
+                continue
+            if (name == "dense" and weights == "dense") or (name == "eager" and pre == precompiled):
                 continue
             if name == "baseline" and not cells:
                 continue
-            engine = Engine.open("smollm2-135m", mode=mode, dtype=dtype, weights=w, compile=compile)
+            engine = Engine.open("smollm2-135m", mode=mode, dtype=dtype, weights=w,
+                                 compile=compile, precompiled=pre)  # fmt: skip
             opened[name] = await stack.enter_async_context(engine)
         llama = stack.enter_context(closing(LlamaProcess(gguf, model_dir, threads)))
         stream = await _stream(llama, opened, stream_runs, warmup) if stream_runs else None
@@ -290,7 +298,7 @@ async def measure(
 
 async def _stream(llama: LlamaProcess, engines: dict, runs: int, warmup: int) -> Stream:
     """The chat stream through llama.cpp and each corps engine, interleaved."""
-    impls = ["llama.cpp", "corps"] + (["corps dense"] if "dense" in engines else [])
+    impls = ["llama.cpp", "corps"] + [f"corps {k}" for k in ("eager", "dense") if k in engines]
     rates: dict[str, list[float]] = {k: [] for k in impls}
     n = STREAM_TOKENS
     for r in range(warmup + runs):
@@ -298,15 +306,16 @@ async def _stream(llama: LlamaProcess, engines: dict, runs: int, warmup: int) ->
             "llama.cpp": llama.stream(STREAM_PROMPT, n),
             "corps": await corps_stream(engines["choreographed"], STREAM_PROMPT, n),
         }
-        if "dense" in engines:
-            got["corps dense"] = await corps_stream(engines["dense"], STREAM_PROMPT, n)
+        for k in ("eager", "dense"):
+            if k in engines:
+                got[f"corps {k}"] = await corps_stream(engines[k], STREAM_PROMPT, n)
         if r >= warmup:
             for k, sec in got.items():
                 rates[k].append(n / sec)
     return Stream(tokens=n, rates=rates)
 
 
-def stream_table(stream: Stream, weights: str) -> Any:
+def stream_table(stream: Stream, weights: str, precompiled: str = "build") -> Any:
     from rich.table import Table
 
     t = Table(
@@ -316,7 +325,12 @@ def stream_table(stream: Stream, weights: str) -> Any:
     for col in ("implementation", "tokens/s", "/ llama.cpp"):
         t.add_column(col, justify="right")
     base = stream.best("llama.cpp")
-    label = {"corps": f"corps (weights={weights})", "corps dense": "corps (weights=dense)"}
+    step = "precompiled step" if precompiled != "off" else "eager step"
+    label = {
+        "corps": f"corps (weights={weights}, {step})",
+        "corps eager": f"corps (weights={weights}, eager step)",
+        "corps dense": "corps (weights=dense, eager step)",
+    }
     for impl in stream.rates:
         ratio = stream.best(impl) / base
         style = "green" if ratio >= 1 else "red"

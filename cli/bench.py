@@ -708,6 +708,13 @@ def bench_vs_llamacpp(
     compile: Annotated[
         bool, typer.Option(help="corps with its one-row decode step captured (compile=True).")
     ] = False,
+    precompiled: Annotated[
+        str,
+        typer.Option(
+            help="corps' precompiled decode step: build (default: built now if this machine "
+            "has none, as a user's first run leaves it for the next), auto or off."
+        ),
+    ] = "build",
 ) -> None:
     """One chat stream and a tree-of-thoughts-shaped workflow: llama.cpp (its GGUF) vs
     corps on the same file, interleaved run by run."""
@@ -719,6 +726,10 @@ def bench_vs_llamacpp(
     except (ValueError, AssertionError):
         _bad(f"--cells takes BxV pairs like 4x4,8x8, got {cells!r}")
     try:
+        EngineConfig.of(precompiled=precompiled)
+    except BadConfig as exc:
+        _bad(exc.for_cli())
+    try:
         stream, result = _run_bench(
             lambda: bl.measure(
                 shape,
@@ -729,12 +740,13 @@ def bench_vs_llamacpp(
                 weights=weights,
                 stream_runs=stream_runs,
                 compile=compile,
+                precompiled=precompiled,
             )
         )
     except bl.MissingLlamaCpp as exc:
         _bad(str(exc))
     if stream is not None:
-        Console().print(bl.stream_table(stream, weights))
+        Console().print(bl.stream_table(stream, weights, precompiled))
     if result:
         Console().print(bl.table(result, dtype, weights))
 

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from corps.cache.errors import CorpsError
-from corps.cli.options import DeviceOpt, DtypeOpt, ModelOpt, WeightsOpt, err, fail
+from corps.cli.options import DeviceOpt, DtypeOpt, ModelOpt, PrecompiledOpt, WeightsOpt, err, fail
 from corps.cli.options import bad as _bad
 from corps.cli.run import CompileGemmsOpt, CompileOpt
 from corps.engine.config import DEFAULT_DTYPE, BadConfig, EngineConfig
@@ -33,6 +33,7 @@ def chat(
     ] = None,
     compile: CompileOpt = False,
     compile_gemms: CompileGemmsOpt = "library",
+    precompiled: PrecompiledOpt = "auto",
 ) -> None:
     """Ask one question and stream the answer to the terminal."""
     import anyio
@@ -47,6 +48,7 @@ def chat(
             adapter=adapter,
             compile=compile,
             compile_gemms=compile_gemms,
+            precompiled=precompiled,
         )
         check_adapter_of(config, err)
     except BadConfig as exc:

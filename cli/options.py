@@ -106,6 +106,16 @@ WeightsOpt = Annotated[
     ),
 ]
 
+PrecompiledOpt = Annotated[
+    str,
+    typer.Option(
+        help="The lone decode step compiled ahead of time for this CPU (quantized weights, "
+        "e.g. the default model's GGUF): auto (load it if built, else build it in the "
+        "background once this command exits), build (build it now if missing: about a "
+        "minute) or off.",
+        envvar="CORPS_PRECOMPILED",
+    ),
+]
 DtypeOpt = Annotated[
     str,
     typer.Option(

@@ -14,6 +14,7 @@ from corps.cli.options import (
     DeviceOpt,
     DtypeOpt,
     ModelOpt,
+    PrecompiledOpt,
     RepairOpt,
     WeightsOpt,
 )
@@ -32,6 +33,7 @@ def serve(
     ),
     dtype: DtypeOpt = DEFAULT_DTYPE,
     weights: WeightsOpt = "auto",
+    precompiled: PrecompiledOpt = "auto",
     device: DeviceOpt = "cpu",
     policy: Annotated[str, typer.Option(help="fcfs (default), workflow or objective.")] = "fcfs",
     leak_policy: Annotated[str, typer.Option(help="allow, warn, deny or reencode.")] = "warn",
@@ -95,7 +97,7 @@ def serve(
         cfg = EngineConfig.of(
             model, mode=mode, dtype=dtype, weights=weights, device=device, policy=policy,
             leak_policy=leak_policy, trace=trace, otel=otel_endpoint, repair=repair, audit=audit,
-            audit_budget=audit_budget,
+            audit_budget=audit_budget, precompiled=precompiled,
         )  # fmt: skip
     except CorpsError as exc:
         _bad(str(exc))

@@ -292,10 +292,7 @@ class EngineConfig(BaseModel):
     audit_budget: Annotated[float, Field(gt=0.0, le=1.0)] = AUDIT_BUDGET
     compile: bool = False
     compile_gemms: CompileGemms = "library"
-    precompiled: Precompiled = Field(
-        default_factory=lambda: os.environ.get("CORPS_PRECOMPILED") or "auto",
-        validate_default=True,
-    )
+    precompiled: Precompiled = Field(default_factory=lambda: _precompiled_default())
     admission: bool = True
     max_workflows: _Positive | None = None
     evict: bool = True
@@ -443,6 +440,18 @@ class EngineConfig(BaseModel):
                 f"(set attention='torch' or CORPS_ATTENTION=torch)",
                 ("contexts", "attention"),
             )
+
+
+def _precompiled_default() -> str:
+    """`precompiled` when not given: $CORPS_PRECOMPILED, else "auto"."""
+    value = (os.environ.get("CORPS_PRECOMPILED") or "auto").strip().lower()
+    if value not in get_args(Precompiled):
+        raise BadConfig(
+            f"CORPS_PRECOMPILED={value!r} is not a setting of precompiled: set it to "
+            f"{', '.join(get_args(Precompiled))}, or unset it",
+            ("precompiled",),
+        )
+    return value
 
 
 def _explain(exc: ValidationError) -> str:
