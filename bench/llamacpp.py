@@ -51,9 +51,19 @@ class Stream(BaseModel):
 
     tokens: int
     rates: dict[str, list[float]]  # implementation -> tokens/s per run
+    texts: dict[str, str] = {}  # implementation -> its greedy reply (the last run's)
 
     def best(self, impl: str) -> float:
         return max(self.rates[impl])
+
+    def agreement(self, impl: str) -> tuple[int, int] | None:
+        """How many leading characters of `impl`'s greedy reply are llama.cpp's, of
+        llama.cpp's reply: (same, all); None if a reply is missing."""
+        mine, theirs = self.texts.get(impl), self.texts.get("llama.cpp")
+        if mine is None or theirs is None:
+            return None
+        same = [a == b for a, b in zip(mine, theirs, strict=False)] + [False]
+        return same.index(False), len(theirs)
 
 
 class Cell(BaseModel):
@@ -105,8 +115,8 @@ class LlamaProcess:
         self._conn.send(("workflow", question, branches, voters))
         return self._reply()
 
-    def stream(self, prompt: str, tokens: int) -> float:
-        """One chat stream in the child; its wall seconds (measured there)."""
+    def stream(self, prompt: str, tokens: int) -> tuple[float, str]:
+        """One chat stream in the child; its wall seconds (measured there) and text."""
         self._conn.send(("stream", prompt, tokens))
         return self._reply()
 
@@ -154,8 +164,8 @@ def _serve(conn, gguf: str, model_dir: str, threads: int) -> None:
         conn.close()
 
 
-def llama_stream(llm, render, prompt: str, tokens: int) -> float:
-    """One chat stream through llama.cpp from an empty context; wall seconds."""
+def llama_stream(llm, render, prompt: str, tokens: int) -> tuple[float, str]:
+    """One chat stream through llama.cpp from an empty context; wall seconds, text."""
     ban = {t: -1e9 for t in (llm.token_eos(), *llm.tokenize(b"<|im_end|>", special=True))}
     llm.reset()  # no prefix kept from the run before: the prompt is encoded
     t0 = time.perf_counter()
@@ -167,19 +177,21 @@ def llama_stream(llm, render, prompt: str, tokens: int) -> float:
     )
     wall = time.perf_counter() - t0
     assert out["usage"]["completion_tokens"] == tokens
-    return wall
+    return wall, out["choices"][0]["text"]
 
 
-async def corps_stream(engine, prompt: str, tokens: int) -> float:
-    """The same stream through the Engine API; wall seconds (everything freed after)."""
+async def corps_stream(engine, prompt: str, tokens: int) -> tuple[float, str]:
+    """The same stream through the Engine API; wall seconds and text (everything freed
+    after)."""
     t0 = time.perf_counter()
     q = await engine.prefill(prompt, role="user")
     reply = await engine.decode(parents=[q], max_tokens=tokens, temperature=0.0, ignore_eos=True)
     wall = time.perf_counter() - t0
     assert len(reply.generated) == tokens
+    text = reply.text
     engine.free(reply)
     engine.free(q)
-    return wall
+    return wall, text
 
 
 def llama_workflow(llm, render, question: str, branches: int, voters: int) -> float:
@@ -310,9 +322,10 @@ async def _stream(llama: LlamaProcess, engines: dict, runs: int, warmup: int) ->
             if k in engines:
                 got[f"corps {k}"] = await corps_stream(engines[k], STREAM_PROMPT, n)
         if r >= warmup:
-            for k, sec in got.items():
+            for k, (sec, _) in got.items():
                 rates[k].append(n / sec)
-    return Stream(tokens=n, rates=rates)
+    texts = {k: text for k, (_, text) in got.items()}
+    return Stream(tokens=n, rates=rates, texts=texts)
 
 
 def stream_table(stream: Stream, weights: str, precompiled: str = "build") -> Any:
@@ -322,7 +335,7 @@ def stream_table(stream: Stream, weights: str, precompiled: str = "build") -> An
         title=f"one chat stream ({stream.tokens} greedy tokens, prompt included), tokens/s, "
         f"best of {len(stream.rates['llama.cpp'])} runs"
     )
-    for col in ("implementation", "tokens/s", "/ llama.cpp"):
+    for col in ("implementation", "tokens/s", "/ llama.cpp", "greedy text as llama.cpp's"):
         t.add_column(col, justify="right")
     base = stream.best("llama.cpp")
     step = "precompiled step" if precompiled != "off" else "eager step"
@@ -334,8 +347,10 @@ def stream_table(stream: Stream, weights: str, precompiled: str = "build") -> An
     for impl in stream.rates:
         ratio = stream.best(impl) / base
         style = "green" if ratio >= 1 else "red"
+        same = stream.agreement(impl) if impl != "llama.cpp" else None
         t.add_row(label.get(impl, "llama.cpp (its GGUF)"), f"{stream.best(impl):.1f}",
-                  f"[{style}]{ratio:.2f}x[/]")  # fmt: skip
+                  f"[{style}]{ratio:.2f}x[/]",
+                  "" if same is None else f"first {same[0]} of {same[1]} chars")  # fmt: skip
     return t
 
 

@@ -46,8 +46,8 @@ def test_the_llama_process_reports_a_child_failure_and_exits(tmp_path):
 
 async def test_the_corps_stream_decodes_the_fixed_count_and_frees_everything(tiny_dirs):
     async with open_tiny(tiny_dirs, "llama") as engine:
-        wall = await bl.corps_stream(engine, "Tell me a story.", 12)
-        assert wall > 0 and engine.stats().messages == 0
+        wall, text = await bl.corps_stream(engine, "Tell me a story.", 12)
+        assert wall > 0 and text and engine.stats().messages == 0
 
 
 def test_the_stream_table_names_each_format_and_its_ratio():
@@ -56,12 +56,14 @@ def test_the_stream_table_names_each_format_and_its_ratio():
     stream = bl.Stream(
         tokens=128,
         rates={"llama.cpp": [100.0, 110.0], "corps": [80.0, 88.0], "corps dense": [50.0, 55.0]},
+        texts={"llama.cpp": "Once upon a time", "corps": "Once upon a tide", "corps dense": "One"},
     )
     console = Console(width=120, record=True)
     console.print(bl.stream_table(stream, "auto"))
     text = console.export_text()
     assert "weights=auto" in text and "weights=dense" in text
     assert "0.80x" in text and "0.50x" in text  # best of runs over llama.cpp's best
+    assert "first 14 of 16 chars" in text and "first 2 of 16 chars" in text
 
 
 def test_bad_weights_exit_2():

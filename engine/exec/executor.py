@@ -30,6 +30,9 @@ class Executor(Protocol):
     device: object  # the torch device it runs on
     # the kernels measured on this CPU when the engine opened (dtype auto), else None
     kernel_choice: object
+    # the precompiled decode step's package this engine would load but no one has
+    # built yet (`model.precompiled_decode`), else None
+    step_missing: Path | None
 
     def admit(
         self,

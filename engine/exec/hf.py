@@ -49,6 +49,7 @@ class HFExecutor:
 
     mode = "hf"
     kernel_choice = None  # transformers picks its own kernels
+    step_missing = None  # no precompiled step: transformers runs its own forward
 
     def __init__(
         self, hf_model, tokenizer, spec: ModelSpec, *, model_path: Path, precision: str
