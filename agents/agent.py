@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import types
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Unpack
@@ -18,6 +19,48 @@ from corps.cache.visibility import Private, Public, Visibility
 if TYPE_CHECKING:  # the engine's argument types (corps.agents imports no torch)
     from corps.engine.api.select import Selection
     from corps.engine.request.requests import DecodeArgs, PrefillArgs, Text
+
+
+_NOT_SETTINGS = (types.FunctionType, property, classmethod, staticmethod)
+
+
+def setting_hints(cls: type) -> dict[str, Any]:
+    """An agent class's settings: every public class attribute that is not a method,
+    by name, with its type (its hint, else its default's type; None: any)."""
+    import typing
+
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:  # a hint that names what is not importable here: checked by default
+        hints = {}
+    out: dict[str, Any] = {}
+    for klass in reversed(cls.__mro__[: cls.__mro__.index(Agent) + 1]):
+        for key, value in vars(klass).items():
+            if (
+                key.startswith("_")
+                or callable(value)
+                or isinstance(value, (property, classmethod, staticmethod))
+            ):
+                continue
+            hint = hints.get(key)
+            if typing.get_origin(hint) is ClassVar:
+                (hint,) = typing.get_args(hint) or (None,)
+            out[key] = hint if hint is not None else (None if value is None else type(value))
+    return out
+
+
+def _checked(cls: type, key: str, hint: Any, value: Any) -> Any:
+    from pydantic import TypeAdapter, ValidationError
+
+    if hint is None:
+        return value
+    try:
+        return TypeAdapter(hint).validate_python(value, strict=True)
+    except ValidationError as exc:
+        first = exc.errors()[0]["msg"]
+        raise InvalidRequest(f"{cls.__name__}.{key}: {first} (got {value!r:.60})") from None
+    except Exception:  # a hint pydantic cannot check: taken as given
+        return value
 
 
 class Host(Protocol):
@@ -68,6 +111,28 @@ class Agent:
     objective: ClassVar[str | None] = None
     repair: ClassVar[str | None] = None
     audit: ClassVar[int | None] = None
+
+    @classmethod
+    def configured(cls, **settings: Any) -> type[Agent]:
+        """This class with some of its settings replaced: `system`, `supervision`,
+        `repair`, ... or any class attribute a subclass declares that is not a
+        method (`max_tokens = 64`). What `Runtime.spawn(cls, name, **settings)`
+        starts, so one class serves agents of different settings. Each value is
+        checked against the attribute's type hint (an unannotated one's against its
+        default's type); an unknown name or a wrong value is an InvalidRequest that
+        lists the settings."""
+        if not settings:
+            return cls
+        hints = setting_hints(cls)
+        checked = {}
+        for key, value in settings.items():
+            if key not in hints:
+                raise InvalidRequest(
+                    f"{cls.__name__} has no setting {key!r} (its settings: "
+                    f"{', '.join(sorted(hints))})"
+                )
+            checked[key] = _checked(cls, key, hints[key], value)
+        return type(cls.__name__, (cls,), {"__module__": cls.__module__, **checked})
 
     def __init__(self, name: str, runtime: Host, system_prompt: Handle | None) -> None:
         self.name = name

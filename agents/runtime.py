@@ -61,7 +61,7 @@ class AgentRuntime(Protocol):
 
     engine: Any
 
-    async def spawn(self, cls: type[Agent], name: str | None = None) -> str: ...
+    async def spawn(self, cls: type[Agent], name: str | None = None, **settings: Any) -> str: ...
     async def ask(
         self,
         to: str,
@@ -84,6 +84,10 @@ class AgentRuntime(Protocol):
     def ask_stream(
         self, to: str, msg: Handle | BaseModel, *, timeout: float | None = None
     ) -> AskStream: ...
+
+
+#: The most workers one agent may run at once (each is a task).
+MAX_CONCURRENCY = 1024
 
 
 class DeadLetter(BaseModel):
@@ -164,8 +168,11 @@ class Runtime:
 
     # ---- agents ----
 
-    async def spawn(self, cls: type[Agent], name: str | None = None) -> str:
-        """Start an agent; its system prompt is prefilled once, private to it."""
+    async def spawn(self, cls: type[Agent], name: str | None = None, **settings: Any) -> str:
+        """Start an agent; its system prompt is prefilled once, private to it.
+        `settings` replace its class's (`system=`, `repair=`, or a setting of its
+        own such as `max_tokens=`; `Agent.configured`), checked before it starts."""
+        cls = cls.configured(**settings)
         if self._tg is None:
             raise InvalidRequest("use `async with Runtime(engine) as rt:` before spawning")
         name = name or cls.__name__.lower()
@@ -173,6 +180,11 @@ class Runtime:
             raise InvalidRequest(f"an agent named {name!r} is already running")
         if cls.supervision not in SUPERVISION:
             raise InvalidRequest(f"{cls.__name__}.supervision must be one of {SUPERVISION}")
+        if not (1 <= cls.max_concurrency <= MAX_CONCURRENCY and cls.mailbox_size >= 1):
+            raise InvalidRequest(
+                f"{cls.__name__}: max_concurrency must be 1 to {MAX_CONCURRENCY} and "
+                f"mailbox_size at least 1 (got {cls.max_concurrency}, {cls.mailbox_size})"
+            )
         system = None
         if cls.system:
             system = await self.engine.prefill(
@@ -181,7 +193,7 @@ class Runtime:
         send, recv = anyio.create_memory_object_stream[Envelope](cls.mailbox_size)
         actor = _Actor(name, cls, cls(name, self, system), send, recv)
         self._actors[name] = actor
-        for _ in range(max(1, cls.max_concurrency)):
+        for _ in range(cls.max_concurrency):
             self._tg.start_soon(self._work, actor)
         self._trace("spawn", name, detail=cls.__name__)
         return name

@@ -34,6 +34,20 @@ class Handle:
     table: MessageTable
     reader: str | None = field(default=None, compare=False)
 
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
+        """A pydantic field typed Handle (`tuple[Handle, ...]`, `Handle | None`) holds
+        the handle itself, checked by type, with no `arbitrary_types_allowed`; a
+        dump (`model_dump`, JSON) gives the message's id, never its text."""
+        from pydantic_core import core_schema
+
+        return core_schema.is_instance_schema(
+            cls,
+            serialization=core_schema.plain_serializer_function_ser_schema(
+                lambda h: h.id
+            ),
+        )
+
     # Each Handle object counts itself in its table, so a freed message's record can
     # be forgotten once no handle names it (see MessageTable).
     def __post_init__(self) -> None:

@@ -13,10 +13,11 @@ from corps.cache.messages import MessageTable
 from conftest import open_tiny
 
 
-class Bundle(BaseModel):
-    model_config = ConfigDict(arbitrary_types_allowed=True, frozen=True)
+class Bundle(BaseModel):  # handles in a payload need no model_config
+    model_config = ConfigDict(frozen=True)
     items: tuple[Handle, ...]
     main: Handle
+    extra: Handle | None = None
 
 
 async def _secret_and_remark(engine):
@@ -50,6 +51,20 @@ def test_bind_reaches_into_payloads():
     bound = bind(bundle, "bob")
     assert all(x.reader == "bob" for x in bound.items) and bound.main.reader == "bob"
     assert bundle.main.reader is None  # the original is untouched
+
+
+def test_a_payload_field_takes_handles_only_and_dumps_their_ids():
+    from pydantic import ValidationError
+
+    table = MessageTable()
+    h = Handle(3, table)
+    bundle = Bundle(items=[h], main=h)
+    assert bundle.main is h and bundle.items == (h,) and bundle.extra is None
+    assert bundle.model_dump() == {"items": (3,), "main": 3, "extra": None}
+    assert bundle.model_dump_json() == '{"items":[3],"main":3,"extra":null}'
+    for bad in (3, "msg", {"id": 3}):
+        with pytest.raises(ValidationError, match="instance of Handle"):
+            Bundle(items=(), main=bad)
 
 
 async def test_agents_receive_handles_bound_to_themselves(tiny_dirs):

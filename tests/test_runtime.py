@@ -419,3 +419,51 @@ async def test_ask_many_fans_out_and_raises_the_first_failure_as_itself(tiny_dir
             "also failed: AgentError: agent 'c' failed on Note payload: ValueError: bad note 6"
         ]
         assert await rt.ask_many([]) == []
+
+
+class Configurable(Agent):
+    """One class, agents of different settings (`spawn(..., **settings)`)."""
+
+    system = "You are terse."
+    max_tokens = 4
+    fail_first = False
+
+    async def handle(self, msg: Note):
+        if self.fail_first and not getattr(type(self), "_failed", False):
+            type(self)._failed = True
+            raise RuntimeError("first message fails")
+        return self.max_tokens, self.system_prompt.text, type(self).supervision
+
+
+async def test_spawn_takes_settings_and_restarts_keep_them(tiny_dirs):
+    async with open_tiny(tiny_dirs) as engine, Runtime(engine) as rt:
+        await rt.spawn(Configurable, "plain")
+        await rt.spawn(Configurable, "long", max_tokens=64, system="You are thorough.")
+        await rt.spawn(Configurable, "flaky", fail_first=True, max_tokens=9)
+        assert await rt.ask("plain", Note()) == (4, "You are terse.", "restart")
+        assert await rt.ask("long", Note()) == (64, "You are thorough.", "restart")
+        with pytest.raises(AgentError, match="first message fails"):
+            await rt.ask("flaky", Note())
+        assert (await rt.ask("flaky", Note()))[0] == 9  # the restarted instance kept it
+        assert Configurable.max_tokens == 4 and not hasattr(Configurable, "_failed")
+
+
+@pytest.mark.parametrize(
+    ("settings", "match"),
+    [
+        (dict(max_token=3), r"no setting 'max_token' \(its settings: .*max_tokens"),
+        (dict(max_tokens="8"), r"Configurable.max_tokens: Input should be a valid integer"),
+        (dict(system=5), r"Configurable.system: Input should be a valid string"),
+        (dict(max_concurrency=10**9), r"max_concurrency must be 1 to 1024"),
+        (dict(max_concurrency=0), r"max_concurrency must be 1 to 1024"),
+        (dict(mailbox_size=-1), r"mailbox_size at least 1"),
+        (dict(supervision="sometimes"), r"supervision must be one of"),
+        (dict(handle=None), r"no setting 'handle'"),
+    ],
+)
+async def test_bad_settings_are_refused_before_anything_starts(tiny_dirs, settings, match):
+    async with open_tiny(tiny_dirs) as engine, Runtime(engine) as rt:
+        with pytest.raises(InvalidRequest, match=match):
+            await rt.spawn(Configurable, "x", **settings)
+        assert engine.stats().messages == 0  # no system prompt was encoded
+        await rt.spawn(Configurable, "x")  # the name was not taken
