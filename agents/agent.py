@@ -6,7 +6,7 @@ import re
 import types
 import warnings
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Unpack
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, Unpack
 
 from pydantic import BaseModel
 
@@ -86,9 +86,11 @@ class Agent:
             return await self.decode(parents=[self.system_prompt, msg], max_tokens=256)
     ```
 
-    Class settings: `system` (prefilled once at spawn, private to this agent, kept
-    across restarts), `mailbox_size` (bounded), `max_concurrency` (1: one message
-    at a time, FIFO), `supervision` ("restart", "stop" or "escalate") with
+    Class settings: `system` (prefilled once at spawn, kept across restarts; private
+    to this agent unless `system_visibility` is "public": then other agents'
+    calls may read encodings built over it without a leak), `mailbox_size`
+    (bounded), `max_concurrency` (1: one message at a time, FIFO), `supervision`
+    ("restart", "stop" or "escalate") with
     `max_restarts`, `leak_policy` (None: the engine's default; a call's own
     `leak_policy=` overrides both), `objective` ("latency" or "throughput" for
     the engine's scheduling policy; None: the workflow's; a call's own overrides)
@@ -103,6 +105,7 @@ class Agent:
     """
 
     system: ClassVar[str | None] = None
+    system_visibility: ClassVar[Literal["private", "public"]] = "private"
     mailbox_size: ClassVar[int] = 64
     max_concurrency: ClassVar[int] = 1
     supervision: ClassVar[str] = "restart"

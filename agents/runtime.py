@@ -41,7 +41,7 @@ from corps.agents.errors import (
 )
 from corps.cache.errors import InvalidRequest
 from corps.cache.handle import Handle, bind
-from corps.cache.visibility import Private
+from corps.cache.visibility import Private, Public
 from corps.engine.request.workflow import CURRENT as workflow_var
 from corps.engine.trace.events import ActorEvent, ErrorEvent, Recorder
 
@@ -185,10 +185,13 @@ class Runtime:
                 f"{cls.__name__}: max_concurrency must be 1 to {MAX_CONCURRENCY} and "
                 f"mailbox_size at least 1 (got {cls.max_concurrency}, {cls.mailbox_size})"
             )
+        if cls.system_visibility not in ("private", "public"):
+            raise InvalidRequest(f"{cls.__name__}.system_visibility must be private or public")
         system = None
         if cls.system:
+            seen = Private() if cls.system_visibility == "private" else Public()
             system = await self.engine.prefill(
-                cls.system, role="system", owner=name, visibility=Private()
+                cls.system, role="system", owner=name, visibility=seen
             )
         send, recv = anyio.create_memory_object_stream[Envelope](cls.mailbox_size)
         actor = _Actor(name, cls, cls(name, self, system), send, recv)

@@ -43,9 +43,7 @@ class Handle:
 
         return core_schema.is_instance_schema(
             cls,
-            serialization=core_schema.plain_serializer_function_ser_schema(
-                lambda h: h.id
-            ),
+            serialization=core_schema.plain_serializer_function_ser_schema(lambda h: h.id),
         )
 
     # Each Handle object counts itself in its table, so a freed message's record can

@@ -336,7 +336,7 @@ async def _session(
                     view.status = "running"
                 t0 = time.perf_counter()
                 outcome.append(await body(rt))
-                summary = Summary.of(engine.stats(), time.perf_counter() - t0)
+                summary = Summary.of(engine, time.perf_counter() - t0)
                 if config.audit or config.repair.startswith("auto"):
                     audits = await engine.audited()
         except Exception as exc:  # re-raised below, outside the task group
@@ -409,11 +409,41 @@ class Summary:
     mean_ttft_s: float
     wall_s: float
     leaks: int
+    leak_notes: tuple[str, ...] = ()  # the first few leaks, explained (ids, never text)
 
     @classmethod
-    def of(cls, stats: Any, wall_s: float) -> Summary:
+    def of(cls, engine: Any, wall_s: float) -> Summary:
+        stats = engine.stats()
+        notes = dict.fromkeys(e.detail for e in engine.audit() if e.kind == "leak")
         return cls(stats.tokens_encoded, stats.tokens_reused, stats.mean_ttft_s, wall_s,
-                   stats.leaks)  # fmt: skip
+                   stats.leaks, tuple(notes)[:LEAK_NOTES])  # fmt: skip
+
+
+#: Leaks explained under a run's table (the rest are counted; --trace keeps each).
+LEAK_NOTES = 3
+
+
+def _say_leaks(summary: Summary | None) -> None:
+    """Under warn: each leak's reader, message and the hidden message its encoding
+    attended to, and the two fixes."""
+    if summary is None or not summary.leaks:
+        return
+    out.print(
+        f"  {summary.leaks} leak(s): a call read encodings built over messages its agent "
+        "may not see:",
+        highlight=False,
+    )
+    for note in summary.leak_notes:
+        out.print(f"  - {note}", highlight=False)
+    more = summary.leaks - len(summary.leak_notes)
+    if more > 0:
+        out.print(f"  - and {more} more (--trace FILE keeps each)", highlight=False)
+    out.print(
+        "  fix: make the hidden message public if the reader may see it (visibility=Public(); "
+        "an agent's system prompt: system_visibility='public'), or --leak-policy reencode "
+        "(encodes it again for the reader; docs/agents.md)",
+        highlight=False,
+    )
 
 
 def _show(result: Any, tgt: Target, summary: Summary | None = None) -> None:
@@ -454,6 +484,7 @@ def _show(result: Any, tgt: Target, summary: Summary | None = None) -> None:
         )
     for e in result.parse_errors[:5]:
         out.print(f"  parse error: {e}", highlight=False)
+    _say_leaks(summary)
 
 
 def _show_summary(result: Any, tgt: Target, summary: Summary | None) -> None:
@@ -469,13 +500,7 @@ def _show_summary(result: Any, tgt: Target, summary: Summary | None) -> None:
     table.add_row(str(summary.tokens_encoded), str(summary.tokens_reused), ttft,
                   f"{summary.wall_s:.1f} s", str(summary.leaks))  # fmt: skip
     out.print(table)
-    if summary.leaks:
-        out.print(
-            f"  {summary.leaks} leak(s): a call read encodings built over messages its agent "
-            "may not see; --leak-policy reencode removes them (at the cost of re-encoding), "
-            "--trace shows which (docs/agents.md)",
-            highlight=False,
-        )
+    _say_leaks(summary)
 
 
 def _show_many(results: list[Any], tgt: Target) -> None:

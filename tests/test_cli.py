@@ -401,5 +401,9 @@ def test_a_workflow_file_gets_the_summary_and_its_leaks_said(tiny_dirs, tmp_path
     text = " ".join(result.output.split())
     assert "answer:" in text and "tokens encoded" in text and "review.py" in text
     assert "1 leak(s)" in text and "--leak-policy reencode" in text
+    # which call, which message, whose hidden prompt; and the fix, never a text
+    assert "decode by reader attends to message" in text and "(writer's assistant)" in text
+    assert "(writer's system)" in text and "visibility=Public()" in text
+    assert "A private brief" not in text
     clean = run_cli(tiny_dirs, str(wf), "--leak-policy", "reencode")
     assert clean.exit_code == 0 and "leak(s)" not in clean.output
