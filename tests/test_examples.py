@@ -94,3 +94,25 @@ async def test_custom_workflow_example_asks_its_solvers_at_once(tiny_dirs):
         stats = engine.stats()
     assert len(result["answers"]) == 2 and isinstance(result["verdict"], str)
     assert stats.mean_batch_size > 1.2  # the two decodes shared steps (alone: 1.0)
+
+
+@pytest.mark.parametrize(
+    ("public", "policy", "leaks"), [(False, "warn", 4), (True, "warn", 0), (False, "reencode", 0)]
+)
+async def test_the_code_review_leaks_its_private_prompts_unless_public_or_reencoded(
+    tiny_dirs, public, policy, leaks
+):
+    """The writer's draft was encoded over its private prompt (each reviewer leaks it),
+    each review over its reviewer's (the writer leaks both); public prompts remove
+    the leaks at no cost, reencode by encoding again."""
+    import warnings
+
+    from corps.agents import Runtime
+
+    example = load("code_review")
+    async with open_tiny(tiny_dirs, "llama", leak_policy=policy) as engine, Runtime(engine) as rt:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            revised = await example.run(rt, public_prompts=public)
+        stats = engine.stats()
+    assert isinstance(revised, str) and stats.leaks == leaks
