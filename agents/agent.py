@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import types
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, Unpack
 
 from pydantic import BaseModel
@@ -20,6 +21,9 @@ if TYPE_CHECKING:  # the engine's argument types (corps.agents imports no torch)
     from corps.engine.api.select import Selection
     from corps.engine.request.requests import DecodeArgs, PrefillArgs, Text
 
+
+#: The most rounds of tool calls one `decode_with_tools` may run.
+MAX_TOOL_ROUNDS = 32
 
 _NOT_SETTINGS = (types.FunctionType, property, classmethod, staticmethod)
 
@@ -114,6 +118,8 @@ class Agent:
     objective: ClassVar[str | None] = None
     repair: ClassVar[str | None] = None
     audit: ClassVar[int | None] = None
+    tools: ClassVar[tuple[Callable[..., Any], ...]] = ()
+    max_tool_rounds: ClassVar[int] = 4
 
     @classmethod
     def configured(cls, **settings: Any) -> type[Agent]:
@@ -199,6 +205,76 @@ class Agent:
         if schema is not None and handle.value is None:
             warnings.warn(incomplete(self.name, schema, handle), IncompleteReply, stacklevel=2)
         return handle
+
+    async def decode_with_tools(
+        self,
+        *,
+        parents: Sequence[Handle],
+        tools: Sequence[Callable[..., Any]] | None = None,
+        max_rounds: int | None = None,
+        tool_choice: str = "auto",
+        parallel: bool = False,
+        **args: Any,
+    ) -> Handle:
+        """Decode offering tools (`tools`, else the class's `tools`): a reply that calls
+        some runs them (`corps.agents.tools`), each result a "tool" message of this
+        agent, and the model goes on over its call and their results; the first reply
+        that calls nothing is returned (or the last, after `max_rounds` rounds of
+        calls, else the class's `max_tool_rounds`). The reply is constrained to text
+        or well-formed calls of the offered tools; a tool's exception reaches the
+        model as an error result. Each round reuses the encodings of the rounds
+        before it (its call and results are parents), in both modes. `tool_choice`
+        binds the first reply: "auto" (text or calls), "required" (calls), or a
+        tool's name (a call of it); later replies are "auto". `parallel`: a reply
+        may hold several calls, one per line (run in order). Other arguments are
+        `decode`'s, bar the constraints."""
+        from corps.agents.tools import Tool, run_call
+        from corps.engine.request.tools import Offer, syntax_of
+
+        offered = [Tool.of(t) for t in (type(self).tools if tools is None else tools)]
+        if not offered:
+            return await self.decode(parents=list(parents), **args)
+        taken = {"schema", "json_schema", "grammar", "regex", "choices"} & args.keys()
+        if taken:
+            raise InvalidRequest(
+                f"decode_with_tools constrains its replies to text or calls: drop {sorted(taken)}"
+            )
+        rounds = self.max_tool_rounds if max_rounds is None else max_rounds
+        if not 0 <= rounds <= MAX_TOOL_ROUNDS:
+            raise InvalidRequest(f"max_rounds must be 0 to {MAX_TOOL_ROUNDS}, got {rounds}")
+        by_name = {t.name: t for t in offered}
+        if tool_choice not in ("auto", "required", *by_name):
+            raise InvalidRequest(
+                f"tool_choice must be auto, required or a tool's name ({', '.join(by_name)}), "
+                f"got {tool_choice!r:.60}"
+            )
+        syntax = syntax_of(getattr(self.engine.tokenizer, "chat_template", None))
+        specs = tuple((t.name, t.description, t.parameters) for t in offered)
+        offer = Offer(syntax, specs, "auto", parallel=parallel)
+        guide = await self.prefill(offer.instructions(), role="system", visibility=Public())
+        context = [guide, *parents]
+        first = dataclasses.replace(offer, choice=tool_choice)
+        for done in range(rounds + 1):
+            grammar = (first if done == 0 else offer).grammar()
+            reply = await self.decode(parents=context, grammar=grammar, **args)
+            _, calls = offer.parse(reply.text)
+            if not calls or done == rounds or not all(c.complete for c in calls):
+                return reply
+            results = []
+            for call in calls:
+                text, ok = await run_call(by_name, call)
+                self._trace_tool(call.name or "", ok, text if not ok else "")
+                results.append(await self.prefill(text, role="tool"))
+            context = [*context, reply, *results]
+        raise AssertionError("unreachable")  # the last round returns
+
+    def _trace_tool(self, name: str, ok: bool, error: str) -> None:
+        rec = getattr(self.engine, "recorder", None)
+        if rec is not None and rec.on:
+            from corps.engine.trace.events import ActorEvent
+
+            detail = name if ok else f"{name}: {error.split(':', 2)[1].strip()}"[:120]
+            rec.emit(ActorEvent(t=rec.now(), event="tool", agent=self.name, detail=detail, ok=ok))
 
     async def decode_many(
         self, requests: list[Mapping[str, Any]], *, visibility: Visibility | None = None

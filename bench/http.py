@@ -367,7 +367,7 @@ def _as_call(message):
     """A free reply read as the server would read a call: its text parsed as one."""
     from types import SimpleNamespace
 
-    from corps.serve.tools import JSON_CALLS, parse
+    from corps.engine.request.tools import JSON_CALLS, parse
 
     _, calls = parse(JSON_CALLS, (message.content or "").lstrip())
     tool_calls = [SimpleNamespace(function=SimpleNamespace(name=c.name, arguments=c.arguments))

@@ -29,6 +29,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException
 
 from corps.cache.errors import CorpsError
+from corps.engine.request.tools import syntax_of
 from corps.serve import chat
 from corps.serve.errors import ServeError, from_engine
 from corps.serve.limits import BodyLimit, Gate, Limits, check_prompt, token_bytes
@@ -37,7 +38,6 @@ from corps.serve.metrics import Metrics
 from corps.serve.principals import Keys, Principal, Who
 from corps.serve.schema import ChatRequest, CompletionRequest
 from corps.serve.stream import open_stream
-from corps.serve.tools import syntax_of
 
 log = logging.getLogger("corps.serve")
 

@@ -25,12 +25,12 @@ from typing import Any
 
 from corps.cache.handle import Handle
 from corps.cache.visibility import can_read
+from corps.engine.request.tools import Offer, Syntax
 from corps.serve.errors import ServeError
 from corps.serve.limits import check_prompt
 from corps.serve.messages import MessageCache
 from corps.serve.principals import Who
 from corps.serve.schema import ChatRequest, Message, NamedChoice, Sampling
-from corps.serve.tools import Offer, Syntax
 
 #: finish reasons of the engine (`Handle.finish_reason`) as OpenAI's
 FINISH = {"max_tokens": "length", "forced": "length"}

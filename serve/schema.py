@@ -14,8 +14,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from corps.engine.request.tools import JSON_CALLS
 from corps.serve.principals import NAME
-from corps.serve.tools import JSON_CALLS
 
 #: an opaque message id over HTTP (MessageCache.public_id); others are "no such message"
 MESSAGE_ID = Field(default=None, min_length=1, max_length=100)

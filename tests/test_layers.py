@@ -48,7 +48,8 @@ ABOVE = {
         ("corps.engine.request.workflow", "corps.engine.trace", "corps.engine.exec.torch_thread",
          "corps.engine.distill", "corps.engine.model.adapter_files", "corps.engine.model.weights"),
     ),
-    "serve": ({"cache", "engine"}, ()),
+    # the tool-call syntax, grammar and parse it offers a request's tools with
+    "serve": ({"cache", "engine"}, ("corps.engine.request.tools",)),
     # the benchmarks measure the engine's kernels, tuning and steps: every layer
     "bench": ({"cache", "engine", "agents", "patterns", "serve"}, ("corps.engine.",)),
     # the shell: trace files (events, reader, exporters), the model files it lists and

@@ -1,8 +1,8 @@
-"""serve/tools.py: tool-call syntax per model family, the grammar of tool replies,
-and their parse whole, cut and streamed; then against a real uvicorn server with the
-official `openai` client: streamed calls the SDK's stream helper rebuilds exactly as
-the unstreamed reply, cut calls, `auto` replies that never break, parallel calls,
-legacy functions, logit_bias, streamed logprobs and n > 1."""
+"""engine/request/tools.py and serve/tools.py: tool-call syntax per model family, the
+grammar of tool replies, and their parse whole, cut and streamed; then against a real
+uvicorn server with the official `openai` client: streamed calls the SDK's stream
+helper rebuilds exactly as the unstreamed reply, cut calls, `auto` replies that never
+break, parallel calls, legacy functions, logit_bias, streamed logprobs and n > 1."""
 
 from __future__ import annotations
 
@@ -16,15 +16,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from llguidance import LLMatcher
 
-from corps.serve.tools import (
-    HERMES,
-    JSON_CALLS,
-    LLAMA3,
-    Offer,
-    Streamer,
-    parse,
-    syntax_of,
-)
+from corps.engine.request.tools import HERMES, JSON_CALLS, LLAMA3, Offer, parse, syntax_of
+from corps.serve.tools import Streamer
 
 WEATHER_ARGS = {
     "type": "object",

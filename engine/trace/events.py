@@ -150,7 +150,8 @@ class Step(_Event):
 
 
 class ActorEvent(_Event):
-    """spawn, ask, send, reply, failure, restart, stop or dead_letter."""
+    """spawn, ask, send, reply, failure, restart, stop, dead_letter or tool (a tool an
+    agent's model called: `detail` its name, and on failure the error's kind)."""
 
     type: Literal["actor"] = "actor"
     event: str
