@@ -39,6 +39,9 @@ VOTE = "Vote for the best approach above, by its number."
 SOLVE = "Now solve the problem, following the approach with the most votes."
 PROPOSAL_TOKENS, VOTE_TOKENS, SOLVE_TOKENS = 48, 16, 48
 STREAM_PROMPT = "Write a short story about a robot who learns to paint."
+#: Given to both (without one, SmolLM2's template adds its own default system
+#: message to llama.cpp's prompt and not to corps' messages: not one prompt).
+SYSTEM = "You are a helpful assistant."
 STREAM_TOKENS = 128
 
 
@@ -170,7 +173,7 @@ def llama_stream(llm, render, prompt: str, tokens: int) -> tuple[float, str]:
     llm.reset()  # no prefix kept from the run before: the prompt is encoded
     t0 = time.perf_counter()
     out = llm.create_completion(
-        render([{"role": "user", "content": prompt}]),
+        render([{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}]),
         max_tokens=tokens,
         temperature=0.0,
         logit_bias=ban,
@@ -184,13 +187,16 @@ async def corps_stream(engine, prompt: str, tokens: int) -> tuple[float, str]:
     """The same stream through the Engine API; wall seconds and text (everything freed
     after)."""
     t0 = time.perf_counter()
-    q = await engine.prefill(prompt, role="user")
-    reply = await engine.decode(parents=[q], max_tokens=tokens, temperature=0.0, ignore_eos=True)
+    system = await engine.prefill(SYSTEM, role="system")
+    q = await engine.prefill(prompt, role="user", parents=[system])
+    reply = await engine.decode(
+        parents=[system, q], max_tokens=tokens, temperature=0.0, ignore_eos=True
+    )
     wall = time.perf_counter() - t0
     assert len(reply.generated) == tokens
     text = reply.text
-    engine.free(reply)
-    engine.free(q)
+    for h in (reply, q, system):
+        engine.free(h)
     return wall, text
 
 
@@ -205,7 +211,7 @@ def llama_workflow(llm, render, question: str, branches: int, voters: int) -> fl
         return header + out["choices"][0]["text"]
 
     t0 = time.perf_counter()
-    base = [{"role": "user", "content": question}]
+    base = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
     props = [complete(base, f"Approach {i + 1}:", PROPOSAL_TOKENS) for i in range(branches)]
     msgs = base + [{"role": "assistant", "content": p} for p in props]
     msgs.append({"role": "user", "content": VOTE})
@@ -220,29 +226,38 @@ async def corps_workflow(engine, question: str, branches: int, voters: int) -> f
     """The same calls through the Engine API; wall seconds (everything freed after)."""
     fixed = dict(ignore_eos=True, temperature=0.0)
     t0 = time.perf_counter()
-    q = await engine.prefill(question)
+    system = await engine.prefill(SYSTEM, role="system")
+    q = await engine.prefill(question, parents=[system])
     props = await engine.decode_many(
         [
-            dict(parents=[q], header=f"Approach {i + 1}:", max_tokens=PROPOSAL_TOKENS, **fixed)
+            dict(
+                parents=[system, q],
+                header=f"Approach {i + 1}:",
+                max_tokens=PROPOSAL_TOKENS,
+                **fixed,
+            )
             for i in range(branches)
         ]
     )
-    vote = await engine.prefill(VOTE, parents=[q, *props])
+    vote = await engine.prefill(VOTE, parents=[system, q, *props])
     votes = await engine.decode_many(
         [
             dict(
-                parents=[q, *props, vote], header=f"Vote {j + 1}:", max_tokens=VOTE_TOKENS, **fixed
+                parents=[system, q, *props, vote],
+                header=f"Vote {j + 1}:",
+                max_tokens=VOTE_TOKENS,
+                **fixed,
             )
             for j in range(voters)
         ]
     )
-    solve = await engine.prefill(SOLVE, parents=[q, *props, *votes])
+    solve = await engine.prefill(SOLVE, parents=[system, q, *props, *votes])
     final = await engine.decode(
-        parents=[q, *props, *votes, solve], max_tokens=SOLVE_TOKENS, **fixed
+        parents=[system, q, *props, *votes, solve], max_tokens=SOLVE_TOKENS, **fixed
     )
     wall = time.perf_counter() - t0
     assert len(final.generated) == SOLVE_TOKENS
-    for h in [final, solve, *votes, vote, *props, q]:
+    for h in [final, solve, *votes, vote, *props, q, system]:
         engine.free(h)
     return wall
 
