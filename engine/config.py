@@ -220,7 +220,7 @@ class EngineConfig(BaseModel):
       (AOTInductor) into a package under `$CORPS_HOME/steps`, once per machine and
       shape of model, and loaded in a tenth of a second by every engine after
       (`corps.engine.model.precompiled_decode`): for quantized weights on a CPU
-      (the default model's GGUF), one stream decoded 1.4x faster than eagerly on
+      (the default model's GGUF), one stream decoded 1.6x faster than eagerly on
       our 2-core EPYC. "auto" (the default): load the package if it is kept, else
       decode eagerly and have a background process build it once this process
       has exited (at the lowest priority, about a minute on 2 cores), for the
