@@ -155,3 +155,17 @@ def test_the_setting_is_checked_and_its_environment_default_too(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert EngineConfig.of().precompiled == "auto"
+
+
+def test_a_cache_it_cannot_write_starts_nothing_and_the_engine_opens(
+    tiny_dirs, tmp_path, monkeypatch
+):
+    home = tmp_path / "ro"
+    home.mkdir()
+    (home / "steps").write_text("a file where the folder should be")
+    monkeypatch.setenv("CORPS_HOME", str(home))
+    engine = open_tiny(tiny_dirs, weights="int4", precompiled="auto")
+    try:
+        assert engine.executor.runner.compiled is None and not precompile._WAITING
+    finally:
+        engine.executor.close()

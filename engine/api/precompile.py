@@ -2,9 +2,9 @@
 
 An engine opened with `precompiled="auto"` whose package is not kept yet decodes
 eagerly and starts a Python process (`_BOOT`), its config on stdin, in a session
-of its own: it waits until the engine's process has
-exited (its stdin ends), then opens the same config with `precompiled="build"`,
-which builds the package, and exits. It waits because building beside a running
+of its own: it waits until the engine's process has exited (its stdin ends), then
+opens the same config with `precompiled="build"`, which builds the package, and
+exits. It waits because building beside a running
 engine slowed it 15-40x on a 2-core EPYC for the minute the build took, even
 with the build at SCHED_IDLE; so the process that asked for a package never gets
 it, the next one does. One build per package at a time: a lock file beside it
@@ -36,10 +36,14 @@ _BOOT = (
 
 def spawn_build(cfg: EngineConfig, package: Path, console: Console | None = None) -> bool:
     """Start building `package` for engines of `cfg` in a background process, unless
-    one is building it already; whether one was started."""
-    package.parent.mkdir(parents=True, exist_ok=True)
+    one is building it already; whether one was started. A cache it cannot write
+    (a read-only home) starts nothing: the engine decodes eagerly as before."""
     lock = package.with_suffix(".lock")
-    if not _take(lock):
+    try:
+        package.parent.mkdir(parents=True, exist_ok=True)
+        if not _take(lock):
+            return False
+    except OSError:
         return False
     child = cfg.model_copy(update={"precompiled": "build", "otel": None})
     log = package.with_suffix(".log")
@@ -62,8 +66,8 @@ def spawn_build(cfg: EngineConfig, package: Path, console: Console | None = None
         lock.write_text(str(proc.pid))
     if console is not None:
         console.print(
-            "[dim]compiling the decode step for this CPU in the background, once "
-            f"(about a minute; {package.parent}): engines opened after it decode faster[/]"
+            "[dim]once this command exits, the decode step is compiled for this CPU in the "
+            f"background (once, about a minute; {package.parent}): later runs decode faster[/]"
         )
     return True
 
