@@ -251,10 +251,11 @@ class Agent:
         syntax = syntax_of(getattr(self.engine.tokenizer, "chat_template", None))
         specs = tuple((t.name, t.description, t.parameters) for t in offered)
         offer = Offer(syntax, specs, "auto", parallel=parallel)
-        guide = await self.prefill(offer.instructions(), role="system", visibility=Public())
+        guide = await self._tool_guide(offer)
         context = [guide, *parents]
         first = dataclasses.replace(offer, choice=tool_choice)
-        for done in range(rounds + 1):
+        done = 0
+        while True:
             grammar = (first if done == 0 else offer).grammar()
             reply = await self.decode(parents=context, grammar=grammar, **args)
             _, calls = offer.parse(reply.text)
@@ -266,7 +267,17 @@ class Agent:
                 self._trace_tool(call.name or "", ok, text if not ok else "")
                 results.append(await self.prefill(text, role="tool"))
             context = [*context, reply, *results]
-        raise AssertionError("unreachable")  # the last round returns
+            done += 1
+
+    async def _tool_guide(self, offer) -> Handle:
+        """The system message that lists the offered tools, encoded once per agent and
+        set of tools (public: it holds nothing secret, so reading it leaks nothing)."""
+        guides = self.__dict__.setdefault("_tool_guides", {})
+        text = offer.instructions()
+        guide = guides.get(text)
+        if guide is None or guide.freed:
+            guide = guides[text] = await self.prefill(text, role="system", visibility=Public())
+        return guide
 
     def _trace_tool(self, name: str, ok: bool, error: str) -> None:
         rec = getattr(self.engine, "recorder", None)

@@ -101,6 +101,8 @@ async def test_a_forced_call_of_a_working_tool_feeds_its_result(tiny_dirs):
         (result,) = [p for p in reply.parents if p.role == "tool"]
         args = json.loads(reply.parents[2].text)["arguments"]
         assert result.text == str(add(**args))
+        again = await rt.ask("adder", await engine.prefill("Add 4 and 5.", role="user"))
+        assert again.parents[0] == reply.parents[0]  # the tools' guide, encoded once
 
 
 async def test_bad_tool_settings_are_refused_before_anything_runs(tiny_dirs):
