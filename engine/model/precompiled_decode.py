@@ -93,13 +93,14 @@ def step_key(step: CompiledDecode) -> str:
 
 
 def _cpu_name() -> str:
+    """The CPU's model name and its flags (a VM's model name alone, "AMD EPYC", can be
+    any generation: the flags say which instructions compiled code may use)."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("model name", "flags")):
-                return line
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        return platform.processor() or platform.machine()
+    wanted = [next((ln for ln in lines if ln.startswith(k)), "") for k in ("model name", "flags")]
+    return " | ".join(wanted)
 
 
 class PrecompiledDecode(CompiledDecode):
