@@ -8,7 +8,7 @@ import sys
 import warnings
 
 import pytest
-from test_compiled_decode import _workflow
+from test_compiled_decode import _workflow, assert_same_replies
 
 from corps.engine.api import precompile
 from corps.engine.config import BadConfig, EngineConfig
@@ -43,9 +43,7 @@ async def test_precompiled_step_gives_the_eager_tokens_and_logprobs(tiny_dirs, h
         got = await _workflow(pre)
         graph = pre.executor.runner.compiled
         stats = pre.stats()
-    for a, b in zip(want, got, strict=True):
-        assert b.tokens == a.tokens
-        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) <= 1e-4
+    assert_same_replies(want, got)
     # both kinds of view went through the package; nothing was built again
     assert graph.steps["slice"] > 0 and graph.steps["shared"] > 0
     assert stats.compiled_steps == sum(graph.steps.values())
@@ -91,6 +89,17 @@ async def test_a_package_that_cannot_be_read_is_left_for_the_eager_step(
         proc.kill()
         proc.wait()
         proc.stdin.close()
+
+
+async def test_a_baseline_engine_decodes_through_the_package_too(tiny_dirs, home, monkeypatch):
+    monkeypatch.setenv("CORPS_HOME", str(home))
+    async with open_tiny(tiny_dirs, mode="baseline", weights="int4", precompiled="off") as e:
+        want = await _workflow(e)
+    async with open_tiny(tiny_dirs, mode="baseline", weights="int4", precompiled="auto") as e:
+        got = await _workflow(e)
+        steps = e.stats().compiled_steps
+    assert_same_replies(want, got)
+    assert steps > 0 and len(_packages(home)) == 1
 
 
 def test_dense_weights_and_explicit_settings_build_nothing(tiny_dirs, tmp_path, monkeypatch):
