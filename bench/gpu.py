@@ -28,8 +28,14 @@ any section failed):
 - memory: `engines` engines opened at the default sizing (the store takes
   `memory_fraction` of what the weights leave free) and closed in sequence; the
   device memory still allocated after each close against what it held open.
-- workflows (last: the longest): choreographed against the prefix-cached baseline
-  on equal work (`corps.bench.workflow.measure`): wall and mean TTFT ratios.
+- workflows: choreographed against the prefix-cached baseline on equal work
+  (`corps.bench.workflow.measure`): wall and mean TTFT ratios.
+- account (last): where each built-in pattern's time goes, phase by phase, in both
+  modes on equal work (`corps.bench.account`): device time per phase from CUDA
+  events, the kernels the profiler saw launched per phase beside the op counter's
+  count of the same run (the CPU's proxy); a table per pattern, a JSON line per
+  pattern and mode, and as figures each pattern's wall, TTFT and launches
+  choreographed against the baseline.
 
 Every engine but the memory section's is opened with `memory_budget` (when
 set), so that an engine and transformers' copy of a large model, or two
@@ -58,6 +64,7 @@ from corps.bench.runner import random_ids
 #: the sections, in the order they run
 SECTIONS = (
     "prefill", "decode", "streams", "profile", "graphs", "patterns", "memory", "workflows",
+    "account",
 )  # fmt: skip
 
 #: workflows and their settings: the paper's three, and tree of thoughts 8x8
@@ -107,6 +114,8 @@ class Settings:
     sections: tuple[str, ...] = SECTIONS
     memory_budget: int | None = None  # of every engine but the memory section's
     engines: int = 4  # the memory section's engines, opened and closed in sequence
+    patterns: tuple[str, ...] = ()  # the account section's patterns (empty: all built in)
+    account_count: str = "kernels"  # the account's counted run (corps.bench.account.COUNTS)
 
     def budget_kw(self) -> dict[str, Any]:
         """The measured engines' `memory_budget`, when set."""
@@ -363,6 +372,43 @@ async def workflow_figures(s: Settings) -> list[Figure]:
     return out
 
 
+async def account_figures(s: Settings, out: Path | None, console: Console) -> list[Figure]:
+    """Each pattern's per-phase account in both modes (`corps.bench.account`): its
+    table printed and its lines written as it comes; as figures, choreographed
+    against the baseline: wall, mean TTFT, and kernels (the profiler's on CUDA, the
+    op counter's elsewhere)."""
+    from corps.bench import account as ba
+    from corps.patterns import PATTERNS
+
+    rows: list[ba.ModeAccount] = []
+
+    def show(row: ba.ModeAccount) -> None:
+        rows.append(row)
+        if row.mode == ba.MODES[-1]:
+            console.print(ba.table(row.pattern, rows))
+
+    _, errors = await ba.measure(
+        s.model, list(s.patterns or PATTERNS), max_tokens=s.workflow_tokens, device=s.device,
+        dtype=s.dtype, count=s.account_count, out=out, on_row=show,
+        engine_kw={"graphs": s.graphs, "weights": s.weights, **s.budget_kw()},
+    )  # fmt: skip
+    figures = []
+    note = f"reference: baseline; equal work, max_tokens {s.workflow_tokens}, seed 0"
+    by = {(r.pattern, r.mode): r for r in rows}
+    for pattern in dict.fromkeys(r.pattern for r in rows):
+        c, b = by[pattern, "choreographed"], by[pattern, "baseline"]
+        kc, kb = (sum(c.kernels.values()), sum(b.kernels.values())) if c.kernels else (
+            sum(c.launches.values()), sum(b.launches.values()))  # fmt: skip
+        figures += [
+            Figure("account", f"{pattern} wall", c.wall_s, b.wall_s, "s", note),
+            Figure("account", f"{pattern} mean TTFT", c.ttft_s * 1e3, b.ttft_s * 1e3, "ms", note),
+            Figure("account", f"{pattern} kernels", kc, kb, "", note),
+        ]
+    figures += [Figure("account", f"{p} wall", math.nan, math.nan, "s", note, e)
+                for p, e in errors.items()]  # fmt: skip
+    return figures
+
+
 async def pattern_figures(s: Settings) -> list[Figure]:
     """Every built-in pattern once per mode (one engine per mode), default settings but
     a decode budget of `s.workflow_tokens`; a pattern that fails is a figure with its
@@ -473,7 +519,8 @@ async def run(s: Settings, out: Path | None, console: Console) -> tuple[list[Fig
         release(s.device)
     await section("patterns", pattern_figures, s)
     await section("memory", memory_figures, s)
-    await section("workflows", workflow_figures, s)  # the longest, last
+    await section("workflows", workflow_figures, s)
+    await section("account", account_figures, s, out, console)  # the longest, last
     return figures, failures
 
 

@@ -36,6 +36,7 @@ _GPU_WORKFLOWS = ("debate", "tree_of_thoughts", "parallel_debate", "tree_of_thou
 #: `corps bench gpu --sections` (corps.bench.gpu.SECTIONS)
 _GPU_SECTIONS = (
     "prefill", "decode", "streams", "profile", "graphs", "patterns", "memory", "workflows",
+    "account",
 )  # fmt: skip
 
 
@@ -212,6 +213,79 @@ def bench_ops(
              context=context_tokens)  # fmt: skip
     except CorpsError as exc:
         fail(exc)
+
+
+def _pattern_names(patterns: str | None) -> tuple[str, ...]:
+    """--patterns: the built-in patterns named (all when None); bad names refused."""
+    from corps.patterns.registry import PATTERNS
+
+    if patterns is None:
+        return tuple(PATTERNS)
+    names = tuple(p.strip().replace("-", "_") for p in patterns.split(",") if p.strip())
+    unknown = sorted(set(names) - set(PATTERNS))
+    if unknown or not names:
+        _bad(f"--patterns: unknown {', '.join(unknown) or '(none given)'}; "
+             f"choose from {', '.join(PATTERNS)}")  # fmt: skip
+    return names
+
+
+@bench_app.command("account")
+def bench_account(
+    model: ModelOpt = "smollm2-135m",
+    dtype: DtypeOpt = DEFAULT_DTYPE,
+    device: Annotated[
+        str | None, typer.Option(help="cuda[:N] or cpu (default: cuda when there is one).")
+    ] = None,
+    patterns: Annotated[
+        str | None, typer.Option(help="Comma-separated built-in patterns (default: all).")
+    ] = None,
+    max_tokens: Annotated[int, typer.Option(min=1, max=4096, help="Decode budget per call.")] = 32,
+    count: Annotated[
+        str,
+        typer.Option(
+            help="The counted run: none; ops (the op counter's launches per phase, the "
+            "CPU's proxy for a GPU's); kernels (those and, on CUDA, the profiler's kernels "
+            "per phase: slow to read on a large model)."
+        ),
+    ] = "kernels",
+    out: Annotated[
+        str | None, typer.Option("--out", help="JSON lines, one per pattern and mode.")
+    ] = None,
+) -> None:
+    """Where each pattern's time goes, phase by phase (admission, context placement,
+    prefill, decode, repair, masks, sampling, outside the steps), baseline and
+    choreographed side by side on equal work, with the kernel launches of each phase."""
+    import anyio
+    import torch
+
+    from corps.bench import account as ba
+
+    names = _pattern_names(patterns)
+    if count not in ba.COUNTS:
+        _bad(f"--count: {count!r}; choose from {', '.join(ba.COUNTS)}")
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        EngineConfig.of(model, dtype=dtype, device=device)
+    except (ValueError, CorpsError) as exc:
+        _bad(str(exc))
+    console = Console(width=max(150, Console().width))
+
+    def show(row) -> None:
+        if row.mode == ba.MODES[-1]:
+            console.print(ba.table(row.pattern, rows))
+
+    rows: list = []
+    try:
+        _, errors = anyio.run(lambda: ba.measure(
+            model, list(names), max_tokens=max_tokens, device=device, dtype=dtype,
+            count=count, out=Path(out) if out else None,
+            on_row=lambda r: (rows.append(r), show(r)),
+        ))  # fmt: skip
+    except CorpsError as exc:
+        fail(exc)
+    if errors:
+        err.print("[bold red]failed:[/] " + "; ".join(f"{p}: {e}" for p, e in errors.items()))
+        raise typer.Exit(1)
 
 
 @bench_app.command("audit")
@@ -839,6 +913,13 @@ def bench_gpu(
     engines: Annotated[
         int, typer.Option(min=1, max=16, help="The memory section's engines, in sequence.")
     ] = 4,
+    patterns: Annotated[
+        str | None,
+        typer.Option(help="The account section's built-in patterns, comma-separated (all)."),
+    ] = None,
+    account_count: Annotated[
+        str, typer.Option(help="The account's counted run: none, ops or kernels.")
+    ] = "kernels",
     out: Annotated[
         str | None, typer.Option("--out", help="JSON lines, one per figure, as they come.")
     ] = None,
@@ -846,7 +927,8 @@ def bench_gpu(
     """The GPU figures of one model in one run: prefill (one prompt; spans over a shared
     context) and decode (one stream, many) against transformers and the bandwidth bound,
     workflows choreographed against the baseline, every built-in pattern in both modes,
-    and memory given back on close. Exits 1 if any section fails."""
+    memory given back on close, and each pattern's per-phase account. Exits 1 if any
+    section fails."""
     import anyio
     import torch
 
@@ -861,6 +943,8 @@ def bench_gpu(
     unknown = [x for x in picked if x not in bg.SECTIONS]
     if unknown:
         _bad(f"--sections: unknown {', '.join(unknown)}; pick of {', '.join(bg.SECTIONS)}")
+    if account_count not in ("none", "ops", "kernels"):
+        _bad(f"--account-count: {account_count!r}; choose from none, ops, kernels")
     if memory_budget is None and device.startswith("cuda"):
         memory_budget = 16.0
     try:
@@ -874,7 +958,8 @@ def bench_gpu(
         span_tokens=span_tokens, context_tokens=context_tokens, decode_tokens=decode_tokens,
         streams=counts, stream_tokens=stream_tokens, workflows=chosen,
         workflow_tokens=workflow_tokens, runs=runs, repeats=repeats, graphs=graphs,
-        sections=picked, engines=engines,
+        sections=picked, engines=engines, patterns=_pattern_names(patterns),
+        account_count=account_count,
         memory_budget=int(memory_budget * 2**30) if memory_budget else None,
     )  # fmt: skip
     console = Console()

@@ -29,14 +29,26 @@ def invoke(tiny_dirs, *args):
 
 def test_every_section_on_a_tiny_model(tiny_dirs, tmp_path):
     out = tmp_path / "gpu.jsonl"
-    result = invoke(tiny_dirs, "--workflows", "debate", "--graphs", "static", "--out", str(out))
+    result = invoke(tiny_dirs, "--workflows", "debate", "--graphs", "static", "--out", str(out),
+                    "--patterns", "debate,map-reduce")  # fmt: skip
     assert result.exit_code == 0, result.output
-    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    everything = [json.loads(x) for x in out.read_text().splitlines()]
+    # the account's lines per pattern and mode come first, then its figures
+    accounts = [x for x in everything if "mode" in x]
+    lines = [x for x in everything if "mode" not in x]
     sections = [x["section"] for x in lines]
     assert sections == (
         ["prefill"] * 2 + ["decode"] * 2 + ["streams"] * 2 + ["profile"] * 3 + ["graphs"] * 2
-        + ["patterns"] * 7 + ["memory"] * 4 + ["workflows"] * 2
+        + ["patterns"] * 7 + ["memory"] * 4 + ["workflows"] * 2 + ["account"] * 6
     )  # fmt: skip
+    assert [(x["pattern"], x["mode"]) for x in accounts] == [
+        ("debate", "baseline"), ("debate", "choreographed"),
+        ("map_reduce", "baseline"), ("map_reduce", "choreographed"),
+    ]  # fmt: skip
+    for x in accounts:  # every step's forward is in a phase, and counted
+        assert x["entries"].get("decode", 0) > 0 and x["launches"].get("decode", 0) > 0
+        assert x["device_s"] == {} and x["kernels"] == {}  # CUDA only
+    assert "debate: where the time goes" in result.output
     assert not any(x["error"] for x in lines)
     graphs = [x["name"] for x in lines if x["section"] == "graphs"]
     assert graphs == ["one stream, 8 tokens", "2 streams x 3"]  # against graphs="off"
@@ -75,6 +87,8 @@ def test_a_failing_section_fails_the_command_and_the_others_still_run(
         (["--workflows", "chess"], "unknown chess"),
         (["--streams", "two"], "invalid literal"),
         (["--sections", "prefill,warp"], "unknown warp"),
+        (["--patterns", "debate,chess"], "unknown chess"),
+        (["--account-count", "some"], "account-count"),
         (["--memory-budget", "0.1"], "memory-budget"),
         (["--engines", "0"], "engines"),
     ],

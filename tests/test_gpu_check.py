@@ -48,17 +48,21 @@ def lines(path: Path) -> list[dict]:
 def test_every_stage_and_section_on_a_tiny_model(tiny_dirs, tmp_path):
     model = str(tiny_dirs["llama"])
     out = tmp_path / "out"
-    done = check(out, GPU_CHECK_MODELS=f"{model}; {model} --sections prefill,memory")
+    done = check(out, GPU_CHECK_MODELS=f"{model}; tests; {model} --sections prefill,memory",
+                 GPU_CHECK_BENCH_S="300 200")  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     stages = lines(out / "check.jsonl")
-    assert [s["stage"] for s in stages] == ["env", f"bench-1-{_file(model)}",
-                                            f"bench-2-{_file(model)}", "tests"]  # fmt: skip
+    # the tests where the list names them; each bench under its own limit
+    assert [s["stage"] for s in stages] == ["env", f"bench-1-{_file(model)}", "tests",
+                                            f"bench-2-{_file(model)}"]  # fmt: skip
     assert [s["rc"] for s in stages] == [0, 0, 0, 0]
+    assert [s["limit_s"] for s in stages if s["stage"].startswith("bench")] == [300, 200]
     assert "check: passed" in done.stdout
     first, second = out / f"bench-1-{_file(model)}.jsonl", out / f"bench-2-{_file(model)}.jsonl"
     sections = [x["section"] for x in lines(first)]
     assert set(sections) == {
         "prefill", "decode", "streams", "profile", "graphs", "workflows", "patterns", "memory",
+        "account",
     }  # fmt: skip
     assert not any(x.get("error") for x in lines(first))
     patterns = [x for x in lines(first) if x["section"] == "patterns"]

@@ -1,12 +1,14 @@
 """Counting the torch calls every engine of the process makes while a block runs
 (`corps.engine.kernels.op_count`), on the torch thread where they all step
-(`TORCH`). Counting slows the work it sees; time nothing under it."""
+(`TORCH`), and the per-phase account of that work. Counting slows the work it
+sees; time nothing under it."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+from corps.engine.exec.phases import Account
 from corps.engine.exec.torch_thread import TORCH
 from corps.engine.kernels.op_count import OpCounts
 
@@ -20,3 +22,17 @@ async def counting_ops() -> AsyncIterator[OpCounts]:
         yield counts
     finally:
         await TORCH.run(counts.__exit__, None, None, None)
+
+
+@asynccontextmanager
+async def accounting(
+    device: str = "cpu", *, count_ops: bool = False, labels: bool = False
+) -> AsyncIterator[Account]:
+    """The per-phase account (`corps.engine.exec.phases.Account`) of what the torch
+    thread runs inside the block."""
+    account = Account(device, count_ops=count_ops, labels=labels)
+    await TORCH.run(account.__enter__)
+    try:
+        yield account
+    finally:
+        await TORCH.run(account.__exit__, None, None, None)

@@ -36,6 +36,7 @@ from corps.engine.exec.figures import engine_stats
 from corps.engine.exec.finish import Finisher, encoded_reply, open_sink
 from corps.engine.exec.grammars import Grammars
 from corps.engine.exec.memory import Memory, Victims, scratch_arena
+from corps.engine.exec.phases import phase
 from corps.engine.exec.planner import Planner
 from corps.engine.exec.postprocess import Postprocess
 from corps.engine.exec.repairs import Repairs
@@ -173,6 +174,10 @@ class KVExecutor:
         readable as it was. A decode with `keep` keeps the model's distribution at its
         first `keep` sampled positions (`Call.kept`).
         """
+        with phase("admit"):
+            return self._admit(request, want_logits, keep, hold, evict)
+
+    def _admit(self, request, want_logits: bool, keep: int, hold: bool, evict) -> Call | None:
         memory, prefixes, repairs = self.memory, self.memory.prefixes, self.repairs
         if self.mode == "choreographed":
             self.restorer.restore(request.parents, evict)
@@ -200,7 +205,8 @@ class KVExecutor:
         try:
             memory.reserve(call, call.plan.generated_max, evict)
             extra = len(call.feed) + call.plan.generated_max
-            memory.gather(call, extra, own=not repair.none, tag=tag)
+            with phase("placement"):
+                memory.gather(call, extra, own=not repair.none, tag=tag)
             self._repair(call, repair)
         except BaseException:
             memory.abort(call)
@@ -247,7 +253,8 @@ class KVExecutor:
                 try:
                     if self.work is not None and c.plan.is_decode:  # its reply, as cached
                         self.work.read(c.plan.parents, cached_reply(c), c.plan.salt)
-                    out.finished[c] = self.finisher.finish(c)
+                    with phase("finish"):
+                        out.finished[c] = self.finisher.finish(c)
                 except Exception as exc:
                     self.memory.abort(c)
                     out.failed.append((c, exc))

@@ -22,6 +22,7 @@ from corps.engine.exec.draw import bias
 from corps.engine.exec.grammars import Grammars
 from corps.engine.exec.grammars import apply as apply_masks
 from corps.engine.exec.memory import Memory
+from corps.engine.exec.phases import phase, step_phase
 from corps.engine.exec.postprocess import Postprocess
 from corps.engine.exec.repairs import Repairs
 from corps.engine.exec.step_plan import (
@@ -96,14 +97,28 @@ class Stepper:
         # constrained calls' masks are computed on another thread while the forward runs
         constrained = [c for c, start, n in plan if c.matcher is not None and samples(c, start, n)]
         masks = self.grammars.masks_async([c.matcher for c in constrained]) if constrained else None
-        self.repairs.probe([e.call for e in plan if e.is_repair])  # their rows, chosen now
-        logits, rows = self._forward(plan, out)
-        sampling_rows = logit_rows(plan, rows)
-        scored = self._score(sampling_rows, logits)
-        bias(logits, [(r, c.plan.sampling) for c, r in sampling_rows if c.plan.sampling.logit_bias])
+        repairing = [e.call for e in plan if e.is_repair]
+        if repairing:
+            with phase("probe"):
+                self.repairs.probe(repairing)  # their rows, chosen now
+        decodes, chunks = sum(e.is_decode for e in plan), sum(e.is_chunk for e in plan)
+        with phase(step_phase(decodes, chunks, len(repairing))):
+            logits, rows = self._forward(plan, out)
+        with phase("sample"):
+            sampling_rows = logit_rows(plan, rows)
+            scored = self._score(sampling_rows, logits)  # before any bias or mask
+            biased = [(r, c.plan.sampling) for c, r in sampling_rows if c.plan.sampling.logit_bias]
+            bias(logits, biased)
         if masks is not None:
-            row_of = {id(c): r for c, r in sampling_rows}
-            apply_masks(logits, [row_of[id(c)] for c in constrained], masks.result())
+            with phase("masks"):
+                row_of = {id(c): r for c, r in sampling_rows}
+                apply_masks(logits, [row_of[id(c)] for c in constrained], masks.result())
+        with phase("sample"):
+            self._advance(plan, rows, logits, sampling_rows, scored, out)
+
+    def _advance(self, plan: list[Rows], rows: list[int], logits: Tensor, sampling_rows,
+                 scored, out: StepOutput) -> None:  # fmt: skip
+        """The draw for every sampling row, then each call moved on by its rows."""
         picks = self.post.sampler.picks(sampling_rows, logits)
         r = 0
         for (c, start, n), k in zip(plan, rows, strict=True):

@@ -42,7 +42,7 @@ def count_kernel(name: str) -> None:
     """One launch of `name`, for the counters active on this thread (for calls the
     mode cannot see); nothing when none is."""
     for counts in _active():
-        counts.ops[name] += 1
+        counts.count(name)
 
 
 def _storage(x: Any) -> int | None:
@@ -79,6 +79,10 @@ class OpCounts(TorchFunctionMode):
         elif _computes(name, args, out):
             self.ops[name] += 1
         return out
+
+    def count(self, name: str) -> None:
+        """One launch of `name` the mode cannot see (`count_kernel`)."""
+        self.ops[name] += 1
 
     def __enter__(self) -> OpCounts:
         _active().append(self)
