@@ -55,6 +55,7 @@ class ModeAccount:
     device_s: dict[str, float] = field(default_factory=dict)  # CUDA only
     launches: dict[str, int] = field(default_factory=dict)  # op counter (counted run)
     kernels: dict[str, int] = field(default_factory=dict)  # profiler, CUDA only
+    count_error: str = ""  # why the counted run failed, if it did (the timed run stands)
 
     @property
     def outside_s(self) -> float:
@@ -131,10 +132,13 @@ async def account_pattern(
 
     first = await _pass(runtimes, pattern, params, lambda mode: nullcontext())
     timed = await _pass(runtimes, pattern, params, lambda mode: accounting(device))
-    counted = {}
+    counted, count_error = {}, ""
     if count != "none":
         profile = count == "kernels"
-        counted = await _pass(runtimes, pattern, params, lambda mode: _Counted(device, profile))
+        try:
+            counted = await _pass(runtimes, pattern, params, lambda m: _Counted(device, profile))
+        except Exception as exc:  # the timed figures stand; the row says why it has no counts
+            count_error = repr(exc)
     out = []
     for mode, (result, account, wall) in timed.items():
         c = counted.get(mode)
@@ -145,7 +149,7 @@ async def account_pattern(
             entries=dict(account.entries),
             host_s=dict(account.host_s), device_s=dict(account.device_s),
             launches=dict(c[1].account.launches) if c else {},
-            kernels=c[1].kernels if c else {},
+            kernels=c[1].kernels if c else {}, count_error=count_error,
         ))  # fmt: skip
     return out
 

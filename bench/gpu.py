@@ -402,7 +402,9 @@ async def account_figures(s: Settings, out: Path | None, console: Console) -> li
         figures += [
             Figure("account", f"{pattern} wall", c.wall_s, b.wall_s, "s", note),
             Figure("account", f"{pattern} mean TTFT", c.ttft_s * 1e3, b.ttft_s * 1e3, "ms", note),
-            Figure("account", f"{pattern} kernels", kc, kb, "", note),
+            Figure(
+                "account", f"{pattern} kernels", kc, kb, "", note, c.count_error or b.count_error
+            ),
         ]
     figures += [Figure("account", f"{p} wall", math.nan, math.nan, "s", note, e)
                 for p, e in errors.items()]  # fmt: skip

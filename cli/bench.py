@@ -283,6 +283,8 @@ def bench_account(
         ))  # fmt: skip
     except CorpsError as exc:
         fail(exc)
+    errors.update({f"{r.pattern} ({r.mode}) counted run": r.count_error
+                   for r in rows if r.count_error})  # fmt: skip
     if errors:
         err.print("[bold red]failed:[/] " + "; ".join(f"{p}: {e}" for p, e in errors.items()))
         raise typer.Exit(1)

@@ -63,3 +63,22 @@ def test_outside_is_what_no_phase_holds():
 def test_bad_options_are_refused_before_anything_loads(tiny_dirs, args, says):
     result = invoke(tiny_dirs, *args)
     assert result.exit_code == 2 and says in result.output, result.output
+
+
+def test_a_failed_counted_run_keeps_the_timed_figures_and_fails_the_command(
+    tiny_dirs, tmp_path, monkeypatch
+):
+    from corps.bench import account
+
+    async def broken(self):
+        raise RuntimeError("the counter broke")
+
+    monkeypatch.setattr(account._Counted, "__aenter__", broken)
+    out = tmp_path / "account.jsonl"
+    result = invoke(tiny_dirs, "--patterns", "debate", "--out", str(out))
+    assert result.exit_code == 1 and "the counter broke" in result.output
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r["mode"] for r in rows] == ["baseline", "choreographed"]
+    for r in rows:
+        assert "the counter broke" in r["count_error"] and r["launches"] == {}
+        assert r["entries"]["decode"] > 0 and r["wall_s"] > 0  # the timed run stands

@@ -86,3 +86,17 @@ def test_a_check_out_of_time_skips_what_is_left_and_fails(tiny_dirs, tmp_path):
     done = check(out, GPU_CHECK_BUDGET_S="5", GPU_CHECK_MODELS=str(tiny_dirs["llama"]))
     assert done.returncode == 1
     assert all(s.get("skipped") == "out of time" for s in lines(out / "check.jsonl"))
+
+
+def test_the_install_maps_every_package_folder_the_wheel_has():
+    """The GPU machine runs corps from symlinked folders; one left out fails every bench
+    there (the H200 run of 2026-11-28 lost its first try to a missing `bench`)."""
+    import re
+
+    script = (ROOT / ".ci" / "gpu-check").read_text()
+    expr = re.search(r"for d in \$\((sed .*?)\); do", script).group(1)
+    mapped = subprocess.run(["bash", "-c", expr], cwd=ROOT, capture_output=True, text=True)
+    setup = (ROOT / "setup.py").read_text()
+    roots = re.search(r"^ROOTS = \((.*)\)$", setup, re.M).group(1)
+    assert mapped.stdout.split() == [r.strip(' "') for r in roots.split(",") if r.strip()]
+    assert {"bench", "serve"} <= set(mapped.stdout.split())

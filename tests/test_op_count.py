@@ -31,3 +31,13 @@ def test_flex_prefill_counts_once_as_its_compiled_kernel():
     with OpCounts() as c:
         out = flex_prefill(q, ak, av, mask, 0.3)
     assert out.shape == (5, 4, 8) and c.ops["flex_attention"] == 1
+
+
+def test_a_compile_under_the_counter_is_traced_not_counted():
+    f = torch.compile(lambda x: torch.nn.functional.silu(x * 2) + 1, backend="eager",
+                      fullgraph=True)  # fmt: skip
+    x = torch.ones(4)
+    with OpCounts() as c:
+        got = f(x)
+    assert torch.equal(got, torch.nn.functional.silu(x * 2) + 1)
+    assert c.kernels == 3  # mul, silu, add, run by the eager backend

@@ -117,3 +117,16 @@ async def test_a_calls_work_is_accounted_phase_by_phase(tiny_dirs):
     assert a.entries["decode"] >= 3  # the first token comes with the header's prefill
     assert a.launches["decode"] > 0 and sum(a.launches.values()) == a.kernels
     assert set(a.host_s) <= set(phases.PHASES)
+
+
+def test_counting_leaves_what_dynamo_traces_alone():
+    """A function compiled while the account counts (FlexAttention is, on CUDA): dynamo
+    traces through the mode, which must not fail it (the H200 run of 2026-11-28 lost
+    every pattern's counted run to this)."""
+    f = torch.compile(lambda x: torch.nn.functional.silu(x * 2) + 1, backend="eager",
+                      fullgraph=True)  # fmt: skip
+    x = torch.ones(4)
+    with Account(count_ops=True) as a:
+        with phase("prefill"):
+            assert torch.equal(f(x), torch.nn.functional.silu(x * 2) + 1)
+    assert a.launches["prefill"] == a.kernels > 0  # the graph's ops, run eagerly, count

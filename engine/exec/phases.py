@@ -112,7 +112,7 @@ class Account(OpCounts):
     # ---- launches (count_ops) ----
 
     def __torch_function__(self, func, types, args=(), kwargs=None) -> Any:
-        if not self.count_ops:
+        if not self.count_ops or torch.compiler.is_compiling():
             return func(*args, **(kwargs or {}))
         kernels = self.kernels
         out = super().__torch_function__(func, types, args, kwargs)

@@ -5,7 +5,9 @@ kernels a GPU would launch for it (a launch-bound step's cost is its launches).
 the caller makes it (`F.linear` is one call, as it is one GEMM on a GPU).
 FlexAttention, which eager mode runs inside a compiled wrapper the mode does not
 see, reports itself once per launch (`count_kernel`), as its one compiled kernel on
-a GPU. A call counts as a kernel (`OpCounts.kernels`, by name in `ops`) when it
+a GPU; what dynamo traces while the mode is on (a compile on CUDA) is not counted
+(the H200 run of 2026-11-28 failed every FlexAttention compile under the counter
+before this). A call counts as a kernel (`OpCounts.kernels`, by name in `ops`) when it
 computes: it returns a tensor that is not a view of its first argument, or it works
 in place (`add_`, `index_copy_`, `__setitem__`). Views, metadata (`.shape`,
 `.size()`) and no-op casts are not counted; calls that bring a value to the host
@@ -21,6 +23,7 @@ import threading
 from collections import Counter
 from typing import Any
 
+import torch
 from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
@@ -72,6 +75,8 @@ class OpCounts(TorchFunctionMode):
         self.syncs: Counter[str] = Counter()
 
     def __torch_function__(self, func, types, args=(), kwargs=None) -> Any:
+        if torch.compiler.is_compiling():  # traced into a compiled graph: not a launch
+            return func(*args, **(kwargs or {}))
         out = func(*args, **(kwargs or {}))
         name = getattr(func, "__name__", str(func))
         if name in SYNCS:
