@@ -1,7 +1,10 @@
 """`corps bench account`: where a workflow's time goes, phase by phase, in both modes.
 
 For each pattern, one engine per mode (baseline, choreographed), on equal work (the
-baseline's decoded tokens forced on the choreographed run, `corps.patterns.replay`):
+baseline's decoded tokens forced on the choreographed run, `corps.patterns.replay`),
+each run as cold as the first (`Engine.reset_prefix_cache` before it: the same
+inputs again would otherwise find the baseline's whole prompts cached, and the
+choreographed repair bound at nothing):
 
 1. a warm-up run of each mode (compiles, captures, first allocations): its wall
    only (`first_wall_s`), against which the timed run's shows what they cost;
@@ -76,6 +79,7 @@ async def _pass(runtimes: dict[str, Any], pattern: str, params: dict, wrap: Call
 
     replay, out = Replay(), {}
     for mode, rt in runtimes.items():
+        await rt.engine.reset_prefix_cache()  # each run as cold as the first
         with (replay if mode == "baseline" else replay.forcing()).active():
             async with wrap(mode) as measured:
                 t0 = time.perf_counter()

@@ -65,7 +65,12 @@ async def branch_solve_merge(
     ) as run:
         brancher, writer, merger = [await run.agent(r) for r in ("branch", "solve", "merge")]
         listed = ", ".join(concepts)
-        branch = await run.prefill(BRANCH.format(concepts=listed))
+        # the three instructions depend on nothing decoded: encoded in one step (on a
+        # GPU each prefill step costs its launches, whatever its length)
+        branch, solve, merge = await run.prefill_many(
+            [dict(message=BRANCH.format(concepts=listed)), dict(message=SOLVE),
+             dict(message=MERGE)]
+        )  # fmt: skip
         form = forms.only(constrained, forms.groups(concepts))
         (split,) = await run.ask(brancher, run.turn([branch], header="Group 1:", **form))
         if constrained:  # the second group is what the first does not name
@@ -78,12 +83,10 @@ async def branch_solve_merge(
             groups = (list(concepts[:half]), list(concepts[half:]))
         # The instruction both writers share is one message, encoded once; each
         # writer reads it followed by its own group.
-        solve = await run.prefill(SOLVE)
         asks = await run.prefill_many(
             [dict(message=GROUP.format(concepts=", ".join(g)), parents=[solve]) for g in groups]
         )
         stories = await run.ask(writer, *[run.turn([solve, a], header="Story: ") for a in asks])
-        merge = await run.prefill(MERGE)
         offsets, new_offset = None, None
         if layout == "parallel":
             at = merge.offset + merge.length

@@ -59,12 +59,12 @@ async def map_reduce(
         chunks = split(rt.engine.tokenizer, document, chunk_tokens)
         if not chunks:
             raise InvalidRequest("map_reduce needs a non-empty document")
-        instr = await run.prefill(MAP)
+        # both instructions at once: one prefill step, not two (each costs its launches)
+        instr, reduce = await run.prefill_many([dict(message=MAP), dict(message=REDUCE)])
         parts = await run.prefill_many([dict(message=c, parents=[instr]) for c in chunks])
         level = await run.ask(
             mapper, *[run.turn([instr, p], header="Summary:", stop=("\n",)) for p in parts]
         )
-        reduce = await run.prefill(REDUCE)
         levels = [len(level)]
         while len(level) > 1:
             run.stage(f"reduce level {len(levels)}: {len(level)} summaries")

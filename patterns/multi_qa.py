@@ -46,11 +46,13 @@ async def multi_qa(
         system = await run.prefill(SYSTEM, role="system")
         at = system.offset + system.length
         qs = []
-        for q in questions:  # each attends to the system prompt only
+        if layout == "parallel":  # every question at one offset: all in one prefill step
+            items = [dict(message=q, parents=[system], new_offset=at) for q in questions]
+            qs = await run.prefill_many(items)
+        for q in questions if layout == "serial" else ():  # each after the one before
             h = await run.prefill(q, parents=[system], new_offset=at)
             qs.append(h)
-            if layout == "serial":
-                at += h.length
+            at += h.length
         offsets, new_offset = None, None
         if layout == "parallel":
             offsets = [None] + [q.offset for q in qs]

@@ -42,6 +42,28 @@ async def test_documented_api_shape(tiny_dirs):
         assert stats.forward_s > 0  # time in the model's forward, for benchmarks' overhead
 
 
+async def test_reset_prefix_cache_makes_the_same_call_as_cold_as_the_first(tiny_dirs):
+    async with open_tiny(tiny_dirs, "llama", mode="baseline") as engine:
+        sys = await engine.prefill("You are a careful solver. " * 4, role="system")
+        ask = dict(parents=[sys], max_tokens=4, temperature=0.0)
+        first = await engine.decode(**ask)
+        again = await engine.decode(**ask)  # its prompt cached by the first
+        assert again.tokens_encoded < first.tokens_encoded
+        used = engine.stats().tokens_used
+        freed = await engine.reset_prefix_cache()
+        assert freed > 0 and engine.stats().tokens_used == used - freed
+        cold = await engine.decode(**ask)
+        assert cold.tokens_encoded == first.tokens_encoded and cold.tokens == first.tokens
+        assert sys.text  # messages stay
+        engine.check()
+    async with open_tiny(tiny_dirs, "llama", mode="choreographed") as engine:
+        sys = await engine.prefill("You are a careful solver.", role="system")
+        await engine.decode(parents=[sys], max_tokens=4, temperature=0.0)
+        assert await engine.reset_prefix_cache() == 0  # no prefix cache; its bound forgets
+        await engine.decode(parents=[sys], max_tokens=4, temperature=0.0)
+        engine.check()
+
+
 async def test_free_owned_releases_every_live_message_of_those_agents(tiny_dirs):
     async with open_tiny(tiny_dirs, "llama") as engine:
         a1 = await engine.prefill("one of a's", owner="a")

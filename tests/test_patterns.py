@@ -9,6 +9,7 @@ import pytest
 
 from corps.agents import Runtime
 from corps.patterns import PATTERNS, BadParameters, UnknownPattern, run_pattern
+from corps.patterns.branch_solve_merge import MERGE, SOLVE
 from corps.patterns.registry import validate
 from corps.patterns.samples import DOCUMENT_PARAGRAPHS
 
@@ -117,8 +118,11 @@ async def test_debate_structure(tiny_dirs, mode):
 @pytest.mark.parametrize("layout", ["serial", "parallel"])
 async def test_branch_solve_merge_layouts(tiny_dirs, mode, layout):
     r = await run(tiny_dirs, "branch_solve_merge", mode, layout=layout)
-    stories, merge, final = r.messages[-4:-2], r.messages[-2], r.messages[-1]
+    branch, solve, merge = r.messages[:3]  # the instructions, first, in one step
+    assert [h.text for h in (branch, solve, merge)][1:] == [SOLVE, MERGE]
+    stories, final = r.messages[-3:-1], r.messages[-1]
     assert final.parents == (merge, *stories)
+    assert all(h.parents[0] == solve for h in stories)
     groups = r.details["groups"]
     assert sorted(groups[0] + groups[1]) == sorted(SETTINGS["branch_solve_merge"]["concepts"])
     assert 0.0 <= r.details["coverage"] <= 1.0

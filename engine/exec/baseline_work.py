@@ -63,6 +63,13 @@ class BaselineWork:
         self.seen: set[int] = set()  # prefilled messages some decode read
         self.credit = 0  # savings not yet spent (negative: overheads not yet paid back)
 
+    def reset(self) -> None:
+        """Forget what the baseline would have cached and the savings so far, as at
+        the engine's opening (`Engine.reset_prefix_cache`)."""
+        self.shadow = RadixCache()
+        self.seen.clear()
+        self.credit = 0
+
     def bound(self, call: Work) -> int:
         """At most how many context tokens `call` may recompute."""
         if not call.decode:

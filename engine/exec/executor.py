@@ -72,6 +72,9 @@ class Executor(Protocol):
 
     def reset_peaks(self) -> None: ...
 
+    def reset_prefix_cache(self) -> int:
+        """Drop cached prefixes no call reads and the work bound's memory; tokens freed."""
+
     def gauges(self) -> tuple[int, int, int, int]:
         """(store slots used, store capacity, tokens evicted, tokens recomputed)."""
 

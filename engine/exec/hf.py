@@ -173,6 +173,10 @@ class HFExecutor:
     def reset_peaks(self) -> None:
         """Nothing to reset: no views."""
 
+    def reset_prefix_cache(self) -> int:
+        """Nothing cached across calls here: transformers re-encodes every prompt."""
+        return 0
+
     def gauges(self) -> tuple[int, int, int, int]:
         return 0, 0, 0, 0  # no store; transformers' own cache: nothing evicted
 

@@ -293,6 +293,20 @@ class KVExecutor:
         """Peaks start over from what is held now (`Engine.reset_peak_stats`)."""
         self.memory.reset_peaks()
 
+    def reset_prefix_cache(self) -> int:
+        """Drop the cached prefixes no running call reads, and the work bound's record of
+        what the baseline would have cached (`Engine.reset_prefix_cache`); tokens freed."""
+        freed = 0
+        memory = self.memory
+        if memory.prefixes is not None:
+            with memory.lock:
+                slots = memory.prefixes.evict(memory.store.capacity)
+                memory.store.release(slots)
+                freed = len(slots)
+        if self.work is not None:
+            self.work.reset()
+        return freed
+
     def close(self) -> None:
         """Give back every tensor the core allocated: the KV memory, the weights and the
         RoPE tables (the engine closed; its figures stay readable)."""
