@@ -26,16 +26,17 @@ measured. Nothing is asserted on the figures: they are the account.
 from __future__ import annotations
 
 import json
-import statistics
 import time
 from collections.abc import Callable
 from contextlib import AsyncExitStack, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+from rich.console import Console
 from rich.table import Table
 
+from corps.bench.workflow import sample_of
 from corps.engine.exec.phases import PHASES
 
 MODES = ("baseline", "choreographed")
@@ -66,14 +67,20 @@ class ModeAccount:
         return self.wall_s - sum((self.device_s or self.host_s).values())
 
 
-def _ttft(result) -> float:
-    firsts = [h.ttft for h in result.messages if h is not None and h.ttft is not None]
-    return statistics.fmean(firsts) if firsts else 0.0
+class Ran(NamedTuple):
+    """One mode's run in a pass: the pattern's result, what its wrapper measured, and
+    its wall time."""
+
+    result: Any  # corps.patterns.result.PatternResult
+    measured: Any
+    wall_s: float
 
 
-async def _pass(runtimes: dict[str, Any], pattern: str, params: dict, wrap: Callable) -> dict:
+async def _pass(
+    runtimes: dict[str, Any], pattern: str, params: dict, wrap: Callable
+) -> dict[str, Ran]:
     """One run per mode on equal work, each inside `wrap(mode)` (an async context
-    manager yielding what it measures); {mode: (result, measured, wall)}."""
+    manager yielding what it measures)."""
     from corps.patterns.registry import run_pattern
     from corps.patterns.replay import Replay
 
@@ -85,7 +92,7 @@ async def _pass(runtimes: dict[str, Any], pattern: str, params: dict, wrap: Call
                 t0 = time.perf_counter()
                 result = await run_pattern(rt, pattern, params)
                 wall = time.perf_counter() - t0
-        out[mode] = (result, measured, wall)
+        out[mode] = Ran(result, measured, wall)
     return out
 
 
@@ -145,15 +152,15 @@ async def account_pattern(
             count_error = repr(exc)
     out = []
     for mode, (result, account, wall) in timed.items():
-        c = counted.get(mode)
+        seen = sample_of(result)  # its calls and their mean TTFT, as `bench workflow` has them
+        c = counted[mode].measured if mode in counted else None
         out.append(ModeAccount(
-            pattern, mode, device, wall, _ttft(result),
-            calls=sum(1 for h in result.messages if h is not None and h.ttft is not None),
-            encoded=result.tokens_encoded, first_wall_s=first[mode][2],
+            pattern, mode, device, wall, seen.ttft_s, calls=seen.calls,
+            encoded=result.tokens_encoded, first_wall_s=first[mode].wall_s,
             entries=dict(account.entries),
             host_s=dict(account.host_s), device_s=dict(account.device_s),
-            launches=dict(c[1].account.launches) if c else {},
-            kernels=c[1].kernels if c else {}, count_error=count_error,
+            launches=dict(c.account.launches) if c else {},
+            kernels=c.kernels if c else {}, count_error=count_error,
         ))  # fmt: skip
     return out
 
@@ -161,11 +168,12 @@ async def account_pattern(
 async def measure(
     model: str, patterns: list[str], *, max_tokens: int, device: str, dtype: str,
     count: str = "kernels", out: Path | None = None, engine_kw: dict[str, Any] | None = None,
-    on_row: Callable[[ModeAccount], None] | None = None,
+    console: Console | None = None,
 ) -> tuple[list[ModeAccount], dict[str, str]]:  # fmt: skip
     """Every pattern's account in both modes (one engine per mode, shared by the
-    patterns), each row to `out` (JSON lines) as soon as it is measured; (the rows,
-    {pattern: error} of the patterns that failed: the others still run)."""
+    patterns), each row to `out` (JSON lines) and each pattern's table to `console`
+    as soon as it is measured; (the rows, {pattern: error} of the patterns that
+    failed: the others still run)."""
     import warnings
 
     from corps.agents import Runtime
@@ -201,8 +209,8 @@ async def measure(
             for row in got:
                 rows.append(row)
                 write({**asdict(row), "outside_s": row.outside_s})
-                if on_row is not None:
-                    on_row(row)
+            if console is not None:
+                console.print(table(pattern, got))
     return rows, errors
 
 

@@ -380,16 +380,9 @@ async def account_figures(s: Settings, out: Path | None, console: Console) -> li
     from corps.bench import account as ba
     from corps.patterns import PATTERNS
 
-    rows: list[ba.ModeAccount] = []
-
-    def show(row: ba.ModeAccount) -> None:
-        rows.append(row)
-        if row.mode == ba.MODES[-1]:
-            console.print(ba.table(row.pattern, rows))
-
-    _, errors = await ba.measure(
+    rows, errors = await ba.measure(
         s.model, list(s.patterns or PATTERNS), max_tokens=s.workflow_tokens, device=s.device,
-        dtype=s.dtype, count=s.account_count, out=out, on_row=show,
+        dtype=s.dtype, count=s.account_count, out=out, console=console,
         engine_kw={"graphs": s.graphs, "weights": s.weights, **s.budget_kw()},
     )  # fmt: skip
     figures = []

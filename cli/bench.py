@@ -269,17 +269,10 @@ def bench_account(
     except (ValueError, CorpsError) as exc:
         _bad(str(exc))
     console = Console(width=max(150, Console().width))
-
-    def show(row) -> None:
-        if row.mode == ba.MODES[-1]:
-            console.print(ba.table(row.pattern, rows))
-
-    rows: list = []
     try:
-        _, errors = anyio.run(lambda: ba.measure(
+        rows, errors = anyio.run(lambda: ba.measure(
             model, list(names), max_tokens=max_tokens, device=device, dtype=dtype,
-            count=count, out=Path(out) if out else None,
-            on_row=lambda r: (rows.append(r), show(r)),
+            count=count, out=Path(out) if out else None, console=console,
         ))  # fmt: skip
     except CorpsError as exc:
         fail(exc)

@@ -177,7 +177,14 @@ class KVExecutor:
         with phase("admit"):
             return self._admit(request, want_logits, keep, hold, evict)
 
-    def _admit(self, request, want_logits: bool, keep: int, hold: bool, evict) -> Call | None:
+    def _admit(
+        self,
+        request: PrefillRequest | DecodeRequest,
+        want_logits: bool,
+        keep: int,
+        hold: bool,
+        evict: Victims | None,
+    ) -> Call | None:
         memory, prefixes, repairs = self.memory, self.memory.prefixes, self.repairs
         if self.mode == "choreographed":
             self.restorer.restore(request.parents, evict)

@@ -101,8 +101,8 @@ class Stepper:
         if repairing:
             with phase("probe"):
                 self.repairs.probe(repairing)  # their rows, chosen now
-        decodes, chunks = sum(e.is_decode for e in plan), sum(e.is_chunk for e in plan)
-        with phase(step_phase(decodes, chunks, len(repairing))):
+        decodes = sum(e.is_decode for e in plan)
+        with phase(step_phase(decodes, out.chunks, len(repairing))):
             logits, rows = self._forward(plan, out)
         with phase("sample"):
             sampling_rows = logit_rows(plan, rows)
