@@ -938,8 +938,10 @@ def bench_gpu(
     unknown = [x for x in picked if x not in bg.SECTIONS]
     if unknown:
         _bad(f"--sections: unknown {', '.join(unknown)}; pick of {', '.join(bg.SECTIONS)}")
-    if account_count not in ("none", "ops", "kernels"):
-        _bad(f"--account-count: {account_count!r}; choose from none, ops, kernels")
+    from corps.bench.account import COUNTS
+
+    if account_count not in COUNTS:
+        _bad(f"--account-count: {account_count!r}; choose from {', '.join(COUNTS)}")
     if memory_budget is None and device.startswith("cuda"):
         memory_budget = 16.0
     try:
