@@ -106,17 +106,14 @@ class _Counted:
         self._stack = AsyncExitStack()
 
     async def __aenter__(self):
-        from corps.engine.exec.counting import accounting
+        from corps.engine.exec.counting import accounting, profiling
 
         self.account = await self._stack.enter_async_context(
             accounting(self.device, count_ops=True, labels=self.profile)
         )
         self.prof = None
         if self.profile:
-            import torch
-
-            acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-            self.prof = self._stack.enter_context(torch.profiler.profile(activities=acts))
+            self.prof = await self._stack.enter_async_context(profiling(cuda=True))
         return self
 
     async def __aexit__(self, *exc) -> None:

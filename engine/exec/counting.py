@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import torch
+
 from corps.engine.exec.phases import Account
 from corps.engine.exec.torch_thread import TORCH
 from corps.engine.kernels.op_count import OpCounts
@@ -36,3 +38,20 @@ async def accounting(
         yield account
     finally:
         await TORCH.run(account.__exit__, None, None, None)
+
+
+@asynccontextmanager
+async def profiling(cuda: bool = False) -> AsyncIterator[torch.profiler.profile]:
+    """torch.profiler over what the torch thread runs inside the block (CPU ops, and
+    CUDA kernels with `cuda`). Started on that thread: a profiler started on the
+    event loop's thread does not see the CPU ops of a thread that was already running
+    (the H200 run of 2026-11-28 got no per-phase kernels for that)."""
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if cuda:
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+    prof = torch.profiler.profile(activities=acts)
+    await TORCH.run(prof.__enter__)
+    try:
+        yield prof
+    finally:
+        await TORCH.run(prof.__exit__, None, None, None)
