@@ -5,7 +5,7 @@ out of the wheel (tests/test_wheel.py builds one and checks)."""
 from setuptools import find_packages, setup
 
 #: top-level folders, each the import package corps.<folder> (see DESIGN.md's layout)
-ROOTS = ("engine", "cache", "agents", "patterns", "serve", "bench", "cli")
+ROOTS = ("engine", "cache", "agents", "patterns", "serve", "view", "bench", "cli")
 
 
 def corps_packages() -> tuple[list[str], dict[str, str]]:

@@ -36,7 +36,7 @@ class TraceCost(BaseModel):
 
 
 class View(Protocol):
-    """A live view of an engine (`corps.cli.live.LiveView`): attached, run, detached."""
+    """A live view of an engine (`corps.view.live.LiveView`): attached, run, detached."""
 
     def attach(self, engine: Any) -> None: ...
     async def run(self) -> None: ...

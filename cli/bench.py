@@ -638,7 +638,7 @@ def _offscreen_view():
     """The live view drawing into an off-screen terminal (what `bench trace --live` times)."""
     import io
 
-    from corps.cli.live import LiveView
+    from corps.view.live import LiveView
 
     return LiveView(Console(file=io.StringIO(), force_terminal=True, width=120))
 

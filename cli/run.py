@@ -317,7 +317,7 @@ async def _session(
 
     view = None
     if live:
-        from corps.cli.live import LiveView
+        from corps.view.live import LiveView
 
         loading = (
             f"loading {config.model} ({config.mode}, dtype {config.dtype}, "

@@ -48,7 +48,7 @@ def _load(path: Path, *, follow: bool = False) -> Trace:
 
 
 def _filter(agent: str | None, kind: str | None, since: float | None):
-    from corps.cli.trace_view import Filter
+    from corps.view import Filter
 
     if kind not in (None, "prefill", "decode"):
         err.print(f"[bold red]error:[/] --kind must be prefill or decode, got {kind!r}")
@@ -84,7 +84,7 @@ def view(
     limit: LimitOpt = 40,
 ) -> None:
     """Timeline per agent, KV lineage, message graph, leaks and errors, totals."""
-    from corps.cli import trace_view as tv
+    from corps import view as tv
 
     flt = _filter(agent, kind, since)
     if follow:
@@ -130,7 +130,7 @@ def ui(file: FileArg, follow: FollowOpt = False) -> None:
     leaks & errors), / filters by agent (Esc clears), f follows a running trace,
     q quits.
     """
-    from corps.cli.trace_ui import TraceApp
+    from corps.view.app import TraceApp
 
     if follow:
         _wait_for(file)
@@ -144,7 +144,7 @@ def diff(
     limit: LimitOpt = 60,
 ) -> None:
     """Two runs side by side: calls aligned by agent and step, ratios A/B, first divergence."""
-    from corps.cli.trace_diff import diff as render
+    from corps.view.diff import diff as render
 
     out.print(render(_load(a), _load(b), limit))
 
@@ -185,7 +185,7 @@ def export(
     OpenTelemetry spans carry no message text unless asked: --include-text adds
     public messages' texts, --include-private every message's.
     """
-    from corps.cli import trace_export as tx
+    from corps.view import export as tx
 
     if not any((perfetto, otel, otel_endpoint, svg, html)):
         err.print(

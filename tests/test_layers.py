@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = ("engine", "cache", "agents", "patterns", "serve", "bench", "cli")
+FOLDERS = ("engine", "cache", "agents", "patterns", "serve", "view", "bench", "cli")
 #: engine layer -> the engine layers it may import ("shared": the torch-free top modules)
 ALLOWED = {
     "shared": {"shared"},
@@ -50,14 +50,16 @@ ABOVE = {
     ),
     # the tool-call syntax, grammar and parse it offers a request's tools with
     "serve": ({"cache", "engine"}, ("corps.engine.request.tools",)),
+    # the trace viewer's pictures: trace files (events, reader) and the step cost it shows
+    "view": ({"cache", "engine", "view"}, ("corps.engine.trace", "corps.engine.sched.cost")),
     # the benchmarks measure the engine's kernels, tuning and steps: every layer
-    "bench": ({"cache", "engine", "agents", "patterns", "serve"}, ("corps.engine.",)),
+    "bench": ({"cache", "engine", "agents", "patterns", "serve", "view"}, ("corps.engine.",)),
     # the shell: trace files (events, reader, exporters), the model files it lists and
-    # makes (names, dummy shapes, adapters) and the step cost the trace viewer shows
+    # makes (names, dummy shapes, adapters)
     "cli": (
-        {"cache", "engine", "agents", "patterns", "serve", "bench", "cli"},
+        {"cache", "engine", "agents", "patterns", "serve", "view", "bench", "cli"},
         ("corps.engine.trace", "corps.engine.model.names", "corps.engine.model.dummy",
-         "corps.engine.model.adapter_files", "corps.engine.sched.cost"),
+         "corps.engine.model.adapter_files"),
     ),
 }  # fmt: skip
 

@@ -1,4 +1,4 @@
-"""The live view (corps.cli.live): bookkeeping from events, panels and footer."""
+"""The live view (corps.view.live): bookkeeping from events, panels and footer."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import anyio
 import pytest
 from rich.console import Console
 
-from corps.cli.live import LiveView
 from corps.engine.trace.events import Stage
+from corps.view.live import LiveView
 
 from conftest import open_tiny
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from corps.cli.trace_export import perfetto
-from corps.cli.trace_view import Timeline
 from corps.engine.trace.merge import merge
 from corps.engine.trace.reader import Trace
+from corps.view import Timeline
+from corps.view.export import perfetto
 
 from conftest import open_tiny
 

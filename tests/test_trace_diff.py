@@ -1,4 +1,4 @@
-"""`corps trace diff` (corps.cli.trace_diff): alignment, ratios, first divergence."""
+"""`corps trace diff` (corps.view.diff): alignment, ratios, first divergence."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import io
 
 from rich.console import Console
 
-from corps.cli.trace_diff import align, diff
 from corps.engine.trace.reader import Trace
+from corps.view.diff import align, diff
 
 
 def render(part) -> str:

@@ -1,4 +1,4 @@
-"""Exports (corps.cli.trace_export): Perfetto trace events, OTLP/JSON, SVG and HTML."""
+"""Exports (corps.view.export): Perfetto trace events, OTLP/JSON, SVG and HTML."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from corps.cli import trace_export as tx
 from corps.engine.trace.reader import Trace, names_of
 from corps.engine.trace.spans import otlp
+from corps.view import export as tx
 
 from conftest import TRACE_SETTINGS
 

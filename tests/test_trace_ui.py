@@ -1,4 +1,4 @@
-"""cli/trace_ui.py: the Textual trace app, driven headless with its pilot."""
+"""corps.view.app: the Textual trace app, driven headless with its pilot."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import shutil
 
 from textual.widgets import DataTable, Static, TabbedContent
 
-from corps.cli import trace_view as tv
-from corps.cli.trace_ui import TraceApp
+from corps import view as tv
 from corps.engine.trace.reader import Trace
+from corps.view.app import TraceApp
 
 
 def shown(app: TraceApp, widget_id: str) -> str:

@@ -1,4 +1,4 @@
-"""The trace viewer (corps.cli.trace_view): every pattern's trace renders, at any width."""
+"""The trace viewer (corps.view): every pattern's trace renders, at any width."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import itertools
 import pytest
 from rich.console import Console
 
-from corps.cli import trace_view as tv
+from corps import view as tv
 from corps.engine.trace.reader import Trace
 
 from conftest import TRACE_SETTINGS

@@ -10,7 +10,7 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = ("engine", "cache", "agents", "patterns", "serve", "bench", "cli")
+FOLDERS = ("engine", "cache", "agents", "patterns", "serve", "view", "bench", "cli")
 SKIP = shutil.ignore_patterns(
     ".venv", ".git", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis"
 )

@@ -1,7 +1,7 @@
 """`corps trace ui FILE [--follow]`: the trace viewer as an interactive Textual app.
 
 The same data (`Trace`) and the same rich renderers as `corps trace view`
-(`corps.cli.trace_view`), arranged to navigate: the header and timeline on top;
+(`corps.view`), arranged to navigate: the header and timeline on top;
 below, a table of calls (one row each, in start order) beside the selected
 call's detail (its context picture, its parents' texts in full, what it made);
 other tabs hold the totals with the critical path, the loop's steps and the
@@ -21,7 +21,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import DataTable, Footer, Input, Static, TabbedContent, TabPane
 
-from corps.cli import trace_view as tv
+from corps import view as tv
 from corps.engine.trace.reader import Trace
 
 FOLLOW_S = 0.5  # seconds between reads of a followed file

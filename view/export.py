@@ -24,9 +24,9 @@ from typing import Any
 
 from rich.console import Console
 
-from corps.cli.trace_view import ALL, Filter, Timeline, overview
 from corps.engine.trace.events import Step
 from corps.engine.trace.reader import CallRec, Trace
+from corps.view import ALL, Filter, Timeline, overview
 
 
 def _us(t: float) -> float:

@@ -15,8 +15,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from corps.cli.trace_view import _clip, ms
 from corps.engine.trace.reader import CallRec, Names, Trace
+from corps.view.timeline import clip, ms
 
 
 @dataclass(frozen=True)
@@ -103,8 +103,8 @@ def diff(a: Trace, b: Trace, limit: int = 60) -> Group:
     else:
         p = first_diff
         parts.append(Text(f"first divergence: {p.agent} step {p.step}", style="bold yellow"))
-        parts.append(Text.assemble(("A: ", "bold"), _clip(_output(a, p.a) or "(none)", 300)))
-        parts.append(Text.assemble(("B: ", "bold"), _clip(_output(b, p.b) or "(none)", 300)))
+        parts.append(Text.assemble(("A: ", "bold"), clip(_output(a, p.a) or "(none)", 300)))
+        parts.append(Text.assemble(("B: ", "bold"), clip(_output(b, p.b) or "(none)", 300)))
     return Group(*parts)
 
 
