@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from corps.cli import distill as distill_cli
 from corps.cli import fidelity as fidelity_cli
 from corps.cli import run as run_cli
 from corps.cli.bench import bench_app
@@ -28,8 +29,8 @@ app.command()(chat)
 app.command("run")(run_cli.run)
 app.command("fidelity")(fidelity_cli.fidelity)
 app.command("eval")(fidelity_cli.evaluate)
-app.command("distill")(fidelity_cli.distill)
-app.command("inputs")(fidelity_cli.inputs)
+app.command("distill")(distill_cli.distill)
+app.command("inputs")(distill_cli.inputs)
 app.command("scenarios")(run_cli.scenarios)
 
 __all__ = ["app", "fail", "main"]

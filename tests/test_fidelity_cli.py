@@ -1,4 +1,4 @@
-"""`corps fidelity`, `eval`, `distill` and `inputs` (corps.cli.fidelity) on a tiny model."""
+"""`corps fidelity`, `eval`, `distill`, `inputs` (cli/fidelity.py, cli/distill.py), tiny model."""
 
 from __future__ import annotations
 
@@ -155,7 +155,8 @@ def test_fidelity_and_eval_take_repair_policies(tiny_dirs, tmp_path, pairs):
 def test_a_policy_label_is_plain_and_a_bare_one_has_the_defaults():
     """`choreographed@P` runs P on every call (`@none`: plain choreography, the decision
     steps' default off); a bare `choreographed` is the engine's defaults."""
-    from corps.cli.fidelity import _config, _repairs
+    from corps.cli.eval_options import config_of as _config
+    from corps.cli.eval_options import repairs_of as _repairs
     from corps.engine import DECISION_REPAIR
 
     assert _repairs("none, full") == ["choreographed@none", "choreographed@full"]
