@@ -26,7 +26,8 @@ from pydantic import BaseModel
 from rich.table import Table
 
 from corps.engine.config import EngineConfig
-from corps.patterns.cluster.runner import Cluster, start_local_ray
+from corps.patterns.cluster.ray_setup import start_local_ray
+from corps.patterns.cluster.runner import Cluster
 from corps.patterns.evaluation.inputs import question_pairs
 
 

@@ -260,7 +260,7 @@ def _check_worker_flags(workers, lines, json_out, resume, ray_address, gpus) -> 
 def _on_workers(tgt, lines, checked, config, workers, address, gpus, threads, concurrency,
                 json_out, resume) -> None:  # fmt: skip
     from corps.cli.run_workers import run_on_workers
-    from corps.patterns.cluster.runner import ClusterError
+    from corps.patterns.cluster.errors import ClusterError
 
     ids = [line.get("id", i) for i, line in enumerate(lines)]
     try:

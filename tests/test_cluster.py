@@ -15,7 +15,8 @@ import pytest
 
 from corps.cache.errors import InvalidRequest
 from corps.engine.config import EngineConfig
-from corps.patterns.cluster.runner import Cluster, ClusterError, Outcome, WorkerStartFailed
+from corps.patterns.cluster.errors import ClusterError, WorkerStartFailed
+from corps.patterns.cluster.runner import Cluster, Outcome
 
 from conftest import open_tiny
 
@@ -169,12 +170,12 @@ async def test_bad_inputs_fail_before_any_worker_runs(tiny_dirs, local_ray):
 
 
 def test_an_address_nothing_answers_at_fails_fast():
-    from corps.patterns.cluster.runner import _check_reachable
+    from corps.patterns.cluster.ray_setup import check_reachable
 
     with pytest.raises(ClusterError, match="no Ray cluster answers"):
-        _check_reachable("127.0.0.1:1")
+        check_reachable("127.0.0.1:1")
     with pytest.raises(ClusterError, match="bad Ray address"):
-        _check_reachable("nowhere")
+        check_reachable("nowhere")
 
 
 def test_relative_model_paths_are_made_absolute_for_the_workers(tiny_dirs, monkeypatch):

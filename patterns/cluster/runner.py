@@ -24,38 +24,22 @@ an optional extra (`pip install 'corps[ray]'`) imported only here.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
 import os
-import socket
 import tempfile
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from corps.cache.errors import CorpsError, InvalidRequest
+from corps.cache.errors import InvalidRequest
 from corps.engine.config import EngineConfig
-from corps.patterns import registry
+from corps.patterns.cluster.checks import absolute_paths, check_ids, checked_params, workflow_name
 from corps.patterns.cluster.dispatch import Router, estimate_tokens, prompt_key
+from corps.patterns.cluster.errors import ClusterError, WorkerStartFailed
+from corps.patterns.cluster.ray_setup import RAY_INIT, check_reachable, import_ray, start_local_ray
 from corps.patterns.cluster.worker import EngineWorker
-from corps.patterns.evaluation.scoring import without_references
-
-INSTALL = "pip install 'corps[ray]'"
-
-
-class ClusterError(CorpsError):
-    """The cluster could not start or went on without workers (one line says why)."""
-
-
-class RayMissing(ClusterError):
-    """Ray is not installed."""
-
-
-class WorkerStartFailed(ClusterError):
-    """A worker could not build its engine (bad model, no resources, ...)."""
 
 
 @dataclass(frozen=True)
@@ -168,7 +152,7 @@ class Cluster:
         config = EngineConfig.of(config)
         if gpus_per_worker and not config.device.startswith("cuda"):
             config = config.model_copy(update=dict(device="cuda"))
-        self.config = config.model_copy(update=dict(trace=None, **_absolute(config)))
+        self.config = config.model_copy(update=dict(trace=None, **absolute_paths(config)))
         self.size, self.address, self.gpus = workers, address, gpus_per_worker
         cores = os.cpu_count() or 1
         self.threads = threads_per_worker or max(1, cores // workers)
@@ -189,7 +173,7 @@ class Cluster:
     # ---- life cycle ----
 
     async def __aenter__(self) -> Cluster:
-        self._ray = _import_ray()
+        self._ray = import_ray()
         if self.trace is not None:
             self._tmp = tempfile.TemporaryDirectory(prefix="corps-cluster-")
         try:
@@ -216,9 +200,9 @@ class Cluster:
             cores = os.cpu_count() or 1
             start_local_ray(max(cores, self.size * self.threads))
         else:
-            _check_reachable(self.address)
+            check_reachable(self.address)
             try:
-                ray.init(address=self.address, **_RAY_INIT)
+                ray.init(address=self.address, **RAY_INIT)
             except Exception as exc:
                 msg = f"cannot join the Ray cluster at {self.address}: {exc}"
                 raise ClusterError(msg) from None
@@ -341,10 +325,10 @@ class Cluster:
         it themselves) once per input and yield each `Outcome` as it finishes, in
         finishing order. An input's id is `ids[i]`, else its "id" key, else its index;
         ids in `skip` are not run (a resumed run)."""
-        name = _workflow_name(workflow)
+        name = workflow_name(workflow)
         ids = list(ids) if ids is not None else [p.get("id", i) for i, p in enumerate(inputs)]
-        params = [_params(name, p) for p in inputs]
-        _check_ids(ids, len(inputs))
+        params = [checked_params(name, p) for p in inputs]
+        check_ids(ids, len(inputs))
         keys = [prompt_key(p) for p in params]
         b = _Batch(name, ids, params, keys, [estimate_tokens(k, decode_budget) for k in keys],
                    deque(i for i in range(len(inputs)) if ids[i] not in skip))  # fmt: skip
@@ -423,104 +407,6 @@ class Cluster:
 #: How many times an input waiting for the workers holding its prefix lets a later
 #: input start first before it takes any free worker.
 PASSES = 4
-
-_RAY_INIT = dict(include_dashboard=False, log_to_driver=False, configure_logging=False,
-                 namespace="corps")  # fmt: skip
-
-
-def start_local_ray(num_cpus: int) -> None:
-    """Start a local Ray instance in this process, as a cluster does without an address
-    (no dashboard; workers' logs stay in Ray's log directory)."""
-    ray = _import_ray()
-    with _quiet("ray._private.authentication"):  # says it secured the local instance
-        ray.init(num_cpus=num_cpus, **_RAY_INIT)
-
-
-@contextlib.contextmanager
-def _quiet(logger: str) -> Iterator[None]:
-    log = logging.getLogger(logger)
-    level = log.level
-    log.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        log.setLevel(level)
-
-
-def _import_ray() -> Any:
-    try:
-        import ray
-    except ImportError:
-        raise RayMissing(f"running on workers needs Ray: {INSTALL}") from None
-    return ray
-
-
-def _check_reachable(address: str) -> None:
-    """Fail in seconds, not minutes, on an address nothing listens at (Ray itself
-    retries for a long time)."""
-    if address == "auto":
-        return
-    hostport = address.removeprefix("ray://")
-    host, sep, port = hostport.rpartition(":")
-    if not sep or not port.isdigit() or not host:
-        raise ClusterError(f"bad Ray address {address!r}: give HOST:PORT, ray://HOST:PORT or auto")
-    try:
-        socket.create_connection((host, int(port)), timeout=5).close()
-    except OSError as exc:
-        raise ClusterError(f"no Ray cluster answers at {address}: {exc}") from None
-
-
-def _absolute(config: EngineConfig) -> dict[str, Any]:
-    """A model or adapter given as a relative path here, made absolute: a worker's
-    working directory is not the driver's."""
-    out: dict[str, Any] = {}
-    if Path(config.model).exists():
-        out["model"] = str(Path(config.model).resolve())
-    if config.adapter is not None:
-        out["adapter"] = Path(config.adapter).resolve()
-    return out
-
-
-def _workflow_name(workflow: str | Callable[..., Any]) -> str:
-    """What a worker loads: a built-in's name, or a `.py` file's absolute path (a
-    worker's working directory is not the driver's)."""
-    if callable(workflow):
-        if registry.PATTERNS.get(getattr(workflow, "__name__", "")) is not workflow:
-            raise InvalidRequest(
-                "a cluster runs a built-in pattern (by name or function) or a .py file's "
-                "`run` (by path): workers load the workflow themselves"
-            )
-        return workflow.__name__
-    if workflow.endswith(".py"):
-        path = Path(workflow).resolve()
-        if not path.is_file():
-            raise InvalidRequest(f"no Python file {workflow!r}")
-        return str(path)
-    return registry.canonical(workflow)
-
-
-def _params(workflow: str, params: dict[str, Any]) -> dict[str, Any]:
-    """A built-in pattern's parameters, checked here (not on a worker) and without the
-    scoring references it does not take; a file's, as given."""
-    try:
-        fn = registry.get(workflow)
-    except registry.UnknownPattern:
-        if workflow.endswith(".py"):
-            return dict(params)
-        raise
-    return registry.validate(fn, without_references(params, registry.params_model(fn).model_fields))
-
-
-def _check_ids(ids: list, n: int) -> None:
-    if len(ids) != n:
-        raise InvalidRequest(f"{len(ids)} ids for {n} inputs")
-    seen: set = set()
-    for i in ids:
-        if not isinstance(i, int | str) or isinstance(i, bool):
-            raise InvalidRequest(f"input id {i!r}: ids are strings or integers")
-        if i in seen:
-            raise InvalidRequest(f"input id {i!r} appears twice: every input needs its own id")
-        seen.add(i)
 
 
 def _number(worker: str) -> int:
