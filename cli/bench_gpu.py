@@ -142,16 +142,17 @@ def bench_gpu(
     import torch
 
     from corps.bench import gpu as bg
+    from corps.bench import gpu_figures as gf
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     chosen = tuple(w.strip().replace("-", "_") for w in workflows.split(",") if w.strip())
-    unknown = [w for w in chosen if w not in bg.WORKFLOWS]
+    unknown = [w for w in chosen if w not in gf.WORKFLOWS]
     if unknown:
-        _bad(f"--workflows: unknown {', '.join(unknown)}; pick of {', '.join(bg.WORKFLOWS)}")
+        _bad(f"--workflows: unknown {', '.join(unknown)}; pick of {', '.join(gf.WORKFLOWS)}")
     picked = tuple(x.strip() for x in sections.split(",") if x.strip())
-    unknown = [x for x in picked if x not in bg.SECTIONS]
+    unknown = [x for x in picked if x not in gf.SECTIONS]
     if unknown:
-        _bad(f"--sections: unknown {', '.join(unknown)}; pick of {', '.join(bg.SECTIONS)}")
+        _bad(f"--sections: unknown {', '.join(unknown)}; pick of {', '.join(gf.SECTIONS)}")
     from corps.bench.account import COUNTS
 
     if account_count not in COUNTS:
@@ -163,7 +164,7 @@ def bench_gpu(
         EngineConfig.of(model, dtype=dtype, device=device, graphs=graphs, weights=weights)
     except (ValueError, CorpsError) as exc:
         _bad(str(exc))
-    settings = bg.Settings(
+    settings = gf.Settings(
         model=model, dtype=dtype, weights=weights, device=device, prompt_tokens=prompt_tokens,
         spans=spans,
         span_tokens=span_tokens, context_tokens=context_tokens, decode_tokens=decode_tokens,

@@ -18,9 +18,9 @@ T = TypeVar("T")
 #: The largest count `--streams` and its kind take (more would only exhaust memory).
 MAX_COUNT = 4096
 
-#: `corps bench gpu --workflows` (corps.bench.gpu.WORKFLOWS, named here without torch)
+#: `corps bench gpu --workflows` (corps.bench.gpu_figures.WORKFLOWS, named here without torch)
 GPU_WORKFLOWS = ("debate", "tree_of_thoughts", "parallel_debate", "tree_of_thoughts_8x8")
-#: `corps bench gpu --sections` (corps.bench.gpu.SECTIONS)
+#: `corps bench gpu --sections` (corps.bench.gpu_figures.SECTIONS)
 GPU_SECTIONS = (
     "prefill", "decode", "streams", "profile", "graphs", "patterns", "memory", "workflows",
     "account",

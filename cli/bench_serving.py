@@ -95,6 +95,8 @@ def bench_serve(
 ) -> None:
     """Workflows arriving open loop at fractions of saturation, under each policy."""
     from corps.bench import serve as bs
+    from corps.bench import serve_mix as bsm
+    from corps.bench import serve_report as bsr
 
     try:
         loads = [float(x) for x in load.split(",") if x.strip()]
@@ -108,10 +110,10 @@ def bench_serve(
             _bad(f"--policies: {exc}")
     if not chosen:
         _bad(f"--policies: name at least one of {', '.join(bs.POLICIES)}")
-    patterns = dict(bs.MIX)
+    patterns = dict(bsm.MIX)
     if mix is not None:
         try:
-            patterns = bs.load_mix(mix)
+            patterns = bsm.load_mix(mix)
         except CorpsError as exc:
             _bad(str(exc))
     if plot is not None and importlib.util.find_spec("matplotlib") is None:
@@ -125,9 +127,9 @@ def bench_serve(
                     saturation_per_s=None if saturation is None else saturation / 60,
                     saturation_window_s=saturation_window)  # fmt: skip
     report = run_bench(lambda: bs.measure(model, **settings))
-    print_report(report, [bs.table(report), bs.ratios(report)], json_out, width=140)
+    print_report(report, [bsr.table(report), bsr.ratios(report)], json_out, width=140)
     if plot is not None:
-        bs.plot(report, plot)
+        bsr.plot(report, plot)
         err.print(f"plot: {plot}")
 
 

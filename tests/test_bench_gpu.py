@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 import corps.cli.bench_options as app_mod
 from corps.bench import gpu as bench_gpu
+from corps.bench import gpu_figures
 from corps.cli.app import app
 
 TINY = ["--device", "cpu", "--dtype", "float32", "--prompt-tokens", "24", "--spans", "3",
@@ -99,8 +100,8 @@ def test_bad_options_are_refused_before_anything_loads(tiny_dirs, args, says):
 
 
 def test_the_cli_names_the_workflows_and_sections_the_bench_knows():
-    assert app_mod.GPU_WORKFLOWS == tuple(bench_gpu.WORKFLOWS)
-    assert app_mod.GPU_SECTIONS == bench_gpu.SECTIONS
+    assert app_mod.GPU_WORKFLOWS == tuple(gpu_figures.WORKFLOWS)
+    assert app_mod.GPU_SECTIONS == gpu_figures.SECTIONS
 
 
 def test_a_decode_rate_below_the_timers_noise_is_nan_not_negative():

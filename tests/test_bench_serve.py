@@ -6,6 +6,8 @@ import pytest
 from typer.testing import CliRunner
 
 from corps.bench import serve as bs
+from corps.bench import serve_mix as bsm
+from corps.bench import serve_report as bsr
 from corps.cli.app import app
 
 TINY_MIX = {"multi_qa": dict(max_tokens=4), "tree_of_thoughts": dict(branches=2, voters=2,
@@ -114,7 +116,7 @@ async def test_every_policy_runs_the_same_arrivals_and_reports_a_cell(tiny_dirs,
         trace = Trace.load(tmp_path / "traces" / name)
         assert trace.steps and trace.closed and trace.header.policy == policy
     assert loaded[0].workflows == 0 or set(report.alone_s["0.5"]) == {"p50", "p90", "p99"}
-    text = bs.table(report), bs.ratios(report)
+    text = bsr.table(report), bsr.ratios(report)
     assert text
 
 
@@ -198,23 +200,23 @@ def test_a_mix_by_names_or_from_a_file(tmp_path):
 
     from corps.cache.errors import InvalidRequest
 
-    assert bs.load_mix("multi-qa, debate") == {"multi_qa": bs.MIX["multi_qa"],
-                                               "debate": bs.MIX["debate"]}  # fmt: skip
-    assert bs.load_mix("map-reduce") == {"map_reduce": {}}  # not in MIX: its defaults
+    assert bsm.load_mix("multi-qa, debate") == {"multi_qa": bsm.MIX["multi_qa"],
+                                               "debate": bsm.MIX["debate"]}  # fmt: skip
+    assert bsm.load_mix("map-reduce") == {"map_reduce": {}}  # not in MIX: its defaults
     js = tmp_path / "mix.json"
     js.write_text('{"map-reduce": {"chunk_tokens": 64}, "debate": {"rounds": 1}}')
-    assert bs.load_mix(str(js)) == {"map_reduce": {"chunk_tokens": 64}, "debate": {"rounds": 1}}
+    assert bsm.load_mix(str(js)) == {"map_reduce": {"chunk_tokens": 64}, "debate": {"rounds": 1}}
     toml = tmp_path / "mix.toml"
     toml.write_text("[multi_qa]\nmax_tokens = 8\n")
-    assert bs.load_mix(str(toml)) == {"multi_qa": {"max_tokens": 8}}
+    assert bsm.load_mix(str(toml)) == {"multi_qa": {"max_tokens": 8}}
     bad = tmp_path / "bad.json"
     for text, says in (('{"debate": {"rounds": "many"}}', "rounds"), ("[1]", "must map"),
                        ("{", "not valid json"), ('{"nope": {}}', "no pattern named")):  # fmt: skip
         bad.write_text(text)
         with pytest.raises(InvalidRequest, match=says):
-            bs.load_mix(str(bad))
+            bsm.load_mix(str(bad))
     with pytest.raises(InvalidRequest, match="no file"):
-        bs.load_mix(str(tmp_path / "missing.toml"))
+        bsm.load_mix(str(tmp_path / "missing.toml"))
 
 
 def _report(chat: int) -> bs.Report:
@@ -233,8 +235,8 @@ def test_the_fcfs_row_says_how_low_the_floor_lets_any_policy_go():
     report = _report(0)
     report.alone_s = {"0.5": {"p50": 0.2, "p90": 0.4, "p99": 0.75}}  # fcfs p99 at 0.5: 1.5
     console = Console(width=200, record=True)
-    console.print(bs.ratios(report))
-    console.print(bs.table(report))
+    console.print(bsr.ratios(report))
+    console.print(bsr.table(report))
     out = console.export_text()
     assert "0.50x" in out  # 0.75 / 1.5
     assert "alone" in out and "0.75" in out
@@ -247,7 +249,7 @@ def test_the_ratios_say_when_a_policy_sampled_other_tokens():
     for c in report.cells:
         c.tokens = 400 if c.policy == "fcfs" else 436  # the same schedule, other tokens
     console = Console(width=200, record=True)
-    console.print(bs.ratios(report))
+    console.print(bsr.ratios(report))
     out = console.export_text()
     assert "tokens / fcfs" in out and out.count("1.09x") == 2  # 436 / 400, at each load
 
@@ -258,7 +260,7 @@ def test_the_plot_is_a_png_with_a_line_per_policy(tmp_path):
         report = _report(chat)
         if chat:  # with the floor line too
             report.alone_s = {"0.5": {"p99": 1.0}, "1": {"p99": 1.2}}
-        bs.plot(report, str(out))
+        bsr.plot(report, str(out))
         assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
