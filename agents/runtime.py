@@ -18,9 +18,8 @@ message with AgentStopped; no task is left running.
 from __future__ import annotations
 
 import itertools
-import math
 from collections import defaultdict, deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +30,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from pydantic import BaseModel, ConfigDict
 
 from corps.agents.agent import Agent
+from corps.agents.ask_stream import AskStream
 from corps.agents.envelope import Envelope, check_payload, current, describe, label
 from corps.agents.errors import (
     AgentError,
@@ -334,7 +334,17 @@ class Runtime:
         A handler failure is raised as AgentError once the deltas end; leaving the
         loop early cancels the ask.
         """
-        return AskStream(self, to, msg, timeout)
+        return AskStream(self._start_ask, self.ask, to, msg, timeout)
+
+    def _start_ask(
+        self, to: str, msg: Handle | BaseModel, run: Callable[[], Awaitable[None]]
+    ) -> None:
+        """A streamed ask's task, checked first and started in the runtime's task group."""
+        if self._tg is None:
+            raise InvalidRequest("use `async with Runtime(engine) as rt:` before asking")
+        check_payload(msg)
+        self._actor(to)
+        self._tg.start_soon(run)
 
     async def _deliver(self, to: str, envelope: Envelope) -> None:
         check_payload(envelope.message)
@@ -431,56 +441,3 @@ class Runtime:
             self._dead(actor.name, envelope.message, reason)
             if envelope.expects_reply:
                 envelope.reply(error=AgentStopped(reason))
-
-
-class AskStream:
-    """The text deltas of one ask, then its `result` (see `Runtime.ask_stream`).
-
-    The ask runs in the runtime's own task group, so iterating never yields from
-    inside a task group or cancel scope of the caller's.
-    """
-
-    def __init__(self, rt: Runtime, to: str, msg: Handle | BaseModel, timeout: float | None):
-        self._rt, self._to, self._msg, self._timeout = rt, to, msg, timeout
-        self.result: Any = None
-
-    async def __aiter__(self) -> AsyncIterator[str]:
-        rt = self._rt
-        if rt._tg is None:
-            raise InvalidRequest("use `async with Runtime(engine) as rt:` before asking")
-        check_payload(self._msg)
-        rt._actor(self._to)
-        send, recv = anyio.create_memory_object_stream[str](max_buffer_size=math.inf)
-        scope, finished = anyio.CancelScope(), anyio.Event()
-        outcome: list[Any] = []  # [result] or [None, error]
-
-        async def run() -> None:
-            try:
-                with scope:
-                    result = await rt.ask(self._to, self._msg, timeout=self._timeout, deltas=send)
-                    outcome.append(result)
-            except Exception as exc:
-                outcome.extend([None, exc])
-            except BaseException:
-                outcome.extend([None, AgentStopped(f"{self._to}: the runtime shut down")])
-                raise
-            finally:
-                send.close()
-                finished.set()
-
-        rt._tg.start_soon(run)
-        try:
-            async with recv:
-                async for delta in recv:
-                    yield delta
-        finally:
-            if not finished.is_set():
-                scope.cancel()  # the consumer left early (or was cancelled): leaving
-                with anyio.CancelScope(shield=True):  # returns once its calls rolled back
-                    await finished.wait()
-        await finished.wait()
-        if len(outcome) == 2:
-            raise outcome[1]
-        if not outcome:
-            raise AgentStopped(f"{self._to}: the ask was cancelled")
-        self.result = outcome[0]

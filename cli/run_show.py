@@ -11,9 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from corps.cli.options import (
-    one_line,
-)
+from corps.cli.options import one_line
 from corps.cli.scenario import Target
 from corps.patterns.result import PatternResult
 
