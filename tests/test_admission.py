@@ -17,6 +17,12 @@ from corps.engine.sched.policies import make
 from helpers import fake_job as job
 
 
+class FakeCall(SimpleNamespace):
+    """A call as admission sees it (hashable by identity, as `Call` is)."""
+
+    __hash__ = object.__hash__
+
+
 class FakeCore:
     """Memory of `capacity` units; a call takes `request.size` of them until it ends."""
 
@@ -27,7 +33,7 @@ class FakeCore:
         if self.used + request.size > self.capacity:
             raise CacheFullError("no room")
         self.used += request.size
-        return SimpleNamespace(size=request.size, done=False, held=[])
+        return FakeCall(size=request.size, done=False, held=[])
 
     def abort(self, call) -> None:
         self.used -= call.size
@@ -78,7 +84,7 @@ def test_every_call_is_admitted_and_groups_are_never_split(policy, arrivals):
         for j in list(s.running):  # each running call advances; done ones free memory
             left[j.name] -= 1
             if left[j.name] == 0:
-                s.running.remove(j)
+                s.leave(j)
                 s.executor.abort(j.call)
         if len(started) + len(s.finished) == total and not s.running:
             break

@@ -13,6 +13,7 @@ its error; one whose prompt shares an uncached prefix with a running call's
 from __future__ import annotations
 
 from corps.cache.errors import CacheFullError, StoreTooSmall
+from corps.engine.exec.call import Call
 from corps.engine.exec.executor import Executor
 from corps.engine.sched.job import Job
 from corps.engine.sched.policies import Policy
@@ -34,6 +35,24 @@ class Admission:
         self.running: list[Job] = []
         self.held: list[Job] = []
         self.finished: list[Job] = []
+        self.job_of: dict[Call, Job] = {}  # each running job by its call
+
+    def enter(self, job: Job, call: Call, t0: float) -> None:
+        """`job` runs as `call` from now (admitted at t0); its parents' pins go with it
+        (given back when the call ends, in exec)."""
+        job.call, job.admitted = call, t0
+        call.held, job.pins = job.pins, []
+        self.running.append(job)
+        self.job_of[call] = job
+
+    def leave(self, job: Job) -> None:
+        """`job` no longer runs (its call ended or was aborted)."""
+        self.running.remove(job)
+        del self.job_of[job.call]
+
+    def clear(self) -> None:
+        """Nothing runs, waits or is finished any more (the loop shut down)."""
+        self.running, self.held, self.finished, self.job_of = [], [], [], {}
 
     def _call(self, job: Job, alone: bool):
         """`executor.admit` for one job; if the store is full and nothing running will give
@@ -93,7 +112,7 @@ class Admission:
                     self.finished.append(job)
                     continue
                 for other in taken:  # the group waits whole: give back what it got
-                    self.running.remove(other)
+                    self.leave(other)
                     other.pins, other.call.held = other.call.held, []  # still queued
                     self.executor.abort(other.call)
                     other.call = other.admitted = None
@@ -106,8 +125,6 @@ class Admission:
             if call is None:  # its prompt's prefix is being encoded: reuse it next step
                 self.held.append(job)
                 continue
-            job.call, job.admitted = call, t0
-            call.held, job.pins = job.pins, []  # given back when the call ends, in exec
-            self.running.append(job)
+            self.enter(job, call, t0)
             taken.append(job)
         return True

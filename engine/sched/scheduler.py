@@ -1,10 +1,13 @@
 """The batching loop: one task per engine fuses every concurrent call into shared steps.
 
 Every `prefill` / `decode` becomes a `Job` on a bounded queue. Each iteration
-the loop admits what has arrived, then runs ONE fused forward step off the
-event loop, on the process's torch thread (`corps.engine.exec.torch_thread` says why
-one): a next token for every running decode plus prefill chunks for waiting
-calls. Callers only await their own job.
+the loop runs ONE fused forward step off the event loop, on the process's torch
+thread (`corps.engine.exec.torch_thread` says why one): a next token for every
+running decode plus prefill chunks for waiting calls. A step is three phases
+(`_step_sync`): schedule (admit what arrived, the policy's order), run (the
+executor's forward and draw), postprocess (errors, handles and tokens to their
+jobs; ended jobs to `finished`); the loop then wakes their waiters. Callers only
+await their own job.
 
 Run ahead: while nothing needs the event loop between two steps (no call ended,
 failed, arrived, was held or cancelled; none streams its tokens), the torch
@@ -44,9 +47,7 @@ Shutdown (`close`) aborts queued and running jobs with `EngineClosed`.
 
 from __future__ import annotations
 
-import math
 import time
-from dataclasses import dataclass
 
 import anyio
 import anyio.lowlevel
@@ -55,46 +56,19 @@ from corps.cache.handle import Handle
 from corps.engine.config import RUN_AHEAD
 from corps.engine.errors import EngineBusy, EngineClosed
 from corps.engine.exec.executor import Executor
-from corps.engine.exec.step_plan import StepOutput
+from corps.engine.exec.step_plan import StepOrder, StepOutput
 from corps.engine.exec.torch_thread import TORCH, TorchThread
 from corps.engine.sched.admission import Admission
 from corps.engine.sched.call_events import end_events
 from corps.engine.sched.job import Job
 from corps.engine.sched.policies import Fcfs, Policy, started
 from corps.engine.sched.step import plan_step
-from corps.engine.trace.events import ErrorEvent, FirstToken, Recorder, Step
+from corps.engine.sched.stepped import Counters, Stepped, step_event
+from corps.engine.trace.events import ErrorEvent, FirstToken, Recorder
 
 #: Event-loop turns the idle loop waits for more arrivals before its first step, and
 #: the loop waits after a step that ended a latency-critical call (for its successor).
 GATHER_TURNS = 8
-
-
-@dataclass
-class _Counters:
-    steps: int = 0
-    calls_in_steps: int = 0
-    tokens_sampled: int = 0
-    step_seconds: float = 0.0  # wall time of steps, measured on the loop
-    forward_seconds: float = 0.0  # of which in the model's forward
-    encode_seconds: float = 0.0  # of which in steps that encoded a prompt chunk or a footer
-    ttft_sum: float = 0.0
-    ttft_n: int = 0
-
-
-@dataclass
-class _Stepped:
-    """One step as the torch thread ran it, for the loop's bookkeeping (`_account`)."""
-
-    t0: float  # when it began (the first of a run ahead: when the loop handed it over)
-    end: float  # when it ended (the last of a run ahead: when the loop took it back)
-    out: StepOutput
-    tokens: list[tuple[Job, int]]  # sampled, with their jobs
-    ran: bool  # a forward step ran (the policy's feedback, the trace's step event)
-    admit_s: float  # seconds before its forward (admission)
-    calls: int  # jobs running or ended at its end
-    queue: int  # jobs queued or held at its end
-    gauges: tuple[int, ...]  # the executor's gauges at its end (the trace's step event)
-    fed_back: bool = False  # the policy had its wall time on the torch thread (run ahead)
 
 
 class Scheduler:
@@ -129,7 +103,7 @@ class Scheduler:
         self._closing = False
         self._dead: BaseException | None = None
         self.started = False
-        self.n = _Counters()
+        self.n = Counters()
         self._preempted = (0, 0)  # the executor's (evicted, recomputed) at the last step event
         self._stepped = anyio.Event()  # set as each step ends (`stepped`)
         self._stopped = False  # the loop ended: `stepped` returns False from now on
@@ -302,7 +276,7 @@ class Scheduler:
     def _reap_cancelled(self) -> None:
         for job in [j for j in self.admission.running if j.cancelled]:
             self.executor.abort(job.call)
-            self.admission.running.remove(job)
+            self.admission.leave(job)
             self.end(job)
 
     async def _step(self, new: list[Job]) -> None:
@@ -324,7 +298,7 @@ class Scheduler:
         self._linger = any(j.critical and j.error is None for j in self.admission.finished)
         self.admission.finished = []
 
-    def _account(self, s: _Stepped) -> None:
+    def _account(self, s: Stepped) -> None:
         """A step's figures, its tokens handed to their jobs, its trace event."""
         n, rec, wall = self.n, self.rec, s.end - s.t0
         n.step_seconds += wall
@@ -345,30 +319,10 @@ class Scheduler:
             job.token(tok)
         n.tokens_sampled += len(s.tokens)
         if rec.on and s.ran:
-            rec.emit(self._step_event(s))
+            event, self._preempted = step_event(s, rec.rel(s.t0), self._preempted)
+            rec.emit(event)
 
-    def _step_event(self, s: _Stepped) -> Step:
-        used, capacity, *preempted = s.gauges
-        evicted, recomputed = (b - a for a, b in zip(self._preempted, preempted, strict=True))
-        self._preempted = tuple(preempted)
-        return Step(
-            t=self.rec.rel(s.t0),
-            dur=s.end - s.t0,
-            calls=s.calls,
-            sampled=len(s.tokens),
-            store_used=used,
-            capacity=capacity,
-            queue=s.queue,
-            rows=s.out.rows,
-            stepped=s.out.calls,
-            admit_s=s.admit_s,
-            evicted=evicted,
-            recomputed=recomputed,
-            chunks=s.out.chunks,
-            keys=s.out.keys,
-        )
-
-    def _steps_sync(self, new: list[Job], t0: float) -> list[_Stepped]:
+    def _steps_sync(self, new: list[Job], t0: float) -> list[Stepped]:
         """Torch thread: a step, then up to `run_ahead` - 1 more while `_run_ahead`
         says nothing needs the event loop between them."""
         ran = [self._step_sync(new, t0)]
@@ -380,7 +334,7 @@ class Scheduler:
             ran.append(self._step_sync([], last.end))
         return ran
 
-    def _run_ahead(self, last: _Stepped) -> bool:
+    def _run_ahead(self, last: Stepped) -> bool:
         """Whether the next step may follow `last` on the torch thread at once, without
         the event loop between them. It may while the loop would do nothing there but
         hand over tokens nobody waits for one by one: no job ended or failed, none is
@@ -402,22 +356,41 @@ class Scheduler:
             and not any(j.cancelled or j.on_token is not None for j in running)
         )
 
-    def _step_sync(self, new: list[Job], t0: float) -> _Stepped:
-        """Torch thread: admit new jobs, run one step, complete the jobs it ended."""
+    def _step_sync(self, new: list[Job], t0: float) -> Stepped:
+        """Torch thread: one step, as schedule (admission included), run, postprocess."""
+        chosen, order, admit_s = self._schedule(new, t0)
+        if not order:
+            return self._stepped_at(t0, admit_s, StepOutput(), [], ran=False)
+        out, ran = self._run(chosen, order)
+        tokens = self._postprocess(out)
+        return self._stepped_at(t0, admit_s, out, tokens, ran=ran)
+
+    def _schedule(self, new: list[Job], t0: float) -> tuple[list[Job], StepOrder, float]:
+        """Admit what arrived (and what was held), then the policy's order of the step:
+        (the jobs it advances, the order, seconds admission took)."""
         self.admission.admit(self.admission.held + new, t0)
         admit_s = time.perf_counter() - t0
         chosen, order = plan_step(self.admission.running, self.policy, self.step_tokens)
-        if not order:
-            return self._stepped_at(t0, admit_s, StepOutput(), [], ran=False)
+        return chosen, order, admit_s
+
+    def _run(self, chosen: list[Job], order: StepOrder) -> tuple[StepOutput, bool]:
+        """The step's forward and draw (`Executor.step`); whether a forward ran, its
+        cost taught to the policy (a step whose forward failed teaches nothing)."""
         t_step = time.perf_counter()
         out = self.executor.step(order)
-        ran = bool(chosen) and out.ran  # a step whose forward failed teaches nothing
+        ran = bool(chosen) and out.ran
         if ran:
             seconds = time.perf_counter() - t_step
             self.policy.observe(out.calls, out.rows, seconds, out.chunks, out.keys)
             self.n.steps += 1
             self.n.calls_in_steps += len(chosen)
-        job_of = {j.call: j for j in self.admission.running}
+        return out, ran
+
+    def _postprocess(self, out: StepOutput) -> list[tuple[Job, int]]:
+        """What the step ended, given to its jobs (errors, handles); its sampled tokens
+        with their jobs (handed over on the loop, `_account`); jobs whose calls are
+        done leave the running set for `finished`, where the loop wakes them."""
+        job_of = self.admission.job_of
         for call, exc in out.failed:
             job_of[call].error = exc
         for call, handle in out.finished.items():
@@ -425,18 +398,18 @@ class Scheduler:
             self._stamp(job_of[call])
         tokens = [(job_of[c], tok) for c, tok in out.tokens]
         for job in [j for j in self.admission.running if j.call.done]:
-            self.admission.running.remove(job)
+            self.admission.leave(job)
             self.admission.finished.append(job)
-        return self._stepped_at(t0, admit_s, out, tokens, ran=ran)
+        return tokens
 
     def _stepped_at(
         self, t0: float, admit_s: float, out: StepOutput, tokens: list, *, ran: bool
-    ) -> _Stepped:
+    ) -> Stepped:
         """The record of a step that began at t0 and ends now (torch thread)."""
         gauges = self.executor.gauges()
         calls = len(self.admission.running) + len(self.admission.finished)
         queue = self.queue_depth() + len(self.admission.held)
-        return _Stepped(t0, time.perf_counter(), out, tokens, ran, admit_s, calls, queue, gauges)
+        return Stepped(t0, time.perf_counter(), out, tokens, ran, admit_s, calls, queue, gauges)
 
     def _stamp(self, job: Job) -> None:
         """Note on the new message when its workflow started (the policy's victim order)."""
@@ -456,9 +429,9 @@ class Scheduler:
             if j not in self.admission.running and j not in self.admission.held
         ]
         leftover += self.admission.running + self.admission.held
-        self.admission.held = []
         leftover += [j for j in self.admission.finished if not j.done.is_set()]
-        self.admission.running, self._incoming, self.admission.finished = [], [], []
+        self.admission.clear()
+        self._incoming = []
         while True:
             try:
                 leftover.append(self._recv.receive_nowait())
@@ -475,16 +448,5 @@ class Scheduler:
     # ---- statistics ----
 
     def figures(self) -> dict[str, float]:
-        n = self.n
-        return dict(
-            steps=n.steps,
-            mean_batch_size=n.calls_in_steps / n.steps if n.steps else 0.0,
-            queue_depth=self.queue_depth() + len(self.admission.held),
-            running=len(self.admission.running),
-            tokens_per_s=n.tokens_sampled / n.step_seconds if n.step_seconds else 0.0,
-            tokens_sampled=n.tokens_sampled,
-            mean_ttft_s=n.ttft_sum / n.ttft_n if n.ttft_n else math.nan,
-            overhead=1 - n.forward_seconds / n.step_seconds if n.step_seconds else 0.0,
-            step_s=n.step_seconds,
-            encode_step_s=n.encode_seconds,
-        )
+        queue = self.queue_depth() + len(self.admission.held)
+        return self.n.figures(queue, len(self.admission.running))
