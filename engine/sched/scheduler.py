@@ -4,10 +4,8 @@ Every `prefill` / `decode` becomes a `Job` on a bounded queue. Each iteration
 the loop runs ONE fused forward step off the event loop, on the process's torch
 thread (`corps.engine.exec.torch_thread` says why one): a next token for every
 running decode plus prefill chunks for waiting calls. A step is three phases
-(`_step_sync`): schedule (admit what arrived, the policy's order), run (the
-executor's forward and draw), postprocess (errors, handles and tokens to their
-jobs; ended jobs to `finished`); the loop then wakes their waiters. Callers only
-await their own job.
+(`_step_sync`): schedule (admission, the policy's order), run (forward and draw),
+postprocess (errors, handles, tokens to their jobs; ended ones to `finished`).
 
 Run ahead: while nothing needs the event loop between two steps (no call ended,
 failed, arrived, was held or cancelled; none streams its tokens), the torch
