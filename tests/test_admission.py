@@ -29,11 +29,11 @@ class FakeCore:
     def __init__(self, capacity: int) -> None:
         self.capacity, self.used = capacity, 0
 
-    def admit(self, request, *, want_logits=False, keep=0, hold=False):
+    def admit(self, request, *, want_logits=False, keep=0, hold=False, pinned=False):
         if self.used + request.size > self.capacity:
             raise CacheFullError("no room")
         self.used += request.size
-        return FakeCall(size=request.size, done=False, held=[])
+        return FakeCall(size=request.size, done=False, pins=[])
 
     def abort(self, call) -> None:
         self.used -= call.size

@@ -2,7 +2,7 @@
 
 A call's status moves waiting -> prefilling -> decoding -> finishing -> done (a
 prefill is done once its feed is encoded). Its holdings (`slots`, `spare`,
-`view`, `lock`, `pins_held`) are written by `corps.engine.exec.memory`; its
+`view`, `lock`, `pins`) are written by `corps.engine.exec.memory`; its
 decoding state through the transitions below, by the executor's postprocess
 (`corps.engine.exec.postprocess.Postprocess`).
 """
@@ -35,7 +35,7 @@ class CallPlan:
     visibility: object
     own: int  # how many trailing prompt tokens belong to the new message
     prefix: list[int]  # the whole prompt (choreographed: = its own tokens); not mutated
-    pinned: tuple[Message, ...] = ()  # parents, pinned while the call runs
+    pinned: tuple[Message, ...] = ()  # its parents' records (kept pinned: `Call.pins`)
     sampling: SamplingParams | None = None  # a decode's; None for a prefill
     frame_len: int = 0  # leading own tokens that are role framing, not text
     footer: tuple[int, ...] = ()  # the role's closing tokens (a framed decode)
@@ -70,10 +70,10 @@ class Call:
     first_token_at: float | None = None  # hf mode: when generate emitted the first token
     uid: int = 0  # baseline: tags the radix nodes this call inserts
     cached: int = 0  # baseline: leading feed tokens whose slots the radix tree owns now
-    pins_held: bool = False
-    # its parents as pinned when its job was submitted (a free while it was queued waits
-    # for it): given back with the plan's pins when it ends (`Memory.unpin_call`)
-    held: list[Message] = field(default_factory=list)
+    # the pins it holds on its parents while it runs, each once: those its job took at
+    # submission (handed over at admission: a free while it was queued waited for it),
+    # else its own from `Memory.reserve`; given back once as it ends (`Memory.unpin_call`)
+    pins: list[Message] = field(default_factory=list)
     slots: list[int] = field(default_factory=list)  # slots taken for feed + generated
     adapted: bool = False  # an adapter kept apart applies to its rows (`KVExecutor.adapted`)
     spare: list[int] = field(default_factory=list)  # reserved for tokens not generated yet

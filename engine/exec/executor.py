@@ -42,12 +42,15 @@ class Executor(Protocol):
         keep: int = 0,
         hold: bool = False,
         evict: Callable[[list[Message]], list[Message]] | None = None,
+        pinned: bool = False,
     ) -> Call | None:
         """Check and plan a call and take what it needs; atomic. None: admit it again
         after a step (it waits for a running call's prefix). `evict`: the order in which
         encodings no running call reads may be dropped to make room (None: never).
         `keep`: a decode keeps the model's distribution at its first `keep` sampled
-        positions (`Call.kept`, for an audit)."""
+        positions (`Call.kept`, for an audit). `pinned`: the caller holds the parents
+        pinned and hands its pins to `Call.pins` once admitted (a job's); else the call
+        pins them itself."""
 
     def step(self, order: StepOrder) -> StepOutput:
         """Run one step (`corps.engine.exec.step_plan`) in one pass: the rows of the

@@ -86,6 +86,7 @@ class HFExecutor:
         keep: int = 0,
         hold: bool = False,
         evict: object = None,
+        pinned: bool = False,
     ) -> Call:
         """Plan a call; a prefill that wants no logits stores its text and runs nothing
         (no store here: nothing to evict). Nothing is audited in mode "hf" (it is the
@@ -97,9 +98,8 @@ class HFExecutor:
         call.want_logits = want_logits
         if call.plan.is_decode and call.plan.sampling.constraint is not None:
             call.matcher = self.grammars.matcher(call.plan.sampling.constraint)
-        for p in call.plan.pinned:
-            p.pins += 1
-        call.pins_held = True
+        if not pinned:
+            call.pins = self.pin(call.plan.pinned)
         if not call.plan.is_decode and not want_logits:
             call.text_only = True
             call.mark_done()
@@ -153,12 +153,8 @@ class HFExecutor:
             m.pins -= 1
 
     def _unpin_call(self, c: Call) -> None:
-        if c.held:
-            held, c.held = c.held, []
-            self.unpin(held)
-        if c.pins_held:
-            self.unpin(c.plan.pinned)
-            c.pins_held = False
+        pins, c.pins = c.pins, []
+        self.unpin(pins)
 
     def free(self, handle: Handle) -> None:
         self.planner.live(handle)  # a handle of this engine

@@ -159,6 +159,7 @@ class KVExecutor:
         keep: int = 0,
         hold: bool = False,
         evict: Victims | None = None,
+        pinned: bool = False,
     ) -> Call | None:
         """Check and plan a call, reserve its slots and gather its view. Atomic.
 
@@ -175,7 +176,7 @@ class KVExecutor:
         first `keep` sampled positions (`Call.kept`).
         """
         with phase("admit"):
-            return self._admit(request, want_logits, keep, hold, evict)
+            return self._admit(request, want_logits, keep, hold, evict, pinned)
 
     def _admit(
         self,
@@ -184,6 +185,7 @@ class KVExecutor:
         keep: int,
         hold: bool,
         evict: Victims | None,
+        pinned: bool,
     ) -> Call | None:
         memory, prefixes, repairs = self.memory, self.memory.prefixes, self.repairs
         if self.mode == "choreographed":
@@ -210,7 +212,7 @@ class KVExecutor:
         if tag is not None and memory.being_written(call, tag):
             return None  # another call is repairing this very context: read it when whole
         try:
-            memory.reserve(call, call.plan.generated_max, evict)
+            memory.reserve(call, call.plan.generated_max, evict, pinned)
             extra = len(call.feed) + call.plan.generated_max
             with phase("placement"):
                 memory.gather(call, extra, own=not repair.none, tag=tag)

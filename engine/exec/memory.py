@@ -81,16 +81,19 @@ class Memory:
                 f"lower max_tokens or open the engine with a larger capacity / memory_budget"
             )
 
-    def reserve(self, c: Call, generated: int, evict: Victims | None = None) -> None:
-        """Pin c's parents, reuse a cached prefix (baseline) and reserve slots for its
-        feed and the `generated` tokens it may add; with `evict`, drop encodings no
+    def reserve(
+        self, c: Call, generated: int, evict: Victims | None = None, pinned: bool = False
+    ) -> None:
+        """Pin c's parents (`Call.pins`; not when its caller holds them `pinned`, to hand
+        over once it is admitted), reuse a cached prefix (baseline) and reserve slots for
+        its feed and the `generated` tokens it may add; with `evict`, drop encodings no
         running call reads if that is what it takes."""
         with self.lock:
             self.tick += 1
             for p in c.plan.pinned:
-                p.pins += 1
                 p.read_at = self.tick
-            c.pins_held = True
+            if not pinned:
+                c.pins = self.pin(c.plan.pinned)
             if self.prefixes is not None:
                 self.prefixes.match(c)
             n = len(c.feed)
@@ -219,15 +222,10 @@ class Memory:
                     self.release(m)
 
     def unpin_call(self, c: Call) -> None:
-        """The parents c pinned at `reserve`, and those its job pinned at submission
-        (`Call.held`), once."""
+        """The pins c holds (`Call.pins`), given back once."""
         with self.lock:
-            if c.held:
-                held, c.held = c.held, []
-                self.unpin(held)
-            if c.pins_held:
-                self.unpin(c.plan.pinned)
-                c.pins_held = False
+            pins, c.pins = c.pins, []
+            self.unpin(pins)
 
     def free(self, msg: Message) -> None:
         """Mark a message freed; its slots go now, or when the last call reading it ends."""

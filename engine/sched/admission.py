@@ -39,9 +39,9 @@ class Admission:
 
     def enter(self, job: Job, call: Call, t0: float) -> None:
         """`job` runs as `call` from now (admitted at t0); its parents' pins go with it
-        (given back when the call ends, in exec)."""
+        (`Call.pins`: given back when the call ends, in exec)."""
         job.call, job.admitted = call, t0
-        call.held, job.pins = job.pins, []
+        call.pins, job.pins = job.pins, []
         self.running.append(job)
         self.job_of[call] = job
 
@@ -59,14 +59,14 @@ class Admission:
         memory back (`alone`), again with eviction in the policy's order."""
         try:
             return self.executor.admit(
-                job.request, want_logits=job.want_logits, keep=job.keep, hold=True
+                job.request, want_logits=job.want_logits, keep=job.keep, hold=True, pinned=True
             )
         except CacheFullError as exc:
             if not alone or not self.evict or isinstance(exc, StoreTooSmall):
                 raise
         return self.executor.admit(
             job.request, want_logits=job.want_logits, keep=job.keep, hold=True,
-            evict=self.policy.victims,
+            evict=self.policy.victims, pinned=True,
         )  # fmt: skip
 
     def admit(self, arrived: list[Job], t0: float) -> None:
@@ -113,7 +113,7 @@ class Admission:
                     continue
                 for other in taken:  # the group waits whole: give back what it got
                     self.leave(other)
-                    other.pins, other.call.held = other.call.held, []  # still queued
+                    other.pins, other.call.pins = other.call.pins, []  # still queued
                     self.executor.abort(other.call)
                     other.call = other.admitted = None
                 self.held += [j for j in group if j not in self.finished]
