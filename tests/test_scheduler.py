@@ -788,3 +788,22 @@ def test_calls_cancelled_at_any_step_of_a_run_ahead_leave_the_store_exact(
             assert used(engine) == before  # only the prompt's encoding is left
 
     anyio.run(main)
+
+
+@pytest.mark.parametrize("mode", ["choreographed", "baseline"])
+async def test_a_running_call_pins_each_parent_once(tiny_dirs, mode):
+    """A call's parents are pinned once while it runs: by its job at submission, that pin
+    handed to the call at admission (`Call.pins`), not pinned a second time; and no pin
+    is left once it ends."""
+    async with open_tiny(tiny_dirs, "llama", mode=mode) as engine:
+        a = await engine.prefill("the quick brown fox")
+        b = await engine.prefill("jumps over the lazy dog")
+        table, seen = engine.executor.table, []
+        stream = engine.stream(parents=[a, b], max_tokens=4, ignore_eos=True)
+        async for _ in stream:
+            seen.append((table.get(a.id).pins, table.get(b.id).pins))
+        # while it runs, once each (its last deltas may come after it ended: none then)
+        assert seen[0] == (1, 1) and all(pins in ((1, 1), (0, 0)) for pins in seen)
+        assert (table.get(a.id).pins, table.get(b.id).pins) == (0, 0)
+        engine.free(stream.handle)
+        engine.check()

@@ -38,10 +38,12 @@ class Admission:
         self.job_of: dict[Call, Job] = {}  # each running job by its call
 
     def enter(self, job: Job, call: Call, t0: float) -> None:
-        """`job` runs as `call` from now (admitted at t0); its parents' pins go with it
-        (`Call.pins`: given back when the call ends, in exec)."""
+        """`job` runs as `call` from now (admitted at t0); the pins it took on its parents
+        at submission go with it (`Call.pins`: given back when the call ends, in exec; a
+        job made without them was admitted with the call pinning its parents itself)."""
         job.call, job.admitted = call, t0
-        call.pins, job.pins = job.pins, []
+        if job.pins:
+            call.pins, job.pins = job.pins, []
         self.running.append(job)
         self.job_of[call] = job
 
@@ -59,14 +61,18 @@ class Admission:
         memory back (`alone`), again with eviction in the policy's order."""
         try:
             return self.executor.admit(
-                job.request, want_logits=job.want_logits, keep=job.keep, hold=True, pinned=True
+                job.request,
+                want_logits=job.want_logits,
+                keep=job.keep,
+                hold=True,
+                pinned=bool(job.pins),
             )
         except CacheFullError as exc:
             if not alone or not self.evict or isinstance(exc, StoreTooSmall):
                 raise
         return self.executor.admit(
             job.request, want_logits=job.want_logits, keep=job.keep, hold=True,
-            evict=self.policy.victims, pinned=True,
+            evict=self.policy.victims, pinned=bool(job.pins),
         )  # fmt: skip
 
     def admit(self, arrived: list[Job], t0: float) -> None:
