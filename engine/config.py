@@ -6,13 +6,13 @@ benchmarks build one before loading anything, so a bad value fails in a line,
 before minutes of model loading. It is frozen and pickles, so a remote worker
 can build the same engine from it.
 
-Environment variables only fill defaults, here and nowhere else:
-`CORPS_CONTEXTS` (contexts) and `CORPS_ATTENTION` (attention backend).
+Environment variables only fill defaults (`corps.engine.env` reads them):
+`CORPS_CONTEXTS` (contexts), `CORPS_ATTENTION` (attention backend) and
+`CORPS_PRECOMPILED` (precompiled).
 """
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
@@ -21,7 +21,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from corps.cache.errors import InvalidRequest
 from corps.cache.visibility import LEAK_POLICIES, check_policy
+from corps.engine.adapter_dir import adapter_problem
 from corps.engine.audit import AUDIT_BUDGET, check_audit
+from corps.engine.env import env_setting, env_value
+from corps.engine.errors import BadConfig
 from corps.engine.repair import DECISION_REPAIR, parse_repair
 
 Mode = Literal["choreographed", "baseline", "hf"]
@@ -63,39 +66,7 @@ DEFAULT_MEMORY_BUDGET = 2 << 30
 DEFAULT_MAX_CAPACITY = 1 << 17
 
 
-def _env(name: str, allowed: tuple[str, ...]) -> str | None:
-    """An environment variable's value if set, checked against `allowed`."""
-    value = os.environ.get(name, "").strip().lower()
-    if value and value not in allowed:
-        raise InvalidRequest(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
-    return value or None
-
-
-def _env_contexts() -> str:
-    return _env("CORPS_CONTEXTS", CONTEXTS) or "copy"
-
-
-def _env_attention() -> str | None:
-    return _env("CORPS_ATTENTION", ATTENTION_BACKENDS)
-
-
 _Positive = Annotated[int, Field(ge=1)]
-
-
-_FLAGS = {"otel": "--otel-endpoint"}  # where a field's option is not its name
-
-
-class BadConfig(InvalidRequest):
-    """Engine settings that are not valid; `fields` names the settings at fault."""
-
-    def __init__(self, message: str, fields: tuple[str, ...] = ()) -> None:
-        super().__init__(message)
-        self.fields = fields
-
-    def for_cli(self) -> str:
-        """The message with the command-line option of each field (`--leak-policy`)."""
-        flags = ", ".join(_FLAGS.get(f, "--" + f.replace("_", "-")) for f in self.fields)
-        return f"{flags}: {self}" if flags else str(self)
 
 
 #: tokens per fused step by default: on a CPU a step's cost grows with its rows, so
@@ -269,8 +240,12 @@ class EngineConfig(BaseModel):
     dtype: Dtype = DEFAULT_DTYPE
     weights: WeightFormat = "auto"
     device: str = "cpu"
-    attention: Attention | None = Field(default_factory=_env_attention)
-    contexts: Contexts = Field(default_factory=_env_contexts)
+    attention: Attention | None = Field(
+        default_factory=lambda: env_value("CORPS_ATTENTION", ATTENTION_BACKENDS)
+    )
+    contexts: Contexts = Field(
+        default_factory=lambda: env_value("CORPS_CONTEXTS", CONTEXTS) or "copy"
+    )
     capacity: Annotated[int, Field(ge=16)] | None = None
     memory_budget: Annotated[int, Field(ge=1)] | None = None
     memory_fraction: Annotated[float, Field(gt=0.0, le=1.0)] = 0.9
@@ -292,7 +267,11 @@ class EngineConfig(BaseModel):
     audit_budget: Annotated[float, Field(gt=0.0, le=1.0)] = AUDIT_BUDGET
     compile: bool = False
     compile_gemms: CompileGemms = "library"
-    precompiled: Precompiled = Field(default_factory=lambda: _precompiled_default())
+    precompiled: Precompiled = Field(
+        default_factory=lambda: env_setting(
+            "CORPS_PRECOMPILED", get_args(Precompiled), "auto", "precompiled"
+        )
+    )
     admission: bool = True
     max_workflows: _Positive | None = None
     evict: bool = True
@@ -442,18 +421,6 @@ class EngineConfig(BaseModel):
             )
 
 
-def _precompiled_default() -> str:
-    """`precompiled` when not given: $CORPS_PRECOMPILED, else "auto"."""
-    value = (os.environ.get("CORPS_PRECOMPILED") or "auto").strip().lower()
-    if value not in get_args(Precompiled):
-        raise BadConfig(
-            f"CORPS_PRECOMPILED={value!r} is not a setting of precompiled: set it to "
-            f"{', '.join(get_args(Precompiled))}, or unset it",
-            ("precompiled",),
-        )
-    return value
-
-
 def _explain(exc: ValidationError) -> str:
     """One line per bad field: its name, what it takes, what it got."""
     parts = []
@@ -480,29 +447,3 @@ _ALLOWED = {
     "weights": WEIGHT_FORMATS,
 }
 _FIELDS = tuple(EngineConfig.model_fields)
-
-
-#: the files of a LoRA adapter directory in PEFT's format (`model.adapter_files`)
-ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
-
-
-def adapter_problem(path: str | Path) -> str | None:
-    """What keeps `path` from being a LoRA adapter directory in PEFT's format (a
-    phrase), or None; torch-free, so configs fail before anything loads."""
-    root = Path(path).expanduser()
-    if not root.is_dir():
-        return (
-            "not a directory (give the one `corps distill --out` or peft's save_pretrained wrote)"
-        )
-    missing = [f for f in ADAPTER_FILES if not (root / f).is_file()]
-    if missing:
-        listed = ", ".join(missing)
-        return f"has no {listed} (an adapter directory is what peft's save_pretrained writes)"
-    try:
-        config = json.loads((root / ADAPTER_FILES[0]).read_text())
-    except (OSError, ValueError) as exc:
-        return f"has an unreadable {ADAPTER_FILES[0]} ({exc})"
-    kind = config.get("peft_type") if isinstance(config, dict) else None
-    if kind != "LORA":
-        return f"holds a {kind!r} adapter; corps serves LoRA adapters"
-    return None

@@ -6,6 +6,7 @@ from corps.cache.errors import CorpsError, InvalidRequest
 
 __all__ = [
     "BadAdapter",
+    "BadConfig",
     "BadWeights",
     "CallCancelled",
     "ConstraintViolated",
@@ -69,3 +70,20 @@ class InvalidConstraint(InvalidRequest):
 class ConstraintViolated(CorpsError):
     """A token a constrained call had to emit (a forced token) breaks its constraint:
     that call fails, the others go on."""
+
+
+#: where a setting's command-line option is not its name
+_FLAGS = {"otel": "--otel-endpoint"}
+
+
+class BadConfig(InvalidRequest):
+    """Engine settings that are not valid; `fields` names the settings at fault."""
+
+    def __init__(self, message: str, fields: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.fields = fields
+
+    def for_cli(self) -> str:
+        """The message with the command-line option of each field (`--leak-policy`)."""
+        flags = ", ".join(_FLAGS.get(f, "--" + f.replace("_", "-")) for f in self.fields)
+        return f"{flags}: {self}" if flags else str(self)

@@ -22,8 +22,8 @@ import json
 import warnings
 from pathlib import Path
 
-from corps.engine.config import ADAPTER_FILES as FILES
-from corps.engine.config import adapter_problem as problem
+from corps.engine.adapter_dir import ADAPTER_FILES as FILES
+from corps.engine.adapter_dir import adapter_problem as problem
 from corps.engine.errors import BadAdapter
 
 #: Our own file in an adapter directory: {"scope": "all" | "rewired"}.
