@@ -61,14 +61,14 @@ async def agreement(
         await each(range(len(lines)), sample_one, concurrency=concurrency)
     async with Engine.open(chor_cfg) as ce, Runtime(ce) as crt:
         await warm(crt, pattern, params, recorded)
-        before = (await ce.audited()).rows
+        before = (await ce.fidelity_report()).rows
 
         async def replay_one(i: int) -> None:
             forced, _ = await replay(crt, pattern, params[i], recorded[i])
             pairs.append(Pair(i, recorded[i].scores, forced.scores))
 
         await each(sorted(recorded), replay_one, concurrency=concurrency)
-        after = (await ce.audited()).rows
+        after = (await ce.fidelity_report()).rows
     audits = _minus(after, before)
     return _by_role(pairs, audits)
 
@@ -144,7 +144,7 @@ async def cost(
                     await run_pattern(rt, pattern, {**lines[i], "seed": seed + i})
 
                 await each(range(len(lines)), one, concurrency=concurrency)
-            await engine.audited()
+            await engine.fidelity_report()
             wall, cpu = time.perf_counter() - t0, time.process_time() - c0
             s1 = engine.stats()
             audit = s1.audit_tokens - s0.audit_tokens

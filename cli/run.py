@@ -337,7 +337,7 @@ async def _session(
                 outcome.append(await body(rt))
                 summary = Summary.of(engine, time.perf_counter() - t0)
                 if config.audit or config.repair.startswith("auto"):
-                    audits = await engine.audited()
+                    audits = await engine.fidelity_report()
         except Exception as exc:  # re-raised below, outside the task group
             outcome.append(exc)
         finally:

@@ -33,7 +33,7 @@ class Summary:
     @classmethod
     def of(cls, engine: Any, wall_s: float) -> Summary:
         stats = engine.stats()
-        notes = dict.fromkeys(e.detail for e in engine.audit() if e.kind == "leak")
+        notes = dict.fromkeys(e.detail for e in engine.access_events() if e.kind == "leak")
         return cls(stats.tokens_encoded, stats.tokens_reused, stats.mean_ttft_s, wall_s,
                    stats.leaks, tuple(notes)[:LEAK_NOTES])  # fmt: skip
 

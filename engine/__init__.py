@@ -9,6 +9,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 _HOME = {
+    "AccessEvent": "corps.engine.api.access",
     "AuditEvent": "corps.engine.api.access",
     "BadConfig": "corps.engine.config",
     "EngineConfig": "corps.engine.config",
@@ -44,6 +45,7 @@ __all__ = [
     "AUDIT_POSITIONS",
     "DECISION_REPAIR",
     "JSON_LAYOUT",
+    "AccessEvent",
     "AuditEvent",
     "AuditKey",
     "AuditReport",
@@ -74,7 +76,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from corps.engine.api.access import AuditEvent
+    from corps.engine.api.access import AccessEvent, AuditEvent
     from corps.engine.api.engine import Engine
     from corps.engine.api.pending import Pending
     from corps.engine.api.select import Selection

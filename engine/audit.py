@@ -22,7 +22,7 @@ for everything else, plus one burst (`AUDIT_BURST`, a token bucket), and an
 audit that is due when the bucket is short goes to the next call of its key
 that fits. The audited call returns its choreographed result unchanged and at once; the
 shadow runs after it, in the ordinary fused steps, and is freed. Figures are
-kept per (workflow, agent, repair policy) (`AuditBook`; `Engine.audited()`),
+kept per (workflow, agent, repair policy) (`AuditBook`; `Engine.fidelity_report()`),
 summed in `EngineStats` and traced (`Audited` events). Torch-free.
 """
 
@@ -129,7 +129,7 @@ def _row(key: AuditKey, s: list[float]) -> AuditRow:
 
 @dataclass(frozen=True)
 class AuditReport:
-    """`Engine.audited()`: one row per key, every audit together (`total`), the
+    """`Engine.fidelity_report()`: one row per key, every audit together (`total`), the
     shadows that could not run (`failed`: the engine closing, no room) and each
     key's policy under `repair="auto"` now (`auto`: (workflow, agent) -> policy)."""
 

@@ -223,7 +223,7 @@ class EngineConfig(BaseModel):
       context, less a margin (`corps.engine.exec.baseline_work`); False lifts it.
     - `audit`: the online fidelity audit (`corps.engine.audit`): 1 in N choreographed
       decodes of each workflow and agent is also encoded as the baseline reads it,
-      and the gap between the two is recorded (`Engine.audited()`, `stats()`, traces,
+      and the gap between the two is recorded (`Engine.fidelity_report()`, `stats()`, traces,
       /metrics); 0 (the default) audits nothing unless a workflow, agent or call
       asks (or its repair is "auto"). `audit_budget`: the share of the tokens the
       engine encodes for its calls that the audits may encode besides (0.05; 1.0:

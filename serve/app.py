@@ -134,7 +134,7 @@ def _routes(app: FastAPI) -> None:
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
         engine = app.state.engine
-        audits = await engine.audited(settle=False)
+        audits = await engine.fidelity_report(settle=False)
         text = app.state.metrics.render(engine.stats(), app.state.gate.inside, audits)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 

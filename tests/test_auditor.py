@@ -58,7 +58,7 @@ async def test_a_chain_audits_to_no_gap_and_a_rewired_context_to_some(tiny_dirs)
             await engine.decode(parents=[sys, q1, q2], **kw)
         with engine.workflow("repaired"):
             await engine.decode(parents=[sys, q1, q2], repair="serial+full", **kw)
-        report = await engine.audited()
+        report = await engine.fidelity_report()
         rows = {r.key.workflow: r for r in report.rows}
         assert rows["chain"].gap == pytest.approx(0.0, abs=1e-5)
         assert rows["chain"].agreement == 1.0 and rows["chain"].positions == AUDIT_POSITIONS
@@ -80,7 +80,7 @@ async def test_the_shadow_is_the_baseline_and_the_kept_rows_are_the_calls_own(
         sys, q1, q2 = await parallel(engine)
         h = await engine.decode(parents=[sys, q1, q2], max_tokens=5, ignore_eos=True,
                                 logprobs=True)  # fmt: skip
-        await engine.audited()
+        await engine.fidelity_report()
         fmt = engine.chat
     ((kept, rows, header),) = seen
     head = fmt.encode(fmt.frame("assistant")[0])
@@ -101,7 +101,7 @@ async def test_an_audit_changes_nothing_the_call_returns_nor_the_store(tiny_dirs
             sys, q1, q2 = await parallel(engine)
             greedy = await engine.decode(parents=[sys, q1, q2], **kw)
             sampled = await engine.decode(parents=[sys, q1, q2], temperature=1.0, seed=3, **kw)
-            await engine.audited()
+            await engine.fidelity_report()
             stats = engine.stats()
             results[audit] = (greedy.generated, sampled.generated, stats.messages,
                               stats.tokens_used, stats.audited)  # fmt: skip
@@ -133,7 +133,7 @@ async def test_one_in_n_per_workflow_and_agent_and_the_nearest_rate_wins(tiny_di
             await rt.ask("voter", q1)
         await engine.prefill("a prefill is never audited", parents=[sys])
         await engine.decode(max_tokens=2, ignore_eos=True)  # no parents: nothing reused
-        report = await engine.audited()
+        report = await engine.fidelity_report()
     calls = {r.key.workflow: r.calls for r in report.rows}
     assert calls == {"": 3, "every": 2}
 
@@ -143,7 +143,7 @@ async def test_a_parent_freed_after_the_call_is_still_there_for_its_shadow(tiny_
         sys, q1, q2 = await parallel(engine)
         await engine.decode(parents=[sys, q1, q2], max_tokens=3, ignore_eos=True)
         engine.free(q2)  # before its shadow ran
-        report = await engine.audited()
+        report = await engine.fidelity_report()
         assert report.total.calls == 1 and report.failed == 0
         engine.check()  # q2's slots went back once the shadow let go of it
 
@@ -154,9 +154,9 @@ async def test_check_while_a_shadow_is_pending_says_so_and_the_books_are_exact_a
     async with open_tiny(tiny_dirs, "llama", audit=1, audit_budget=1.0) as engine:
         sys, q1, q2 = await parallel(engine)
         await engine.decode(parents=[sys, q1, q2], max_tokens=3, ignore_eos=True)
-        with pytest.raises(InvalidRequest, match="audited"):
+        with pytest.raises(InvalidRequest, match="fidelity_report"):
             engine.check()  # the shadow has not run yet: it still holds the parents
-        await engine.audited()
+        await engine.fidelity_report()
         engine.check()
 
 
@@ -173,7 +173,7 @@ async def test_audits_are_traced_without_text_and_counted_in_stats(tiny_dirs, tm
         sys, q1, q2 = await parallel(engine)
         h = await engine.decode(parents=[sys, q1, q2], max_tokens=3, ignore_eos=True,
                                 owner="solver")  # fmt: skip
-        await engine.audited()
+        await engine.fidelity_report()
         stats = engine.stats()
     events = [json.loads(line) for line in path.read_text().splitlines()]
     (audited,) = [e for e in events if e["type"] == "audited"]
@@ -188,7 +188,7 @@ async def test_nothing_is_audited_in_the_baseline(tiny_dirs):
     async with open_tiny(tiny_dirs, "llama", audit=1, mode="baseline") as engine:
         sys, q1, q2 = await parallel(engine)
         await engine.decode(parents=[sys, q1, q2], max_tokens=2, ignore_eos=True)
-        assert (await engine.audited()).total.calls == 0
+        assert (await engine.fidelity_report()).total.calls == 0
 
 
 @pytest.mark.parametrize("bad", [-1, "3", True, 1.5, 10**9])
@@ -218,9 +218,9 @@ async def test_auto_moves_a_drifting_agent_up_the_ladder_and_says_why(
         sys, q1, q2 = await parallel(engine)
         kw = dict(parents=[sys, q1, q2], max_tokens=3, ignore_eos=True, owner="judge", audit=1)
         first = await engine.decode(**kw)
-        report = await engine.audited()
+        report = await engine.fidelity_report()
         second = await engine.decode(**kw)
-        await engine.audited()
+        await engine.fidelity_report()
         assert engine.stats().repair == "auto"
     assert first.tokens_repaired == 0 and second.tokens_repaired > 0
     assert report.auto == {("", "judge"): "first:4"}
@@ -242,7 +242,9 @@ async def test_a_due_audit_waits_for_the_budget_and_goes_to_the_next_call_it_all
         audited = []
         for _ in range(12):
             await engine.decode(**kw)
-            await engine.audited()  # one at a time: each audit's cost is known before the next
+            await (
+                engine.fidelity_report()
+            )  # one at a time: each audit's cost is known before the next
             audited.append(engine.stats().audited)
         s = engine.stats()
     assert 0 < audited[-1] < 12  # some ran, some waited
@@ -264,7 +266,7 @@ async def test_a_quiet_stretch_saves_up_one_burst_at_most(tiny_dirs, monkeypatch
         with engine.workflow("audited", audit=1):
             for _ in range(6):
                 await engine.decode(**kw)
-                await engine.audited()
+                await engine.fidelity_report()
         after = engine.stats()
     spent = after.audit_tokens - before.audit_tokens
     work = (after.tokens_encoded - after.audit_tokens) - (
@@ -285,12 +287,12 @@ async def test_runs_of_one_family_share_what_auto_learned(tiny_dirs, monkeypatch
         kw = dict(parents=[sys, q1, q2], max_tokens=3, ignore_eos=True, audit=1)
         with engine.workflow("run-1", repair="auto", family="qa"):
             assert (await engine.decode(**kw)).tokens_repaired == 0
-            await engine.audited()
+            await engine.fidelity_report()
         with engine.workflow("run-2", repair="auto", family="qa"):
             assert (await engine.decode(**kw)).tokens_repaired > 0  # first:4 now
         with engine.workflow("other", repair="auto"):
             assert (await engine.decode(**kw)).tokens_repaired == 0
-        report = await engine.audited()
+        report = await engine.fidelity_report()
     assert {r.key.workflow for r in report.rows} == {"qa", "other"}
 
 

@@ -669,3 +669,15 @@ async def test_top_logprobs_list_the_most_likely_tokens_at_each_position(tiny_di
                 assert dict(top)[tok] == pytest.approx(lp, abs=1e-5)
         with pytest.raises(InvalidRequest, match="top_logprobs needs logprobs"):
             await engine.decode(parents=[q], max_tokens=2, top_logprobs=2)
+
+
+async def test_the_old_audit_names_warn_and_answer_as_the_new(tiny_dirs):
+    """`Engine.audit()` (the access log) and `Engine.audited()` (the fidelity report)
+    were renamed, "audit" meaning two things: the old names still answer, with a
+    DeprecationWarning naming the new one."""
+    async with open_tiny(tiny_dirs, "llama") as engine:
+        with pytest.warns(DeprecationWarning, match="access_events"):
+            assert engine.audit() == engine.access_events()
+        with pytest.warns(DeprecationWarning, match="fidelity_report"):
+            old = await engine.audited()
+        assert old == await engine.fidelity_report()

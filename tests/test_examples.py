@@ -64,7 +64,7 @@ async def test_prisoners_dilemma_reencode_leaves_no_leak(tiny_dirs):
         assert len(players) > 10
         for msg in players:
             assert hidden_sources(table, msg.owner, msg.id) == frozenset(), msg
-        assert any(e.kind == "reencode" for e in engine.audit())
+        assert any(e.kind == "reencode" for e in engine.access_events())
 
 
 async def test_prisoners_dilemma_deny_fails_the_first_offending_call(tiny_dirs):

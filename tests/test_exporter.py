@@ -189,7 +189,7 @@ async def test_an_audit_reaches_the_collector_as_its_own_span(tiny_dirs, tmp_pat
         ) as engine:
             q = await engine.prefill("What is 7*6?", role="user")
             d = await engine.decode(parents=[q], max_tokens=3, temperature=0.0, owner="solver")
-            await engine.audited()
+            await engine.fidelity_report()
     finally:
         server.shutdown()
         server.server_close()

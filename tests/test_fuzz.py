@@ -125,7 +125,7 @@ async def make_call(engine, handles: list, op) -> None:
             engine.read(parents[0], reader=common["owner"])
         return
     if kind == "audited":  # every fidelity audit's shadow started so far has run
-        await engine.audited()
+        await engine.fidelity_report()
         return
     call = dict(parents=parents, **common, **args)
     if kind == "prefill":
@@ -171,7 +171,7 @@ def test_random_calls_succeed_or_fail_typed_and_keep_the_store_exact(tiny_dirs, 
                     engine.check()
                 except InvalidRequest:  # audits' shadows still running: checked once settled
                     pass
-            await engine.audited()  # the shadows left running, then the books again
+            await engine.fidelity_report()  # the shadows left running, then the books again
             engine.check()
 
     anyio.run(main)

@@ -296,7 +296,7 @@ async def test_under_auto_the_decision_steps_start_at_their_repair(
     async with open_tiny(tiny_dirs, "llama", **cfg) as engine, Runtime(engine) as rt:
         params = {**SMALL, **SETTINGS["tree_of_thoughts"]}
         r = await run_pattern(rt, "tree_of_thoughts", params)
-        report = await engine.audited()
+        report = await engine.fidelity_report()
     voters = [h for h in r.messages if (h.owner or "").endswith("-voter")]
     proposers = [h for h in r.messages if (h.owner or "").endswith("-proposer")]
     assert (sum(h.tokens_repaired for h in voters) > 0) == voters_repaired

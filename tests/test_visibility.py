@@ -109,7 +109,7 @@ async def test_warn_and_allow_record_leaks(tiny_dirs):
         leaks = engine.leaks()
         assert len(leaks) == 2 and leaks[0].reader == "bob" and leaks[0].parent == public.id
         assert leaks[0].sources == {secret.id} and "bob" in leaks[0].call
-        assert [e.kind for e in engine.audit()] == ["leak", "leak"]
+        assert [e.kind for e in engine.access_events()] == ["leak", "leak"]
         assert not hasattr(engine, "trace")  # the old name of audit(), gone
 
 
@@ -130,7 +130,7 @@ async def test_reencode_equals_encoding_with_only_visible_context(tiny_dirs):
         secret = await engine.prefill("always defect", owner="alice", visibility=Private())
         public = await engine.prefill("hello world", parents=[intro, secret], owner="alice")
         ans = await engine.decode(parents=[public], owner="bob", max_tokens=3)
-        assert engine.leaks() == [] and [e.kind for e in engine.audit()] == ["reencode"]
+        assert engine.leaks() == [] and [e.kind for e in engine.access_events()] == ["reencode"]
         (view_id,) = ans._msg.parents
         view = core.table.get(view_id)
         assert view.view_of == public.id and view.text == public.text

@@ -30,16 +30,28 @@ from corps.cache.visibility import (
 from corps.engine.request.requests import PrefillRequest
 from corps.engine.trace.events import LeakEvent, Recorder, Reencode
 
-__all__ = ["AuditEvent", "Guard", "LeakWarning", "check_access", "explain", "hidden_sources"]
+__all__ = [
+    "AccessEvent",
+    "AuditEvent",
+    "Guard",
+    "LeakWarning",
+    "check_access",
+    "explain",
+    "hidden_sources",
+]
 
 
 @dataclasses.dataclass(frozen=True)
-class AuditEvent:
-    """One entry of the leak audit log (`Engine.audit()`)."""
+class AccessEvent:
+    """One entry of the access log (`Engine.access_events()`): a leak or a re-encoding."""
 
     kind: str  # "leak" or "reencode"
     detail: str
     leak: Leak | None = None
+
+
+#: The old name of `AccessEvent` ("audit" now means only the fidelity audit).
+AuditEvent = AccessEvent
 
 
 def describe(msg: Message) -> str:
@@ -121,7 +133,7 @@ class Guard:
         self.mode = mode
         self.policy = check_policy(policy)
         self.leaks: deque[Leak] = deque(maxlen=RECENT)
-        self.events: deque[AuditEvent] = deque(maxlen=RECENT)
+        self.events: deque[AccessEvent] = deque(maxlen=RECENT)
         self.leak_count = 0
         self.reencode_count = 0
         self._clean: dict[tuple[int, str], Handle] = {}  # re-encoded copies, per reader
@@ -156,7 +168,7 @@ class Guard:
             text = explain(self.table, leak)
             self.leaks.append(leak)
             self.leak_count += 1
-            self.events.append(AuditEvent("leak", text, leak))
+            self.events.append(AccessEvent("leak", text, leak))
             if self.rec.on:
                 self.rec.emit(
                     LeakEvent(
@@ -217,7 +229,7 @@ class Guard:
         self._clean[(parent.id, reader)] = view
         self.reencode_count += 1
         self.events.append(
-            AuditEvent("reencode", f"re-encoded message {msg.id} for {reader} as {view.id}")
+            AccessEvent("reencode", f"re-encoded message {msg.id} for {reader} as {view.id}")
         )
         if self.rec.on:
             self.rec.emit(Reencode(t=self.rec.now(), message=msg.id, reader=reader, clean=view.id))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, asynccontextmanager
 from functools import partial
@@ -15,22 +15,20 @@ from rich.console import Console
 from corps.cache.handle import Handle
 from corps.cache.messages import MessageRecord
 from corps.cache.visibility import Leak, Visibility
-from corps.engine.api.access import AuditEvent, Guard, check_access
-from corps.engine.api.audit import Auditor
-from corps.engine.api.build import build_executor, measured_settings
-from corps.engine.api.lifetimes import Lifetimes
+from corps.engine.api.access import AccessEvent, check_access
+from corps.engine.api.build import build_executor
+from corps.engine.api.parts import wire
 from corps.engine.api.pending import Pending
 from corps.engine.api.select import By, Selection, select
-from corps.engine.api.stream import StreamCalls, TextStream
-from corps.engine.api.submit import Submitter
+from corps.engine.api.stream import TextStream
 from corps.engine.api.tracing import live_spans, trace_header
 from corps.engine.audit import AuditReport
-from corps.engine.config import EngineConfig, step_tokens_for
+from corps.engine.config import EngineConfig
 from corps.engine.distill.graph import MessageGraph, message_graph
 from corps.engine.errors import InvalidRequest
 from corps.engine.exec.executor import Executor
 from corps.engine.exec.torch_thread import TORCH
-from corps.engine.repair import Repair, parse_repair
+from corps.engine.repair import Repair
 from corps.engine.request.chat import ChatFormat
 from corps.engine.request.requests import (
     DecodeArgs,
@@ -42,10 +40,8 @@ from corps.engine.request.requests import (
     prefill_request_of,
 )
 from corps.engine.request.workflow import Objective, workflow
-from corps.engine.sched.gate import WorkflowGate, gate_for
+from corps.engine.sched.gate import WorkflowGate
 from corps.engine.sched.policies import Policy
-from corps.engine.sched.policies import make as make_policy
-from corps.engine.sched.scheduler import Scheduler
 from corps.engine.stats import EngineStats
 from corps.engine.trace.events import Recorder, TraceFile
 from corps.engine.trace.exporter import LiveSpans, check_available
@@ -71,38 +67,20 @@ class Engine:
         self._executor = executor
         self.recorder = Recorder()
         """Trace events go to its sinks (`recorder.add(fn)`); see `corps.engine.trace.events`."""
-        self._sched = Scheduler(
-            executor,
-            queue_size=cfg.queue_size,
-            step_tokens=cfg.step_tokens or step_tokens_for(cfg.device),
-            recorder=self.recorder,
-            max_running=cfg.max_running,
-            policy=make_policy(cfg.policy, **measured_settings(cfg.policy, executor)),
-            evict=cfg.evict,
-            run_ahead=cfg.run_ahead,
-        )
         self._tg: anyio.abc.TaskGroup | None = None
-        self._guard = Guard(
-            executor.table, mode=executor.mode, policy=cfg.leak_policy, recorder=self.recorder
-        )
-        self._submit = Submitter(executor, self._sched, self._guard, self.recorder)
-        self._submit.deduce = cfg.deduce_objectives
-        self._auditor = Auditor(
-            executor, self.recorder, repair=parse_repair(cfg.repair), audit=cfg.audit,
-            budget=cfg.audit_budget, spawn=self._spawn, jobs=self._submit,
-        )  # fmt: skip
-        self._submit.auditor = self._auditor
+        self._parts = parts = wire(executor, cfg, self.recorder, self._spawn)
+        self._sched, self._guard, self._submit = parts.sched, parts.guard, parts.submit
+        self._auditor, self._lifetimes = parts.auditor, parts.lifetimes
+        self.gate: WorkflowGate | None = parts.gate
+        """Workflow-level admission (`corps.engine.sched.gate`): a pattern's run enters
+        it before its first call; None when off (`admission=False`, or no store in
+        mode "hf") and no `max_workflows` is set."""
         self._model_name = cfg.model
         self._trace_file = self.trace_to(cfg.trace) if cfg.trace is not None else None
         self.otel: LiveSpans | None = (
             None if cfg.otel is None else live_spans(cfg, executor, self.recorder)
         )
         """With `otel=URL`: the live span sender (`sent`, `dropped`); else None."""
-        self._lifetimes = Lifetimes(executor, self._guard, self.recorder, auto_free=cfg.auto_free)
-        self.gate: WorkflowGate | None = gate_for(executor, cfg)
-        """Workflow-level admission (`corps.engine.sched.gate`): a pattern's run enters
-        it before its first call; None when off (`admission=False`, or no store in
-        mode "hf") and no `max_workflows` is set."""
 
     # ---- construction and lifetime ----
 
@@ -122,17 +100,11 @@ class Engine:
         mean). Everything is validated before any weights load: a bad value raises
         InvalidRequest at once.
 
-        The KV store holds `capacity` tokens, and the view arena (calls' rotated
-        contexts, each shared context once) as many. Without `capacity`, the two
-        together take at most `memory_budget` bytes (default 2 GiB, capped at
-        DEFAULT_MAX_CAPACITY store slots); `stats().kv_bytes` says what was taken.
-        The memory is given back when the engine closes.
-
-        Admission: a call runs once its memory can be had (its prompt and every
-        token it may generate are reserved up front, so it never runs out
-        mid-generation); until then it waits, first come first served, while
-        running calls may give memory back. At most `max_running` calls run at
-        once. A call that could never fit raises `StoreTooSmall` at once.
+        Memory (`capacity`, `memory_budget`: `stats().kv_bytes` says what was taken) is
+        given back when the engine closes. A call runs once its memory can be had (its
+        prompt and every token it may generate reserved up front); until then it
+        waits while running calls may give memory back; one that could never fit
+        raises `StoreTooSmall` at once (`EngineConfig`: `capacity`, `max_running`).
         """
         cfg = EngineConfig.of(config, **fields)
         if cfg.otel is not None:
@@ -187,17 +159,14 @@ class Engine:
     async def __aexit__(self, *exc_info: Any) -> bool | None:
         """Shut down: calls still queued or running fail with EngineClosed; never hangs."""
         await self._sched.close()
-        # The loop task ends on close(); the body's own exception (if any) propagates
-        # as itself rather than wrapped in an ExceptionGroup.
+        # the loop ends on close(); the body's own exception propagates as itself
         await self._tg.__aexit__(None, None, None)
         if self._trace_file is not None:
             self.end_trace(self._trace_file)
         if self.otel is not None:
             self.recorder.remove(self.otel)
             self.otel.close(self.recorder.now())
-        # The KV memory goes back now, not when the last Handle naming this engine is
-        # collected.
-        self._executor.close()
+        self._executor.close()  # the KV memory goes back now, not when its last handle goes
         return None
 
     # ---- tracing ----
@@ -278,20 +247,7 @@ class Engine:
 
     def stats(self) -> EngineStats:
         """A snapshot; safe to call while steps run."""
-        guard, table = self._guard, self._executor.table
-        self._lifetimes.sweep()
-        return dataclasses.replace(
-            self._executor.stats(),
-            **self._sched.figures(),
-            leaks=guard.leak_count,
-            reencodes=guard.reencode_count,
-            records=table.records,
-            spans_sent=self.otel.sent if self.otel is not None else 0,
-            spans_dropped=self.otel.dropped if self.otel is not None else 0,
-            policy=self._sched.policy.name,
-            repair=self._config.repair,
-            **self._auditor.figures(),
-        )
+        return self._parts.stats(self._executor, self._config, self.otel)
 
     def handle(self, message_id: int, *, reader: str | None = None) -> Handle:
         """A handle to a live message of this engine by its id (`Handle.id`, e.g. sent
@@ -314,17 +270,10 @@ class Engine:
         prefix locks are left. Raises BrokenInvariant (a bug in corps: report it);
         InvalidRequest if calls are still in flight, or fidelity audits' shadows
         (`audit=N`: an audited call's parents stay pinned until its shadow has read
-        them, after the call returned; `await engine.audited()` waits for them). Tests
+        them, after the call returned; `await engine.fidelity_report()` waits for them). Tests
         and soak runs call it after every operation; it costs O(store slots).
         """
-        if not self._sched.idle:
-            raise InvalidRequest("check() needs an idle engine: await your calls first")
-        if self._auditor.in_flight:
-            raise InvalidRequest(
-                "check() needs an idle engine: fidelity audits' shadows are still running; "
-                "await engine.audited() first"
-            )
-        self._executor.check()
+        self._parts.check(self._executor)
 
     def reset_peak_stats(self) -> None:
         """Start `stats()`'s peaks (`view_tokens_peak`, `scratch_tokens_peak`) over from
@@ -346,12 +295,22 @@ class Engine:
         carries its own call's count (`Handle.leaks`), and a trace file keeps each one."""
         return list(self._guard.leaks)
 
-    def audit(self) -> list[AuditEvent]:
-        """The leak audit log: the latest leak and re-encoding events (bounded as
-        `leaks()`). Not to be confused with trace files (`Engine.open(trace=PATH)`)."""
+    def access_events(self) -> list[AccessEvent]:
+        """The access log: the latest leak and re-encoding events (bounded as `leaks()`).
+        Not to be confused with trace files (`Engine.open(trace=PATH)`)."""
         return list(self._guard.events)
 
+    def audit(self) -> list[AccessEvent]:
+        """Deprecated: `access_events()` ("audit" names only the fidelity audit now)."""
+        warnings.warn("Engine.audit() is Engine.access_events()", DeprecationWarning, 2)
+        return self.access_events()
+
     async def audited(self, *, settle: bool = True) -> AuditReport:
+        """Deprecated: `fidelity_report()`."""
+        warnings.warn("Engine.fidelity_report() is Engine.fidelity_report()", DeprecationWarning, 2)
+        return await self.fidelity_report(settle=settle)
+
+    async def fidelity_report(self, *, settle: bool = True) -> AuditReport:
         """The online fidelity audit's figures (`corps.engine.audit`; `audit=N`), once
         every shadow started so far has run (`settle=False`: now): per workflow family,
         agent and repair policy, the calls audited, the mean gap (KL(baseline ||
@@ -487,13 +446,4 @@ class Engine:
 
     def stream(self, **args: Unpack[DecodeArgs]) -> TextStream:
         """`async for delta in engine.stream(...)`: text deltas; then `.handle`."""
-        sched = self._sched
-        calls = StreamCalls(
-            self._executor.fmt,
-            self._submit.job,
-            sched.submit,
-            sched.wait,
-            sched.end,
-            self._executor.free,
-        )
-        return TextStream(self._submit.decode_request(args), calls)
+        return self._submit.stream(self._submit.decode_request(args))

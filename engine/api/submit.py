@@ -19,6 +19,7 @@ from corps.cache.messages import Message
 from corps.engine.api.access import Guard
 from corps.engine.api.audit import Auditor
 from corps.engine.api.pending import Pending
+from corps.engine.api.stream import StreamCalls, TextStream
 from corps.engine.errors import EngineBusy
 from corps.engine.exec.executor import Executor
 from corps.engine.request.requests import DecodeRequest, PrefillRequest, decode_request
@@ -61,6 +62,12 @@ class Submitter:
         self.ids = itertools.count(1)  # call ids in traces
         self.deduce = True  # deduce which calls of a latency workflow are critical
         self.auditor: Auditor | None = None  # settles repairs and audits (the engine's)
+
+    def stream(self, request: DecodeRequest) -> TextStream:
+        """A decode whose text deltas are iterated as they are decoded (`Engine.stream`)."""
+        sched, ex = self.sched, self.executor
+        calls = StreamCalls(ex.fmt, self.job, sched.submit, sched.wait, sched.end, ex.free)
+        return TextStream(request, calls)
 
     def decode_request(self, args: Mapping[str, Any] | DecodeRequest) -> DecodeRequest:
         """The request, its constraint (if any) compiled now: a bad regex, schema or

@@ -107,7 +107,7 @@ async def scores(
     audited = engine.stats().audit_tokens
     t0 = time.perf_counter()
     out.errors = await each(range(len(lines)), one, concurrency=concurrency, on_done=on_done)
-    await engine.audited()  # the pass's audits are its cost too
+    await engine.fidelity_report()  # the pass's audits are its cost too
     out.wall_s = time.perf_counter() - t0
     out.audit_tokens = engine.stats().audit_tokens - audited
     return out
