@@ -69,7 +69,7 @@ def bench_audit(
     import json
 
     from corps.bench import audit as ba
-    from corps.cli.fidelity import _lines
+    from corps.cli.eval_options import input_lines as _lines
     from corps.patterns import registry
 
     try:
