@@ -29,6 +29,7 @@ EXPORTS = {
     ],
     "corps.engine": [
         "AUDIT_POSITIONS",
+        "AccessEvent",
         "AuditEvent",
         "AuditKey",
         "AuditReport",
