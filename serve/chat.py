@@ -222,17 +222,23 @@ def seeds(req: Sampling) -> list[int | None]:
 
 def logprobs_of(engine, h: Handle) -> dict:
     """OpenAI's `logprobs.content` of a decode made with logprobs."""
+    return {"content": logprob_entries(engine, h.generated, h.logprobs, h.top_logprobs)}
+
+
+def logprob_entries(engine, tokens, logprobs, tops) -> list[dict]:
+    """OpenAI's entries of `logprobs.content`: one per token with its log-probability
+    and, from `tops` (None: none asked), its most likely alternatives."""
     tok = engine.tokenizer
 
     def entry(t: int, lp: float) -> dict:
         piece = tok.decode([t])
         return {"token": piece, "logprob": lp, "bytes": list(piece.encode())}
 
-    tops = h.top_logprobs or ((),) * len(h.generated)
-    out = []
-    for t, lp, top in zip(h.generated, h.logprobs, tops, strict=False):
-        out.append({**entry(t, lp), "top_logprobs": [entry(i, v) for i, v in top]})
-    return {"content": out}
+    tops = tops or ((),) * len(tokens)
+    return [
+        {**entry(t, lp), "top_logprobs": [entry(i, v) for i, v in top]}
+        for t, lp, top in zip(tokens, logprobs, tops, strict=False)
+    ]
 
 
 def usage(prompt_tokens: int, completion: int, cached: int) -> dict:

@@ -7,7 +7,9 @@ Text comes as `content` deltas; a reply that calls tools as tool-call deltas
 (`tools.Streamer`): the first of each call with its index, id, type and name,
 then fragments of its arguments, the choice's last chunk `finish_reason:
 "tool_calls"` (or "length" if its budget cut it). Logprobs, when asked, come
-with each choice's last chunk (the SDK joins a choice's chunks). With
+with the content chunk that shows their tokens, as OpenAI sends them (tokens
+whose text nothing showed, and a tool-calling reply's, with the choice's last
+chunk): a choice's chunks join to the unstreamed reply's logprobs. With
 `stream_options.include_usage` a usage chunk follows. However the response ends
 (finished, failed, the client gone), a call not finished is cancelled and the
 prompt's messages are given back unless it succeeded, once: before `[DONE]`, so a
@@ -40,16 +42,17 @@ class Choice:
 
     index: int
     stream: Any  # the engine's TextStream
-    deltas: Any = None  # its async iterator
-    first: str | None = None  # the delta awaited before the 200
+    deltas: Any = None  # its async iterator of pieces (`TextStream.pieces`)
+    first: Any = None  # the piece awaited before the 200
     skip: int = 0  # completions: prompt characters still to drop
     calls: Streamer | None = None  # chat with tools: text or tool-call deltas
     handle: Any = None  # once finished
     done: bool = False
+    sent: int = 0  # logprobs entries sent with its content chunks
 
 
-async def _next(deltas, deadline: float) -> str | None:
-    """The stream's next delta (None: it ended), by `deadline` (TimeoutError)."""
+async def _next(deltas, deadline: float) -> Any:
+    """The stream's next piece (None: it ended), by `deadline` (TimeoutError)."""
     with anyio.fail_after(max(deadline - anyio.current_time(), 0)):
         try:
             return await deltas.__anext__()
@@ -73,7 +76,7 @@ async def open_stream(
     ]  # fmt: skip
 
     async def admit(c: Choice) -> None:
-        c.deltas = c.stream.__aiter__()
+        c.deltas = c.stream.pieces()
         c.first = await _next(c.deltas, deadline)
 
     try:  # every choice admitted, and its first delta come, before the 200
@@ -112,9 +115,10 @@ async def open_stream(
                     "role": "assistant", "content": ""}  # fmt: skip
                 for c in choices:
                     yield sse.chunk(c.index, role)
-            async for c, delta in _interleaved(choices, deadline):
-                for d in _shown(c, delta, is_chat):
-                    yield sse.chunk(c.index, d)
+            async for c, piece in _interleaved(choices, deadline):
+                lp = _logprobs(state, req, c, piece, is_chat)
+                for d in _shown(c, piece.text, is_chat):
+                    yield sse.chunk(c.index, d, logprobs=lp)
             for c in choices:
                 keep(c.handle)
                 prompt.settle(state.engine, c.handle)
@@ -165,6 +169,17 @@ async def _interleaved(choices: list[Choice], deadline: float):
             yield c, delta
 
 
+def _logprobs(state, req, c: Choice, piece, is_chat: bool) -> dict | None:
+    """The logprobs of a content chunk: its piece's tokens' (None when not asked, for
+    a reply that may call tools, or for a piece without them)."""
+    if not (req.logprobs and is_chat) or c.calls is not None or not piece.logprobs:
+        return None
+    top = piece.top if req.top_logprobs else None
+    entries = chat.logprob_entries(state.engine, piece.tokens, piece.logprobs, top)
+    c.sent += len(entries)
+    return {"content": entries}
+
+
 def _shown(c: Choice, delta: str, is_chat: bool) -> list[dict | str]:
     """What a choice's text delta shows: content, tool-call deltas, or (completions)
     text past the prompt."""
@@ -185,6 +200,8 @@ def _last(state, req, prompt: chat.Prompt, c: Choice) -> dict:
     ext = {**chat.extension(state.cache, prompt, [h], req), "id": state.cache.public_id(h)}
     is_chat = getattr(req, "messages", None) is not None
     lp = chat.logprobs_of(state.engine, h) if req.logprobs and is_chat else None
+    if lp is not None:  # what the content chunks did not carry
+        lp = {"content": lp["content"][c.sent :]}
     return {"finish": finish, "logprobs": lp, "corps": ext}
 
 

@@ -288,6 +288,26 @@ def test_streamed_logprobs_and_n_equal_the_unstreamed(client):
     assert final.system_fingerprint == whole.system_fingerprint and whole.system_fingerprint
 
 
+def test_streamed_logprobs_come_with_their_own_deltas(client):
+    """Each content chunk carries the logprobs of the tokens it shows (OpenAI's stream
+    pairs them; a client that joins deltas with logprobs needs it), and a choice's
+    chunks together carry exactly the unstreamed reply's logprobs."""
+    kw = dict(model="m", messages=messages("hello"), max_tokens=12, temperature=0,
+              logprobs=True, top_logprobs=2)  # fmt: skip
+    whole = client.chat.completions.create(**kw).choices[0].logprobs.content
+    chunks = list(client.chat.completions.create(**kw, stream=True))
+    shown = [c.choices[0] for c in chunks if c.choices and c.choices[0].delta.content]
+    assert len(shown) >= 2
+    assert all(c.logprobs is not None and c.logprobs.content for c in shown[:-1])
+    joined = [x for c in chunks if c.choices and c.choices[0].logprobs
+              for x in c.choices[0].logprobs.content or []]  # fmt: skip
+    assert [x.token for x in joined] == [x.token for x in whole]
+    assert [x.logprob for x in joined] == pytest.approx([x.logprob for x in whole])
+    assert [[t.token for t in x.top_logprobs] for x in joined] == [
+        [t.token for t in x.top_logprobs] for x in whole
+    ]
+
+
 VERDICT = {
     "type": "object",
     "properties": {"verdict": {"enum": ["yes", "no"]}, "score": {"type": "integer"}},

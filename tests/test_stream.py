@@ -85,3 +85,24 @@ async def test_a_cancelled_decode_returns_with_the_store_as_it_was(tiny_dirs):
         engine.check()
         after = engine.stats()
         assert (after.messages, after.tokens_used) == (before.messages, before.tokens_used)
+
+
+async def test_pieces_carry_their_tokens_and_logprobs(tiny_dirs):
+    """`TextStream.pieces()`: the deltas with the tokens sampled since the last one and
+    their log-probabilities; together, the handle's text, tokens and logprobs."""
+    async with open_tiny(tiny_dirs, "llama") as engine:
+        p = await engine.prefill("the quick brown fox")
+        kw = dict(parents=[p], max_tokens=10, ignore_eos=True, logprobs=True, top_logprobs=2)
+        stream = engine.stream(**kw)
+        pieces = [x async for x in stream.pieces()]
+        h = stream.handle
+        assert "".join(x.text for x in pieces) == h.text
+        assert [t for x in pieces for t in x.tokens] == list(h.generated)
+        assert [v for x in pieces for v in x.logprobs] == list(h.logprobs)
+        assert [t for x in pieces for t in x.top] == list(h.top_logprobs)
+        plain = engine.stream(parents=[p], max_tokens=4, ignore_eos=True)
+        assert all(not x.logprobs for x in [x async for x in plain.pieces()])
+        engine.free(h)
+        engine.free(plain.handle)
+        engine.free(p)
+        engine.check()

@@ -53,6 +53,11 @@ class TextStream:
         self.handle: Handle | None = None
 
     def __aiter__(self) -> AsyncIterator[str]:
+        return _texts(self.pieces())
+
+    def pieces(self) -> AsyncIterator[Piece]:
+        """The deltas as `Piece`s: each with the tokens sampled since the last one (and,
+        for a decode asking `logprobs`, theirs), as OpenAI's stream pairs them."""
         if self._gen is not None:
             raise InvalidRequest("a stream can be iterated once; call engine.stream again")
         self._gen = self._deltas()
@@ -69,18 +74,20 @@ class TextStream:
     async def __aexit__(self, *exc_info: Any) -> None:
         await self.aclose()
 
-    async def _deltas(self) -> AsyncIterator[str]:
+    async def _deltas(self) -> AsyncIterator[Piece]:
         req = self._request
         calls = self._calls
         fmt = calls.fmt
         header = fmt.encode(req.header) if isinstance(req.header, str) else list(req.header)
         detok = _Detokenizer(fmt, req.sampling.stop, header)
-        send, recv = anyio.create_memory_object_stream[str](max_buffer_size=math.inf)
+        send, recv = anyio.create_memory_object_stream[Piece](max_buffer_size=math.inf)
+        tokens = _Tokens()
 
         def on_token(tok: int) -> None:  # runs on the event loop, between steps
+            tokens.add(tok, job.call)
             delta = detok.push(tok)
             if delta:
-                send.send_nowait(delta)
+                send.send_nowait(tokens.piece(delta))
 
         job = await calls.job(self._request)
         job.on_token, job.on_done = on_token, send.close
@@ -105,11 +112,59 @@ class TextStream:
         final = self.handle.text
         if final.startswith(detok.shown) and len(final) > len(detok.shown):
             try:
-                yield final[len(detok.shown) :]  # what was held back
+                yield tokens.piece(final[len(detok.shown) :])  # what was held back
             except BaseException:  # the consumer left at the last delta: as above
                 calls.free(self.handle)
                 self.handle = None
                 raise
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One delta of a stream: its text, the tokens sampled since the previous delta (a
+    token whose text is held back goes with the delta that shows it), and with
+    `logprobs` asked, each token's log-probability and its most likely alternatives
+    (`top_logprobs`: (token, log-probability) pairs), as `Handle.logprobs` has them."""
+
+    text: str
+    tokens: tuple[int, ...] = ()
+    logprobs: tuple[float, ...] = ()
+    top: tuple[tuple[tuple[int, float], ...], ...] = ()
+
+
+class _Tokens:
+    """The tokens handed to a stream since its last piece, with their log-probabilities
+    read off the call as it samples them (the n-th token handed is its n-th scored)."""
+
+    def __init__(self) -> None:
+        self.handed = 0
+        self.toks: list[int] = []
+        self.lps: list[float] = []
+        self.top: list[tuple[tuple[int, float], ...]] = []
+
+    def add(self, tok: int, call: Any) -> None:
+        k, self.handed = self.handed, self.handed + 1
+        self.toks.append(tok)
+        if call is not None and k < len(call.logprobs):
+            self.lps.append(call.logprobs[k])
+            if k < len(call.top):
+                self.top.append(call.top[k])
+
+    def piece(self, text: str) -> Piece:
+        aligned = len(self.lps) == len(self.toks)  # else (a forced token) none per piece
+        p = Piece(text, tuple(self.toks), tuple(self.lps) if aligned else (),
+                  tuple(self.top) if aligned else ())  # fmt: skip
+        self.toks, self.lps, self.top = [], [], []
+        return p
+
+
+async def _texts(pieces: AsyncIterator[Piece]) -> AsyncIterator[str]:
+    """A stream's text deltas (`TextStream.__aiter__`); closing it closes the pieces."""
+    try:
+        async for p in pieces:
+            yield p.text
+    finally:
+        await pieces.aclose()
 
 
 class _Detokenizer:
