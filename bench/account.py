@@ -106,7 +106,7 @@ class _Counted:
         self._stack = AsyncExitStack()
 
     async def __aenter__(self):
-        from corps.engine.exec.counting import accounting, profiling
+        from corps.engine.exec.instruments import accounting, profiling
 
         self.account = await self._stack.enter_async_context(
             accounting(self.device, count_ops=True, labels=self.profile)
@@ -136,7 +136,7 @@ async def account_pattern(
     """The warm-up, timed and counted (`count`, of COUNTS) runs of one pattern in each
     mode of `runtimes` ({mode: Runtime}, baseline first). A profiled run's events take
     a while to read on a large model (a kernel each: ~1,000 a decode step at 32 layers)."""
-    from corps.engine.exec.counting import accounting
+    from corps.engine.exec.instruments import accounting
 
     first = await _pass(runtimes, pattern, params, lambda mode: nullcontext())
     timed = await _pass(runtimes, pattern, params, lambda mode: accounting(device))

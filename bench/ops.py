@@ -42,7 +42,7 @@ class OpFigures:
 
 async def count(engine, section: str, run) -> OpFigures:
     """The ops of `await run()` on `engine` (whose steps it counts)."""
-    from corps.engine.exec.counting import counting_ops
+    from corps.engine.exec.instruments import counting_ops
 
     steps = engine.stats().steps
     async with counting_ops() as ops:

@@ -20,7 +20,7 @@ _HOME = {
     "ConstraintViolated": "corps.engine.errors",
     "InvalidConstraint": "corps.engine.errors",
     "Selection": "corps.engine.api.select",
-    "ChatFormat": "corps.engine.request.chat",
+    "ChatFormat": "corps.engine.request.chat_format",
     "EngineBusy": "corps.engine.errors",
     "EngineClosed": "corps.engine.errors",
     "FetchError": "corps.engine.errors",
@@ -95,7 +95,7 @@ if TYPE_CHECKING:
         UnsupportedModel,
     )
     from corps.engine.repair import DECISION_REPAIR, Repair
-    from corps.engine.request.chat import ChatFormat
+    from corps.engine.request.chat_format import ChatFormat
     from corps.engine.request.constraint import JSON_LAYOUT
     from corps.engine.request.requests import DecodeArgs, DecodeRequest, PrefillArgs, PrefillRequest
     from corps.engine.request.sampling_params import SamplingParams

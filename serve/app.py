@@ -7,7 +7,7 @@ engine's one batching loop, so concurrent requests share its fused steps.
 The edge (docs/serve.md, "Security model"): a request is its API key's principal
 (`principals`), reading as that principal's tenant and agent, never as the
 engine's sees-everything reader; it is checked whole before anything is encoded
-(`chat.prompt_of`), and what it encoded is given back if it fails, is refused or
+(`completion.prompt_of`), and what it encoded is given back if it fails, is refused or
 is cut. Every failure is an OpenAI error object (`errors`), a streamed one
 included: refused before the stream starts (its 4xx), or failed in it (an error
 event, then `[DONE]`). Bodies, prompts, requests in flight and time per request
@@ -30,7 +30,7 @@ from starlette.exceptions import HTTPException
 
 from corps.cache.errors import CorpsError
 from corps.engine.request.tools import syntax_of
-from corps.serve import chat
+from corps.serve import completion
 from corps.serve.errors import ServeError, from_engine
 from corps.serve.limits import BodyLimit, Gate, Limits, check_prompt, token_bytes
 from corps.serve.messages import MessageCache
@@ -169,10 +169,10 @@ async def _answer(app: FastAPI, req, principal: Principal, *, is_chat: bool):
                               f"{state.model!r})", "not_found_error", "model")  # fmt: skip
     who = principal.acting_as(req.corps_agent)
     state.gate.take()
-    prompt: chat.Prompt | None = None
+    prompt: completion.Prompt | None = None
     try:
         prompt = await _prompt(state, req, who, is_chat)
-        args = chat.decode_args(req, prompt, who, chat=is_chat, syntax=state.syntax)
+        args = completion.decode_args(req, prompt, who, chat=is_chat, syntax=state.syntax)
         if req.stream:  # from here the stream releases the prompt and the gate
 
             def keep(h):
@@ -180,7 +180,9 @@ async def _answer(app: FastAPI, req, principal: Principal, *, is_chat: bool):
 
             return await open_stream(state, req, prompt, args, who, is_chat, refusal, keep)
         with anyio.fail_after(state.limits.timeout_s):
-            replies = await state.engine.decode_many([dict(args, seed=s) for s in chat.seeds(req)])
+            replies = await state.engine.decode_many(
+                [dict(args, seed=s) for s in completion.seeds(req)]
+            )
     except BaseException as exc:
         if prompt is not None:
             prompt.release(state.cache, ok=False)
@@ -193,30 +195,30 @@ async def _answer(app: FastAPI, req, principal: Principal, *, is_chat: bool):
     state.gate.leave()
     state.metrics.count(prompt, replies)
     if is_chat:
-        return chat.chat_response(
+        return completion.chat_response(
             state.engine, state.cache, state.model, req, prompt, replies, state.syntax
         )
     return _completion_response(state, req, prompt, replies)
 
 
-async def _prompt(state, req, who: Who, chat_request: bool) -> chat.Prompt:
+async def _prompt(state, req, who: Who, chat_request: bool) -> completion.Prompt:
     """A chat's messages in the store; a completion's prompt is its decode's header."""
     if chat_request:
-        return await chat.prompt_of(state.engine, state.cache, req, who, state.prompt_limit,
+        return await completion.prompt_of(state.engine, state.cache, req, who, state.prompt_limit,
                                     state.token_bytes, state.syntax)  # fmt: skip
-    size = len(chat.completion_prompt(req).encode("utf-8", "surrogatepass"))
-    check_prompt(size, 0, chat.max_tokens_of(req), state.prompt_limit, state.token_bytes,
+    size = len(completion.completion_prompt(req).encode("utf-8", "surrogatepass"))
+    check_prompt(size, 0, completion.max_tokens_of(req), state.prompt_limit, state.token_bytes,
                  state.engine.context_length)  # fmt: skip
-    return chat.Prompt()
+    return completion.Prompt()
 
 
-def _reply_key(who: Who, prompt: chat.Prompt, h) -> tuple:
+def _reply_key(who: Who, prompt: completion.Prompt, h) -> tuple:
     return MessageCache.key(who.reader, prompt.handles, prompt.offsets, "assistant", h.text)
 
 
-def _completion_response(state, req: CompletionRequest, prompt: chat.Prompt, replies) -> dict:
+def _completion_response(state, req: CompletionRequest, prompt: completion.Prompt, replies) -> dict:
     choices = [
-        {"index": i, "text": _continuation(state, req, h), "finish_reason": chat.finish_of(h),
+        {"index": i, "text": _continuation(state, req, h), "finish_reason": completion.finish_of(h),
          "logprobs": None, "corps": {"id": state.cache.public_id(h)}}
         for i, h in enumerate(replies)
     ]  # fmt: skip
@@ -226,10 +228,10 @@ def _completion_response(state, req: CompletionRequest, prompt: chat.Prompt, rep
         "object": "text_completion",
         "created": int(time.time()),
         "model": state.model,
-        "system_fingerprint": chat.fingerprint(state.model),
+        "system_fingerprint": completion.fingerprint(state.model),
         "choices": choices,
-        "usage": chat.usage(prompt_tokens, sum(len(h.generated) for h in replies), 0),
-        "corps": chat.extension(state.cache, prompt, replies, req),
+        "usage": completion.usage(prompt_tokens, sum(len(h.generated) for h in replies), 0),
+        "corps": completion.extension(state.cache, prompt, replies, req),
     }
 
 
@@ -238,7 +240,7 @@ def _continuation(state, req: CompletionRequest, h) -> str:
     text = h.text
     if req.echo:
         return text
-    shown = chat.shown_prompt(state.engine, req)
+    shown = completion.shown_prompt(state.engine, req)
     return (
         text[len(shown) :] if text.startswith(shown) else state.engine.tokenizer.decode(h.generated)
     )

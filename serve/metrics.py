@@ -19,7 +19,7 @@ class Metrics:
     cached_tokens: int = 0  # prompt tokens read from the store, not encoded again
 
     def count(self, prompt, replies) -> None:
-        """One answered request: its prompt (`chat.Prompt`) and its replies' handles."""
+        """One answered request: its prompt (`completion.Prompt`) and its replies' handles."""
         self.completions += len(replies)
         self.prompt_tokens += prompt.tokens
         self.completion_tokens += sum(len(h.generated) for h in replies)

@@ -29,7 +29,7 @@ from typing import Any
 import anyio
 from fastapi.responses import StreamingResponse
 
-from corps.serve import chat
+from corps.serve import completion
 from corps.serve.errors import ServeError
 from corps.serve.tools import Streamer
 
@@ -61,18 +61,18 @@ async def _next(deltas, deadline: float) -> Any:
 
 
 async def open_stream(
-    state, req, prompt: chat.Prompt, args: dict, who, is_chat: bool, refusal: Callable,
+    state, req, prompt: completion.Prompt, args: dict, who, is_chat: bool, refusal: Callable,
     keep: Callable,
 ) -> StreamingResponse:  # fmt: skip
     """The response of a streamed request whose prompt is in the store. `refusal` maps
     a failure to its ServeError; `keep(handle)` keeps a finished reply."""
     deadline = anyio.current_time() + state.limits.timeout_s
-    offer = chat.offer_of(req, state.syntax) if is_chat else None
-    skip = 0 if is_chat or req.echo else len(chat.shown_prompt(state.engine, req))
+    offer = completion.offer_of(req, state.syntax) if is_chat else None
+    skip = 0 if is_chat or req.echo else len(completion.shown_prompt(state.engine, req))
     choices = [
         Choice(i, state.engine.stream(**dict(args, seed=seed)), skip=skip,
                calls=Streamer(offer) if offer is not None else None)
-        for i, seed in enumerate(chat.seeds(req))
+        for i, seed in enumerate(completion.seeds(req))
     ]  # fmt: skip
 
     async def admit(c: Choice) -> None:
@@ -175,7 +175,7 @@ def _logprobs(state, req, c: Choice, piece, is_chat: bool) -> dict | None:
     if not (req.logprobs and is_chat) or c.calls is not None or not piece.logprobs:
         return None
     top = piece.top if req.top_logprobs else None
-    entries = chat.logprob_entries(state.engine, piece.tokens, piece.logprobs, top)
+    entries = completion.logprob_entries(state.engine, piece.tokens, piece.logprobs, top)
     c.sent += len(entries)
     return {"content": entries}
 
@@ -191,15 +191,15 @@ def _shown(c: Choice, delta: str, is_chat: bool) -> list[dict | str]:
     return [{"content": delta}]
 
 
-def _last(state, req, prompt: chat.Prompt, c: Choice) -> dict:
+def _last(state, req, prompt: completion.Prompt, c: Choice) -> dict:
     """The extra fields of a choice's last chunk: finish reason, logprobs, the ids."""
     h = c.handle
-    finish = chat.finish_of(h)
+    finish = completion.finish_of(h)
     if c.calls is not None:
-        _, _, finish = chat.reply_of(req, state.syntax, h)
-    ext = {**chat.extension(state.cache, prompt, [h], req), "id": state.cache.public_id(h)}
+        _, _, finish = completion.reply_of(req, state.syntax, h)
+    ext = {**completion.extension(state.cache, prompt, [h], req), "id": state.cache.public_id(h)}
     is_chat = getattr(req, "messages", None) is not None
-    lp = chat.logprobs_of(state.engine, h) if req.logprobs and is_chat else None
+    lp = completion.logprobs_of(state.engine, h) if req.logprobs and is_chat else None
     if lp is not None:  # what the content chunks did not carry
         lp = {"content": lp["content"][c.sent :]}
     return {"finish": finish, "logprobs": lp, "corps": ext}
@@ -217,7 +217,7 @@ class _Chunks:
     def _body(self, choices: list, **extra: Any) -> str:
         body = {"id": self.id, "object": self.kind, "created": self.created,
                 "model": self.state.model,
-                "system_fingerprint": chat.fingerprint(self.state.model),
+                "system_fingerprint": completion.fingerprint(self.state.model),
                 "choices": choices, **extra}  # fmt: skip
         return f"data: {json.dumps(body)}\n\n"
 
@@ -232,10 +232,12 @@ class _Chunks:
                       "logprobs": logprobs}  # fmt: skip
         return self._body([choice], **extra)
 
-    def usage(self, prompt: chat.Prompt, replies: list, is_chat: bool) -> str:
+    def usage(self, prompt: completion.Prompt, replies: list, is_chat: bool) -> str:
         prompt_tokens = prompt.tokens if is_chat else replies[0].generated_from
         generated = sum(len(h.generated) for h in replies)
-        return self._body([], usage=chat.usage(prompt_tokens, generated, prompt.cached_tokens))
+        return self._body(
+            [], usage=completion.usage(prompt_tokens, generated, prompt.cached_tokens)
+        )
 
 
 class _Events(StreamingResponse):

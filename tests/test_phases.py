@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from corps.engine.exec import phases
-from corps.engine.exec.counting import accounting
+from corps.engine.exec.instruments import accounting
 from corps.engine.exec.phases import Account, kernels_by_phase, phase, step_phase
 from corps.engine.kernels.op_count import count_kernel
 

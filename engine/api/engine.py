@@ -29,7 +29,7 @@ from corps.engine.errors import InvalidRequest
 from corps.engine.exec.executor import Executor
 from corps.engine.exec.torch_thread import TORCH
 from corps.engine.repair import Repair
-from corps.engine.request.chat import ChatFormat
+from corps.engine.request.chat_format import ChatFormat
 from corps.engine.request.requests import (
     DecodeArgs,
     DecodeRequest,

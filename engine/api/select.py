@@ -22,7 +22,7 @@ from corps.cache.handle import Handle
 from corps.engine.api.submit import Submitter
 from corps.engine.errors import InvalidRequest
 from corps.engine.exec.call import Call
-from corps.engine.request.chat import ChatFormat
+from corps.engine.request.chat_format import ChatFormat
 from corps.engine.request.requests import PrefillRequest
 
 By = Literal["normalized", "total"]

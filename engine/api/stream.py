@@ -11,7 +11,7 @@ import anyio
 
 from corps.cache.handle import Handle, bind
 from corps.engine.errors import InvalidRequest
-from corps.engine.request.chat import ChatFormat
+from corps.engine.request.chat_format import ChatFormat
 from corps.engine.request.requests import DecodeRequest
 from corps.engine.sched.job import Job
 

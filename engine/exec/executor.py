@@ -13,7 +13,7 @@ from corps.cache.messages import Message, MessageTable
 from corps.engine.exec.call import Call
 from corps.engine.exec.grammars import Grammars
 from corps.engine.exec.step_plan import StepOrder, StepOutput
-from corps.engine.request.chat import ChatFormat
+from corps.engine.request.chat_format import ChatFormat
 from corps.engine.request.requests import DecodeRequest, PrefillRequest
 from corps.engine.stats import EngineStats
 

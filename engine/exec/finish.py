@@ -10,7 +10,7 @@ from corps.engine.exec.call import Call, CallPlan
 from corps.engine.exec.memory import Memory
 from corps.engine.exec.register import own_tokens, register
 from corps.engine.exec.sampler import Sampler
-from corps.engine.request.chat import ChatFormat
+from corps.engine.request.chat_format import ChatFormat
 
 
 class Finisher:

@@ -33,7 +33,7 @@ from corps.engine.exec.register import own_tokens, register
 from corps.engine.exec.sampler import Sampler
 from corps.engine.exec.step_plan import StepOrder, StepOutput
 from corps.engine.model.spec import ModelSpec
-from corps.engine.request.chat import ChatFormat
+from corps.engine.request.chat_format import ChatFormat
 from corps.engine.request.requests import DecodeRequest, PrefillRequest
 from corps.engine.stats import EngineStats
 

@@ -32,7 +32,7 @@ from corps.engine.errors import InvalidRequest
 from corps.engine.exec.baseline_work import BaselineWork, Work
 from corps.engine.exec.call import Call
 from corps.engine.exec.counts import Counts
-from corps.engine.exec.figures import engine_stats
+from corps.engine.exec.engine_stats import engine_stats
 from corps.engine.exec.finish import Finisher, encoded_reply, open_sink
 from corps.engine.exec.grammars import Grammars
 from corps.engine.exec.memory import Memory, Victims, scratch_arena
@@ -51,7 +51,7 @@ from corps.engine.model.static_decode import use_graphs
 from corps.engine.model.tuning import KernelChoice
 from corps.engine.model.weights import Weights
 from corps.engine.repair import NONE, Repair
-from corps.engine.request.chat import ChatFormat
+from corps.engine.request.chat_format import ChatFormat
 from corps.engine.request.requests import DecodeRequest, PrefillRequest
 from corps.engine.stats import EngineStats
 

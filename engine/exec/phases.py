@@ -55,7 +55,7 @@ _OPEN = threading.local()  # the account open on this thread, if any
 
 class Account(OpCounts):
     """One run's per-phase figures (see the module doc). Open it on the thread whose
-    work it accounts (`with account:`; `corps.engine.exec.counting.accounting` opens
+    work it accounts (`with account:`; `corps.engine.exec.instruments.accounting` opens
     one on the torch thread)."""
 
     def __init__(self, device: torch.device | str = "cpu", *, count_ops: bool = False,

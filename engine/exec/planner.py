@@ -15,7 +15,7 @@ from corps.cache.messages import Message, MessageTable
 from corps.cache.placement import check_limit, place
 from corps.engine.errors import InvalidRequest
 from corps.engine.exec.call import Call, CallPlan
-from corps.engine.request.chat import ChatFormat
+from corps.engine.request.chat_format import ChatFormat
 from corps.engine.request.requests import DecodeRequest, PrefillRequest
 
 

@@ -18,7 +18,7 @@ from torch import Tensor
 from corps.engine.errors import ConstraintViolated
 from corps.engine.exec.call import Call
 from corps.engine.exec.draw import argmax_rows, forced, sample, sample_rows, take_rows
-from corps.engine.request.chat import ChatFormat
+from corps.engine.request.chat_format import ChatFormat
 from corps.engine.request.sampling_params import SamplingParams
 
 

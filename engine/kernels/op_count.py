@@ -13,7 +13,7 @@ in place (`add_`, `index_copy_`, `__setitem__`). Views, metadata (`.shape`,
 `.size()`) and no-op casts are not counted; calls that bring a value to the host
 (`item`, `tolist`) are counted apart (`syncs`): on a GPU each waits for the device.
 Counting slows the work it sees; time nothing under it.
-`corps.engine.exec.counting.counting_ops` counts what the engines run on their
+`corps.engine.exec.instruments.counting_ops` counts what the engines run on their
 thread.
 """
 

@@ -1,10 +1,10 @@
-"""engine/exec/counting.py: counting what the torch thread runs, inside the block only."""
+"""engine/exec/instruments.py: counting what the torch thread runs, inside the block only."""
 
 from __future__ import annotations
 
 import torch
 
-from corps.engine.exec.counting import counting_ops
+from corps.engine.exec.instruments import counting_ops
 from corps.engine.exec.torch_thread import TORCH
 
 
@@ -19,7 +19,7 @@ async def test_counting_sees_the_torch_thread_and_stops_with_the_block():
 async def test_the_profiler_sees_the_torch_threads_ops_under_their_phase():
     """Started from the event loop, a profiler missed the torch thread's CPU ops, and
     with them every kernel's phase (the H200 run of 2026-11-28)."""
-    from corps.engine.exec.counting import profiling
+    from corps.engine.exec.instruments import profiling
     from corps.engine.exec.phases import Account, phase
 
     x = torch.randn(16, 16)

@@ -1,10 +1,10 @@
-"""Chat framing (corps.engine.request.chat) on the SmolLM2, Qwen2, Qwen3 and Llama-3 templates."""
+"""Chat framing (engine/request/chat_format.py) on the SmolLM2, Qwen2, Qwen3, Llama-3 templates."""
 
 from __future__ import annotations
 
 import pytest
 
-from corps.engine.request.chat import ChatFormat
+from corps.engine.request.chat_format import ChatFormat
 
 from helpers import SMOL_TEMPLATE, make_tokenizer
 
