@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
 from rich.console import Console
@@ -39,17 +39,19 @@ def stream_counts(streams: str, option: str = "--streams") -> list[int]:
     return counts
 
 
-def pattern_names(patterns: str | None) -> tuple[str, ...]:
-    """--patterns: the built-in patterns named (all when None); bad names refused."""
+def pattern_names(patterns: str | None, choices: Iterable[str] | None = None) -> tuple[str, ...]:
+    """--patterns: the patterns named among `choices` (default: every built-in one), all
+    of them when None; unknown names, or none, refused."""
     from corps.patterns.registry import PATTERNS
 
+    choices = tuple(PATTERNS if choices is None else choices)
     if patterns is None:
-        return tuple(PATTERNS)
+        return choices
     names = tuple(p.strip().replace("-", "_") for p in patterns.split(",") if p.strip())
-    unknown = sorted(set(names) - set(PATTERNS))
+    unknown = sorted(set(names) - set(choices))
     if unknown or not names:
         _bad(f"--patterns: unknown {', '.join(unknown) or '(none given)'}; "
-             f"choose from {', '.join(PATTERNS)}")  # fmt: skip
+             f"choose from {', '.join(choices)}")  # fmt: skip
     return names
 
 

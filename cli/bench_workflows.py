@@ -13,6 +13,7 @@ from corps.cache.errors import CorpsError
 from corps.cli.bench_options import (
     bench_args,
     measure_pattern,
+    pattern_names,
     print_report,
     run_bench,
     write_reports,
@@ -177,12 +178,7 @@ def bench_constrained(
     jump-forward's steps, and each pattern's parse errors constrained and free."""
     from corps.bench import constrained as bc
 
-    names = None
-    if patterns is not None:
-        names = [p.strip().replace("-", "_") for p in patterns.split(",") if p.strip()]
-        unknown = sorted(set(names) - set(bc.PATTERNS))
-        if unknown:
-            _bad(f"--patterns: {', '.join(unknown)}; choose from {', '.join(bc.PATTERNS)}")
+    names = list(pattern_names(patterns, bc.PATTERNS))
     settings = dict(seeds=seeds, calls=calls, tokens=tokens, runs=runs, libs=libraries)
     report = run_bench(lambda: bc.measure(model, dtype, patterns=names, **settings))
     print_report(report, bc.tables(report), json_out)
