@@ -166,9 +166,9 @@ def test_a_streamed_failure_ends_with_an_error_event_and_done(served, monkeypatc
 
     def failing(**args):
         stream = real(**args)
-        inner = stream.__aiter__
+        inner = stream.pieces  # what the server iterates (deltas with their tokens)
 
-        def aiter():
+        def pieces():
             gen = inner()
 
             async def deltas():
@@ -178,7 +178,7 @@ def test_a_streamed_failure_ends_with_an_error_event_and_done(served, monkeypatc
 
             return deltas()
 
-        stream.__aiter__ = aiter
+        stream.pieces = pieces
         return stream
 
     before = state(served)
@@ -318,7 +318,7 @@ def test_a_refusal_at_admission_is_its_status_streamed_with_n(served, monkeypatc
                 raise EngineBusy("full")
                 yield  # an async generator
 
-            stream.__aiter__ = deltas
+            stream.pieces = deltas  # what the server iterates
         return stream
 
     before = state(served)
