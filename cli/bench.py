@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import typer
 
-from corps.cli import bench_engine, bench_gpu, bench_serving, bench_workflows
+from corps.cli import bench_engine, bench_gpu, bench_serving, bench_tenants, bench_workflows
 
 bench_app = typer.Typer(
     help="Benchmarks that print measured ratios side by side.", no_args_is_help=True
@@ -32,3 +32,4 @@ bench_app.command("serve")(bench_serving.bench_serve)
 bench_app.command("trace")(bench_serving.bench_trace)
 bench_app.command("soak")(bench_serving.bench_soak)
 bench_app.command("http")(bench_serving.bench_http)
+bench_app.command("tenants")(bench_tenants.bench_tenants)

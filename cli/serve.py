@@ -35,7 +35,13 @@ def serve(
     weights: WeightsOpt = "auto",
     precompiled: PrecompiledOpt = "auto",
     device: DeviceOpt = "cpu",
-    policy: Annotated[str, typer.Option(help="fcfs (default), workflow or objective.")] = "fcfs",
+    policy: Annotated[
+        str,
+        typer.Option(
+            help="fcfs, workflow, objective or fair; auto (default): fair with a "
+            "key file of two or more tenants, else fcfs."
+        ),
+    ] = "auto",
     leak_policy: Annotated[str, typer.Option(help="allow, warn, deny or reencode.")] = "warn",
     trace: Annotated[Path | None, typer.Option(help="Write a trace (JSON lines) here.")] = None,
     otel_endpoint: Annotated[
@@ -67,6 +73,9 @@ def serve(
     keep_messages: Annotated[
         int, typer.Option(min=0, help="Encoded messages kept for resends and ids (LRU).")
     ] = 4096,
+    tenant_metrics: Annotated[
+        bool, typer.Option(help="/metrics: a series per tenant, named as in the key file.")
+    ] = False,
     repair: RepairOpt = "none",
     audit: AuditOpt = 0,
     audit_budget: AuditBudgetOpt = 0.05,
@@ -92,6 +101,10 @@ def serve(
         _bad(f"--keys: {exc}")
     limits = Limits(max_body, max_queue, request_timeout, max_prompt_tokens, shutdown_grace,
                     keep_messages)  # fmt: skip
+    if policy.strip().lower() == "auto":
+        policy = "fair" if ring is not None and len(ring.weights()) > 1 else "fcfs"
+    elif ring is not None and policy.strip().lower() != "fair" and ring.weighted():
+        _bad(f"--keys gives tenants weights, which only --policy fair reads (not {policy!r})")
 
     try:
         cfg = EngineConfig.of(
@@ -103,6 +116,7 @@ def serve(
         _bad(str(exc))
     if cfg.mode == "hf":
         _bad("--mode: corps serve runs choreographed or baseline")
-    app_ = create_app(Engine.open(cfg), model=model, api_key=api_key, keys=ring, limits=limits)
+    app_ = create_app(Engine.open(cfg), model=model, api_key=api_key, keys=ring, limits=limits,
+                      tenant_metrics=tenant_metrics)  # fmt: skip
     uvicorn.run(app_, host=host, port=port, log_level="warning",
                 timeout_graceful_shutdown=shutdown_grace)  # fmt: skip

@@ -32,7 +32,7 @@ Dtype = Literal["auto", "mixed", "float32", "bfloat16", "float16"]
 Contexts = Literal["copy", "store"]
 Attention = Literal["torch", "triton", "flex", "triton+flex"]
 OtelProtocol = Literal["http/protobuf", "grpc"]
-PolicyName = Literal["fcfs", "workflow", "objective"]
+PolicyName = Literal["fcfs", "workflow", "objective", "fair"]
 CompileGemms = Literal["library", "autotune"]
 Graphs = Literal["auto", "capture", "static", "off"]
 Precompiled = Literal["auto", "build", "off"]
@@ -135,8 +135,9 @@ class EngineConfig(BaseModel):
     - `auto_free`: free an encoding once the last `Handle` naming it is collected.
     - `policy`: how the batching loop admits waiting calls (`corps.engine.sched.policies`):
       "fcfs" (first come, first served), "workflow" (earlier workflows first, task
-      groups whole) or "objective" (latency calls first, the batch bounded beside
-      them).
+      groups whole), "objective" (latency calls first, the batch bounded beside
+      them) or "fair" ("objective", with each tenant its share: calls name their
+      `tenant`; `corps.engine.sched.fair`).
     - `deduce_objectives`: in a workflow whose objective is "latency", the calls of
       a task group of two or more (a map stage, proposals, voters) are latency but
       not critical: admitted first and whole, without bounding the batch; calls

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,10 @@ class EngineStats:
     spans_sent: int = 0  # otel=URL: spans the collector took (calls; the run root at close)
     spans_dropped: int = 0  # otel=URL: spans it did not take (down, refused); never an error
     policy: str = "fcfs"  # the scheduling policy (corps.engine.sched.policies)
+    # the fair policy (corps.engine.sched.fair), per tenant: weight, served (tokens its
+    # calls encoded and sampled), standing (recent service per unit of weight),
+    # protected (1.0: its first tokens go first now), waiting and running calls
+    tenants: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     # preemption (choreographed): encodings dropped for room, and tokens made again when
     # a call read an evicted message (corps.engine.exec.memory)
     messages_evicted: int = 0

@@ -32,10 +32,11 @@ from corps.cache.errors import CorpsError
 from corps.engine.request.tools import syntax_of
 from corps.serve import completion
 from corps.serve.errors import ServeError, from_engine
-from corps.serve.limits import BodyLimit, Gate, Limits, check_prompt, token_bytes
-from corps.serve.messages import MessageCache
+from corps.serve.limits import BodyLimit, Limits, check_prompt, token_bytes
+from corps.serve.messages import KEEP_SHARE, MessageCache
 from corps.serve.metrics import Metrics
 from corps.serve.principals import Keys, Principal, Who
+from corps.serve.quotas import Gate
 from corps.serve.schema import ChatRequest, CompletionRequest
 from corps.serve.stream import open_stream
 
@@ -44,12 +45,13 @@ log = logging.getLogger("corps.serve")
 
 def create_app(
     engine_cm, *, model: str, api_key: str | None = None, keys: Keys | None = None,
-    limits: Limits | None = None,
+    limits: Limits | None = None, tenant_metrics: bool = False,
 ) -> FastAPI:  # fmt: skip
     """The app over the engine `engine_cm` opens (an async context manager, entered
     when the app starts: `Engine.open(...)`); `model` is the name it answers to.
     `keys` (or one `api_key`) authenticate requests as principals; neither: local use,
-    every request tenant "local"."""
+    every request tenant "local". `tenant_metrics`: /metrics has a series per tenant,
+    labelled with the key file's tenant names."""
     if keys is None:
         keys = Keys.single(api_key) if api_key is not None else Keys(None)
     limits = limits or Limits()
@@ -58,7 +60,10 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with engine_cm as engine:
             app.state.engine = engine
-            app.state.cache = MessageCache(engine, limits.keep_messages)
+            if engine.policy.charges:  # the fair policy: each tenant's weight
+                engine.policy.set_weights(keys.weights())
+            share = int(engine.stats().capacity * KEEP_SHARE)
+            app.state.cache = MessageCache(engine, limits.keep_messages, share)
             app.state.token_bytes = token_bytes(engine.tokenizer)
             app.state.syntax = syntax_of(getattr(engine.tokenizer, "chat_template", None))
             context = engine.context_length
@@ -68,8 +73,9 @@ def create_app(
 
     app = FastAPI(title="corps", lifespan=lifespan)
     app.state.model, app.state.limits = model, limits
+    app.state.tenant_metrics = tenant_metrics
     app.state.metrics = Metrics()
-    app.state.gate = Gate(limits.max_queue)
+    app.state.gate = Gate(limits.max_queue, tenants=len(keys.weights()))
     app.add_middleware(BodyLimit, limit=limits.max_body)
 
     @app.middleware("http")
@@ -135,7 +141,11 @@ def _routes(app: FastAPI) -> None:
     async def metrics() -> PlainTextResponse:
         engine = app.state.engine
         audits = await engine.fidelity_report(settle=False)
-        text = app.state.metrics.render(engine.stats(), app.state.gate.inside, audits)
+        tenants = None
+        if app.state.tenant_metrics:  # names only where the operator allows them
+            service = engine.policy.figures() if engine.policy.charges else {}
+            tenants = app.state.metrics.tenants(app.state.gate.inside_by_tenant(), service)
+        text = app.state.metrics.render(engine.stats(), app.state.gate.inside, audits, tenants)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     @app.post("/v1/chat/completions")
@@ -168,7 +178,11 @@ async def _answer(app: FastAPI, req, principal: Principal, *, is_chat: bool):
         raise ServeError(404, f"model {req.model[:100]!r} is not served here (this is "
                               f"{state.model!r})", "not_found_error", "model")  # fmt: skip
     who = principal.acting_as(req.corps_agent)
-    state.gate.take()
+    try:
+        state.gate.take(principal)
+    except ServeError:
+        state.metrics.refused_tenant(who.tenant)
+        raise
     prompt: completion.Prompt | None = None
     try:
         prompt = await _prompt(state, req, who, is_chat)
@@ -186,14 +200,13 @@ async def _answer(app: FastAPI, req, principal: Principal, *, is_chat: bool):
     except BaseException as exc:
         if prompt is not None:
             prompt.release(state.cache, ok=False)
-        state.gate.leave()
+        state.gate.leave(principal)
         raise refusal(exc, who, state.engine.context_length) from None
     for h in replies:  # a resent reply is found, not encoded again
         state.cache.keep(_reply_key(who, prompt, h), h, who.tenant)
     prompt.settle(state.engine, replies[0])
     prompt.release(state.cache, ok=True)
-    state.gate.leave()
-    state.metrics.count(prompt, replies)
+    state.gate.leave(principal, state.metrics.count(prompt, replies, who.tenant))
     if is_chat:
         return completion.chat_response(
             state.engine, state.cache, state.model, req, prompt, replies, state.syntax

@@ -16,7 +16,7 @@ class BackgroundServer:
 
     def __init__(
         self, engine_cm: AbstractAsyncContextManager, *, model: str, api_key: str | None = None,
-        keys=None, limits=None,
+        keys=None, limits=None, tenant_metrics: bool = False,
     ) -> None:  # fmt: skip
         import uvicorn
 
@@ -30,7 +30,8 @@ class BackgroundServer:
                 self.ready.set()
                 yield engine
 
-        self.app = create_app(opened(), model=model, api_key=api_key, keys=keys, limits=limits)
+        self.app = create_app(opened(), model=model, api_key=api_key, keys=keys, limits=limits,
+                              tenant_metrics=tenant_metrics)  # fmt: skip
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(256)  # connections wait in the backlog until the server serves

@@ -188,6 +188,7 @@ def decode_args(
         logprobs=req.logprobs,
         owner=who.reader,
         cache_salt=who.tenant,  # baseline: no prefix reused across tenants
+        tenant=who.tenant,  # its work counts against its tenant's share (policy "fair")
     )
     if req.logit_bias:
         args["logit_bias"] = {int(t): b for t, b in req.logit_bias.items()}

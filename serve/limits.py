@@ -7,8 +7,8 @@ and its time.
 - `Limits.check_prompt`: a prompt's tokens bounded from below by its bytes (no
   token covers more than `token_bytes` bytes of text), so a prompt far past the
   limit is refused before it is tokenized.
-- `Gate`: at most `max_queue` requests in the server at once; the next gets 429
-  with `Retry-After`.
+- `max_queue`: at most that many requests in the server at once; the next gets 429
+  with `Retry-After` (`corps.serve.quotas.Gate`, which holds each key to its quota too).
 - `timeout_s`: the deadline of one request, stream included (503 past it).
 - `keep_messages`: how many encoded messages the server keeps for resends and ids.
 """
@@ -16,7 +16,6 @@ and its time.
 from __future__ import annotations
 
 import json
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 from starlette.exceptions import HTTPException
@@ -70,33 +69,6 @@ def check_prompt(
             413, f"the prompt is at least {at_least} tokens; with max_tokens {max_new} it "
             f"passes the limit of {limit}: send less", param="messages",
         )  # fmt: skip
-
-
-class Gate:
-    """At most `size` requests inside the server; `with gate.slot():` or 429."""
-
-    def __init__(self, size: int) -> None:
-        self.size, self.inside = size, 0
-
-    def take(self) -> None:
-        """Enter (ServeError 429 when full); `leave` when the request has ended."""
-        if self.inside >= self.size:
-            raise ServeError(
-                429, f"the server holds {self.size} requests already; retry shortly",
-                "rate_limit_error", headers={"Retry-After": "1"},
-            )  # fmt: skip
-        self.inside += 1
-
-    def leave(self) -> None:
-        self.inside -= 1
-
-    @contextmanager
-    def slot(self):
-        self.take()
-        try:
-            yield
-        finally:
-            self.leave()
 
 
 class TooLarge(HTTPException):

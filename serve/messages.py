@@ -2,7 +2,9 @@
 opaque ids clients name them by, and the rollback of a request that failed.
 
 Every prompt message and reply the server encodes is kept here (the least recently
-used freed past `size`), found again by (owner, visibility, the ids it attends to,
+used freed past `size` messages, or past `tokens` of the store's slots: kept
+messages never fill the store, where new calls would wait for running ones to end
+before anything is evicted), found again by (owner, visibility, the ids it attends to,
 where, role, text): a client that resends a conversation reuses its encodings.
 The owner names the tenant, so nothing is found across tenants.
 
@@ -40,9 +42,14 @@ class Kept:
     committed: bool = False  # a request that used it succeeded
 
 
+#: the share of the store's slots the server's kept messages may hold at most
+KEEP_SHARE = 0.5
+
+
 class MessageCache:
-    def __init__(self, engine, size: int = 4096) -> None:
-        self.engine, self.size = engine, size
+    def __init__(self, engine, size: int = 4096, tokens: int | None = None) -> None:
+        self.engine, self.size, self.budget = engine, size, tokens  # tokens: None, no bound
+        self._tokens = 0  # slots its owned messages hold
         self._owned: OrderedDict[int, Kept] = OrderedDict()  # by message id, LRU first
         self._by_key: dict[tuple, Kept] = {}
         self._by_public: dict[str, Kept] = {}
@@ -92,7 +99,7 @@ class MessageCache:
         try:
             handle = await self.engine.prefill(
                 text, role=role, parents=list(parents), offsets=given, owner=owner,
-                visibility=visibility,
+                visibility=visibility, tenant=tenant,
             )  # fmt: skip
             self.keep(key, handle, tenant, committed=False, claims=1)
         finally:
@@ -106,6 +113,8 @@ class MessageCache:
         """Own `handle` (freed when it is the least recently used past `size` and not
         claimed), find it by `key` and by a new opaque id from now on."""
         kept = Kept(key, handle, tenant, f"msg_{secrets.token_hex(16)}", claims, committed)
+        if handle.id not in self._owned:
+            self._tokens += handle.length
         self._by_key[key] = kept
         self._by_public[kept.public_id] = kept
         self._owned[handle.id] = kept
@@ -127,18 +136,21 @@ class MessageCache:
 
     def _evict(self) -> None:
         over = len(self._owned) - self.size
-        if over <= 0:
+        tokens = self._tokens - (self.budget if self.budget is not None else self._tokens)
+        if over <= 0 and tokens <= 0:
             return
         victims = []
         for mid, kept in self._owned.items():  # least recently used first; claimed ones stay
+            if over <= 0 and tokens <= 0:
+                break
             if kept.claims <= 0:
                 victims.append(mid)
-                if len(victims) == over:
-                    break
+                over, tokens = over - 1, tokens - kept.handle.length
         for mid in victims:
             self._drop(self._owned.pop(mid))
 
     def _drop(self, kept: Kept) -> None:
+        self._tokens -= kept.handle.length
         if self._by_key.get(kept.key) is kept:
             del self._by_key[kept.key]
         self._by_public.pop(kept.public_id, None)

@@ -9,7 +9,9 @@ from dataclasses import dataclass, field
 
 @dataclass
 class Metrics:
-    """Counters only: labels are status codes, never anything a client sent."""
+    """Counters only: labels are status codes and, where the operator allows it
+    (`corps serve --tenant-metrics`), the key file's tenant names: never anything a
+    client sent."""
 
     requests: int = 0  # HTTP requests received
     errors: Counter = field(default_factory=Counter)  # requests refused or failed, by status
@@ -17,21 +19,43 @@ class Metrics:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens read from the store, not encoded again
+    # per tenant: tokens of its answered requests (prompt + completion), its refusals
+    tenant_tokens: Counter = field(default_factory=Counter)
+    tenant_refused: Counter = field(default_factory=Counter)
 
-    def count(self, prompt, replies) -> None:
-        """One answered request: its prompt (`completion.Prompt`) and its replies' handles."""
+    def count(self, prompt, replies, tenant: str = "") -> int:
+        """One answered request of `tenant`: its prompt (`completion.Prompt`) and its
+        replies' handles; returns its tokens, prompt and completion."""
+        generated = sum(len(h.generated) for h in replies)
         self.completions += len(replies)
         self.prompt_tokens += prompt.tokens
-        self.completion_tokens += sum(len(h.generated) for h in replies)
+        self.completion_tokens += generated
         self.cached_tokens += prompt.cached_tokens
+        self.tenant_tokens[tenant] += prompt.tokens + generated
+        return prompt.tokens + generated
 
-    def refused(self, status: int) -> None:
+    def refused(self, status: int, tenant: str | None = None) -> None:
         self.errors[status] += 1
+        if tenant is not None:
+            self.tenant_refused[tenant] += 1
 
-    def render(self, stats, inside: int = 0, audits=None) -> str:
+    def refused_tenant(self, tenant: str) -> None:
+        """A request of `tenant` refused at the gate (counted by status by the handler)."""
+        self.tenant_refused[tenant] += 1
+
+    def tenants(self, inside: dict[str, int], service: dict[str, dict]) -> dict[str, dict]:
+        """Per tenant: requests inside now, tokens answered, refusals, and the engine's
+        fair share figures where it keeps them (`service`: served, standing, weight)."""
+        names = set(inside) | set(self.tenant_tokens) | set(self.tenant_refused) | set(service)
+        return {t: {"inside": inside.get(t, 0), "tokens": self.tenant_tokens[t],
+                    "refused": self.tenant_refused[t], **service.get(t, {})}
+                for t in sorted(names)}  # fmt: skip
+
+    def render(self, stats, inside: int = 0, audits=None, tenants=None) -> str:
         """The text exposition of these counters, the requests inside the server now,
         the engine's `EngineStats` and its fidelity audits (an `AuditReport`) by repair
-        policy (the engine's own names: never a client's agent or workflow)."""
+        policy (the engine's own names: never a client's agent or workflow); with
+        `tenants` (`Metrics.tenants`), a series per tenant."""
         rows = [
             ("corps_http_requests_total", "counter", "HTTP requests received", self.requests),
             ("corps_http_requests_inside", "gauge", "requests being answered now", inside),
@@ -67,7 +91,31 @@ class Metrics:
         out += [f"# HELP {name} requests answered with an error, by status",
                 f"# TYPE {name} counter"]  # fmt: skip
         out += [f'{name}{{status="{s}"}} {n}' for s, n in sorted(self.errors.items())]
-        return "\n".join(out + _audits(audits)) + "\n"
+        return "\n".join(out + _audits(audits) + _tenants(tenants)) + "\n"
+
+
+TENANT_SERIES = (
+    ("inside", "corps_tenant_requests_inside", "gauge", "requests being answered now"),
+    ("tokens", "corps_tenant_tokens_total", "counter", "prompt and completion tokens answered"),
+    ("refused", "corps_tenant_refused_total", "counter", "requests refused (429 and others)"),
+    ("served", "corps_tenant_service_tokens_total", "counter",
+     "tokens the engine encoded and sampled for it (fair policy)"),
+    ("standing", "corps_tenant_standing", "gauge",
+     "recent service per unit of weight (fair policy)"),
+    ("weight", "corps_tenant_weight", "gauge", "its share of the engine (fair policy)"),
+)  # fmt: skip
+
+
+def _tenants(tenants: dict[str, dict] | None) -> list[str]:
+    if not tenants:
+        return []
+    out = []
+    for key, name, kind, about in TENANT_SERIES:
+        rows = [(t, f[key]) for t, f in tenants.items() if key in f]
+        if rows:
+            out += [f"# HELP {name} per tenant: {about}", f"# TYPE {name} {kind}"]
+            out += [f'{name}{{tenant="{t}"}} {v:.6g}' for t, v in rows]
+    return out
 
 
 def _audits(report) -> list[str]:

@@ -11,6 +11,9 @@ A principal is a tenant and the agents it may act as. A key file (`corps serve
     [[keys]]
     key_sha256 = "9f86d08..."   # the key's SHA-256 in hex: the file holds no secret
     tenant = "team-b"
+    weight = 2                  # the tenant's share of the engine under load (default 1)
+    max_requests = 16           # this key's requests in the server at once (429 past)
+    tokens_per_minute = 20000   # this key's prompt + completion tokens a minute (429 past)
 
 `--api-key KEY` is one key of tenant "default" that may act as any agent; with no
 key at all (local use) every request is tenant "local", any agent. A request's
@@ -25,7 +28,7 @@ import hashlib
 import re
 import secrets
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from corps.serve.errors import ServeError
@@ -34,12 +37,29 @@ from corps.serve.errors import ServeError
 NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
+#: the largest weight a key file may give a tenant (and 1 / it the smallest)
+MAX_WEIGHT = 1000.0
+#: the largest quota a key file may give (requests at once, tokens a minute)
+MAX_QUOTA = 1 << 40
+
+
 @dataclass(frozen=True)
+class Quota:
+    """What one key may hold or spend (None: no bound of its own)."""
+
+    max_requests: int | None = None  # requests in the server at once
+    tokens_per_minute: int | None = None  # prompt + completion tokens, a rolling minute
+
+
+@dataclass(frozen=True, eq=False)
 class Principal:
-    """A tenant, and the agents its requests may act as (None: any name)."""
+    """A tenant, the agents its requests may act as (None: any name), the tenant's
+    weight and the key's quota. Compared by identity: each key's is its own."""
 
     tenant: str
     agents: frozenset[str] | None = None
+    weight: float = 1.0
+    quota: Quota = Quota()
 
     def acting_as(self, agent: str | None) -> Who:
         """The request's identity when it names `agent` (ServeError 403 if this
@@ -103,7 +123,16 @@ class Keys:
         out: dict[bytes, Principal] = {}
         for i, e in enumerate(entries):
             out[_key_of(e, i, path, out)] = _principal_of(e, i, path)
-        return cls(out)
+        weights = _weights(out.values(), path)
+        return cls({d: replace(p, weight=weights[p.tenant]) for d, p in out.items()})
+
+    def weights(self) -> dict[str, float]:
+        """Each tenant's weight (the fair policy's shares); empty with no key file."""
+        return {p.tenant: p.weight for p in (self._by_digest or {}).values()}
+
+    def weighted(self) -> bool:
+        """Whether any tenant's weight is not 1."""
+        return any(w != 1.0 for w in self.weights().values())
 
     @property
     def open(self) -> bool:
@@ -151,18 +180,59 @@ def _key_of(entry, i: int, path: Path, seen: dict) -> bytes:
     return digest
 
 
+FIELDS = {"key", "key_sha256", "tenant", "agents", "weight", "max_requests",
+          "tokens_per_minute"}  # fmt: skip
+
+
 def _principal_of(entry: dict, i: int, path: Path) -> Principal:
     where = f"{path}: keys[{i}]"
     tenant = entry.get("tenant")
     if not isinstance(tenant, str) or not NAME.match(tenant):
         raise ValueError(f"{where}.tenant must match {NAME.pattern}")
-    unknown = sorted(set(entry) - {"key", "key_sha256", "tenant", "agents"})
+    unknown = sorted(set(entry) - FIELDS)
     if unknown:
         raise ValueError(f"{where}: unknown field(s) {', '.join(unknown)}")
+    quota = Quota(*(_count(entry, name, where) for name in ("max_requests", "tokens_per_minute")))
+    weight = _weight(entry, where)  # None: the tenant's other keys' (or 1)
     agents = entry.get("agents")
-    if agents is None:
-        return Principal(tenant)
-    if not isinstance(agents, list) or not all(isinstance(a, str) and NAME.match(a)
-                                               for a in agents):  # fmt: skip
+    if agents is not None and (
+        not isinstance(agents, list)
+        or not all(isinstance(a, str) and NAME.match(a) for a in agents)
+    ):
         raise ValueError(f"{where}.agents must be a list of names matching {NAME.pattern}")
-    return Principal(tenant, frozenset(agents))
+    named = None if agents is None else frozenset(agents)
+    return Principal(tenant, named, weight if weight is not None else 0.0, quota)
+
+
+def _count(entry: dict, name: str, where: str) -> int | None:
+    """A quota field: a whole number from 1 to MAX_QUOTA, or absent (None)."""
+    value = entry.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_QUOTA:
+        raise ValueError(f"{where}.{name} must be a whole number from 1 to {MAX_QUOTA}")
+    return value
+
+
+def _weight(entry: dict, where: str) -> float | None:
+    value = entry.get("weight")
+    if value is None:
+        return None
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not ok or not 1 / MAX_WEIGHT <= value <= MAX_WEIGHT:  # NaN fails both
+        raise ValueError(f"{where}.weight must be a number from {1 / MAX_WEIGHT} "
+                         f"to {MAX_WEIGHT:g}")  # fmt: skip
+    return float(value)
+
+
+def _weights(principals, path: Path) -> dict[str, float]:
+    """Each tenant's weight: the one its keys give (0.0: not given), 1 if none gives one;
+    ValueError if two of its keys give different weights."""
+    out: dict[str, float] = {}
+    for p in principals:
+        if p.weight and out.get(p.tenant, p.weight) != p.weight:
+            raise ValueError(f"{path}: the keys of tenant {p.tenant!r} give it two weights; "
+                             f"give one (or give it on one key)")  # fmt: skip
+        if p.weight or p.tenant not in out:
+            out[p.tenant] = p.weight
+    return {t: w or 1.0 for t, w in out.items()}

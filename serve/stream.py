@@ -93,6 +93,7 @@ async def open_stream(
     sse = _Chunks(state, req, is_chat)
     ok = False
     released = False
+    spent = 0  # the tokens its key's quota is charged
 
     async def give_back() -> None:
         """Once: cancel what did not finish and give the prompt back (or keep it, if
@@ -108,7 +109,7 @@ async def open_stream(
             prompt.release(state.cache, ok=ok)
 
     async def events() -> AsyncIterator[str]:
-        nonlocal ok
+        nonlocal ok, spent
         try:
             if is_chat:  # a reply that may call tools has no content until it shows text
                 role = {"role": "assistant"} if offer is not None else {
@@ -122,7 +123,7 @@ async def open_stream(
             for c in choices:
                 keep(c.handle)
                 prompt.settle(state.engine, c.handle)
-            state.metrics.count(prompt, [c.handle for c in choices])
+            spent = state.metrics.count(prompt, [c.handle for c in choices], who.tenant)
             ok = True
             for c in choices:
                 yield sse.chunk(c.index, {} if is_chat else "", **_last(state, req, prompt, c))
@@ -133,7 +134,7 @@ async def open_stream(
             if not isinstance(err, ServeError):
                 log.error("unexpected %s in a stream", type(exc).__name__, exc_info=exc)
                 err = ServeError(500, "the server failed on this request", "server_error")
-            state.metrics.refused(err.status)
+            state.metrics.refused(err.status, who.tenant)
             await give_back()
             yield f"data: {json.dumps(err.body())}\n\n"
         await give_back()
@@ -141,7 +142,7 @@ async def open_stream(
 
     async def end() -> None:
         await give_back()  # the response ended early (the client gone): not yet done
-        state.gate.leave()
+        state.gate.leave(who.principal, spent)
 
     return _Events(events(), end)
 

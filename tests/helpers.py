@@ -320,13 +320,16 @@ def plan_shape(plan) -> list[tuple[int, int]]:
 _GROUPS = itertools.count(10_000)
 
 
-def fake_job(t, group=None, wf=None, objective="throughput", size=1, name="", critical=None):
+def fake_job(
+    t, group=None, wf=None, objective="throughput", size=1, name="", critical=None, tenant=None
+):  # fmt: skip
     """A waiting call as the policies and admission read it (no engine)."""
     return SimpleNamespace(
         submitted=t, group=group if group is not None else next(_GROUPS), workflow=wf,
-        objective=objective, request=SimpleNamespace(size=size), want_logits=False, keep=0,
-        cancelled=False, call=None, admitted=None, error=None, name=name, pins=[],
-        critical=objective == "latency" if critical is None else critical,
+        objective=objective, request=SimpleNamespace(size=size, tenant=tenant),
+        want_logits=False, keep=0, cancelled=False, call=None, admitted=None, error=None,
+        name=name, pins=[], critical=objective == "latency" if critical is None else critical,
+        first_token=None, skipped=0,
     )  # fmt: skip
 
 

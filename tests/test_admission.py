@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from corps.cache.errors import CacheFullError
 from corps.engine.request.workflow import Workflow
 from corps.engine.sched.admission import Admission
-from corps.engine.sched.policies import make
+from corps.engine.sched.make import make
 
 from helpers import fake_job as job
 

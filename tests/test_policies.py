@@ -11,7 +11,7 @@ import pytest
 from corps.engine.request.workflow import Workflow
 from corps.engine.sched.cost import StepCost
 from corps.engine.sched.feedback import StepFeedback
-from corps.engine.sched.policies import Fcfs, ObjectiveFirst, WorkflowFirst, make
+from corps.engine.sched.policies import Fcfs, ObjectiveFirst, WorkflowFirst
 
 from helpers import fake_job as job
 
@@ -84,16 +84,6 @@ def test_a_latency_task_group_goes_first_but_leaves_the_batch_open():
     assert not policy.may_admit([bulk], running=[reduce, *maps], waiting=[], now=7)
     assert policy.step_budget([reduce, *maps], 512) == 4 + 16
     assert policy.step_order([bulk, reduce]) == [reduce, bulk]
-
-
-def test_make_names_every_policy():
-    assert [make(n).name for n in ("fcfs", "workflow", "objective")] == [
-        "fcfs",
-        "workflow",
-        "objective",
-    ]
-    with pytest.raises(ValueError, match="policy must be one of"):
-        make("random")
 
 
 def test_a_measured_row_bound_replaces_both_fixed_bounds_beside_critical_calls():

@@ -18,8 +18,9 @@ from corps.engine.config import EngineConfig, step_tokens_for
 from corps.engine.errors import InvalidRequest
 from corps.engine.exec.executor import Executor
 from corps.engine.repair import parse_repair
+from corps.engine.sched.fair import tenant_figures
 from corps.engine.sched.gate import WorkflowGate, gate_for
-from corps.engine.sched.policies import make as make_policy
+from corps.engine.sched.make import make as make_policy
 from corps.engine.sched.scheduler import Scheduler
 from corps.engine.stats import EngineStats
 from corps.engine.trace.events import Recorder
@@ -59,6 +60,9 @@ class Parts:
             spans_sent=otel.sent if otel is not None else 0,
             spans_dropped=otel.dropped if otel is not None else 0,
             policy=self.sched.policy.name,
+            tenants=tenant_figures(
+                self.sched.policy, self.sched.admission.held, self.sched.admission.running
+            ),
             repair=cfg.repair,
             **self.auditor.figures(),
         )

@@ -36,7 +36,9 @@ class PrefillArgs(TypedDict, total=False):
     objective: "latency" or "throughput" for the scheduling policy (else the agent's,
     else its workflow's; `corps.engine.request.workflow`). repair: which rewired
     parent encodings to recompute in this call's context, e.g. "recompute:0.15"
-    (`corps.engine.repair`; else the engine's `repair`).
+    (`corps.engine.repair`; else the engine's `repair`). tenant: whose share of the
+    engine the call's work counts against under the `fair` scheduling policy
+    (`corps.engine.sched.fair`; None: the engine's one default tenant).
     """
 
     role: str
@@ -49,6 +51,7 @@ class PrefillArgs(TypedDict, total=False):
     leak_policy: str | None
     objective: Objective | None
     repair: str | Repair | None
+    tenant: str | None
 
 
 class DecodeArgs(TypedDict, total=False):
@@ -79,6 +82,7 @@ class DecodeArgs(TypedDict, total=False):
     leak_policy: str | None
     objective: Objective | None
     repair: str | Repair | None
+    tenant: str | None
     sampling: SamplingParams
     max_tokens: int | None
     temperature: float | None
@@ -112,6 +116,7 @@ class PrefillRequest:
     leak_policy: str | None = None
     objective: Objective | None = None
     repair: Repair | None = None  # None: the engine's
+    tenant: str | None = None  # whose fair share it counts against (None: the default)
 
     def __post_init__(self) -> None:
         _check_common(self)
@@ -137,6 +142,7 @@ class DecodeRequest:
     repair: Repair | None = None  # None: the engine's
     cache_salt: str | None = None  # baseline: reuse only prefixes cached under this salt
     audit: int | None = None  # 1 in N audited (corps.engine.audit); None: the next level's
+    tenant: str | None = None  # whose fair share it counts against (None: the default)
 
     def __post_init__(self) -> None:
         _check_common(self)
@@ -221,6 +227,11 @@ def _check_common(req: PrefillRequest | DecodeRequest) -> None:
     if req.repair is not None:  # a string becomes its Repair (frozen: set once, here)
         object.__setattr__(req, "repair", parse_repair(req.repair))
     check_objective(req.objective)
+    tenant = req.tenant
+    if tenant is not None and (not isinstance(tenant, str) or not 0 < len(tenant) <= 200):
+        raise InvalidRequest(
+            f"tenant must be a name of 1 to 200 characters, got {type(tenant).__name__}"
+        )
     if not isinstance(role, str) or not role:
         raise InvalidRequest(f"role must be a non-empty string, got {role!r}")
     if owner is not None and (not isinstance(owner, str) or not owner):

@@ -3,7 +3,8 @@
 Owns the batching loop (`scheduler`: admit, plan, run, postprocess), each
 call's waiter (`job`), the policies that order admission and choose a step's
 calls and budget (`policies`, with the step cost it learns, `cost`, and the
-feedback on steps beside latency calls, `feedback`), workflow-level admission
+feedback on steps beside latency calls, `feedback`; `fair`, each tenant its
+share; `make`, a policy by name), workflow-level admission
 (`admission`) and the loop's next step (`step`: the policy's choice, a
 `StepOrder`, whose rows the executor lays out with
 `corps.engine.exec.step_plan.plan_rows`, the one place a step's rows are

@@ -52,6 +52,7 @@ class Job:
     critical: bool = False
     group: int = 0  # its task group: calls submitted together (its own id alone)
     skipped: int = 0  # steps in a row the policy left it out of (`objective`)
+    charged: int = 0  # of its call's encoded tokens, those already counted (`fair`)
 
     @property
     def rows(self) -> int:
@@ -120,3 +121,17 @@ class Job:
         if self.handle is None:  # cancelled (Pending.cancel) before it finished
             raise CallCancelled("this call was cancelled before it finished; it left no message")
         return self.handle
+
+
+def service(chosen: list[Job], out) -> list[tuple[Job, int]]:
+    """What a step gave each of its jobs (`fair`): the tokens its call encoded since
+    last counted, plus the tokens it sampled."""
+    sampled: dict[Call, int] = {}
+    for call, _ in out.tokens:
+        sampled[call] = sampled.get(call, 0) + 1
+    work = []
+    for job in chosen:
+        encoded = job.call.encoded
+        work.append((job, max(0, encoded - job.charged) + sampled.get(job.call, 0)))
+        job.charged = encoded
+    return work

@@ -82,6 +82,7 @@ STARVE_STEPS = 64
 
 class Policy(Protocol):
     name: str
+    charges: bool  # wants `served` after every step (the `fair` policy)
 
     def order(self, waiting: Sequence[Any], now: float) -> list[list[Any]]:
         """The waiting calls as task groups, in the order to admit them."""
@@ -115,10 +116,26 @@ class Policy(Protocol):
     def victims(self, candidates: list[Any]) -> list[Any]:
         """Messages whose encodings may be evicted, in the order they should go."""
 
+    def served(self, work: Sequence[tuple[Any, int]], now: float) -> None:
+        """The step that ended at `now` gave each job its tokens of service (called
+        only where `charges`)."""
+
+    def is_critical(self, job: Any) -> bool:
+        """Whether `job` bounds the batch (and the loop waits a few turns for its
+        successor when it ends)."""
+
 
 class _Unbounded:
     """Steps as the loop plans them: every running call, the engine's whole budget,
     nothing learnt from the steps run."""
+
+    charges = False
+
+    def served(self, work: Sequence[tuple[Any, int]], now: float) -> None:
+        pass
+
+    def is_critical(self, job: Any) -> bool:
+        return job.critical
 
     def step_calls(self, order: list[Any]) -> list[Any]:
         return order
@@ -225,22 +242,30 @@ class ObjectiveFirst(WorkflowFirst):
     _alone: bool | None = field(default=None, init=False, repr=False)
     name = "objective"
 
+    def is_latency(self, job: Any) -> bool:
+        """Whether `job` goes first, as a latency call (its objective)."""
+        return job.objective == "latency"
+
+    def is_critical(self, job: Any) -> bool:
+        """Whether `job` bounds the batch while it waits or runs."""
+        return job.critical
+
     def _key(self, group: Sequence[Any], now: float) -> tuple:
-        if group[0].objective == "latency":
+        if self.is_latency(group[0]):
             return (-1, group[0].submitted)
         return super()._key(group, now)
 
     def may_admit(self, group, running, waiting, now: float) -> bool:
-        if group[0].objective == "latency":
+        if self.is_latency(group[0]):
             return True
-        critical = any(j.critical for j in [*running, *waiting])
+        critical = any(self.is_critical(j) for j in [*running, *waiting])
         if not critical or now - group[0].submitted >= self.aging_s:  # aged: not held back
             return True
         cap = self.latency_batch if self.latency_rows is None else self.latency_rows
         return len(running) + len(group) <= cap
 
     def step_order(self, running: list[Any]) -> list[Any]:
-        return sorted(running, key=lambda j: (j.objective != "latency", _started([j])))
+        return sorted(running, key=lambda j: (not self.is_latency(j), _started([j])))
 
     def step_calls(self, order: list[Any]) -> list[Any]:
         """Beside running critical calls, once the step cost is learnt: every latency
@@ -252,8 +277,8 @@ class ObjectiveFirst(WorkflowFirst):
         latency calls run alone (but for starving calls), to measure their step
         alone. Otherwise every call."""
         bound = self.step_bound(order)
-        latency = [j for j in order if j.objective == "latency"]
-        own = sum(_rows(j) for j in latency)
+        latency = [j for j in order if self.is_latency(j)]
+        own = sum(rows_of(j) for j in latency)
         chosen = list(latency)
         if bound is None and self.feedback is not None:
             self.feedback.reset()  # the next critical calls measure their own step alone
@@ -264,7 +289,7 @@ class ObjectiveFirst(WorkflowFirst):
         else:
             probe = self.feedback is not None and self.feedback.probe()
             for j in order:
-                if j.objective == "latency":
+                if self.is_latency(j):
                     continue
                 calls = [*chosen, j]
                 over = probe or self._predict(calls, own + len(calls) - len(latency)) > bound
@@ -283,15 +308,15 @@ class ObjectiveFirst(WorkflowFirst):
         `latency_prefill` prompt tokens (latency prompts go first, step_order), or
         with `latency_rows`, at most that many rows in all. Never fewer than one row
         per call."""
-        if not any(j.critical for j in running):
+        if not any(self.is_critical(j) for j in running):
             return budget
         n = len(running)
         bound = self.step_bound(running)
         if bound is not None:
-            own = sum(_rows(j) for j in running if j.objective == "latency")
-            least = own + sum(j.objective != "latency" for j in running)
-            keys = _keys(running)
-            fits = self.cost.max_rows(n, _chunks(running), bound, budget, keys)  # type: ignore[union-attr]
+            own = sum(rows_of(j) for j in running if self.is_latency(j))
+            least = own + sum(not self.is_latency(j) for j in running)
+            keys = keys_of(running)
+            fits = self.cost.max_rows(n, chunks_of(running), bound, budget, keys)  # type: ignore[union-attr]
             return min(budget, max(least, fits or 0))
         if self.latency_rows is not None:
             return min(budget, max(n, self.latency_rows))
@@ -303,10 +328,10 @@ class ObjectiveFirst(WorkflowFirst):
         feedback's `share` of the headroom `step_slowdown` allows above it (all of
         it without feedback). None when no critical call runs or the step cost is
         not learnt yet."""
-        if not any(j.critical for j in running):
+        if not any(self.is_critical(j) for j in running):
             return None
-        latency = [j for j in running if j.objective == "latency"]
-        alone = self._predict(latency, sum(_rows(j) for j in latency))
+        latency = [j for j in running if self.is_latency(j)]
+        alone = self._predict(latency, sum(rows_of(j) for j in latency))
         if alone is None:
             return None
         share = 1.0 if self.feedback is None else self.feedback.share
@@ -331,30 +356,19 @@ class ObjectiveFirst(WorkflowFirst):
         """Predicted seconds of a step running `calls` over `rows` rows."""
         if self.cost is None or not calls:
             return None
-        return self.cost.predict(len(calls), rows, _chunks(calls), _keys(calls))
+        return self.cost.predict(len(calls), rows, chunks_of(calls), keys_of(calls))
 
 
-def _rows(job: Any) -> int:
+def rows_of(job: Any) -> int:
     """Rows a running call brings to the next step (1 where it cannot say)."""
     return getattr(job, "rows", 1)
 
 
-def _chunks(jobs: Sequence[Any]) -> int:
+def chunks_of(jobs: Sequence[Any]) -> int:
     """Calls of `jobs` that bring a prompt chunk (more than one row) to the next step."""
-    return sum(_rows(j) > 1 for j in jobs)
+    return sum(rows_of(j) > 1 for j in jobs)
 
 
-def _keys(jobs: Sequence[Any]) -> int:
+def keys_of(jobs: Sequence[Any]) -> int:
     """Keys the one-row calls of `jobs` attend over in the next step (`decode_keys`)."""
-    return decode_keys([getattr(j, "keys", 0) for j in jobs if _rows(j) == 1])
-
-
-def make(name: str, **settings: Any) -> Policy:
-    """The policy called `name` ("fcfs", "workflow" or "objective")."""
-    if name == "fcfs":
-        return Fcfs()
-    if name == "workflow":
-        return WorkflowFirst(**settings)
-    if name == "objective":
-        return ObjectiveFirst(**settings)
-    raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {name!r}")
+    return decode_keys([getattr(j, "keys", 0) for j in jobs if rows_of(j) == 1])

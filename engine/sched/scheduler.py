@@ -58,7 +58,7 @@ from corps.engine.exec.step_plan import StepOrder, StepOutput
 from corps.engine.exec.torch_thread import TORCH, TorchThread
 from corps.engine.sched.admission import Admission
 from corps.engine.sched.call_events import end_events
-from corps.engine.sched.job import Job
+from corps.engine.sched.job import Job, service
 from corps.engine.sched.policies import Fcfs, Policy, started
 from corps.engine.sched.step import plan_step
 from corps.engine.sched.stepped import Counters, Stepped, step_event
@@ -105,8 +105,6 @@ class Scheduler:
         self._preempted = (0, 0)  # the executor's (evicted, recomputed) at the last step event
         self._stepped = anyio.Event()  # set as each step ends (`stepped`)
         self._stopped = False  # the loop ended: `stepped` returns False from now on
-
-    # ---- submitting (event loop) ----
 
     async def submit(self, job: Job) -> None:
         """Queue `job`, waiting for room only when the queue is full. With room it is
@@ -293,7 +291,8 @@ class Scheduler:
         self._stepped = anyio.Event()
         for job in self.admission.finished:
             self.end(job)
-        self._linger = any(j.critical and j.error is None for j in self.admission.finished)
+        critical = self.policy.is_critical
+        self._linger = any(critical(j) and j.error is None for j in self.admission.finished)
         self.admission.finished = []
 
     def _account(self, s: Stepped) -> None:
@@ -380,6 +379,8 @@ class Scheduler:
         if ran:
             seconds = time.perf_counter() - t_step
             self.policy.observe(out.calls, out.rows, seconds, out.chunks, out.keys)
+            if self.policy.charges:
+                self.policy.served(service(chosen, out), time.perf_counter())
             self.n.steps += 1
             self.n.calls_in_steps += len(chosen)
         return out, ran
@@ -442,8 +443,6 @@ class Scheduler:
             if job.error is None and job.handle is None:
                 job.error = error
             self.end(job)
-
-    # ---- statistics ----
 
     def figures(self) -> dict[str, float]:
         queue = self.queue_depth() + len(self.admission.held)
