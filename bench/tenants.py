@@ -262,3 +262,72 @@ def summary(s: Setting) -> dict:
         ],
         "light_tok_s_together": s.together.light_tokens / s.together.seconds,
     }
+
+
+@dataclass
+class Shares:
+    """Backlogged tenants' service over a window: per tenant its weight, the tokens the
+    engine encoded and sampled for it, and its completion tokens."""
+
+    seconds: float
+    slots: int
+    weights: dict[str, float]
+    served: dict[str, float]
+    completed: dict[str, int]
+
+    def ratio(self, tenant: str, other: str) -> tuple[float, float]:
+        """(service ratio, weight ratio) of `tenant` to `other`."""
+        return self.served[tenant] / self.served[other], self.weights[tenant] / self.weights[other]
+
+
+async def shares(cfg, weights: dict[str, float], streams: int, tokens: int,
+                 seconds: float, slots: int) -> Shares:  # fmt: skip
+    """Each tenant of `weights` keeping `streams` decodes going (through the Python API,
+    on an engine of `cfg` with the fair policy and `slots` calls running at most, so
+    calls wait: a backlog) for `seconds` after a warm-up of a tenth of that: the
+    service each received in that window."""
+    import anyio
+
+    from corps.engine import Engine
+
+    cfg = cfg.model_copy(update={"policy": "fair", "max_running": slots})
+    completed = dict.fromkeys(weights, 0)
+    async with Engine.open(cfg) as engine:
+        engine.policy.set_weights(weights)
+        q = await engine.prefill("Tell me a long story about the sea.")
+        counting = False
+
+        async def stream(tenant: str) -> None:
+            while True:
+                h = await engine.decode(parents=[q], max_tokens=tokens, temperature=0.0,
+                                        ignore_eos=True, tenant=tenant)  # fmt: skip
+                engine.free(h)
+                if counting:
+                    completed[tenant] += len(h.generated)
+
+        async with anyio.create_task_group() as tg:
+            for tenant in weights:
+                for _ in range(streams):
+                    tg.start_soon(stream, tenant)
+            await anyio.sleep(seconds / 10)  # every tenant backlogged before the clock
+            before = {t: f["served"] for t, f in engine.policy.figures().items()}
+            counting = True
+            await anyio.sleep(seconds)
+            after = {t: f["served"] for t, f in engine.policy.figures().items()}
+            tg.cancel_scope.cancel()
+    served = {t: after.get(t, 0.0) - before.get(t, 0.0) for t in weights}
+    return Shares(seconds, slots, dict(weights), served, completed)
+
+
+def shares_table(s: Shares, title: str):
+    from rich.table import Table
+
+    t = Table(title=title)
+    for col in ("tenant", "weight", "service (tokens)", "completion tokens",
+                "service share", "weight share"):  # fmt: skip
+        t.add_column(col, justify="right")
+    total_s, total_w = sum(s.served.values()), sum(s.weights.values())
+    for tenant, w in s.weights.items():
+        t.add_row(tenant, f"{w:g}", f"{s.served[tenant]:.0f}", str(s.completed[tenant]),
+                  f"{s.served[tenant] / total_s:.3f}", f"{w / total_w:.3f}")  # fmt: skip
+    return t

@@ -34,6 +34,15 @@ def bench_tenants(
     heavy_weight: Annotated[
         float, typer.Option(min=0.001, max=1000, help="The heavy tenant's weight.")
     ] = 1.0,
+    shares: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            max=3600,
+            help="Also this many seconds of a backlog of both "
+            "tenants (Python API, 8 slots): each one's service against its weight.",
+        ),
+    ] = 0.0,
     json_out: Annotated[
         Path | None, typer.Option("--json", help="Also write the figures here (JSON).")
     ] = None,
@@ -68,6 +77,14 @@ def bench_tenants(
             console.print(f"{label}: done", highlight=False)
     except CorpsError as exc:
         fail(exc)
+    if shares:
+        import anyio
+
+        base = next(iter(cfgs.values()))
+        weights = {"light": 1.0, "heavy": heavy_weight}
+        got = anyio.run(bt.shares, base, weights, streams, tokens, shares, 8)
+        about = f"both tenants backlogged for {shares:g} s ({model}, {streams} streams each)"
+        console.print(bt.shares_table(got, about + ", 8 slots"))
     title = (f"a light tenant beside a heavy one over HTTP ({model}, {streams} heavy streams, "
              f"{requests} light requests, {tokens} tokens a reply)")  # fmt: skip
     console.print(bt.table(settings, title))

@@ -70,3 +70,13 @@ def _short(init):
         init(self, *args, **{**kw, "heavy_s": 0.2})
 
     return short
+
+
+async def test_a_backlog_measures_each_tenants_service_and_weight(tiny_dirs):
+    cfg = EngineConfig.of(str(tiny_dirs["llama"]), dtype="float32", capacity=4096)
+    got = await bt.shares(cfg, {"light": 1.0, "heavy": 2.0}, streams=3, tokens=3,
+                          seconds=0.5, slots=2)  # fmt: skip
+    assert got.weights == {"light": 1.0, "heavy": 2.0} and got.slots == 2
+    assert all(v > 0 for v in got.served.values())
+    assert got.ratio("heavy", "light")[1] == 2.0
+    assert "weight share" in str(bt.shares_table(got, "t").columns[-1].header)

@@ -51,7 +51,7 @@ HALF_LIFE_S = 10.0  # seconds after which a tenant's service counts half
 PROTECT = 0.5  # a tenant below this share of the mean standing is protected
 #: while a tenant protected in the last RECENT_S seconds may send its next call, a step
 #: is kept within GUARD_S predicted seconds: the step in flight when it comes is short
-GUARD_S = 0.05
+GUARD_S = 0.03
 RECENT_S = 2.0
 MAX_WEIGHT = 1000.0  # weights lie in [1 / MAX_WEIGHT, MAX_WEIGHT]
 DEFAULT = ""  # the tenant of a call that names none
