@@ -363,3 +363,40 @@ def test_in_baseline_mode_cached_tokens_are_the_radix_cache_s(tiny_dirs):
         cached = again.usage.prompt_tokens_details.cached_tokens
         assert first.usage.prompt_tokens_details.cached_tokens == 0
         assert 0 < cached < again.usage.prompt_tokens
+
+
+TWO_TENANTS = ('[[keys]]\nkey = "sk-team-a-1"\ntenant = "a"\nweight = 2\n\n'
+               '[[keys]]\nkey = "sk-team-b-1"\ntenant = "b"\n')  # fmt: skip
+
+
+@pytest.mark.parametrize(("policy", "chosen"), [(None, "fair"), ("fair", "fair")])
+def test_a_key_file_of_two_tenants_serves_them_fairly(tmp_path, monkeypatch, policy, chosen):
+    import uvicorn
+    from typer.testing import CliRunner
+
+    import corps.serve.app
+    from corps.cli.app import app
+    from corps.engine import Engine
+
+    keys = tmp_path / "keys.toml"
+    keys.write_text(TWO_TENANTS)
+    seen = {}
+    monkeypatch.setattr(Engine, "open", classmethod(lambda cls, cfg: seen.setdefault("cfg", cfg)))
+    monkeypatch.setattr(corps.serve.app, "create_app", lambda *a, **kw: seen.setdefault("kw", kw))
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **kw: None)
+    args = ["serve", "--keys", str(keys), *(["--policy", policy] if policy else [])]
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert seen["cfg"].policy == chosen and seen["kw"]["keys"].weights() == {"a": 2.0, "b": 1.0}
+
+
+def test_corps_serve_refuses_weights_its_policy_would_not_read(tmp_path):
+    from typer.testing import CliRunner
+
+    from corps.cli.app import app
+
+    keys = tmp_path / "keys.toml"
+    keys.write_text(TWO_TENANTS)
+    result = CliRunner().invoke(app, ["serve", "--keys", str(keys), "--policy", "fcfs"],
+                                env={"COLUMNS": "200"})  # fmt: skip
+    assert result.exit_code == 2 and "only --policy fair" in result.output
