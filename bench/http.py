@@ -89,22 +89,28 @@ def served(cfg, model: str):
 
 def http_cell(cfg, model: str, clients: int, requests: int, tokens: int) -> Cell:
     """The workload through `corps serve`, its clients (the `openai` SDK's async client,
-    one task each) in a process of their own, as a server's clients are: in this one
-    they would contend with the server for Python's interpreter lock."""
+    one task each) in a process of their own (`in_client_process`)."""
+    with served(cfg, model) as server:
+        args = (server.url + "/v1", model, clients, requests, tokens)
+        seconds, tokens_got, latencies = in_client_process(_client_process, args)
+    return Cell("http", seconds, clients * requests, tokens_got, latencies)
+
+
+def in_client_process(target, args: tuple, timeout_s: float = 3600):
+    """`target(*args, results)` in a spawned process of its own (as a server's clients
+    are: in this one they would contend with the server for the interpreter lock): what
+    it put on `results`, or RuntimeError with the error it put there as text."""
     import multiprocessing
 
-    with served(cfg, model) as server:
-        ctx = multiprocessing.get_context("spawn")
-        results = ctx.Queue()
-        args = (server.url + "/v1", model, clients, requests, tokens, results)
-        proc = ctx.Process(target=_client_process, args=args, daemon=True)
-        proc.start()
-        got = results.get(timeout=1800)
-        proc.join(60)
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    proc = ctx.Process(target=target, args=(*args, results), daemon=True)
+    proc.start()
+    got = results.get(timeout=timeout_s)
+    proc.join(60)
     if isinstance(got, str):
         raise RuntimeError(f"the HTTP clients failed: {got}")
-    seconds, tokens_got, latencies = got
-    return Cell("http", seconds, clients * requests, tokens_got, latencies)
+    return got
 
 
 def _client_process(url, model, clients, requests, tokens, results) -> None:

@@ -84,8 +84,7 @@ def key_file(directory: Path, plan: Plan) -> Path:
 
 def run_setting(cfg, model: str, label: str, plan: Plan) -> Setting:
     """The three phases against a fresh server over an engine of `cfg`."""
-    import multiprocessing
-
+    from corps.bench.http import in_client_process
     from corps.engine import Engine
     from corps.serve.background import BackgroundServer
     from corps.serve.limits import Limits
@@ -95,15 +94,7 @@ def run_setting(cfg, model: str, label: str, plan: Plan) -> Setting:
         keys = Keys.load(key_file(Path(tmp), plan))
     limits = Limits(max_queue=max(256, 2 * plan.streams + 8))
     with BackgroundServer(Engine.open(cfg), model=model, keys=keys, limits=limits) as server:
-        ctx = multiprocessing.get_context("spawn")
-        results = ctx.Queue()
-        args = (server.url + "/v1", model, plan, results)
-        proc = ctx.Process(target=_client_process, args=args, daemon=True)
-        proc.start()
-        got = results.get(timeout=3600)
-        proc.join(60)
-    if isinstance(got, str):
-        raise RuntimeError(f"the HTTP clients failed: {got}")
+        got = in_client_process(_client_process, (server.url + "/v1", model, plan))
     return Setting(label, *(Phase(*p) for p in got))
 
 

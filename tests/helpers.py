@@ -387,3 +387,15 @@ def order(calls, budget=None):
     from corps.engine.exec.step_plan import StepOrder
 
     return StepOrder(tuple(calls), budget)
+
+
+def park_decodes(engine, monkeypatch, release) -> None:
+    """`engine.decode_many` waits until `release` (a threading.Event) is set: a server's
+    non-streamed requests stay inside it until then."""
+    real = engine.decode_many
+
+    async def waits(requests):
+        await anyio.to_thread.run_sync(release.wait, abandon_on_cancel=True)
+        return await real(requests)
+
+    monkeypatch.setattr(engine, "decode_many", waits)

@@ -25,6 +25,8 @@ from corps.engine.api.engine import Engine  # noqa: E402
 from corps.serve.background import BackgroundServer  # noqa: E402
 from corps.serve.limits import Limits  # noqa: E402
 
+from helpers import park_decodes  # noqa: E402
+
 KEY = "sk-limits-test"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 BIG = 20 << 20  # a 20 MB body
@@ -192,15 +194,7 @@ def parked(tiny_dirs, monkeypatch):
     opened = Engine.open(str(tiny_dirs["llama"]), dtype="float32", capacity=2048)
     limits = Limits(max_queue=1, timeout_s=2.0)
     with BackgroundServer(opened, model="tiny", api_key=KEY, limits=limits) as s:
-        real = s.engine.decode_many
-
-        async def waits(requests):
-            import anyio
-
-            await anyio.to_thread.run_sync(release.wait, abandon_on_cancel=True)
-            return await real(requests)
-
-        monkeypatch.setattr(s.engine, "decode_many", waits)
+        park_decodes(s.engine, monkeypatch, release)
         yield s, release
         release.set()
 

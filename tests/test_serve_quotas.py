@@ -140,6 +140,8 @@ from corps.engine.api.engine import Engine  # noqa: E402
 from corps.serve.background import BackgroundServer  # noqa: E402
 from corps.serve.limits import Limits  # noqa: E402
 
+from helpers import park_decodes  # noqa: E402
+
 
 @pytest.fixture
 def flooded(tiny_dirs, tmp_path, monkeypatch):
@@ -150,15 +152,7 @@ def flooded(tiny_dirs, tmp_path, monkeypatch):
     opened = Engine.open(str(tiny_dirs["llama"]), dtype="float32", capacity=4096, policy="fair")
     with BackgroundServer(opened, model="tiny", keys=Keys.load(path), limits=Limits(max_queue=8),
                           tenant_metrics=True) as s:  # fmt: skip
-        real = s.engine.decode_many
-
-        async def waits(requests):
-            import anyio
-
-            await anyio.to_thread.run_sync(release.wait, abandon_on_cancel=True)
-            return await real(requests)
-
-        monkeypatch.setattr(s.engine, "decode_many", waits)
+        park_decodes(s.engine, monkeypatch, release)
         yield s, release
         release.set()
 
