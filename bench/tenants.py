@@ -232,7 +232,7 @@ def table(settings: list[Setting], title: str):
         h0 = s.heavy_solo.heavy_tokens / s.heavy_solo.seconds
         h1 = s.together.heavy_tokens / s.together.seconds
         total = (s.together.heavy_tokens + s.together.light_tokens) / s.together.seconds
-        cells += [f"{h0:.0f} / {h1:.0f}", f"{total / h0:.2f}"]
+        cells += [f"{h0:.0f} / {h1:.0f}", f"{total / h0:.2f}" if h0 else "-"]
         t.add_row(*cells)
     return t
 
@@ -265,10 +265,6 @@ class Shares:
     weights: dict[str, float]
     served: dict[str, float]
     completed: dict[str, int]
-
-    def ratio(self, tenant: str, other: str) -> tuple[float, float]:
-        """(service ratio, weight ratio) of `tenant` to `other`."""
-        return self.served[tenant] / self.served[other], self.weights[tenant] / self.weights[other]
 
 
 async def shares(cfg, weights: dict[str, float], streams: int, tokens: int,
@@ -317,7 +313,7 @@ def shares_table(s: Shares, title: str):
     for col in ("tenant", "weight", "service (tokens)", "completion tokens",
                 "service share", "weight share"):  # fmt: skip
         t.add_column(col, justify="right")
-    total_s, total_w = sum(s.served.values()), sum(s.weights.values())
+    total_s, total_w = sum(s.served.values()) or 1.0, sum(s.weights.values())
     for tenant, w in s.weights.items():
         t.add_row(tenant, f"{w:g}", f"{s.served[tenant]:.0f}", str(s.completed[tenant]),
                   f"{s.served[tenant] / total_s:.3f}", f"{w / total_w:.3f}")  # fmt: skip
