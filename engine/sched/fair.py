@@ -109,10 +109,10 @@ class FairShare(ObjectiveFirst):
             share.at = now
 
     def is_latency(self, job: Any) -> bool:
-        return job.objective == "latency" or self._first(job)
+        return super().is_latency(job) or self._first(job)
 
     def is_critical(self, job: Any) -> bool:
-        return job.critical or self._first(job)
+        return super().is_critical(job) or self._first(job)
 
     def order(self, waiting: Sequence[Any], now: float) -> list[list[Any]]:
         self._waiting = list(waiting)
@@ -127,8 +127,9 @@ class FairShare(ObjectiveFirst):
         self._protect([*self._waiting, *running], now)
         self._waiting = []
         self._guard = self._guarding(running, now)
+        standing = {t: self.standing(t, now) for t in {tenant_of(j) for j in running}}
         return sorted(running, key=lambda j: (
-            not self.is_latency(j), self.standing(tenant_of(j), now), -j.skipped, j.submitted,
+            not self.is_latency(j), standing[tenant_of(j)], -j.skipped, j.submitted,
         ))  # fmt: skip
 
     def step_calls(self, order: list[Any]) -> list[Any]:
