@@ -72,7 +72,10 @@ async def branch_solve_merge(
              dict(message=MERGE)]
         )  # fmt: skip
         form = forms.only(constrained, forms.groups(concepts))
-        (split,) = await run.ask(brancher, run.turn([branch], header="Group 1:", **form))
+        # the split is parsed into new messages, never read itself
+        (split,) = await run.ask(
+            brancher, run.turn([branch], header="Group 1:", final=True, **form)
+        )
         if constrained:  # the second group is what the first does not name
             groups = forms.rest_of(split.text.removeprefix("Group 1:"), concepts)
         else:
@@ -100,6 +103,7 @@ async def branch_solve_merge(
                 new_offset=new_offset,
                 header="Story: ",
                 repair=run.decision_repair,
+                final=True,
             ),
         )
         used = present(final.text, list(concepts))

@@ -90,7 +90,10 @@ async def debate(
             judge = await run.prefill(JUDGE, parents=[instr[mod], *history])
             boxed = forms.only(constrained, forms.boxed(max_tokens))
             (final,) = await run.ask(
-                mod, run.turn([instr[mod], *history, judge], repair=run.decision_repair, **boxed)
+                mod,
+                run.turn(
+                    [instr[mod], *history, judge], repair=run.decision_repair, final=True, **boxed
+                ),
             )
             answer = parse_answer(final.text)
             if answer is None:

@@ -72,7 +72,12 @@ async def map_reduce(
             level = await run.ask(
                 reducer,
                 *[
-                    run.turn([reduce, *g], header="Summary:", repair=run.decision_repair)
+                    run.turn(
+                        [reduce, *g],
+                        header="Summary:",
+                        repair=run.decision_repair,
+                        final=len(groups) == 1,  # the last level's one summary: the answer
+                    )
                     for g in groups
                 ],
             )

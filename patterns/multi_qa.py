@@ -64,6 +64,7 @@ async def multi_qa(
                 offsets=offsets,
                 new_offset=new_offset,
                 header="1.",
+                final=True,
                 **forms.only(constrained, forms.numbered(len(questions), max_tokens)),
             ),
         )

@@ -64,7 +64,9 @@ async def parallel_debate(
                 others = [h for j, h in enumerate(previous) if j != k]
                 parents = [instr, *own[k], *others, *([update] if others else [])]
                 boxed = forms.only(constrained, forms.boxed(max_tokens))
-                calls.append((name, run.turn(parents, header=f"Agent {k + 1}: ", **boxed)))
+                last = r == rounds  # the last round's answers are parsed, not read
+                turn = run.turn(parents, header=f"Agent {k + 1}: ", final=last, **boxed)
+                calls.append((name, turn))
             previous = await run.parallel(calls)
             for k, h in enumerate(previous):
                 own[k].append(h)

@@ -103,7 +103,8 @@ class Player(Agent):
         decide = await self.prefill(DECIDE, parents=private, visibility=Private())
         self.private.append(decide)
         kw |= forms.only(turn.constrained, forms.decision(turn.max_tokens))
-        return await self.think(parents=[*private, *turn.history, decide], **kw)
+        # the decision is parsed, never read by another turn
+        return await self.think(parents=[*private, *turn.history, decide], final=True, **kw)
 
 
 def player(

@@ -78,6 +78,7 @@ class Turn(BaseModel):
     json_schema: dict[str, Any] | None = None
     choices: tuple[str, ...] | None = None
     repair: str | None = None  # None: its agent's, workflow's or engine's (`Run.decision_repair`)
+    final: bool = False  # no later turn reads the reply (DecodeArgs.final): not kept encoded
 
     def request(self) -> dict[str, Any]:
         """The turn as `DecodeArgs`. A forced turn leaves max_tokens out: the request

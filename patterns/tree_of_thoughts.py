@@ -76,6 +76,7 @@ async def tree_of_thoughts(
                     header="BEST CHOICE: ",
                     max_tokens=vote_tokens,
                     repair=run.decision_repair,
+                    final=True,  # a ballot is parsed, never read by another turn
                     **forms.only(constrained, forms.options(branches)),
                 )
                 for _ in range(voters)
@@ -97,7 +98,9 @@ async def tree_of_thoughts(
         (final,) = await run.ask(
             solver,
             run.turn(
-                [finish, best, finish_now], **forms.only(constrained, forms.boxed(max_tokens))
+                [finish, best, finish_now],
+                final=True,
+                **forms.only(constrained, forms.boxed(max_tokens)),
             ),
         )
         answer = parse_answer(final.text)

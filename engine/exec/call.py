@@ -40,6 +40,7 @@ class CallPlan:
     frame_len: int = 0  # leading own tokens that are role framing, not text
     footer: tuple[int, ...] = ()  # the role's closing tokens (a framed decode)
     salt: str | None = None  # the baseline prefix cache's namespace (DecodeRequest.cache_salt)
+    final: bool = False  # a decode no call reads: its last token and footer stay unencoded
 
     @property
     def is_decode(self) -> bool:

@@ -10,6 +10,7 @@ from corps.engine.exec.call import Call, CallPlan
 from corps.engine.exec.memory import Memory
 from corps.engine.exec.register import own_tokens, register
 from corps.engine.exec.sampler import Sampler
+from corps.engine.exec.step_plan import PREFILL_CHUNK
 from corps.engine.request.chat_format import ChatFormat
 
 
@@ -45,12 +46,29 @@ class Finisher:
         if self.prefixes is not None:  # its last generated token(s) were never encoded
             self.prefixes.cache(c, c.plan.prefix + encoded_reply(c))
             return self._register(c, tokens, [])
+        if c.plan.final:
+            return self._set_aside(c, tokens)
         return self._register(c, tokens, c.slots)
+
+    def _set_aside(self, c: Call, tokens: list[int]) -> Handle:
+        """A final reply (no call reads it): registered, its partial encoding given back
+        and the message marked evicted, to be encoded again from its tokens (in prompt
+        chunks, `corps.engine.exec.restorer`) should a call read it after all."""
+        handle = self._register(c, tokens, c.slots)
+        msg = self.table.get(handle.id)
+        msg.spans = tuple(chunked(len(tokens), PREFILL_CHUNK))
+        self.memory.set_aside(msg)
+        return handle
 
     def _register(self, c: Call, tokens: list[int], slots: list[int]) -> Handle:
         handle = register(self.table, c, tokens, slots, reused_encodings=self.choreographed)
         self.memory.unpin_call(c)
         return handle
+
+
+def chunked(n: int, chunk: int) -> list[int]:
+    """n tokens as spans of at most `chunk`: [chunk, ..., rest]."""
+    return [min(chunk, n - start) for start in range(0, n, chunk)]
 
 
 def encoded_reply(c: Call) -> list[int]:

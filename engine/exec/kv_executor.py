@@ -335,7 +335,8 @@ def work_of(c: Call) -> Work:
     p = c.plan
     if not p.is_decode:
         return Work(p.parents, salt=p.salt, decode=False)
-    return Work(p.parents, tuple(c.feed), p.salt, extra=1 + len(p.footer))
+    extra = 0 if p.final else 1 + len(p.footer)  # a final reply's tail is never encoded
+    return Work(p.parents, tuple(c.feed), p.salt, extra=extra)
 
 
 def cached_reply(c: Call) -> list[int]:

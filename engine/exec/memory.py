@@ -234,6 +234,14 @@ class Memory:
             if msg.pins == 0:
                 self.release(msg)
 
+    def set_aside(self, msg: Message) -> None:
+        """Give back the slots of an encoding no call is expected to read (a final
+        reply): evicted, so a call that does read it has it recomputed first. Not
+        counted as eviction (no memory pressure made it)."""
+        with self.lock:
+            self.release(msg)
+            msg.evicted = True
+
     def release(self, msg: Message) -> None:
         self.store.release(msg.slots)
         msg.slots = []

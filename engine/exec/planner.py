@@ -69,7 +69,11 @@ class Planner:
         head, footer = self.fmt.frame_ids(req.role) if req.frame else ((), ())
         frame_len = len(head)
         decode = dict(
-            sampling=req.sampling, frame_len=frame_len, footer=tuple(footer), salt=req.cache_salt
+            sampling=req.sampling,
+            frame_len=frame_len,
+            footer=tuple(footer),
+            salt=req.cache_salt,
+            final=req.final,
         )
         call = self._plan(req, header, "", "decode", **decode)
         call.generator = req.sampling.generator()

@@ -68,7 +68,11 @@ class DecodeArgs(TypedDict, total=False):
     only prompt prefixes cached by calls with the same salt, and its own are found only
     by them (a server gives each tenant its own). audit (N: this call is one of 1 in N
     audited, 0: never; None: its agent's, workflow's, else the engine's): the online
-    fidelity audit (`corps.engine.audit`).
+    fidelity audit (`corps.engine.audit`). final (False): no call will read the reply as
+    a parent (a workflow's last answer, a vote): its last token and closing footer are
+    not run through the model and its encoding is not kept, as a serving engine keeps
+    none of a finished request; a later call that does read it has it encoded again from
+    its tokens first (as an evicted message), so it is still a valid parent.
     """
 
     role: str
@@ -101,6 +105,7 @@ class DecodeArgs(TypedDict, total=False):
     grammar: str | None
     cache_salt: str | None
     audit: int | None
+    final: bool
 
 
 @dataclass(frozen=True)
@@ -143,10 +148,13 @@ class DecodeRequest:
     cache_salt: str | None = None  # baseline: reuse only prefixes cached under this salt
     audit: int | None = None  # 1 in N audited (corps.engine.audit); None: the next level's
     tenant: str | None = None  # whose fair share it counts against (None: the default)
+    final: bool = False  # no call reads the reply: its encoding is not kept
 
     def __post_init__(self) -> None:
         _check_common(self)
         check_audit(self.audit)
+        if not isinstance(self.final, bool):
+            raise InvalidRequest(f"final must be True or False, got {type(self.final).__name__}")
         if self.cache_salt is not None and not isinstance(self.cache_salt, str):
             raise InvalidRequest(f"cache_salt must be a string, got {type(self.cache_salt)}")
         if not isinstance(self.sampling, SamplingParams):
