@@ -1,9 +1,11 @@
 """`corps bench patterns`: every built-in pattern in each mode with its defaults, side by side.
 
-`corps bench workflow` measures on equal work (the baseline's tokens forced on
-the others). Here each configuration makes its own decisions, as `corps run`
-does: what a user gets from the defaults, so a default that costs more than it
-saves shows. For each pattern, decode budget (`max_tokens`) and seed, the
+By default each configuration makes its own decisions, as `corps run` does:
+what a user gets from the defaults, so a default that costs more than it saves
+shows. With `equal_work` every other configuration decodes the baseline's
+tokens (a `Replay`), so each makes the same calls and the tokens encoded compare
+work for work, per workflow and per call ("calls over": the turns that encoded
+more than the baseline's same turn). For each pattern, decode budget (`max_tokens`) and seed, the
 configurations run one after the other (interleaved), each on a fresh engine
 in this process, as `corps run` opens one: no run finds another's prefixes.
 Per cell: calls, tokens encoded (of them recomputed by repairs, and cut from
@@ -48,12 +50,16 @@ class Run(BaseModel):
     cut: int  # tokens repairs chose that the baseline bound left out
     ttft_s: float | None  # mean over its decodes
     wall_s: float
+    # equal work: its turns that encoded more than the baseline's same turn (None: not
+    # compared, its own decisions)
+    over: int | None = None
 
 
 class Report(BaseModel):
     model: str
     configs: list[str]
     runs: list[Run]
+    equal_work: bool = False
 
     def cell(self, pattern: str, max_tokens: int, config: str) -> list[Run]:
         key = (pattern, max_tokens, config)
@@ -86,25 +92,55 @@ async def measure(
     configs: list[str],
     seeds: int = 1,
     dtype: str = "float32",
+    equal_work: bool = False,
 ) -> Report:
     """Each pattern at each budget and seed in every configuration, each run on an
-    engine of its own (as `corps run`: no prefix cached by an earlier run)."""
-    from corps.agents import Runtime
-    from corps.engine import Engine
-    from corps.patterns.registry import run_pattern
+    engine of its own (as `corps run`: no prefix cached by an earlier run).
+    `equal_work`: the baseline runs first and the others decode its tokens."""
+    from corps.patterns.replay import Replay
 
+    if equal_work and "baseline" not in configs:
+        raise ValueError("equal work forces the baseline's tokens: include baseline")
+    order = sorted(configs, key=lambda c: c != "baseline") if equal_work else configs
     runs: list[Run] = []
     for pattern in patterns:
         for budget in budgets:
             for seed in range(seeds):
-                for name in configs:
-                    async with (
-                        Engine.open(model, dtype=dtype, **CONFIGS[name]) as engine,
-                        Runtime(engine) as rt,
-                    ):
-                        result = await run_pattern(rt, pattern, dict(max_tokens=budget, seed=seed))
-                    runs.append(run_of(result, pattern, budget, seed, name))
-    return Report(model=model, configs=configs, runs=runs)
+                base = Replay(figures=True)
+                for name in order:
+                    replay = base if name == "baseline" else base.forcing(figures=True)
+                    run = await _one(pattern, budget, seed, name, model, dtype,
+                                     replay if equal_work else None)  # fmt: skip
+                    if equal_work and name != "baseline":
+                        run.over = over(base, replay)
+                    runs.append(run)
+    return Report(model=model, configs=configs, runs=runs, equal_work=equal_work)
+
+
+async def _one(pattern, budget, seed, name, model, dtype, replay) -> Run:
+    """One configuration's run on an engine of its own (under `replay`, if any)."""
+    from contextlib import nullcontext
+
+    from corps.agents import Runtime
+    from corps.engine import Engine
+    from corps.patterns.registry import run_pattern
+
+    async with (
+        Engine.open(model, dtype=dtype, **CONFIGS[name]) as engine,
+        Runtime(engine) as rt,
+    ):
+        with replay.active() if replay is not None else nullcontext():
+            result = await run_pattern(rt, pattern, dict(max_tokens=budget, seed=seed))
+    return run_of(result, pattern, budget, seed, name)
+
+
+def over(base, replay) -> int:
+    """Turns of `replay` that encoded more tokens than the same turn of `base`."""
+    return sum(
+        1
+        for i, t in replay.scores.items()
+        if i in base.scores and t.encoded > base.scores[i].encoded
+    )
 
 
 def _mean(values: list[float | None]) -> float | None:
@@ -119,11 +155,13 @@ def _ms(value: float | None) -> str:
 def table(report: Report) -> Table:
     """One row per pattern and budget; per configuration calls, tokens encoded
     (repaired / cut), TTFT and wall; then choreographed / baseline."""
-    t = Table(title=f"each pattern with its defaults ({report.model}; means over seeds)")
+    how = "on the baseline's tokens" if report.equal_work else "each its own decisions"
+    t = Table(title=f"each pattern with its defaults ({report.model}; {how}; means over seeds)")
     t.add_column("pattern")
     t.add_column("max tok", justify="right")
     for name in report.configs:
-        t.add_column(f"{name}\ncalls / encoded (rep / cut)", justify="right")
+        over_col = "; over" if report.equal_work and name != "baseline" else ""
+        t.add_column(f"{name}\ncalls / encoded (rep / cut{over_col})", justify="right")
         t.add_column(f"{name}\nTTFT / wall ms", justify="right")
     both = "baseline" in report.configs and "choreographed" in report.configs
     if both:
@@ -141,8 +179,10 @@ def table(report: Report) -> Table:
                  for k in ("calls", "encoded", "generated", "repaired", "cut", "ttft_s",
                            "wall_s")}  # fmt: skip
             means[name] = m
+            overs = [r.over for r in runs if r.over is not None]
+            extra = f"; {sum(overs) / len(overs):.0f} over" if overs else ""
             row.append(f"{m['calls']:.0f} / {m['encoded']:.0f} ({m['repaired']:.0f} / "
-                       f"{m['cut']:.0f})")  # fmt: skip
+                       f"{m['cut']:.0f}{extra})")  # fmt: skip
             row.append(f"{_ms(m['ttft_s'])} / {_ms(m['wall_s'])}")
         if both:
             c, b = means["choreographed"], means["baseline"]

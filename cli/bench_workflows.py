@@ -293,9 +293,18 @@ def bench_patterns(
     model: ModelOpt = "smollm2-135m",
     dtype: DtypeOpt = "float32",
     json_out: Annotated[str | None, typer.Option("--json", help="Write the runs here.")] = None,
+    equal_work: Annotated[
+        bool,
+        typer.Option(
+            "--equal-work/--own-decisions",
+            help="Force the baseline's tokens on the other configurations (same calls: "
+            "work compared per workflow and per call), or let each decide (as corps run).",
+        ),
+    ] = False,
 ) -> None:
     """Every built-in pattern in each mode with its defaults (its own decisions, as
-    `corps run`): tokens encoded, repaired and cut, TTFT and wall, side by side."""
+    `corps run`, or on the baseline's tokens): tokens encoded, repaired and cut, TTFT
+    and wall, side by side."""
     from corps.bench import patterns as bp
     from corps.patterns import registry
 
@@ -312,7 +321,17 @@ def bench_patterns(
         _bad("--patterns and --max-tokens need at least one pattern and budgets >= 1")
     if not chosen or any(c not in bp.CONFIGS for c in chosen):
         _bad(f"--configs takes {', '.join(bp.CONFIGS)}, got {configs!r}")
+    if equal_work and "baseline" not in chosen:
+        _bad("--equal-work forces the baseline's tokens: --configs must include baseline")
     report = run_bench(
-        lambda: bp.measure(names, budgets, model=model, configs=chosen, seeds=seeds, dtype=dtype)
+        lambda: bp.measure(
+            names,
+            budgets,
+            model=model,
+            configs=chosen,
+            seeds=seeds,
+            dtype=dtype,
+            equal_work=equal_work,
+        )
     )
     print_report(report, [bp.table(report)], json_out, width=160)

@@ -244,6 +244,8 @@ def evaluate(
     for s in results:
         if base is not None and s is not base:
             report["configs"][s.label]["of_baseline_work"] = s.share_of(base)
+            over, both = s.over(base)
+            report["configs"][s.label]["workflows_over_baseline"] = dict(over=over, of=both)
     eval_costs(f"{name}: what each configuration cost", results)
     for s in results:
         for i, why in sorted(s.errors.items())[:5]:

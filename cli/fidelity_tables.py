@@ -45,8 +45,8 @@ def curve_table(title: str, report: Any) -> None:
     t = Table(title=title, title_justify="left")
     short = _short(first)
     for col in ("replay", "gap", "closes", "agree", "recomputed", "of baseline's work",
-                "TTFT ms", "TTFT / " + short, "TTFT / baseline", "wall / " + short,
-                "wall / baseline"):  # fmt: skip
+                "over: calls / workflows", "encoded / baseline", "TTFT ms", "TTFT / " + short,
+                "TTFT / baseline", "wall / " + short, "wall / baseline"):  # fmt: skip
         first_col = col == "replay"  # a label is never cut: it wraps
         t.add_column(col, justify="left" if first_col else "right", overflow="fold",
                      min_width=14 if first_col else None)  # fmt: skip
@@ -54,10 +54,13 @@ def curve_table(title: str, report: Any) -> None:
     for label, rows in tables.items():
         r = rows[-1]
         closes = 1 - r.gap / ref if ref and not math.isnan(ref) else math.nan
+        work, wf_over = report.work(label)
         t.add_row(
             _short(label), num(r.gap, 4), f"{closes:.0%}" if not math.isnan(closes) else "-",
             num(r.agreement), f"{r.recomputed:.0%}",
             "-" if math.isnan(r.of_baseline) else f"{r.of_baseline:.0%}",
+            f"{r.calls_over}/{r.turns} · {wf_over}/{len(report.pairs[label])}",
+            "-" if math.isnan(work) else f"{work:.2f}",
             num(r.ttft and r.ttft * 1000, 1),
             _ratio(r.ttft, ref_ttft), _ratio(r.ttft, r.baseline_ttft),
             _ratio(wall.get(label), wall.get(first)),
@@ -68,7 +71,10 @@ def curve_table(title: str, report: Any) -> None:
         f"[dim]closes: share of {first}'s gap removed; recomputed: share of the reused "
         "context tokens recomputed instead; of baseline's work: the tokens recomputed as a "
         "share of the context tokens the baseline encoded for the same turns (100%: nothing "
-        "saved); TTFT: mean over the replay's turns (the "
+        "saved); over: the calls whose recompute exceeded the baseline's context work for "
+        "the same call, and the workflows that encoded more tokens in all than the "
+        "baseline's; encoded / baseline: every call's tokens encoded (prefills, decodes, "
+        "repairs), over every workflow; TTFT: mean over the replay's turns (the "
         "baseline's: over the same turns as it sampled them); wall: each replay over every "
         "input, alone (the baseline: its sampling)[/]"
     )
@@ -128,15 +134,16 @@ def eval_costs(title: str, results: list[Any]) -> None:
     first = results[0]
     base = next((s for s in results if s.label == "baseline"), None)
     t = Table(title=title, title_justify="left")
-    for col in ("configuration", "recomputed", "of baseline's work", "TTFT ms",
-                "TTFT / first", "wall s", "wall / first"):  # fmt: skip
+    for col in ("configuration", "recomputed", "of baseline's work", "runs over baseline",
+                "TTFT ms", "TTFT / first", "wall s", "wall / first"):  # fmt: skip
         first_col = col == "configuration"
         t.add_column(col, justify="left" if first_col else "right", overflow="fold",
                      min_width=22 if first_col else None)  # fmt: skip
     for s in results:
         share = "-" if base is None or s is base else f"{s.share_of(base):.0%}"
+        runs = "-" if base is None or s is base else "{}/{}".format(*s.over(base))
         t.add_row(
-            s.label, f"{s.recomputed:.0%}", share, num(s.ttft and s.ttft * 1000, 1),
+            s.label, f"{s.recomputed:.0%}", share, runs, num(s.ttft and s.ttft * 1000, 1),
             _ratio(s.ttft, first.ttft), f"{s.wall_s:.1f}", _ratio(s.wall_s, first.wall_s),
         )  # fmt: skip
     out.print(t)
@@ -144,6 +151,8 @@ def eval_costs(title: str, results: list[Any]) -> None:
         "[dim]recomputed: share of the context tokens the calls reused that they "
         "recomputed instead; of baseline's work: the tokens recomputed (and encoded by "
         "audits) as a share of the context tokens the baseline encoded for the same "
-        "inputs (100%: nothing saved); TTFT: mean over the runs of each run's mean; wall: "
+        "inputs (100%: nothing saved); runs over baseline: the inputs whose run encoded "
+        "more tokens in all than the baseline's run of the same input (each sampling its "
+        "own replies); TTFT: mean over the runs of each run's mean; wall: "
         "the pass over every input, after one untimed run of the first[/]"
     )

@@ -58,22 +58,29 @@ class Replay:
     """Decoded tokens per turn index: recorded by one run, forced on another."""
 
     def __init__(
-        self, tokens: dict[int, tuple[int, ...]] | None = None, *, logprobs: bool = False
+        self,
+        tokens: dict[int, tuple[int, ...]] | None = None,
+        *,
+        logprobs: bool = False,
+        figures: bool = False,
     ) -> None:
         self.recording = tokens is None
         self.tokens: dict[int, tuple[int, ...]] = dict(tokens or {})
         self.logprobs = logprobs
+        # each turn's TurnScores: with logprobs, or (figures) its costs alone, without
+        # asking the engine for log-probabilities (which changes how it decodes)
+        self.figures = figures or logprobs
         self.scores: dict[int, TurnScores] = {}
 
-    def forcing(self, *, logprobs: bool = False) -> Replay:
+    def forcing(self, *, logprobs: bool = False, figures: bool = False) -> Replay:
         """A replay that forces what this one recorded."""
-        return Replay(self.tokens, logprobs=logprobs)
+        return Replay(self.tokens, logprobs=logprobs, figures=figures)
 
     def record(self, index: int, handle: Any) -> None:
         """Turn `index` made `handle` (a decode's Handle)."""
         if self.recording:
             self.tokens[index] = tuple(handle.generated)
-        if self.logprobs:
+        if self.figures:
             # a pattern's agents are named "<pattern>-<run id>-<role>" (patterns.run)
             role = (handle.owner or "").split("-", 2)[-1] or "(engine)"
             self.scores[index] = TurnScores(

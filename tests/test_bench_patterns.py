@@ -35,9 +35,44 @@ async def test_each_configuration_runs_each_pattern_with_its_own_decisions(tiny_
     assert table.row_count == 2 and len(table.columns) == 2 + 2 * len(configs) + 3
 
 
+async def test_equal_work_makes_the_same_calls_on_the_baseline_tokens(tiny_dirs):
+    configs = ["choreographed", "baseline", "unrepaired"]  # the baseline still runs first
+    report = await bp.measure(["debate", "multi_qa"], [4], model=str(tiny_dirs["llama"]),
+                              configs=configs, equal_work=True)  # fmt: skip
+    assert report.equal_work
+    for pattern in ("debate", "multi_qa"):
+        runs = [r for r in report.runs if r.pattern == pattern]
+        assert [r.config for r in runs] == ["baseline", "choreographed", "unrepaired"]
+        base, *others = runs
+        assert base.over is None
+        for r in others:  # same tokens: same calls, same tokens sampled
+            assert (r.calls, r.generated) == (base.calls, base.generated)
+            assert r.over is not None and 0 <= r.over <= r.calls
+    multi = {r.config: r for r in report.runs if r.pattern == "multi_qa"}
+    # one final decode over prefilled questions, no repair: as much as the baseline
+    assert multi["unrepaired"].encoded == multi["baseline"].encoded
+    assert "over" in bp.table(report).columns[2].header
+    with pytest.raises(ValueError, match="include baseline"):
+        await bp.measure(["debate"], [4], model=str(tiny_dirs["llama"]),
+                         configs=["choreographed"], equal_work=True)  # fmt: skip
+
+
+def test_over_counts_turns_that_encoded_more_than_the_baselines_same_turn():
+    from corps.patterns.replay import Replay, TurnScores
+
+    def turns(*encoded):
+        r = Replay(figures=True)
+        r.scores = {i: TurnScores("a", (), (), (), encoded=e) for i, e in enumerate(encoded, 1)}
+        return r
+
+    assert bp.over(turns(5, 5, 5), turns(4, 5, 6)) == 1
+    assert bp.over(turns(5), turns(9, 9)) == 1  # a turn the baseline did not make: not compared
+
+
 @pytest.mark.parametrize(
     "args, says",
     [
+        (["--equal-work", "--configs", "choreographed"], "include baseline"),
         (["--configs", "baseline,nope"], "--configs"),
         (["--configs", ""], "--configs"),
         (["--max-tokens", "12,x"], "--max-tokens"),

@@ -130,6 +130,31 @@ def test_the_share_of_the_baselines_own_work_by_hand():
     assert math.isnan(fidelity.Row("b").of_baseline)
 
 
+def test_calls_and_workflows_over_the_baselines_work_by_hand():
+    """Per call: a turn whose recompute exceeds the baseline's context work for it;
+    per workflow: a replay that encoded more tokens in all than the baseline's."""
+    base = TurnScores("a", (1,), (-1.0,), (1,), encoded=11)  # 10 context tokens
+    cheap = TurnScores("a", (1,), (-1.0,), (1,), repaired=4, encoded=6)
+    dear = TurnScores("a", (1,), (-1.0,), (1,), repaired=15, encoded=17)
+    cached = TurnScores("a", (1,), (-1.0,), (1,), encoded=1)  # the baseline had it all
+    row = fidelity.Row("a")
+    row.add(base, cheap)
+    row.add(base, dear)
+    row.add(cached, cheap)  # any recompute beats a baseline that encoded no context
+    assert row.calls_over == 2 and math.isinf(row.worst_call)
+    assert row.as_dict()["worst_call_of_baseline_work"] is None  # JSON has no infinity
+    row = fidelity.Row("a")
+    row.add(base, cheap)
+    assert row.calls_over == 0 and row.worst_call == pytest.approx(0.4)
+    pairs = [fidelity.Pair(0, {}, {}, 100, 80), fidelity.Pair(1, {}, {}, 50, 60)]
+    report = fidelity.Report("p", {"choreographed": pairs})
+    assert report.work("choreographed") == (pytest.approx(140 / 150), 1)
+    assert pairs[1].of_baseline == pytest.approx(1.2)
+    assert report.as_dict()["workflows"]["choreographed"][1] == dict(
+        index=1, baseline_encoded=50, replay_encoded=60
+    )
+
+
 def test_sampling_params_keep_the_pattern_inputs_only():
     line = {"questions": ["a"], "answers": ["b"], "id": "x", "answer": "7"}
     got = fidelity.sampling_params("multi_qa", line, 5)

@@ -122,7 +122,18 @@ def test_fidelity_and_eval_take_repair_policies(tiny_dirs, tmp_path, pairs):
         full["tokens_repaired"] / full["baseline_context_tokens"]
     )
     assert replays["choreographed@none"][-1]["of_baseline_work"] == 0.0
-    assert "of baseline's work" in fid.output
+    assert "of baseline's work" in fid.output and "over: the calls" in fid.output
+    workflows = report["workflows"]
+    none, full = workflows["choreographed@none"], workflows["choreographed@full"]
+    assert [w["index"] for w in none] == [0, 1]
+    # the warm-up's prefixes forgotten: the baseline's first input encodes its prompt
+    assert all(w["baseline_encoded"] > 0 and w["replay_encoded"] > 0 for w in none)
+    # same tokens, same calls: a replay's workflows differ by the tokens it repaired
+    repaired = replays["choreographed@full"][-1]["tokens_repaired"]
+    assert (
+        sum(w["replay_encoded"] for w in full) - sum(w["replay_encoded"] for w in none) == repaired
+    )
+    assert replays["choreographed@none"][-1]["calls_over_baseline_work"] == 0
     assert replays["choreographed@full"][-1]["baseline_ttft_s"] > 0
     assert "as it sampled them" in fid.output  # the TTFT / baseline column's legend
     assert set(report["wall_s"]) == {"baseline", *replays}
@@ -146,6 +157,10 @@ def test_fidelity_and_eval_take_repair_policies(tiny_dirs, tmp_path, pairs):
         want = (c["tokens_repaired"] + c["audit_tokens"]) / work
         assert c["of_baseline_work"] == pytest.approx(want) and c["audit_tokens"] > 0
     assert all(c["mean_ttft_s"] > 0 and c["wall_s"] > 0 for c in configs.values())
+    for c in (plain, full, configs["choreographed@auto"]):  # per workflow, per input
+        assert c["workflows_over_baseline"]["of"] == 2
+        assert 0 <= c["workflows_over_baseline"]["over"] <= 2
+    assert "runs over baseline" in ev.output
     assert (tmp_path / "scores.png").stat().st_size > 0
 
     bad = _invoke("fidelity", "multi-qa", "--inputs", pairs, *common, "--repair", "some")

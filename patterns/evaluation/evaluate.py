@@ -39,6 +39,9 @@ class Scores:
     generated: int = 0  # tokens their decodes generated (encoded in every mode)
     audit_tokens: int = 0  # tokens the engine's fidelity audits encoded during the pass
     wall_s: float = 0.0  # the pass over every line (after the warm-up), its audits included
+    # each input's tokens encoded (None: it failed); its own decisions, so compared
+    # with another configuration's only as "for the same input", not token for token
+    per_input: list[int | None] = field(default_factory=list)
 
     @property
     def mean(self) -> float | None:
@@ -62,6 +65,13 @@ class Scores:
         (its prefix cache's hits are not encoded, so not counted)."""
         return self.encoded - self.generated
 
+    def over(self, baseline: Scores) -> tuple[int, int]:
+        """(inputs where this configuration's run encoded more tokens in all than the
+        baseline's run of the same input, inputs both ran)."""
+        both = [(a, b) for a, b in zip(self.per_input, baseline.per_input, strict=True)
+                if a is not None and b is not None]  # fmt: skip
+        return sum(a > b for a, b in both), len(both)
+
     def share_of(self, baseline: Scores) -> float:
         """The tokens this configuration recomputed (its repairs, and its audits'
         shadows) as a share of the context tokens `baseline` encoded for the same
@@ -81,7 +91,7 @@ async def scores(
     on_done: Callable[[], None] | None = None,
 ) -> Scores:
     score = scorer(pattern)
-    out = Scores(label, [None] * len(lines))
+    out = Scores(label, [None] * len(lines), per_input=[None] * len(lines))
 
     async def run(i: int) -> PatternResult:
         params, _ = split_line(lines[i])
@@ -95,6 +105,7 @@ async def scores(
         out.repaired += sum(h.tokens_repaired for h in result.messages)
         out.reused += result.tokens_reused
         out.encoded += result.tokens_encoded
+        out.per_input[i] = result.tokens_encoded
         out.generated += sum(len(h.generated) for h in result.messages)
 
     async def warm(i: int) -> None:
@@ -102,6 +113,7 @@ async def scores(
 
     if lines:  # a failure here is the timed pass's to report
         await each([0], warm, concurrency=1)
+        await rt.engine.reset_prefix_cache()  # the pass as cold as the warm-up was
     # an input that fails scores None and says why; the others go on
     engine = rt.engine
     audited = engine.stats().audit_tokens

@@ -83,6 +83,15 @@ class Pair:
     index: int
     baseline: dict[int, TurnScores]
     replayed: dict[int, TurnScores]
+    # the workflow's tokens encoded (every call: prefills, decodes, repairs), the
+    # baseline's sampling and the replay's: work for work, as the tokens are the same
+    base_encoded: int = 0
+    replay_encoded: int = 0
+
+    @property
+    def of_baseline(self) -> float:
+        """The replay's whole work as a share of the baseline's (1.0: as much)."""
+        return self.replay_encoded / self.base_encoded if self.base_encoded else math.nan
 
 
 @dataclass
@@ -102,6 +111,8 @@ class Row:
     reused: int = 0  # context tokens the replay's turns read as encoded
     repaired: int = 0  # context tokens they recomputed (a repair)
     base_work: int = 0  # context tokens the baseline encoded for the same turns
+    calls_over: int = 0  # turns whose recompute exceeded the baseline's context work
+    worst_call: float = 0.0  # the largest turn's recompute / baseline context work
 
     def add(self, base: TurnScores, other: TurnScores) -> None:
         n = min(len(base.logprobs), len(other.logprobs))
@@ -112,6 +123,10 @@ class Row:
         self.reused += other.reused
         self.repaired += other.repaired
         self.base_work += base.context_encoded
+        if other.repaired:
+            share = other.repaired / base.context_encoded if base.context_encoded else math.inf
+            self.worst_call = max(self.worst_call, share)
+            self.calls_over += share > 1.0
         self.turns += 1
         self.tokens += n
         self.baseline_nll -= sum(base.logprobs[:n])
@@ -176,6 +191,8 @@ class Row:
             baseline_ttft_s=self.baseline_ttft,
             tokens_reused=self.reused, tokens_repaired=self.repaired, recomputed=self.recomputed,
             baseline_context_tokens=self.base_work, of_baseline_work=self.of_baseline,
+            calls_over_baseline_work=self.calls_over,
+            worst_call_of_baseline_work=_finite(self.worst_call),
         )  # fmt: skip
 
 
@@ -206,12 +223,31 @@ class Report:
     def tables(self) -> dict[str, list[Row]]:
         return {label: table(p) for label, p in self.pairs.items()}
 
+    def work(self, label: str) -> tuple[float, int]:
+        """The replay's tokens encoded over every workflow as a share of the
+        baseline's, and how many workflows encoded more than the baseline's."""
+        pairs = self.pairs[label]
+        base = sum(p.base_encoded for p in pairs)
+        share = sum(p.replay_encoded for p in pairs) / base if base else math.nan
+        return share, sum(p.replay_encoded > p.base_encoded for p in pairs)
+
     def as_dict(self) -> dict[str, Any]:
         return dict(
             pattern=self.pattern,
             inputs=len(next(iter(self.pairs.values()), [])),
             failed=[dict(index=i, error=e) for i, e in self.failed],
             replays={k: [r.as_dict() for r in rows] for k, rows in self.tables().items()},
+            workflows={
+                k: [
+                    dict(
+                        index=p.index,
+                        baseline_encoded=p.base_encoded,
+                        replay_encoded=p.replay_encoded,
+                    )
+                    for p in pairs
+                ]
+                for k, pairs in self.pairs.items()
+            },
             wall_s=self.wall,
         )
 
@@ -229,6 +265,7 @@ async def warm(
 
     if recorded:
         await each([min(recorded)], one, concurrency=1)
+        await rt.engine.reset_prefix_cache()  # the timed pass as cold as the warm-up was
 
 
 async def measure(
@@ -252,14 +289,18 @@ async def measure(
     params = [sampling_params(pattern, inputs[i], seeds[i]) for i in range(len(inputs))]
     recorded: dict[int, Replay] = {}
 
+    base_encoded: dict[int, int] = {}
+
     async def sample_one(i: int) -> None:
-        recorded[i], _ = await sample(base_rt, pattern, params[i])
+        recorded[i], result = await sample(base_rt, pattern, params[i])
+        base_encoded[i] = result.tokens_encoded
 
     async def warm_sample(i: int) -> None:
         await sample(base_rt, pattern, params[i])
 
-    if inputs:  # untimed, as each replay is (`warm`)
+    if inputs:  # untimed, as each replay is (`warm`), and forgotten by the prefix cache
         await each([0], warm_sample, concurrency=1)
+        await base_rt.engine.reset_prefix_cache()
     t0 = time.perf_counter()
     failed = dict(await each(range(len(inputs)), sample_one, concurrency=concurrency,
                              on_done=on_done))  # fmt: skip
@@ -268,8 +309,9 @@ async def measure(
     for label, rt in replays.items():
 
         async def replay_one(i: int, rt=rt, label=label) -> None:
-            forced, _ = await replay(rt, pattern, params[i], recorded[i])
-            got[label][i] = Pair(i, recorded[i].scores, forced.scores)
+            forced, result = await replay(rt, pattern, params[i], recorded[i])
+            got[label][i] = Pair(i, recorded[i].scores, forced.scores, base_encoded[i],
+                                 result.tokens_encoded)  # fmt: skip
 
         await warm(rt, pattern, params, recorded)
         t0 = time.perf_counter()
@@ -280,3 +322,8 @@ async def measure(
         report.pairs[label] = [p for i, p in sorted(pairs.items()) if i not in failed]
     report.failed = sorted(failed.items())
     return report
+
+
+def _finite(x: float) -> float | None:
+    """x, or None where it is infinite (JSON has no infinity)."""
+    return None if math.isinf(x) else x
