@@ -276,6 +276,8 @@ async def test_decision_steps_get_the_decision_repair_where_nothing_names_one(
         assert repaired == sum(h.tokens_repaired for h in deciders) > 0
     if name == "tree_of_thoughts" and repaired:
         assert sum(h.tokens_repaired > 0 for h in deciders) == 1  # one repair, shared
+        # ... read by the others: none built a context of its own for the bound to cut
+        assert all(h.tokens_repair_cut == 0 for h in deciders if not h.tokens_repaired)
 
 
 async def test_a_named_repair_reaches_every_call_instead(tiny_dirs):
