@@ -84,6 +84,7 @@ class SharedContext:
         self.base = base
         self.refs = 0
         self.writer: object | None = None  # its builder while a repair rewrites it
+        self.awaited = False  # calls wait to read it once its writer's rows have run
 
     @property
     def length(self) -> int:

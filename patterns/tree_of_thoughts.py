@@ -68,9 +68,6 @@ async def tree_of_thoughts(
             *[run.turn([propose], header=f"Solution #{i + 1}:\n") for i in range(branches)],
         )
         vote_now = await run.prefill(VOTE_NOW.format(n=branches), parents=[vote, *proposals])
-        # Not `final`, although no turn reads a ballot: a voter that ends in the step
-        # its repair runs would drop the repaired context before the other voters,
-        # waiting for its rows, could join it (they would build and repair their own).
         ballots = await run.ask(
             voter,
             *[
@@ -79,6 +76,7 @@ async def tree_of_thoughts(
                     header="BEST CHOICE: ",
                     max_tokens=vote_tokens,
                     repair=run.decision_repair,
+                    final=True,  # a ballot is parsed, never read by another turn
                     **forms.only(constrained, forms.options(branches)),
                 )
                 for _ in range(voters)

@@ -71,3 +71,26 @@ async def test_final_must_be_a_bool_and_a_refusal_changes_nothing(tiny_dirs, bad
         after = engine.stats()
         assert (after.messages, after.tokens_used) == (before.messages, before.tokens_used)
         engine.check()
+
+
+@pytest.mark.parametrize("tokens", [1, 3])
+async def test_final_readers_of_one_repair_share_it(tiny_dirs, tokens):
+    """Final decodes repairing one context alike (a tree of thoughts' ballots): one
+    builds and repairs it, the others wait for its rows and join it. Its builder
+    closes its turn although final (a one-token reply would otherwise give the
+    context back in the step its rows ran, before they join): none builds a context
+    of its own, and each decodes what a lone repaired call decodes."""
+    async with open_tiny(tiny_dirs, "llama", repair_bound=False) as engine:
+        sys = await engine.prefill("You are a careful solver.", role="system")
+        q1 = await engine.prefill("What is seven times six?", parents=[sys])
+        q2 = await engine.prefill("Name a prime above ten.", parents=[sys], offsets=[0])
+        ask = dict(parents=[sys, q1, q2], max_tokens=tokens, temperature=0.0,
+                   ignore_eos=True, repair="full")  # fmt: skip
+        alone = await engine.decode(**ask)
+        before = engine.stats().tokens_repaired
+        got = await engine.decode_many([dict(final=True, **ask)] * 4)
+        assert [h.tokens for h in got] == [alone.tokens] * 4
+        assert sorted(h.tokens_repaired for h in got) == [0, 0, 0, alone.tokens_repaired]
+        assert engine.stats().tokens_repaired - before == alone.tokens_repaired > 0
+        assert all(h.tokens_repair_cut == 0 for h in got)
+        engine.check()

@@ -143,6 +143,7 @@ class StoreContext:
         self._v: Tensor = self._v_buf
         self.refs = 0
         self.writer = None  # never rewritten: a repair needs a copy of its own
+        self.awaited = False
 
     @property
     def length(self) -> int:

@@ -186,6 +186,13 @@ class Call:
         self.mark_done()
 
     @property
+    def awaited(self) -> bool:
+        """Other calls wait to join the repaired context it built (`Memory.being_written`):
+        it must keep the context until they have."""
+        ctx = self.view.ctx if self.view is not None else None
+        return ctx is not None and ctx.writer is self and getattr(ctx, "awaited", False)
+
+    @property
     def next_keys(self) -> int:
         """Keys a one-row step of this call attends over: its view with the token it
         adds (0 without a view). What it adds to a step's `step_plan.decode_keys`."""

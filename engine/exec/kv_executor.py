@@ -335,7 +335,9 @@ def work_of(c: Call) -> Work:
     p = c.plan
     if not p.is_decode:
         return Work(p.parents, salt=p.salt, decode=False)
-    extra = 0 if p.final else 1 + len(p.footer)  # a final reply's tail is never encoded
+    # a final reply's tail is not encoded (unless others wait to join the repaired
+    # context it builds, `Call.awaited`: then 1 + footer the bound does not see)
+    extra = 0 if p.final else 1 + len(p.footer)
     return Work(p.parents, tuple(c.feed), p.salt, extra=extra)
 
 

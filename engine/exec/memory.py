@@ -129,7 +129,10 @@ class Memory:
         """Whether the live context c would share under `tag` is still being written
         by the call that built it (its repair has rows left): c reads it once whole."""
         ctx = self.contexts.peek(context_key(c.ctx_slots, c.ctx_pos, tag))
-        return ctx is not None and ctx.writer is not None and not ctx.writer.repair_done
+        waits = ctx is not None and ctx.writer is not None and not ctx.writer.repair_done
+        if waits:  # its writer keeps it until they have joined (`Call.awaited`)
+            ctx.awaited = True
+        return waits
 
     def alloc(self, n: int, request: str, evict: Victims | None = None) -> list[int]:
         with self.lock:

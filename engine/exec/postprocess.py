@@ -79,12 +79,14 @@ class Postprocess:
         if reason is None:
             return
         c.finish_with(reason, sampler.closing(c.plan.footer, c.generated[-1]))
-        if self.prefixes is not None or c.plan.final:
+        if self.prefixes is not None or (c.plan.final and not c.awaited):
             # The baseline re-encodes a turn's text wherever it is read, so it never runs
             # the last token and footer through the model (a serving engine's prefix cache
             # keeps a finished request's prompt and output but its last token): the call
             # is done. Choreography must encode them, as the message, unless no call will
-            # read it (`final`: its encoding is set aside, `Finisher`).
+            # read it (`final`: its encoding is set aside, `Finisher`). A final call
+            # whose repaired context others wait to join still closes its turn: that
+            # step keeps the context for them.
             c.close_unencoded()
 
     def jump(self, c: Call, out: StepOutput) -> str | None:
