@@ -4,9 +4,10 @@ By default each configuration makes its own decisions, as `corps run` does:
 what a user gets from the defaults, so a default that costs more than it saves
 shows. With `equal_work` every other configuration decodes the baseline's
 tokens (a `Replay`), so each makes the same calls and the tokens encoded compare
-work for work, per workflow and per call ("calls over": the turns that encoded
-more than the baseline's same turn). For each pattern, decode budget (`max_tokens`) and seed, the
-configurations run one after the other (interleaved), each on a fresh engine
+work for work, per workflow and per call ("over": the turns that encoded more
+than the baseline's same turn). For each pattern, decode budget (`max_tokens`)
+and seed, the configurations run one after the other (interleaved; the baseline
+first on equal work), each on a fresh engine
 in this process, as `corps run` opens one: no run finds another's prefixes.
 Per cell: calls, tokens encoded (of them recomputed by repairs, and cut from
 repairs by the baseline bound), mean time to first token, wall time; and
@@ -117,7 +118,9 @@ async def measure(
     return Report(model=model, configs=configs, runs=runs, equal_work=equal_work)
 
 
-async def _one(pattern, budget, seed, name, model, dtype, replay) -> Run:
+async def _one(
+    pattern: str, budget: int, seed: int, name: str, model: str, dtype: str, replay: Any
+) -> Run:
     """One configuration's run on an engine of its own (under `replay`, if any)."""
     from contextlib import nullcontext
 
@@ -134,7 +137,7 @@ async def _one(pattern, budget, seed, name, model, dtype, replay) -> Run:
     return run_of(result, pattern, budget, seed, name)
 
 
-def over(base, replay) -> int:
+def over(base: Any, replay: Any) -> int:
     """Turns of `replay` that encoded more tokens than the same turn of `base`."""
     return sum(
         1

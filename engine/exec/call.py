@@ -190,7 +190,7 @@ class Call:
         """Other calls wait to join the repaired context it built (`Memory.being_written`):
         it must keep the context until they have."""
         ctx = self.view.ctx if self.view is not None else None
-        return ctx is not None and ctx.writer is self and getattr(ctx, "awaited", False)
+        return ctx is not None and ctx.writer is self and ctx.awaited
 
     @property
     def next_keys(self) -> int:
