@@ -94,3 +94,26 @@ async def test_final_readers_of_one_repair_share_it(tiny_dirs, tokens):
         assert engine.stats().tokens_repaired - before == alone.tokens_repaired > 0
         assert all(h.tokens_repair_cut == 0 for h in got)
         engine.check()
+
+
+async def test_a_final_reply_read_in_a_full_store_evicts_to_come_back(tiny_dirs):
+    """Encoding a set-aside reply again needs room like any call: in a store too small
+    for it beside the other messages, reading it evicts one no call reads (and that
+    one comes back the same way when read), and nothing is left over."""
+    async with open_tiny(tiny_dirs, "llama", capacity=200) as tight:
+        q = await tight.prefill("alpha beta gamma delta " * 2)
+        final = await tight.decode(parents=[q], max_tokens=40, ignore_eos=True, final=True)
+        other = await tight.prefill("one two three four five " * 6)
+        read = dict(max_tokens=4, temperature=0.0, ignore_eos=True)
+        await tight.decode(parents=[q, final], **read)
+        b = await tight.decode(parents=[other], **read)
+        stats = tight.stats()
+        assert stats.tokens_recomputed >= final.length and stats.messages_evicted >= 1
+        tight.check()
+    async with open_tiny(tiny_dirs, "llama") as roomy:  # the same calls with room to spare
+        q = await roomy.prefill("alpha beta gamma delta " * 2)
+        kept = await roomy.decode(parents=[q], max_tokens=40, ignore_eos=True)
+        other = await roomy.prefill("one two three four five " * 6)
+        assert kept.tokens == final.tokens
+        # the evicted prefill came back step for step: its reader decodes the same
+        assert (await roomy.decode(parents=[other], **read)).tokens == b.tokens
