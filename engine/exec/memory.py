@@ -127,7 +127,9 @@ class Memory:
 
     def being_written(self, c: Call, tag: tuple) -> bool:
         """Whether the live context c would share under `tag` is still being written
-        by the call that built it (its repair has rows left): c reads it once whole."""
+        by the call that built it (its repair has rows left): c reads it once whole.
+        If so, the context is marked awaited, so its writer keeps it for c even if
+        its reply is final (`Call.awaited`)."""
         ctx = self.contexts.peek(context_key(c.ctx_slots, c.ctx_pos, tag))
         waits = ctx is not None and ctx.writer is not None and not ctx.writer.repair_done
         if waits:  # its writer keeps it until they have joined (`Call.awaited`)
