@@ -96,12 +96,12 @@ def dequantized_dir(model_dir: Path, out: Path) -> Path:
 @pytest.fixture(scope="module")
 def gguf_dirs(tmp_path_factory) -> dict[str, Path]:
     """A tied tiny Llama (as the default model is) with its GGUF beside it, Q4_1
-    projections and a Q8_0 embedding; another with Q4_0; and their dense references."""
+    projections and a Q8_0 embedding; others with Q4_0 and Q5_1; their dense references."""
     from transformers import AutoModelForCausalLM
 
     root = tmp_path_factory.mktemp("gguf")
     dirs = {}
-    for name, qtype in (("q4_1", Q.Q4_1), ("q4_0", Q.Q4_0)):
+    for name, qtype in (("q4_1", Q.Q4_1), ("q4_0", Q.Q4_0), ("q5_1", Q.Q5_1)):
         path = root / name
         path.mkdir()
         tok = make_tokenizer(path)
@@ -128,7 +128,7 @@ def gguf_copy(src: Path, dst: Path, **write) -> Path:
     return dst
 
 
-@pytest.mark.parametrize("name", ["q4_1", "q4_0"])
+@pytest.mark.parametrize("name", ["q4_1", "q4_0", "q5_1"])
 def test_the_files_blocks_are_kept_as_they_are(gguf_dirs, name):
     """Every projection is 4-bit codes whose de-quantized values are the file's own
     (up to the kernel's bfloat16 scales: 2^-8 of a group's scale and zero)."""
@@ -145,7 +145,7 @@ def test_the_files_blocks_are_kept_as_they_are(gguf_dirs, name):
     assert torch.allclose(w.embedding(torch.arange(len(table))), table, rtol=2**-8, atol=1e-6)
 
 
-@pytest.mark.parametrize("name", ["q4_1", "q4_0"])
+@pytest.mark.parametrize("name", ["q4_1", "q4_0", "q5_1"])
 def test_logits_stay_within_the_stated_tolerance_of_a_dense_forward(gguf_dirs, name):
     """The GGUF's blocks against transformers over the same de-quantized weights: the
     int4 kernel rounds inputs, outputs and each group's scale and zero to bfloat16, so
@@ -294,3 +294,51 @@ def test_the_default_models_weights_are_its_own_file(real_dir):
     w = load_weights(real_dir, dtype=torch.float32, device="cpu", weights="auto")
     size = (real_dir / GGUF_NAME).stat().st_size
     assert w.quantized and w.nbytes <= 1.2 * size
+
+
+def raw_gguf(path: Path, tensors: dict[str, tuple[object, int, int]]) -> Path:
+    """A GGUF holding only `tensors`: name -> (block type, N, K), random blocks."""
+    from test_gguf_blocks import random_blocks
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for i, (name, (kind, n, k)) in enumerate(tensors.items()):
+        if kind.name == "Q6_K":  # no kernel: never decoded here, any bytes do
+            per, size = gguf.GGML_QUANT_SIZES[kind]
+            data = np.random.default_rng(i).integers(0, 256, (n, k // per * size), np.uint8)
+        else:
+            data = random_blocks(kind.name, n, k, seed=i).reshape(n, -1)
+        writer.add_tensor(name, data, raw_dtype=kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize("kind", [Q.Q4_K, Q.Q5_K, Q.Q5_0, Q.Q5_1])
+def test_k_quants_and_five_bit_blocks_keep_their_codes(gguf_dirs, tmp_path, kind):
+    """A K-quant or 5-bit projection of a file runs on its codes (Q4_K as 4-bit groups,
+    the 5-bit types as two 4-bit halves), its values the file's own."""
+    path = raw_gguf(tmp_path / "k.gguf", {"blk.0.ffn_down.weight": (kind, 64, 512)})
+    src = GgufWeights(path, read_spec(gguf_dirs["q4_1"]))
+    lin = src.projection("layers.0.down", (64, 512), None)
+    assert isinstance(lin, Int4Linear) and lin.split == (kind != Q.Q4_K)
+    want = src.dense("blk.0.ffn_down.weight")
+    assert torch.allclose(lin.dense(), want, rtol=0, atol=2**-7 * want.abs().max().item())
+
+
+def test_fused_members_keep_codes_only_in_one_family(gguf_dirs, tmp_path):
+    """Q8_0 beside Q5_K are both split halves: fused as they are; Q4_K beside Q5_K
+    (4-bit groups beside halves) and anything beside Q6_K (groups of 16) are dense."""
+    spec = read_spec(gguf_dirs["q4_1"])
+    rows = 64 * spec.num_heads  # divisible by the heads' halves (q's row order)
+
+    def qkv(q, k, v):
+        tensors = {f"blk.0.attn_{m}.weight": (t, rows, 256) for m, t in zip("qkv", (q, k, v))}
+        src = GgufWeights(raw_gguf(tmp_path / "f.gguf", tensors), spec)
+        return src.projection("layers.0.qkv", (3 * rows, 256), None)
+
+    assert isinstance(qkv(Q.Q8_0, Q.Q5_K, Q.Q5_0), Int4Linear)
+    assert isinstance(qkv(Q.Q4_K, Q.Q4_0, Q.Q4_1), Int4Linear)
+    assert qkv(Q.Q4_K, Q.Q5_K, Q.Q4_K) is None
+    assert qkv(Q.Q4_K, Q.Q4_K, Q.Q6_K) is None

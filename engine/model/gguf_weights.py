@@ -1,23 +1,24 @@
-"""A GGUF file's projections as they are: 4-bit blocks stay 4-bit, 8-bit blocks 8-bit.
+"""A GGUF file's projections as they are: 4-bit blocks stay 4-bit, wider ones 4-bit halves.
 
-Read with the `gguf` package (llama.cpp's own reader, memory-mapped). Block types:
+Read with the `gguf` package (llama.cpp's own reader, memory-mapped). Block types
+(`gguf_blocks` says how each is read):
 
-- Q4_0 (w = d (q - 8)) and Q4_1 (w = d q + m) -> `Int4Linear` with scale d and zero
-  0 or m + 8 d: the same codes, the scales rounded to bfloat16 (the kernel's dtype);
-- Q8_0 (w = d q) -> `Int4Linear.from_int8_groups`: the same int8 codes as two 4-bit
-  halves, exact but for d's rounding;
-- anything else the `gguf` package decodes (F32, F16, BF16, Q5_*, the K-quants) ->
-  its float32 values, kept dense by the caller (no kernel runs those blocks as they are).
+- Q4_0, Q4_1 and Q4_K -> `Int4Linear` groups of 32: the same codes, each group's
+  scale and zero rounded to bfloat16 (the kernel's dtype);
+- Q8_0, Q5_0, Q5_1 and Q5_K -> `Int4Linear.from_int8_groups`: the same codes as two
+  4-bit halves, exact but for the same rounding;
+- anything else the `gguf` package decodes (F32, F16, BF16, Q6_K, Q2_K, Q3_K, ...) ->
+  its float32 values, kept dense by the caller (no kernel runs those blocks as they
+  are: their groups of 16 are narrower than the kernel's 32).
 
 A fused projection (q, k, v; gate and up) keeps its members' codes only when they are
-all of one 4-bit family (Q4_0 / Q4_1) or all Q8_0; a mix is de-quantized. llama.cpp
+all 4-bit groups (Q4_*) or all split (Q8_0, Q5_*); a mix is de-quantized. llama.cpp
 stores a Llama model's q and k rows permuted for its RoPE layout; they are put back
 in Hugging Face's order here, as transformers' own GGUF loader does.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -25,10 +26,9 @@ import torch
 from torch import Tensor
 
 from corps.engine.errors import BadWeights
-from corps.engine.model.quantized import GROUP, Int4Linear
+from corps.engine.model.gguf_blocks import SIZES, Blocks, decode
+from corps.engine.model.quantized import Int4Linear
 from corps.engine.model.spec import ModelSpec
-
-INT4 = ("Q4_0", "Q4_1")
 
 #: our fused projection -> its members' GGUF tensors (of layer {i})
 MEMBERS = {
@@ -37,16 +37,6 @@ MEMBERS = {
     "gate_up": ("ffn_gate", "ffn_up"),
     "down": ("ffn_down",),
 }
-
-
-@dataclass(frozen=True)
-class Blocks:
-    """One tensor's blocks, rows in Hugging Face's order: codes and per-group factors."""
-
-    kind: str  # "int4" (w = (q - 8) scale + zero) or "int8" (w = d q)
-    codes: Tensor  # (N, K) uint8 0..15, or int8
-    scale: Tensor  # (N, K / 32) float32 (d for int8)
-    zero: Tensor | None  # (N, K / 32) float32 (int4 only)
 
 
 class GgufWeights:
@@ -93,40 +83,31 @@ class GgufWeights:
         kinds = {p.kind for p in parts}
         if len(kinds) > 1:
             return None
-        codes = torch.cat([p.codes for p in parts]).to(device)
-        scale = torch.cat([p.scale for p in parts]).to(device)
-        if kinds == {"int8"}:
-            return Int4Linear.from_int8_groups(codes, scale, b)
-        zero = torch.cat([p.zero for p in parts]).to(device)
+        codes, scale, zero = (
+            torch.cat([getattr(p, f) for p in parts]).to(device) for f in ("codes", "scale", "zero")
+        )
+        if kinds == {"split"}:
+            return Int4Linear.from_int8_groups(codes, scale, b, plus=zero)
         return Int4Linear.of_codes(codes, scale, zero, b)
 
     def blocks(self, name: str) -> Blocks | None:
         """A tensor's blocks in our row order, or None for a type without a kernel."""
         t = self._tensor(name)
         kind = t.tensor_type.name
-        if kind not in (*INT4, "Q8_0"):
+        if kind not in SIZES:
             self._decodable(t)
             return None
         k, n = (int(x) for x in t.shape)  # ggml order: (K, N)
-        per_block = 18 if kind == "Q4_0" else 20 if kind == "Q4_1" else 34
+        per, size = SIZES[kind]
         raw = np.asarray(t.data, dtype=np.uint8)
-        if k % GROUP or raw.size != n * (k // GROUP) * per_block:
+        if k % per or raw.size != n * (k // per) * size:
             raise BadWeights(
                 f"{self.path}: tensor {name} holds {raw.size} bytes, not {kind} "
                 f"blocks of {n} x {k}; the file is damaged: fetch it again"
             )
-        blocks = torch.from_numpy(raw.reshape(n, k // GROUP, per_block).copy())
-        blocks = blocks[self._row_order(name, n)]
-        d = blocks[..., 0:2].contiguous().view(torch.float16)[..., 0].float()  # (N, G)
-        if kind == "Q8_0":
-            q = blocks[..., 2:].contiguous().view(torch.int8).reshape(n, k)
-            return Blocks("int8", q, d, None)
-        body = blocks[..., 2:] if kind == "Q4_0" else blocks[..., 4:]  # (N, G, 16)
-        q = torch.cat([body & 15, body >> 4], dim=-1).reshape(n, k)  # low nibbles first
-        if kind == "Q4_0":
-            return Blocks("int4", q, d, torch.zeros_like(d))
-        m = blocks[..., 2:4].contiguous().view(torch.float16)[..., 0].float()
-        return Blocks("int4", q, d, m + 8 * d)
+        got = decode(kind, raw, n, k)
+        order = self._row_order(name, n)
+        return Blocks(got.kind, got.codes[order], got.scale[order], got.zero[order])
 
     def dense(self, name: str) -> Tensor:
         """A tensor's float32 values (N, K), rows in our order (the reference path)."""

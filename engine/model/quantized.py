@@ -90,16 +90,20 @@ class Int4Linear:
         return cls.of_codes(q, scale, lo + 8 * scale, b)
 
     @classmethod
-    def from_int8_groups(cls, q: Tensor, d: Tensor, b: Tensor | None = None) -> Int4Linear:
-        """Exactly w = d q for int8 codes q (N, K) and one d per group of 32 (N, K / 32)
-        (GGUF's Q8_0), as hi and lo 4-bit groups side by side (`split`)."""
+    def from_int8_groups(
+        cls, q: Tensor, d: Tensor, b: Tensor | None = None, *, plus: Tensor | None = None
+    ) -> Int4Linear:
+        """Exactly w = d q (+ plus) for integer codes q (N, K) in -128..127 and one d
+        (and one plus) per group of 32 (N, K / 32): GGUF's Q8_0, and the 5-bit types
+        (`gguf_blocks`), as hi and lo 4-bit groups side by side (`split`)."""
         n, k = q.shape
         q = q.to(torch.int16).view(n, k // GROUP, 1, GROUP)
         hi, lo = q.div(16, rounding_mode="floor"), q.remainder(16)  # q = 16 hi + lo
         codes = torch.cat([hi + 8, lo], dim=2).view(n, 2 * k)  # (N, 2K): hi group, lo group
         d = d.float()[..., None]  # (N, G, 1)
         scale = torch.cat([16 * d, d], dim=2).view(n, 2 * k // GROUP)
-        zero = torch.cat([torch.zeros_like(d), 8 * d], dim=2).view(n, 2 * k // GROUP)
+        lo_zero = 8 * d if plus is None else 8 * d + plus.float()[..., None]
+        zero = torch.cat([torch.zeros_like(d), lo_zero], dim=2).view(n, 2 * k // GROUP)
         return cls.of_codes(codes, scale, zero, b, split=True)
 
     @property
