@@ -7,9 +7,9 @@ import threading
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from corps.cache.errors import ForeignHandle, UnknownHandle
+from corps.cache.errors import ForeignHandle, InvalidRequest, UnknownHandle
 
 
 @dataclass(frozen=True)
@@ -97,6 +97,14 @@ class Message:
         return self.kind in ("prefill", "decode") and sum(self.spans) == len(self.tokens) > 0
 
 
+class Journal(Protocol):
+    """What a store is told as the table changes (`corps.cache.durable.DurableStore`)."""
+
+    def added(self, msg: Message) -> None: ...
+    def freed(self, msg: Message) -> None: ...
+    def forgotten(self, mid: int) -> None: ...
+
+
 class MessageTable:
     """Messages by id, with pinning so an in-flight call's parents outlive `free`.
 
@@ -121,6 +129,9 @@ class MessageTable:
         self.unreferenced: deque[int] = deque()
         self.forgotten = 0
         self.origin = uuid.uuid4().hex[:12]  # names this engine in a pickled handle
+        # told of every message made, freed and forgotten (`corps.cache.durable`): None
+        # unless the engine keeps its messages in a store
+        self.journal: Journal | None = None
 
     def __len__(self) -> int:
         return sum(1 for m in self.all() if not m.freed)
@@ -164,6 +175,8 @@ class MessageTable:
                 return []
             del self._messages[mid]
             self.forgotten += 1
+            if self.journal is not None:
+                self.journal.forgotten(mid)
             orphaned = []
             for s in msg.sources:
                 n = self._dependents.get(s, 0) - 1
@@ -188,6 +201,26 @@ class MessageTable:
             self._messages[message.id] = message
             for s in message.sources:
                 self._dependents[s] = self._dependents.get(s, 0) + 1
+        if self.journal is not None:
+            self.journal.added(message)
+
+    def freed(self, message: Message) -> None:
+        """`message` was just freed (`Memory.free`): the journal hears of it."""
+        if self.journal is not None:
+            self.journal.freed(message)
+
+    def restore(self, messages: list[Message]) -> None:
+        """Records read back from a store (`corps.cache.durable`), before any call runs:
+        added as they are, and ids from now on continue after the largest."""
+        with self._lock, self._refs_lock:
+            for m in messages:
+                if m.id in self._messages:
+                    raise InvalidRequest(f"message {m.id} is already in this table")
+                self._messages[m.id] = m
+                for s in m.sources:
+                    self._dependents[s] = self._dependents.get(s, 0) + 1
+            top = max((m.id for m in self._messages.values()), default=-1)
+            self._ids = itertools.count(top + 1)
 
     def get(self, mid: int) -> Message:
         """The message, freed or not (for reading text and provenance)."""

@@ -76,6 +76,10 @@ def serve(
     tenant_metrics: Annotated[
         bool, typer.Option(help="/metrics: a series per tenant, named as in the key file.")
     ] = False,
+    store: Annotated[
+        Path | None,
+        typer.Option(help="A directory where messages and their ids outlive the server."),
+    ] = None,
     repair: RepairOpt = "none",
     audit: AuditOpt = 0,
     audit_budget: AuditBudgetOpt = 0.05,
@@ -110,7 +114,7 @@ def serve(
         cfg = EngineConfig.of(
             model, mode=mode, dtype=dtype, weights=weights, device=device, policy=policy,
             leak_policy=leak_policy, trace=trace, otel=otel_endpoint, repair=repair, audit=audit,
-            audit_budget=audit_budget, precompiled=precompiled,
+            audit_budget=audit_budget, precompiled=precompiled, store=store,
         )  # fmt: skip
     except CorpsError as exc:
         _bad(str(exc))

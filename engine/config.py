@@ -23,6 +23,7 @@ from corps.cache.errors import InvalidRequest
 from corps.cache.visibility import LEAK_POLICIES, check_policy
 from corps.engine.adapter_dir import adapter_problem
 from corps.engine.audit import AUDIT_BUDGET, check_audit
+from corps.engine.config_rules import check_combination
 from corps.engine.env import env_setting, env_value
 from corps.engine.errors import BadConfig
 from corps.engine.repair import DECISION_REPAIR, parse_repair
@@ -133,6 +134,11 @@ class EngineConfig(BaseModel):
       down never slows or fails the engine: `stats().spans_dropped` counts what it
       did not take.
     - `auto_free`: free an encoding once the last `Handle` naming it is collected.
+    - `store`: a directory where messages outlive the process (`corps.cache.durable`):
+      every message is recorded as it is made, encodings are saved as the engine
+      closes, and an engine opened on the same directory with the same model and
+      settings has every message and id back (`Engine.handle(id)`); another model,
+      dtype, weight format or mode is refused (`StoreMismatch`). Not for mode "hf".
     - `policy`: how the batching loop admits waiting calls (`corps.engine.sched.policies`):
       "fcfs" (first come, first served), "workflow" (earlier workflows first, task
       groups whole), "objective" (latency calls first, the batch bounded beside
@@ -259,6 +265,7 @@ class EngineConfig(BaseModel):
     otel_protocol: OtelProtocol = "http/protobuf"  # before otel: otel's check reads it
     otel: str | None = None
     auto_free: bool = False
+    store: Path | None = None
     jump_forward: bool = True
     graphs: Graphs = "auto"
     repair: str = "none"
@@ -370,56 +377,8 @@ class EngineConfig(BaseModel):
         except ValidationError as exc:
             fields = tuple(str(e["loc"][0]) for e in exc.errors() if e["loc"])
             raise BadConfig(_explain(exc), fields) from None
-        made._check_combination()
+        check_combination(made)
         return made
-
-    def _check_combination(self) -> None:
-        if self.compile and (self.mode == "hf" or not self.device.startswith("cpu")):
-            raise BadConfig(
-                f"compile=True captures our CPU decode step: not for mode={self.mode!r} on "
-                f"device={self.device!r} (use mode choreographed or baseline on cpu)",
-                ("compile",),
-            )
-        if self.compile_gemms != "library" and not self.compile:
-            raise BadConfig(
-                f"compile_gemms={self.compile_gemms!r} chooses the products of the captured "
-                "decode step: set compile=True too (--compile)",
-                ("compile_gemms",),
-            )
-        if self.weights == "int8" and not self.device.startswith("cpu"):
-            raise BadConfig(
-                f"weights='int8' runs torch's int8 CPU kernel: not on device={self.device!r} "
-                "(use weights='int4' on CUDA)",
-                ("weights",),
-            )
-        if self.weights == "gguf" and self.adapter is not None:
-            raise BadConfig(
-                "weights='gguf' runs the file's blocks as they are, and an adapter changes "
-                "them: use weights='dense' (or 'int4' to quantize the adapted weights)",
-                ("weights", "adapter"),
-            )
-        if self.weights in ("gguf", "int8", "int4") and self.mode == "hf":
-            raise BadConfig(
-                f"weights={self.weights!r} runs our forward: not for mode='hf', which runs "
-                "transformers on dense weights",
-                ("weights",),
-            )
-        if self.graphs == "capture" and not self.device.startswith("cuda"):
-            raise BadConfig(
-                f"graphs='capture' records CUDA graphs: not on device={self.device!r} "
-                "(use graphs='static' to run the same static buffers without capture)",
-                ("graphs",),
-            )
-        if self.graphs in ("capture", "static") and self.mode == "hf":
-            raise BadConfig(
-                f"graphs={self.graphs!r} runs our decode step: not for mode='hf'", ("graphs",)
-            )
-        if self.contexts == "store" and self.attention not in (None, "torch"):
-            raise BadConfig(
-                f'contexts="store" needs the torch attention backend, not {self.attention!r} '
-                f"(set attention='torch' or CORPS_ATTENTION=torch)",
-                ("contexts", "attention"),
-            )
 
 
 def _explain(exc: ValidationError) -> str:

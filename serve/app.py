@@ -64,12 +64,13 @@ def create_app(
                 engine.policy.set_weights(keys.weights())
             share = int(engine.stats().capacity * KEEP_SHARE)
             app.state.cache = MessageCache(engine, limits.keep_messages, share)
+            app.state.cache.restore()  # --store: the ids a server on it kept
             app.state.token_bytes = token_bytes(engine.tokenizer)
             app.state.syntax = syntax_of(getattr(engine.tokenizer, "chat_template", None))
             context = engine.context_length
             app.state.prompt_limit = min(limits.max_prompt_tokens or context, context)
             yield
-            app.state.cache.clear()
+            app.state.cache.close()
 
     app = FastAPI(title="corps", lifespan=lifespan)
     app.state.model, app.state.limits = model, limits

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import anyio
 
+from corps.cache.errors import UnknownHandle
 from corps.cache.handle import Handle
 from corps.cache.visibility import Private
 
@@ -54,6 +55,8 @@ class MessageCache:
         self._by_key: dict[tuple, Kept] = {}
         self._by_public: dict[str, Kept] = {}
         self._encoding: dict[tuple, anyio.Event] = {}  # keys being encoded now
+        # with `corps serve --store`: ids and keys outlive the process (`names`)
+        self.durable = engine.store
 
     @staticmethod
     def key(
@@ -118,8 +121,32 @@ class MessageCache:
         self._by_key[key] = kept
         self._by_public[kept.public_id] = kept
         self._owned[handle.id] = kept
+        if committed:
+            self._name(kept)
         self._evict()
         return kept
+
+    def restore(self) -> int:
+        """Take back the messages a server on the same store kept (`--store`): each id
+        names its message for its tenant again. Returns how many."""
+        if self.durable is None:
+            return 0
+        for name, mid, tenant, key in self.durable.names():
+            try:
+                handle = self.engine.handle(mid)
+                key = (key[0], bool(key[1]), tuple(key[2]), tuple(key[3]), key[4], key[5])
+            except (UnknownHandle, IndexError, TypeError):  # freed, or a damaged key
+                self.durable.unname(name)
+                continue
+            kept = Kept(key, handle, tenant, name, committed=True)
+            self._tokens += handle.length
+            self._by_key[key] = self._by_public[name] = self._owned[handle.id] = kept
+        return len(self._owned)
+
+    def _name(self, kept: Kept) -> None:
+        """Keep `kept`'s id in the store (a request that used it succeeded)."""
+        if self.durable is not None:
+            self.durable.name(kept.public_id, kept.handle.id, kept.tenant, list(kept.key))
 
     def release(self, handles: Iterable[Handle], *, ok: bool) -> None:
         """A request that claimed `handles` ended (`ok`: it succeeded). A message nobody
@@ -129,7 +156,9 @@ class MessageCache:
             if kept is None:
                 continue
             kept.claims -= 1
-            kept.committed |= ok
+            if ok and not kept.committed:
+                kept.committed = True
+                self._name(kept)
             if kept.claims <= 0 and not kept.committed:
                 self._drop(self._owned.pop(h.id))
         self._evict()
@@ -154,6 +183,8 @@ class MessageCache:
         if self._by_key.get(kept.key) is kept:
             del self._by_key[kept.key]
         self._by_public.pop(kept.public_id, None)
+        if self.durable is not None:
+            self.durable.unname(kept.public_id)
         if not kept.handle.freed:
             self.engine.free(kept.handle)
 
@@ -168,3 +199,15 @@ class MessageCache:
         """Free every message it owns."""
         while self._owned:
             self._drop(self._owned.popitem()[1])
+
+    def close(self) -> None:
+        """The server stops: free every message it owns, or with a store keep them
+        (and their ids) for the next server on it; requests that never succeeded
+        with a message free it either way."""
+        if self.durable is None:
+            return self.clear()
+        for mid in [m for m, k in self._owned.items() if not k.committed]:
+            self._drop(self._owned.pop(mid))
+        self._owned.clear()
+        self._by_key.clear()
+        self._by_public.clear()

@@ -44,7 +44,7 @@ def oracle(kind: str, raw: np.ndarray, n: int, k: int) -> torch.Tensor:
 
 
 @settings(max_examples=20, deadline=None)
-@given(kind=st.sampled_from(sorted(SIZES)), seed=st.integers(0, 2**32 - 1), blocks=st.integers(1, 3))
+@given(st.sampled_from(sorted(SIZES)), st.integers(0, 2**32 - 1), st.integers(1, 3))
 def test_codes_and_factors_are_the_files_own_values(kind, seed, blocks):
     """Each weight is the file's value up to the kernel's bfloat16 rounding of its
     group's scale and zero: within 2^-7 of the tensor's largest magnitude."""

@@ -334,7 +334,9 @@ def test_fused_members_keep_codes_only_in_one_family(gguf_dirs, tmp_path):
     rows = 64 * spec.num_heads  # divisible by the heads' halves (q's row order)
 
     def qkv(q, k, v):
-        tensors = {f"blk.0.attn_{m}.weight": (t, rows, 256) for m, t in zip("qkv", (q, k, v))}
+        tensors = {
+            f"blk.0.attn_{m}.weight": (t, rows, 256) for m, t in zip("qkv", (q, k, v), strict=True)
+        }
         src = GgufWeights(raw_gguf(tmp_path / "f.gguf", tensors), spec)
         return src.projection("layers.0.qkv", (3 * rows, 256), None)
 

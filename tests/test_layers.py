@@ -32,7 +32,17 @@ ALLOWED = {
     "sched": {"shared", "request", "trace", "exec"},
     "api": {"shared", "request", "trace", "exec", "sched", "model", "attention", "distill"},
 }
-SHARED = {"errors", "config", "env", "adapter_dir", "stats", "repair", "audit", "auto_repair"}
+SHARED = {
+    "errors",
+    "config",
+    "config_rules",
+    "env",
+    "adapter_dir",
+    "stats",
+    "repair",
+    "audit",
+    "auto_repair",
+}
 #: package above the engine -> (the corps packages it may import, the engine modules
 #: below `corps.engine` and its shared modules it may import, by prefix)
 ABOVE = {

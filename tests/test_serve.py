@@ -400,3 +400,40 @@ def test_corps_serve_refuses_weights_its_policy_would_not_read(tmp_path):
     result = CliRunner().invoke(app, ["serve", "--keys", str(keys), "--policy", "fcfs"],
                                 env={"COLUMNS": "200"})  # fmt: skip
     assert result.exit_code == 2 and "only --policy fair" in result.output
+
+
+def test_with_a_store_ids_outlive_the_server(tiny_dirs, tmp_path):
+    """`corps serve --store DIR`: a reply's id, got before a restart, names the same
+    message after it (for its tenant), read as it is: the follow-up is the one the
+    first server gave, and every message it encoded is found again (all cached)."""
+    store = tmp_path / "store"
+    conv = [{"role": "user", "content": "what is seven times six"}]
+    with Served(tiny_dirs["llama"], store=store) as s:
+        first = s.client().chat.completions.create(
+            model="tiny", messages=conv, max_tokens=6, temperature=0.0
+        )
+        ids = [
+            *first.model_extra["corps"]["prompt"],
+            first.choices[0].message.model_extra["corps"]["id"],
+        ]
+        again = [
+            {"role": r, "corps_message_id": i}
+            for r, i in zip(("user", "assistant"), ids, strict=True)
+        ]
+        want = s.client().chat.completions.create(
+            model="tiny", messages=[*again, {"role": "user", "content": "and eight"}],
+            max_tokens=6, temperature=0.0,
+        )  # fmt: skip
+    with Served(tiny_dirs["llama"], store=store) as s:
+        got = s.client().chat.completions.create(
+            model="tiny", messages=[*again, {"role": "user", "content": "and eight"}],
+            max_tokens=6, temperature=0.0,
+        )  # fmt: skip
+        assert got.choices[0].message.content == want.choices[0].message.content
+        # every message of the prompt was encoded by the first server and kept: all cached
+        assert got.usage.prompt_tokens_details.cached_tokens == got.usage.prompt_tokens
+        with pytest.raises(openai.NotFoundError):  # a guessed id is still no message
+            s.client().chat.completions.create(
+                model="tiny", max_tokens=2,
+                messages=[{"role": "user", "corps_message_id": "msg_" + "0" * 32}],
+            )  # fmt: skip

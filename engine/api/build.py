@@ -11,6 +11,7 @@ from rich.console import Console
 
 from corps.cache.errors import InvalidRequest
 from corps.cache.kv import KVStore
+from corps.engine.api.durable import open_store
 from corps.engine.api.precompile import idle, spawn_build
 from corps.engine.attention import select_backend
 from corps.engine.config import DEFAULT_MAX_CAPACITY, DEFAULT_MEMORY_BUDGET, EngineConfig
@@ -96,6 +97,8 @@ def build_executor(cfg: EngineConfig, console: Console | None = None) -> Executo
             step_cache=None if cfg.precompiled == "off" else corps_home() / "steps",
             build_step=cfg.precompiled == "build",
         )
+        if cfg.store is not None:  # its messages back before the engine starts
+            executor.durable = open_store(cfg, path, source, executor)
         if executor.step_missing is not None and cfg.precompiled == "auto":
             spawn_build(cfg, executor.step_missing, console)
     return executor

@@ -12,6 +12,7 @@ from typing import Any, Unpack
 import anyio
 from rich.console import Console
 
+from corps.cache.durable import DurableStore
 from corps.cache.handle import Handle
 from corps.cache.messages import MessageRecord
 from corps.cache.visibility import Leak, Visibility
@@ -249,6 +250,11 @@ class Engine:
         """A snapshot; safe to call while steps run."""
         return self._parts.stats(self._executor, self._config, self.otel)
 
+    @property
+    def store(self) -> DurableStore | None:
+        """Where this engine's messages outlive it (`EngineConfig.store`), or None."""
+        return getattr(self._executor, "durable", None)
+
     def handle(self, message_id: int, *, reader: str | None = None) -> Handle:
         """A handle to a live message of this engine by its id (`Handle.id`, e.g. sent
         over HTTP), bound to `reader` when given; UnknownHandle if the engine has no
@@ -300,14 +306,12 @@ class Engine:
         Not to be confused with trace files (`Engine.open(trace=PATH)`)."""
         return list(self._guard.events)
 
-    def audit(self) -> list[AccessEvent]:
-        """Deprecated: `access_events()` ("audit" names only the fidelity audit now)."""
+    def audit(self) -> list[AccessEvent]:  # deprecated ("audit" is the fidelity audit now)
         warnings.warn("Engine.audit() is Engine.access_events()", DeprecationWarning, 2)
         return self.access_events()
 
-    async def audited(self, *, settle: bool = True) -> AuditReport:
-        """Deprecated: `fidelity_report()`."""
-        warnings.warn("Engine.fidelity_report() is Engine.fidelity_report()", DeprecationWarning, 2)
+    async def audited(self, *, settle: bool = True) -> AuditReport:  # deprecated
+        warnings.warn("Engine.audited() is Engine.fidelity_report()", DeprecationWarning, 2)
         return await self.fidelity_report(settle=settle)
 
     async def fidelity_report(self, *, settle: bool = True) -> AuditReport:
@@ -379,19 +383,15 @@ class Engine:
         self, requests: Iterable[DecodeRequest | Mapping[str, Any]]
     ) -> list[Handle]:
         """Decode several messages in parallel (fused into shared steps); handles in
-        order. Each item is a `DecodeRequest` or a mapping of `DecodeArgs`.
-
-        All or nothing, as `prefill_many`.
-        """
+        order. Each item is a `DecodeRequest` or a mapping of `DecodeArgs`. All or
+        nothing, as `prefill_many`."""
         return await self._submit.run_all([self._submit.decode_request(r) for r in requests])
 
     def prefill_nowait(self, message: Text, **args: Unpack[PrefillArgs]) -> Pending:
         """Queue a prefill without waiting for queue space (EngineBusy if full).
-
         Access and the leak policy are checked now, as for `prefill`. Under
         leak_policy="reencode", a call that first needs new clean copies of its
-        parents is queued when the returned `Pending` is awaited.
-        """
+        parents is queued when the returned `Pending` is awaited."""
         return self._submit.submit_nowait(prefill_request(message, args))
 
     def decode_nowait(self, **args: Unpack[DecodeArgs]) -> Pending:

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from corps.cache.arena import ViewArena
+from corps.cache.durable import DurableStore
 from corps.cache.handle import Handle
 from corps.cache.kv import KVStore
 from corps.cache.messages import Message, MessageTable
@@ -36,6 +37,7 @@ from corps.engine.exec.engine_stats import engine_stats
 from corps.engine.exec.finish import Finisher, encoded_reply, open_sink
 from corps.engine.exec.grammars import Grammars
 from corps.engine.exec.memory import Memory, Victims, scratch_arena
+from corps.engine.exec.persist import checkpoint
 from corps.engine.exec.phases import phase
 from corps.engine.exec.planner import Planner
 from corps.engine.exec.postprocess import Postprocess
@@ -115,6 +117,7 @@ class KVExecutor:
         scratch = scratch_arena(dims, runner.attention.name) if contexts == "store" else None
         self.max_positions = min(spec.max_positions, weights.rope.max_positions)
         self.table = table = MessageTable()
+        self.durable: DurableStore | None = None  # EngineConfig.store (`corps.cache.durable`)
         self.memory = memory = Memory(
             store,
             arena,
@@ -319,6 +322,13 @@ class KVExecutor:
     def close(self) -> None:
         """Give back every tensor the core allocated: the KV memory, the weights and the
         RoPE tables (the engine closed; its figures stay readable)."""
+        if self.durable is not None:  # its encodings saved before the memory goes
+            durable, self.durable = self.durable, None
+            try:
+                checkpoint(self.memory, durable)
+            finally:
+                self.table.journal = None
+                durable.close()
         self.memory.drop()  # its store, arena, scratch and RoPE tables
         self.grammars.close()
         self.runner.release()

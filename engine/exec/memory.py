@@ -238,6 +238,7 @@ class Memory:
             msg.freed = True
             if msg.pins == 0:
                 self.release(msg)
+        self.table.freed(msg)
 
     def set_aside(self, msg: Message) -> None:
         """Give back the slots of an encoding no call is expected to read (a final

@@ -1,0 +1,343 @@
+"""Messages that outlive the process: the message table in SQLite, encodings in files.
+
+A store is a directory: `messages.db`, an SQLite database in WAL mode holding one row
+per message (its record as JSON: tokens, text, role, owner, visibility, parents and
+where they sat, the steps it was encoded in) and the identity of the model that made
+it (`meta`); and `kv/`, one safetensors file per encoding saved (K, unrotated, and V
+of every layer, `(L, n, H, D)`).
+
+Crash consistency: a row is written in one transaction as its message is made (a
+process killed at any instant leaves every message made before it, and no half
+row); an encoding's file is written under a temporary name, flushed to disk and
+renamed before a row names it, so a row never names a partial file; files no row
+names (a crash between the rename and the row) are deleted when the store opens. A
+message whose encoding was not saved comes back without one and is encoded again
+from its tokens, over its parents at their offsets, when a call first reads it.
+
+The store knows nothing of models: `open` compares the identity it is given (a
+JSON object) with the one stored and raises `StoreMismatch` naming what differs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from corps.cache.errors import CorpsError
+from corps.cache.messages import CallFigures, Message
+from corps.cache.visibility import Private, Public, Shared
+
+FORMAT = 1  # the layout of rows and files; a store of another format is refused
+DB, KV = "messages.db", "kv"
+
+
+class StoreError(CorpsError):
+    """A store directory that cannot be used: unreadable, of another format, damaged."""
+
+
+class StoreMismatch(StoreError):
+    """A store made with another model, dtype, weight format or mode than this engine's:
+    its encodings would be wrong here."""
+
+
+@dataclass(frozen=True)
+class Stored:
+    """One message as read back: its record (no slots yet) and its encoding's file."""
+
+    message: Message
+    kv: Path | None  # the saved encoding, None if none was saved
+
+
+class DurableStore:
+    """One store directory, open for one engine (see the module doc)."""
+
+    def __init__(self, root: Path, db: sqlite3.Connection) -> None:
+        self.root, self._db = root, db
+        self._lock = threading.Lock()  # rows are written from the torch thread and the loop
+        self.failures = 0  # writes the disk refused (full, read-only): warned of once
+
+    def _write(self, sql: str, params: tuple) -> None:
+        """One statement in its own transaction. A write the disk refuses fails no call
+        (the message lives on in memory, unsaved): it is counted and warned of once."""
+        try:
+            with self._lock:
+                self._db.execute(sql, params)
+        except sqlite3.Error as exc:
+            self.failures += 1
+            if self.failures == 1:
+                warnings.warn(
+                    f"store {self.root} refused a write ({type(exc).__name__}); messages "
+                    f"made from now on may not outlive this process: check its disk",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+
+    @classmethod
+    def open(cls, root: str | Path, identity: dict[str, Any]) -> DurableStore:
+        """Open (or create) the store at `root` for a model of `identity`; StoreMismatch
+        if it was made with another, StoreError if it cannot be read."""
+        root = Path(root)
+        if root.exists() and not root.is_dir():
+            raise StoreError(f"store {root} is a file, not a directory: name a directory")
+        try:
+            (root / KV).mkdir(parents=True, exist_ok=True)
+            db = sqlite3.connect(root / DB, check_same_thread=False, isolation_level=None)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS messages (id INTEGER PRIMARY KEY, "
+                "record TEXT NOT NULL, kv TEXT)"
+            )
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS names (name TEXT PRIMARY KEY, "
+                "message INTEGER NOT NULL, tenant TEXT NOT NULL, key TEXT NOT NULL)"
+            )
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreError(
+                f"store {root} cannot be opened ({type(exc).__name__}: {exc}); check the "
+                f"directory's permissions, or name another one"
+            ) from exc
+        store = cls(root, db)
+        store._check(identity)
+        store._sweep_files()
+        return store
+
+    def _check(self, identity: dict[str, Any]) -> None:
+        meta = self.meta()
+        if not meta:
+            self._set_meta(format=str(FORMAT), identity=json.dumps(identity, sort_keys=True))
+            return
+        if meta.get("format") != str(FORMAT):
+            raise StoreError(
+                f"store {self.root} is of format {meta.get('format')!r}, this corps reads "
+                f"{FORMAT}; open it with the corps that made it, or name another directory"
+            )
+        try:
+            theirs = json.loads(meta.get("identity", ""))
+        except json.JSONDecodeError:
+            raise StoreError(f"store {self.root}: its model identity is damaged") from None
+        keys = identity.keys() | theirs.keys()
+        differ = sorted(k for k in keys if identity.get(k) != theirs.get(k))
+        if differ:
+            said = ", ".join(
+                f"{k}: {theirs.get(k)!r} there, {identity.get(k)!r} here" for k in differ
+            )
+            raise StoreMismatch(
+                f"store {self.root} was made with another model setup ({said}); its "
+                f"encodings would be wrong here: open it with the same model and settings, "
+                f"or name another directory"
+            )
+
+    def meta(self) -> dict[str, str]:
+        with self._lock:
+            return dict(self._db.execute("SELECT key, value FROM meta").fetchall())
+
+    def _set_meta(self, **values: str) -> None:
+        with self._lock:
+            self._db.executemany(
+                "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", values.items()
+            )
+
+    def origin(self, default: str) -> str:
+        """The engine origin handles of this store are pickled with (kept across opens)."""
+        got = self.meta().get("origin")
+        if got is None:
+            self._set_meta(origin=default)
+        return got or default
+
+    # ---- the journal: what the message table tells it ----
+
+    def added(self, msg: Message) -> None:
+        """A message was made: its row, now (kinds "prefill" and "decode")."""
+        if msg.kind == "sink":
+            return
+        self._write(
+            "INSERT OR REPLACE INTO messages (id, record, kv) VALUES (?, ?, NULL)",
+            (msg.id, json.dumps(encode(msg))),
+        )
+
+    def freed(self, msg: Message) -> None:
+        """A message was freed: its record stays (messages encoded over it may be
+        encoded again from it) until the table forgets it; its saved encoding goes."""
+        if msg.kind == "sink":
+            return
+        self.added(msg)
+        self._write("DELETE FROM names WHERE message = ?", (msg.id,))
+        self._drop_file(msg.id)
+
+    def forgotten(self, mid: int) -> None:
+        """The table dropped a freed record nothing depends on: so does the store."""
+        self._write("DELETE FROM messages WHERE id = ?", (mid,))
+        self._write("DELETE FROM names WHERE message = ?", (mid,))
+        self._drop_file(mid)
+
+    # ---- names: what a server calls its messages (`corps.serve.messages`) ----
+
+    def name(self, name: str, mid: int, tenant: str, key: list) -> None:
+        """Keep that `name` (a server's opaque id, valid for `tenant`) names message `mid`,
+        found again by `key` (a JSON list)."""
+        self._write(
+            "INSERT OR REPLACE INTO names (name, message, tenant, key) VALUES (?, ?, ?, ?)",
+            (name, mid, tenant, json.dumps(key)),
+        )
+
+    def unname(self, name: str) -> None:
+        self._write("DELETE FROM names WHERE name = ?", (name,))
+
+    def names(self) -> list[tuple[str, int, str, list]]:
+        """Every name kept: (name, message id, tenant, key), oldest first."""
+        with self._lock:
+            rows = self._db.execute("SELECT name, message, tenant, key FROM names ORDER BY rowid")
+            rows = rows.fetchall()
+        out = []
+        for name, mid, tenant, key in rows:
+            try:
+                out.append((name, int(mid), tenant, json.loads(key)))
+            except (ValueError, TypeError):
+                continue  # a damaged name: that id is no longer found (a 404, as if freed)
+        return out
+
+    # ---- encodings ----
+
+    def save(self, msg: Message, k: Tensor, v: Tensor) -> None:
+        """Save a message's encoding, K and V (L, n, H, D), and its current record."""
+        from safetensors.torch import save_file
+
+        path = self.root / KV / f"{msg.id}.safetensors"
+        tmp = path.with_suffix(".tmp")
+        try:
+            save_file({"k": k.contiguous().cpu(), "v": v.contiguous().cpu()}, str(tmp))
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except OSError:  # a full disk: this encoding is not saved (encoded again when read)
+            tmp.unlink(missing_ok=True)
+            self.failures += 1
+            return
+        self._write(
+            "INSERT OR REPLACE INTO messages (id, record, kv) VALUES (?, ?, ?)",
+            (msg.id, json.dumps(encode(msg)), path.name),
+        )
+
+    def update(self, msg: Message) -> None:
+        """Rewrite a message's record (its figures, set when its call ended), keeping
+        its saved encoding."""
+        self._write(
+            "UPDATE messages SET record = ? WHERE id = ?", (json.dumps(encode(msg)), msg.id)
+        )
+
+    def load_kv(self, path: Path) -> tuple[Tensor, Tensor] | None:
+        """A saved encoding, or None if its file is missing or unreadable."""
+        from safetensors.torch import load_file
+
+        try:
+            t = load_file(str(path))
+            return t["k"], t["v"]
+        except Exception:  # a damaged file: the message is encoded again instead
+            return None
+
+    def has_kv(self, mid: int) -> bool:
+        with self._lock:
+            row = self._db.execute("SELECT kv FROM messages WHERE id = ?", (mid,)).fetchone()
+        return row is not None and row[0] is not None
+
+    def _drop_file(self, mid: int) -> None:
+        self._write("UPDATE messages SET kv = NULL WHERE id = ?", (mid,))
+        (self.root / KV / f"{mid}.safetensors").unlink(missing_ok=True)
+
+    def _sweep_files(self) -> None:
+        """Delete encoding files no row names (a crash after a rename, before the row)."""
+        with self._lock:
+            named = {r[0] for r in self._db.execute("SELECT kv FROM messages") if r[0]}
+        for f in (self.root / KV).iterdir():
+            if f.name not in named:
+                f.unlink(missing_ok=True)
+
+    # ---- reading back ----
+
+    def messages(self) -> list[Stored]:
+        """Every stored message, by id; a row that cannot be read is a StoreError."""
+        with self._lock:
+            rows = self._db.execute("SELECT id, record, kv FROM messages ORDER BY id").fetchall()
+        out = []
+        for mid, record, kv in rows:
+            try:
+                msg = decode(json.loads(record))
+            except (ValueError, KeyError, TypeError) as exc:
+                raise StoreError(
+                    f"store {self.root}: message {mid}'s record is damaged "
+                    f"({type(exc).__name__}); restore the directory from a copy"
+                ) from None
+            out.append(Stored(msg, self.root / KV / kv if kv else None))
+        return out
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+def encode(msg: Message) -> dict[str, Any]:
+    """A message's record as JSON values (its slots, pins and parsed value are not kept)."""
+    return {
+        "id": msg.id, "tokens": msg.tokens, "text": msg.text, "role": msg.role,
+        "kind": msg.kind, "offset": msg.offset, "parents": list(msg.parents),
+        "parent_offsets": list(msg.parent_offsets), "owner": msg.owner,
+        "visibility": _visibility(msg.visibility), "sources": sorted(msg.sources),
+        "freed": msg.freed, "generated_from": msg.generated_from, "generated": msg.generated,
+        "finish_reason": msg.finish_reason, "complete": msg.complete,
+        "logprobs": list(msg.logprobs), "greedy": list(msg.greedy),
+        "top_logprobs": [[list(p) for p in top] for top in msg.top_logprobs],
+        "view_of": msg.view_of, "view_for": msg.view_for,
+        "figures": vars(msg.figures), "spans": list(msg.spans), "repair": msg.repair,
+        "encoded": bool(msg.slots) or msg.evicted,
+    }  # fmt: skip
+
+
+def decode(r: dict[str, Any]) -> Message:
+    """A record read back: no slots; `evicted` if it had an encoding (encoded again
+    when read, unless a saved one is copied in first)."""
+    msg = Message(
+        int(r["id"]), [int(t) for t in r["tokens"]], str(r["text"]), str(r["role"]),
+        str(r["kind"]), [], int(r["offset"]), tuple(r["parents"]),
+        tuple(r["parent_offsets"]), r["owner"], _visibility_of(r["visibility"]),
+        sources=frozenset(r["sources"]), freed=bool(r["freed"]),
+        generated_from=r["generated_from"], generated=r["generated"],
+        finish_reason=r["finish_reason"], complete=r["complete"],
+        logprobs=tuple(r["logprobs"]), greedy=tuple(r["greedy"]),
+        top_logprobs=tuple(tuple((int(t), float(p)) for t, p in top) for top in r["top_logprobs"]),
+        view_of=r["view_of"], view_for=r["view_for"], figures=CallFigures(**r["figures"]),
+        spans=tuple(r["spans"]), repair=str(r["repair"]),
+    )  # fmt: skip
+    msg.evicted = bool(r["encoded"])
+    return msg
+
+
+def _visibility(v: Any) -> Any:
+    if v is None or isinstance(v, Public):
+        return None if v is None else "public"
+    if isinstance(v, Private):
+        return "private"
+    if isinstance(v, Shared):
+        return sorted(v.readers)
+    raise StoreError(f"a message's visibility {type(v).__name__} cannot be stored")
+
+
+def _visibility_of(v: Any) -> Any:
+    if v is None:
+        return None
+    if v == "public":
+        return Public()
+    if v == "private":
+        return Private()
+    if isinstance(v, list):
+        return Shared(set(v))
+    raise ValueError(f"visibility {v!r}")

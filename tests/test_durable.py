@@ -1,0 +1,155 @@
+"""The store directory on its own: records round-trip, identity is checked, files and
+rows stay consistent, and hostile directories are refused with a typed error."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from corps.cache.durable import DB, KV, DurableStore, StoreError, StoreMismatch, decode, encode
+from corps.cache.messages import CallFigures, Message, MessageTable
+from corps.cache.visibility import Private, Public, Shared
+
+ID = {"model": "abc", "dtype": "float32", "mode": "choreographed"}
+
+ints = st.lists(st.integers(0, 50_000), max_size=8)
+visibilities = st.sampled_from([None, Public(), Private(), Shared({"a", "b"})])
+
+
+@st.composite
+def messages(draw) -> Message:
+    tokens = draw(st.lists(st.integers(0, 50_000), min_size=1, max_size=12))
+    parents = tuple(draw(st.lists(st.integers(0, 99), max_size=4)))
+    msg = Message(
+        draw(st.integers(1, 10**9)), tokens, draw(st.text(max_size=40)),
+        draw(st.sampled_from(["user", "assistant", "system"])),
+        draw(st.sampled_from(["prefill", "decode"])), [], draw(st.integers(0, 4096)),
+        parents, tuple(draw(st.integers(0, 4096)) for _ in parents),
+        draw(st.none() | st.text(max_size=8)), draw(visibilities),
+        sources=frozenset(parents), freed=draw(st.booleans()),
+        generated=draw(st.integers(0, 9)), finish_reason=draw(st.none() | st.just("max_tokens")),
+        logprobs=tuple(draw(st.lists(st.floats(-50, 0), max_size=3))),
+        top_logprobs=((( 3, -0.5), (4, -1.0)),), figures=CallFigures(tokens_encoded=7, ttft_s=0.1),
+        spans=tuple(draw(ints)), repair=draw(st.sampled_from(["", "query:0.3"])),
+    )  # fmt: skip
+    msg.evicted = draw(st.booleans())
+    return msg
+
+
+@settings(max_examples=60, deadline=None)
+@given(messages())
+def test_a_record_round_trips_through_json(msg):
+    """Every field kept comes back as it was (slots never: it comes back evicted
+    if it was encoded, and is encoded again or copied in when read)."""
+    back = decode(encode(msg))
+    for f in ("id", "tokens", "text", "role", "kind", "offset", "parents", "parent_offsets",
+              "owner", "visibility", "sources", "freed", "generated", "finish_reason",
+              "logprobs", "top_logprobs", "figures", "spans", "repair"):  # fmt: skip
+        assert getattr(back, f) == getattr(msg, f), f
+    assert back.slots == [] and back.evicted == msg.evicted
+
+
+def test_a_new_store_keeps_its_identity_and_refuses_another(tmp_path):
+    DurableStore.open(tmp_path / "s", ID).close()
+    DurableStore.open(tmp_path / "s", ID).close()  # the same: fine
+    with pytest.raises(StoreMismatch, match=r"dtype: 'float32' there, 'bfloat16' here"):
+        DurableStore.open(tmp_path / "s", {**ID, "dtype": "bfloat16"})
+    with pytest.raises(StoreMismatch, match=r"weights: None there, 'gguf' here"):
+        DurableStore.open(tmp_path / "s", {**ID, "weights": "gguf"})
+
+
+def test_hostile_directories_are_typed_errors(tmp_path):
+    (tmp_path / "file").write_text("not a directory")
+    with pytest.raises(StoreError, match="is a file"):
+        DurableStore.open(tmp_path / "file", ID)
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    (junk / DB).write_bytes(b"\x00\xffnot sqlite" * 100)
+    with pytest.raises(StoreError, match="cannot be opened"):
+        DurableStore.open(junk, ID)
+    other = tmp_path / "other"
+    DurableStore.open(other, ID).close()
+    with sqlite3.connect(other / DB) as db:
+        db.execute("UPDATE meta SET value = '99' WHERE key = 'format'")
+    with pytest.raises(StoreError, match="format '99'"):
+        DurableStore.open(other, ID)
+
+
+def test_a_damaged_record_is_a_typed_error_naming_the_message(tmp_path):
+    store = DurableStore.open(tmp_path, ID)
+    store.added(Message(5, [1, 2], "hi", "user", "prefill", [], 0, (), ()))
+    store.close()
+    with sqlite3.connect(tmp_path / DB) as db:
+        db.execute("UPDATE messages SET record = '{\"id\": 5' WHERE id = 5")
+    with pytest.raises(StoreError, match="message 5's record is damaged"):
+        DurableStore.open(tmp_path, ID).messages()
+
+
+def kv(n: int) -> torch.Tensor:
+    return torch.randn(2, n, 3, 4)  # (L, n, H, D)
+
+
+def test_the_table_journals_what_it_makes_frees_and_forgets(tmp_path):
+    store = DurableStore.open(tmp_path, ID)
+    table = MessageTable()
+    table.journal = store
+    a = Message(table.next_id(), [1, 2, 3], "a", "user", "prefill", [], 0, (), ())
+    sink = Message(table.next_id(), [9], "", "system", "sink", [], 0, (), ())
+    table.add(a)
+    table.add(sink)
+    assert [s.message.id for s in store.messages()] == [a.id]  # the sink never
+    store.save(a, kv(3), kv(3))
+    assert (tmp_path / KV / f"{a.id}.safetensors").is_file()
+    a.freed = True
+    table.freed(a)
+    assert not (tmp_path / KV / f"{a.id}.safetensors").exists()  # freed: its encoding goes
+    assert store.messages()[0].message.freed  # its record stays while others may need it
+    table.forget(a.id)
+    assert store.messages() == []
+
+
+def test_saved_encodings_read_back_and_damaged_ones_are_none(tmp_path):
+    store = DurableStore.open(tmp_path, ID)
+    m = Message(1, [1, 2], "x", "user", "prefill", [0, 1], 0, (), ())
+    store.added(m)
+    k, v = kv(2), kv(2)
+    store.save(m, k, v)
+    (stored,) = store.messages()
+    got = store.load_kv(stored.kv)
+    assert torch.equal(got[0], k) and torch.equal(got[1], v)
+    stored.kv.write_bytes(b"garbage")
+    assert store.load_kv(stored.kv) is None
+
+
+def test_files_no_row_names_are_swept_when_the_store_opens(tmp_path):
+    """A crash after an encoding's rename but before its row: the file is garbage."""
+    store = DurableStore.open(tmp_path, ID)
+    m = Message(1, [1, 2], "x", "user", "prefill", [], 0, (), ())
+    store.added(m)
+    store.save(m, kv(2), kv(2))
+    store.close()
+    (tmp_path / KV / "7.safetensors").write_bytes(b"orphan")
+    (tmp_path / KV / "8.tmp").write_bytes(b"half written")
+    DurableStore.open(tmp_path, ID).close()
+    assert sorted(f.name for f in (tmp_path / KV).iterdir()) == ["1.safetensors"]
+
+
+def test_a_write_the_disk_refuses_fails_no_call(tmp_path):
+    store = DurableStore.open(tmp_path, ID)
+    store._db.close()  # every statement now raises sqlite3.ProgrammingError (an Error)
+    with pytest.warns(RuntimeWarning, match="refused a write"):
+        store.added(Message(1, [1], "x", "user", "prefill", [], 0, (), ()))
+    store.added(Message(2, [1], "x", "user", "prefill", [], 0, (), ()))
+    assert store.failures == 2
+
+
+def test_restored_records_keep_their_ids_and_new_ids_follow(tmp_path):
+    table = MessageTable()
+    first = table.next_id()
+    old = [Message(i, [1], "x", "user", "prefill", [], 0, (), ()) for i in (3, 8)]
+    table.restore(old)
+    assert table.get(8) is old[1] and table.next_id() == 9 and first == 0

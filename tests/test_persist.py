@@ -1,0 +1,154 @@
+"""Messages outliving the engine (`EngineConfig.store`): reopened with the same model,
+every message and id is back and a call over them decodes what it would have
+without the restart (encodings copied in, or encoded again from tokens); a killed
+process leaves every message made before it; another setup is refused."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import anyio
+import pytest
+
+from corps.cache.durable import KV, StoreMismatch
+from corps.cache.errors import UnknownHandle
+from corps.engine.api.engine import Engine
+from corps.engine.errors import BadConfig
+
+from conftest import open_tiny
+
+GREEDY = {"max_tokens": 6, "temperature": 0.0}
+
+
+async def conversation(engine: Engine) -> tuple[list[int], str]:
+    """A system prompt, a question, a reply: their ids, and a follow-up's text."""
+    system = await engine.prefill("you are terse", role="system")
+    q = await engine.prefill("what is two and two", parents=[system])
+    a = await engine.decode(parents=[system, q], **GREEDY)
+    b = await engine.decode(parents=[system, q, a], **GREEDY)
+    return [system.id, q.id, a.id], engine.read(b, reader=None)
+
+
+async def follow_up(engine: Engine, ids: list[int]) -> str:
+    b = await engine.decode(parents=[engine.handle(i) for i in ids], **GREEDY)
+    return engine.read(b, reader=None)
+
+
+@pytest.mark.parametrize("mode", ["choreographed", "baseline"])
+def test_reopened_messages_keep_their_ids_and_decode_as_before(tiny_dirs, tmp_path, mode):
+    store = tmp_path / "store"
+
+    async def main():
+        async with open_tiny(tiny_dirs, mode=mode, store=store) as e:
+            ids, want = await conversation(e)
+            texts = [e.read(e.handle(i), reader=None) for i in ids]
+        async with open_tiny(tiny_dirs, mode=mode, store=store) as e:
+            assert [e.read(e.handle(i), reader=None) for i in ids] == texts
+            assert await follow_up(e, ids) == want
+            assert e.stats().tokens_recomputed == 0  # copied in, not encoded again
+            new = await e.prefill("and three", parents=[e.handle(ids[0])])
+            assert new.id > max(ids) + 1  # ids continue after every stored one
+
+    anyio.run(main)
+
+
+def test_without_saved_encodings_messages_are_encoded_again_from_their_tokens(tiny_dirs, tmp_path):
+    """Encoding files lost (or never written: a crash): the same reply, recomputed."""
+    store = tmp_path / "store"
+
+    async def main():
+        async with open_tiny(tiny_dirs, store=store) as e:
+            ids, want = await conversation(e)
+        for f in (store / KV).iterdir():
+            f.unlink()
+        async with open_tiny(tiny_dirs, store=store) as e:
+            assert await follow_up(e, ids) == want
+            assert e.stats().tokens_recomputed > 0
+
+    anyio.run(main)
+
+
+def test_a_freed_message_stays_freed_and_its_encoding_goes(tiny_dirs, tmp_path):
+    store = tmp_path / "store"
+
+    async def main():
+        async with open_tiny(tiny_dirs, store=store) as e:
+            keep = await e.prefill("kept")
+            gone = await e.prefill("freed")
+            e.free(gone)
+            ids = (keep.id, gone.id)
+        assert not (store / KV / f"{ids[1]}.safetensors").exists()
+        async with open_tiny(tiny_dirs, store=store) as e:
+            assert e.read(e.handle(ids[0]), reader=None) == "kept"
+            with pytest.raises(UnknownHandle):
+                await e.decode(parents=[e.handle(ids[1])], **GREEDY)
+
+    anyio.run(main)
+
+
+def test_another_setup_is_refused_and_nothing_is_changed(tiny_dirs, tmp_path):
+    store = tmp_path / "store"
+
+    async def main():
+        async with open_tiny(tiny_dirs, store=store) as e:
+            await e.prefill("hello")
+
+    anyio.run(main)
+    before = (store / "messages.db").read_bytes()
+    with pytest.raises(StoreMismatch, match="dtype"):
+        open_tiny(tiny_dirs, store=store, dtype="bfloat16")
+    with pytest.raises(StoreMismatch, match="mode"):
+        open_tiny(tiny_dirs, store=store, mode="baseline")
+    with pytest.raises(StoreMismatch, match="model"):
+        open_tiny(tiny_dirs, "qwen2", store=store)
+    assert (store / "messages.db").read_bytes() == before
+
+
+def test_bad_store_settings_fail_before_loading(tiny_dirs, tmp_path):
+    with pytest.raises(BadConfig, match="not for mode='hf'"):
+        open_tiny(tiny_dirs, mode="hf", store=tmp_path / "s")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(BadConfig, match="is a file"):
+        open_tiny(tiny_dirs, store=tmp_path / "file")
+
+
+KILLED = """
+import os, anyio
+from corps.engine.api.engine import Engine
+
+async def main():
+    async with Engine.open({model!r}, dtype="float32", capacity=4096, store={store!r}) as e:
+        system = await e.prefill("you are terse", role="system")
+        q = await e.prefill("what is two and two", parents=[system])
+        a = await e.decode(parents=[system, q], max_tokens=6, temperature=0.0)
+        print(system.id, q.id, a.id, flush=True)
+        os._exit(9)  # killed: nothing closes, nothing is saved at the end
+
+anyio.run(main)
+"""
+
+
+def test_a_killed_process_leaves_every_message_it_made(tiny_dirs, tmp_path):
+    """No close, no checkpoint: the rows written as each message was made are there,
+    their encodings are not, and a follow-up over them decodes as in one process."""
+    store = tmp_path / "store"
+    script = KILLED.format(model=str(tiny_dirs["llama"]), store=str(store))
+    env = {**os.environ, "CORPS_PRECOMPILED": "off"}
+    run = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True,
+        env=env, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 9, run.stderr[-2000:]
+    ids = [int(x) for x in run.stdout.split()]
+
+    async def main():
+        async with open_tiny(tiny_dirs, store=tmp_path / "ref") as e:
+            _, want = await conversation(e)
+        async with open_tiny(tiny_dirs, store=store) as e:
+            assert [m.id for m in e.messages()] == sorted(ids)
+            assert await follow_up(e, ids) == want
+
+    anyio.run(main)
