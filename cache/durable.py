@@ -235,6 +235,18 @@ class DurableStore:
             "UPDATE messages SET record = ? WHERE id = ?", (json.dumps(encode(msg)), msg.id)
         )
 
+    def put(self, msg: Message, k: Tensor, v: Tensor) -> None:
+        """The tier's side (`Memory.tier`): an encoding evicted for room is saved (once:
+        a file already saved is the same encoding) rather than dropped."""
+        if not self.has_kv(msg.id):
+            self.save(msg, k, v)
+
+    def take(self, msg: Message) -> tuple[Tensor, Tensor] | None:
+        """An evicted encoding saved here, to copy back in; None if none was saved."""
+        with self._lock:
+            row = self._db.execute("SELECT kv FROM messages WHERE id = ?", (msg.id,)).fetchone()
+        return None if row is None or row[0] is None else self.load_kv(self.root / KV / row[0])
+
     def load_kv(self, path: Path) -> tuple[Tensor, Tensor] | None:
         """A saved encoding, or None if its file is missing or unreadable."""
         from safetensors.torch import load_file

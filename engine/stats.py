@@ -67,10 +67,12 @@ class EngineStats:
     # protected (1.0: its first tokens go first now), waiting and running calls
     tenants: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     # preemption (choreographed): encodings dropped for room, and tokens made again when
-    # a call read an evicted message (corps.engine.exec.memory)
+    # a call read an evicted message (corps.engine.exec.memory), or copied back from the
+    # store where it was saved (EngineConfig.store)
     messages_evicted: int = 0
     tokens_evicted: int = 0
     tokens_recomputed: int = 0
+    tokens_copied_back: int = 0
     # repairs (corps.engine.exec.repairs): the engine's default policy, rewired context
     # tokens recomputed in their readers' contexts (counted in tokens_encoded, not in
     # tokens_reused), and rewired tokens the deviation probe ran (its layers only)

@@ -152,3 +152,31 @@ def test_a_killed_process_leaves_every_message_it_made(tiny_dirs, tmp_path):
             assert await follow_up(e, ids) == want
 
     anyio.run(main)
+
+
+async def crowd(engine: Engine) -> tuple[str, str, int]:
+    """Two ~50-token messages, a long decode that does not fit beside both, then a call
+    over the first message (whose encoding the decode's admission dropped)."""
+    a = await engine.prefill("alpha beta gamma delta " * 2)
+    b = await engine.prefill("one two three four five " * 2)
+    long = await engine.decode(parents=[b], max_tokens=90, ignore_eos=True)
+    back = await engine.decode(parents=[a], max_tokens=8, ignore_eos=True)
+    return long.text, back.text, a.length
+
+
+def test_with_a_store_an_evicted_encoding_comes_back_by_copy(tiny_dirs, tmp_path):
+    """The store is the memory's tier: an encoding evicted for room is saved there and
+    copied back when read (no model run), and its reader decodes as with room."""
+
+    async def main():
+        async with open_tiny(tiny_dirs) as roomy:
+            want = await crowd(roomy)
+        async with open_tiny(tiny_dirs, capacity=180, store=tmp_path / "s") as tight:
+            got = await crowd(tight)
+            stats = tight.stats()
+            tight.check()
+        assert got == want
+        assert stats.messages_evicted >= 1 and stats.tokens_recomputed == 0
+        assert stats.tokens_copied_back >= got[2]
+
+    anyio.run(main)

@@ -57,6 +57,7 @@ def engine_stats(
         messages_evicted=memory.messages_evicted,
         tokens_evicted=memory.tokens_evicted,
         tokens_recomputed=counts.tokens_recomputed,
+        tokens_copied_back=memory.tokens_copied_back,
         tokens_repaired=counts.tokens_repaired,
         tokens_probed=counts.tokens_probed,
         repair=str(repair),

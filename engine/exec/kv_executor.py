@@ -327,7 +327,7 @@ class KVExecutor:
             try:
                 checkpoint(self.memory, durable)
             finally:
-                self.table.journal = None
+                self.table.journal, self.memory.tier = None, None
                 durable.close()
         self.memory.drop()  # its store, arena, scratch and RoPE tables
         self.grammars.close()

@@ -22,11 +22,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from typing import TypeAlias
+from typing import Protocol, TypeAlias
+
+import torch
+from torch import Tensor
 
 from corps.cache.arena import ViewArena
 from corps.cache.context import ContextPool
-from corps.cache.errors import StoreTooSmall, require
+from corps.cache.errors import CacheFullError, StoreTooSmall, require
 from corps.cache.handle import Handle
 from corps.cache.kv import KVStore
 from corps.cache.messages import Message, MessageTable
@@ -38,6 +41,13 @@ from corps.engine.exec.prefixes import PrefixSharing
 
 #: Orders eviction candidates, first to go first (a scheduling policy's `victims`).
 Victims: TypeAlias = Callable[[list[Message]], list[Message]]
+
+
+class Tier(Protocol):
+    """Where evicted encodings are kept instead of dropped (`corps.cache.durable`)."""
+
+    def put(self, m: Message, k: Tensor, v: Tensor) -> None: ...
+    def take(self, m: Message) -> tuple[Tensor, Tensor] | None: ...
 
 
 class Memory:
@@ -67,6 +77,10 @@ class Memory:
         self.tick = 0  # counts pins: a message's read_at says when a call last read it
         self.messages_evicted = 0
         self.tokens_evicted = 0
+        # where evicted encodings go instead of nowhere (`EngineConfig.store`: its files),
+        # and come back from by copy (`copy_back`); None: they are recomputed when read
+        self.tier: Tier | None = None
+        self.tokens_copied_back = 0
 
     # ---- reserving and giving back ----
 
@@ -161,11 +175,38 @@ class Memory:
             if got < n:
                 return 0
             for m in victims:
+                if self.tier is not None:
+                    self.tier.put(m, *self.encoding(m))
                 self.release(m)
                 m.evicted = True
             self.messages_evicted += len(victims)
             self.tokens_evicted += got
             return got
+
+    def encoding(self, m: Message) -> tuple[Tensor, Tensor]:
+        """m's K (unrotated) and V, read from its slots: (L, n, Hkv, D) each."""
+        idx = torch.tensor(m.slots, device=self.store.k.device)
+        return self.store.k.index_select(1, idx), self.store.v.index_select(1, idx)
+
+    def copy_back(self, m: Message, evict: Victims | None = None) -> bool:
+        """Put evicted m's encoding back from the tier, by copy; False if the tier has
+        none (or none of m's shape), or the store has no room: m is recomputed then."""
+        got = None if self.tier is None else self.tier.take(m)
+        kv = self.store.k
+        want = (kv.shape[0], len(m.tokens), *kv.shape[2:])  # (L, n, Hkv, D)
+        if got is None or got[0].shape != want or got[1].shape != want:
+            return False
+        try:
+            slots = self.alloc(len(m.tokens), "an evicted message", evict)
+        except CacheFullError:
+            return False
+        idx = torch.tensor(slots, device=kv.device)
+        with self.lock:
+            self.store.k.index_copy_(1, idx, got[0].to(kv))
+            self.store.v.index_copy_(1, idx, got[1].to(kv))
+            m.slots, m.evicted = slots, False
+            self.tokens_copied_back += len(slots)
+        return True
 
     def next_slots(self, c: Call, n: int) -> None:
         """n more store slots for the call's next tokens: its reservation first."""

@@ -10,7 +10,8 @@ float32 on a CPU when the steps ran alone both times (on a GPU, to float32
 rounding: its kernels depend on the step's shape and on CUDA graphs). A parent
 without an encoding (evicted, or freed meanwhile: its record stays while messages
 encoded over it remain) is recomputed first; a freed one only to be read, then
-given back.
+given back. With a store (`EngineConfig.store`) an encoding evicted for room was
+saved there and is copied back instead, with no model run (`Memory.copy_back`).
 """
 
 from __future__ import annotations
@@ -65,6 +66,10 @@ class Restorer:
         encoding), step for step as it was first encoded; `made` collects freed
         messages recomputed only to be read."""
         memory = self.memory
+        if memory.copy_back(m, evict):  # saved in the store's tier: no model run
+            if m.freed:
+                made.append(m)
+            return
         held: list[Message] = []
         try:
             for pid in m.parents:
