@@ -12,7 +12,7 @@ from pydantic import BaseModel
 
 from corps.cache.errors import InvalidRequest
 from corps.cache.handle import Handle
-from corps.engine.request.workflow import CURRENT, Workflow
+from corps.engine.request.workflow import CURRENT, RUN, Recorded, Workflow
 
 
 @dataclass(eq=False)
@@ -32,6 +32,7 @@ class Envelope:
     id: int = 0  # pairs an ask with its reply in traces
     # the asker's workflow: the handler's calls carry it (corps.engine.request.workflow)
     workflow: Workflow | None = field(default_factory=CURRENT.get)
+    run: Recorded | None = field(default_factory=RUN.get)  # ... and its recorded run, if any
 
     def reply(self, result: Any = None, error: BaseException | None = None) -> None:
         self.result, self.error = result, error

@@ -43,6 +43,7 @@ from corps.cache.errors import InvalidRequest
 from corps.cache.handle import Handle, bind
 from corps.cache.visibility import Private, Public
 from corps.engine.request.workflow import CURRENT as workflow_var
+from corps.engine.request.workflow import RUN as run_var
 from corps.engine.trace.events import ActorEvent, ErrorEvent, Recorder
 
 DEAD_LETTERS = "dead-letters"
@@ -379,6 +380,7 @@ class Runtime:
                 continue
             token = current.set(envelope)
             wf_token = workflow_var.set(envelope.workflow)  # its calls carry the asker's
+            run_token = run_var.set(envelope.run)  # ... and its recorded run
             envelope.started = True  # from here it replies on every path
             try:
                 with envelope.scope:
@@ -397,6 +399,7 @@ class Runtime:
                     envelope.reply(error=AgentStopped(f"{actor.name} stopped: runtime shut down"))
                 raise
             finally:
+                run_var.reset(run_token)
                 workflow_var.reset(wf_token)
                 current.reset(token)
             if actor.stopped:

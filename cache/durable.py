@@ -101,6 +101,10 @@ class DurableStore:
                 "CREATE TABLE IF NOT EXISTS names (name TEXT PRIMARY KEY, "
                 "message INTEGER NOT NULL, tenant TEXT NOT NULL, key TEXT NOT NULL)"
             )
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS turns (run TEXT, key TEXT, n INTEGER, "
+                "message INTEGER NOT NULL, PRIMARY KEY (run, key, n))"
+            )
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(
                 f"store {root} cannot be opened ({type(exc).__name__}: {exc}); check the "
@@ -178,6 +182,7 @@ class DurableStore:
         """The table dropped a freed record nothing depends on: so does the store."""
         self._write("DELETE FROM messages WHERE id = ?", (mid,))
         self._write("DELETE FROM names WHERE message = ?", (mid,))
+        self._write("DELETE FROM turns WHERE message = ?", (mid,))
         self._drop_file(mid)
 
     # ---- names: what a server calls its messages (`corps.serve.messages`) ----
@@ -205,6 +210,22 @@ class DurableStore:
             except (ValueError, TypeError):
                 continue  # a damaged name: that id is no longer found (a 404, as if freed)
         return out
+
+    # ---- turns: the completed calls of recorded runs (`corps.engine.api.turns`) ----
+
+    def record_turn(self, run: str, key: str, n: int, mid: int) -> None:
+        self._write(
+            "INSERT OR REPLACE INTO turns (run, key, n, message) VALUES (?, ?, ?, ?)",
+            (run, key, n, mid),
+        )
+
+    def turn(self, run: str, key: str, n: int) -> int | None:
+        """The message the n-th call of `key` in run `run` made, if it was recorded."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT message FROM turns WHERE run = ? AND key = ? AND n = ?", (run, key, n)
+            ).fetchone()
+        return None if row is None else int(row[0])
 
     # ---- encodings ----
 

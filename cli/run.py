@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import secrets
 import time
 import warnings
 from collections.abc import Awaitable, Callable
@@ -177,6 +178,18 @@ def run(
             help="With --workers and --json: keep the results already in --json, run the rest."
         ),
     ] = False,
+    store: Annotated[
+        Path | None,
+        typer.Option(help="A directory where the run's messages outlive it (see --run)."),
+    ] = None,
+    run_name: Annotated[
+        str | None,
+        typer.Option(
+            "--run",
+            help="With --store: the run's name. A run of that name already there continues "
+            "from its last finished call (the same inputs and --seed replay what it did).",
+        ),
+    ] = None,
 ) -> None:
     """Run a workflow and print its answer and a summary (tokens encoded vs reused, ...)."""
     try:
@@ -186,6 +199,7 @@ def run(
             params["seed"] = seed
         lines = read_inputs(inputs) if inputs is not None else None
         _check_worker_flags(workers, lines, json_out, resume, ray_address, gpus_per_worker)
+        record = _run_name(store, run_name, lines is not None or workers is not None)
         checked = (
             [tgt.validated({**params, **line}, f"line {i + 1}: ") for i, line in enumerate(lines)]
             if lines is not None
@@ -209,6 +223,7 @@ def run(
             repair_bound=repair_bound,
             audit=audit,
             audit_budget=audit_budget,
+            store=store,
         )
         check_adapter_of(config, err)
         if otel_endpoint is not None:
@@ -228,8 +243,12 @@ def run(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", LeakWarning)  # counted in the summary instead
             if lines is None:
-                result, audits, summary = anyio.run(_one, tgt, checked[0], config, live)
+                result, audits, summary = anyio.run(_one, tgt, checked[0], config, live, record)
                 show(result, tgt, summary)
+                if record is not None:
+                    out.print(
+                        f"recorded in {store} as run {record!r} (--run {record} continues it)"
+                    )
                 if audits is not None:
                     out.print(audit_table(audits))
                 if json_out is not None:
@@ -296,10 +315,31 @@ def read_inputs(path: Path) -> list[dict[str, Any]]:
     return lines
 
 
-async def _one(tgt: Target, params: dict, config: EngineConfig, live: bool) -> Any:
+def _run_name(store: Path | None, name: str | None, many: bool) -> str | None:
+    """The recorded run's name (`--store`, `--run`): given, or a new one; None without
+    a store. Only a single run in this process is recorded."""
+    if store is None:
+        if name is not None:
+            raise BadConfig("a run's name needs a store to keep it in: give --store DIR", ("run",))
+        return None
+    if many:
+        raise BadConfig("it records a single run: not with --inputs or --workers", ("store",))
+    return name if name is not None else f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+async def _one(
+    tgt: Target, params: dict, config: EngineConfig, live: bool, record: str | None = None
+) -> Any:
     given = ", ".join(f"{k}={_short(v)}" for k, v in params.items())
     headline = f"{tgt.label}  ·  {given}" if given else tgt.label
-    return await _session(config, live, headline, lambda rt: tgt.fn(rt, **params))
+
+    async def body(rt) -> Any:
+        if record is None:
+            return await tgt.fn(rt, **params)
+        with rt.engine.recorded(record):  # calls finished before under this name replay
+            return await tgt.fn(rt, **params)
+
+    return await _session(config, live, headline, body)
 
 
 async def _session(

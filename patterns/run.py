@@ -6,13 +6,16 @@ itself (public), sends decode turns to agents, records every message, parse
 error and seed, and builds the `PatternResult`. When the run ends, however it
 ends, its agents are stopped and its messages freed: their KV slots go back to
 the store, while their text, parents and token counts stay readable through
-the result's handles.
+the result's handles. Inside a recorded run (`Engine.recorded`, `corps run
+--store --run`) its messages stay, and its agents' names derive from the recorded
+run's name, so a run resumed under that name makes the same calls.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import hashlib
 import time
 import uuid
 from collections.abc import Iterator
@@ -25,7 +28,7 @@ from corps.agents import Agent, Runtime
 from corps.cache.handle import Handle
 from corps.cache.visibility import Private
 from corps.engine.repair import LADDER, parse_repair
-from corps.engine.request.workflow import CURRENT, Objective, Workflow
+from corps.engine.request.workflow import CURRENT, RUN, Objective, Recorded, Workflow
 from corps.engine.trace.events import Gate, Stage
 from corps.patterns.replay import CURRENT as REPLAY
 from corps.patterns.result import PatternResult
@@ -127,7 +130,8 @@ class Run:
             top_p,
             seed,
         )
-        self.id = uuid.uuid4().hex[:8]
+        recorded = RUN.get()  # a recorded run's agents have the same names when it resumes
+        self.id = uuid.uuid4().hex[:8] if recorded is None else _recorded_id(recorded)
         self.messages: list[Handle] = []
         self.parse_errors: list[str] = []
         self.agents: list[str] = []
@@ -167,11 +171,12 @@ class Run:
                 held = self._held()  # before its end (a failed run's teaches nothing)
             for name in self.agents:
                 self.rt.stop(name)
-            for h in self.messages:
-                if h is not None and not h.freed:
-                    self.engine.free(h)
-            # and what its agents made that it never received (a cancelled ask's reply)
-            self.engine.free_owned(self.agents)
+            if RUN.get() is None:  # a recorded run's messages stay in the store
+                for h in self.messages:
+                    if h is not None and not h.freed:
+                        self.engine.free(h)
+                # and what its agents made that it never received (a cancelled ask's reply)
+                self.engine.free_owned(self.agents)
         finally:  # out of the gate whatever happened, so no run waits on this one forever
             if self._ticket is not None:
                 _GATED.reset(self._gated)
@@ -324,3 +329,10 @@ class Run:
             mean_ttft_s=sum(ttfts) / len(ttfts) if ttfts else None,
             leaks=sum(h.leaks for h in self.messages),
         )
+
+
+def _recorded_id(recorded: Recorded) -> str:
+    """The id of the next `Run` in a recorded run: the same each time the run is made
+    again under its name, as long as it makes its Runs in the same order."""
+    n, recorded.runs = recorded.runs, recorded.runs + 1
+    return hashlib.blake2b(f"{recorded.name}/{n}".encode(), digest_size=4).hexdigest()

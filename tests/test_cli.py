@@ -407,3 +407,33 @@ def test_a_workflow_file_gets_the_summary_and_its_leaks_said(tiny_dirs, tmp_path
     assert "A private brief" not in text
     clean = run_cli(tiny_dirs, str(wf), "--leak-policy", "reencode")
     assert clean.exit_code == 0 and "leak(s)" not in clean.output
+
+
+def test_run_with_a_store_records_and_continues_a_run(tiny_dirs, tmp_path):
+    """`corps run ... --store DIR --run NAME` twice: the second replays every call the
+    first finished and prints the same answer."""
+    args = ["multi-qa", "--set", "max_tokens=6", "--seed", "3", "--store", str(tmp_path / "s"),
+            "--run", "r1", "--no-live"]  # fmt: skip
+    first = run_cli(tiny_dirs, *args, "--json", str(tmp_path / "a.json"))
+    assert first.exit_code == 0, first.output
+    assert "as run 'r1'" in " ".join(first.output.split())
+    again = run_cli(tiny_dirs, *args, "--json", str(tmp_path / "b.json"))
+    assert again.exit_code == 0, again.output
+    a, b = (json.loads((tmp_path / f).read_text()) for f in ("a.json", "b.json"))
+    # the same messages, ids included: every call was answered from the store (a run
+    # that ran them again would have made new messages, under new ids)
+    assert a["answer"] == b["answer"] and a["messages"] == b["messages"]
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--run", "r1"], "--run: a run's name needs a store"),
+        (["--store", "S", "--inputs", "I"], "--store: it records a single run"),
+    ],
+)
+def test_run_store_flags_are_checked_first(tiny_dirs, tmp_path, args, says):
+    (tmp_path / "I").write_text('{"questions": ["a"]}\n')
+    args = [a if a not in ("S", "I") else str(tmp_path / a) for a in args]
+    result = run_cli(tiny_dirs, "multi-qa", *args)
+    assert result.exit_code == 2 and says in result.output, result.output

@@ -180,3 +180,85 @@ def test_with_a_store_an_evicted_encoding_comes_back_by_copy(tiny_dirs, tmp_path
         assert stats.tokens_copied_back >= got[2]
 
     anyio.run(main)
+
+
+def test_a_recorded_run_replays_its_finished_calls_and_runs_the_rest(tiny_dirs, tmp_path):
+    """`engine.recorded(name)`: run again under its name, every call that finished
+    before returns its message at once (same ids, same text, nothing encoded); a
+    call with other inputs runs."""
+    store = tmp_path / "store"
+
+    async def main():
+        async with open_tiny(tiny_dirs, store=store) as e:
+            with e.recorded("run-1"):
+                ids, want = await conversation(e)
+        async with open_tiny(tiny_dirs, store=store) as e:
+            with e.recorded("run-1"):
+                again, got = await conversation(e)
+            assert (again, got) == (ids, want)
+            assert e.stats().tokens_encoded == 0
+            with e.recorded("run-1"):  # same run, another question: that one runs
+                other = await e.prefill("what is three and three", parents=[e.handle(ids[0])])
+            assert other.id not in ids and e.stats().tokens_encoded > 0
+            with e.recorded("run-2"):  # another run's calls are its own
+                fresh = await e.prefill("you are terse", role="system")
+            assert fresh.id != ids[0]
+
+    anyio.run(main)
+
+
+KILLED_RUN = """
+import os, anyio
+from corps.engine.api.engine import Engine
+
+async def main():
+    async with Engine.open({model!r}, dtype="float32", capacity=4096, store={store!r}) as e:
+        with e.recorded("run-1"):
+            system = await e.prefill("you are terse", role="system")
+            q = await e.prefill("what is two and two", parents=[system])
+            a = await e.decode(parents=[system, q], max_tokens=6, temperature=0.0)
+            os._exit(9)  # killed before its last turn
+
+anyio.run(main)
+"""
+
+
+def test_a_killed_run_resumes_from_its_last_finished_call(tiny_dirs, tmp_path):
+    """Killed before its last call: run again under its name, the three finished calls
+    are replayed from the store (their encodings made again from tokens, never saved)
+    and only the last runs, giving what an uninterrupted run gives."""
+    store = tmp_path / "store"
+    script = KILLED_RUN.format(model=str(tiny_dirs["llama"]), store=str(store))
+    run = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True,
+        env={**os.environ, "CORPS_PRECOMPILED": "off"}, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 9, run.stderr[-2000:]
+
+    async def main():
+        async with open_tiny(tiny_dirs, store=tmp_path / "ref") as e:
+            _, want = await conversation(e)
+        async with open_tiny(tiny_dirs, store=store) as e:
+            with e.recorded("run-1"):
+                _, got = await conversation(e)
+            assert got == want
+            stats = e.stats()
+        # only the follow-up ran: its own tokens and its recomputed context
+        assert stats.tokens_recomputed > 0 and stats.tokens_encoded > stats.tokens_recomputed
+
+    anyio.run(main)
+
+
+def test_recorded_runs_need_a_store_and_a_name(tiny_dirs, tmp_path):
+    from corps.cache.errors import InvalidRequest
+
+    async def main():
+        async with open_tiny(tiny_dirs) as e:
+            with pytest.raises(InvalidRequest, match="store"):
+                e.recorded("x")
+        async with open_tiny(tiny_dirs, store=tmp_path / "s") as e:
+            for bad in ("", 7, "x" * 201):
+                with pytest.raises(InvalidRequest, match="name"), e.recorded(bad):
+                    pass
+
+    anyio.run(main)

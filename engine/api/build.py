@@ -98,7 +98,7 @@ def build_executor(cfg: EngineConfig, console: Console | None = None) -> Executo
             build_step=cfg.precompiled == "build",
         )
         if cfg.store is not None:  # its messages back before the engine starts
-            executor.durable = open_store(cfg, path, source, executor)
+            open_store(cfg, path, source, executor)
         if executor.step_missing is not None and cfg.precompiled == "auto":
             spawn_build(cfg, executor.step_missing, console)
     return executor

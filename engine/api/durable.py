@@ -20,7 +20,7 @@ from typing import Any
 
 from corps.cache.durable import DurableStore
 from corps.engine.config import EngineConfig
-from corps.engine.exec.persist import restore
+from corps.engine.exec.executor import Executor
 
 #: bytes read at each end of a file for its fingerprint
 EDGE = 1 << 20
@@ -40,25 +40,24 @@ def fingerprint(root: Path) -> str:
     return h.hexdigest()
 
 
-def identity(cfg: EngineConfig, path: Path, source: str, executor: Any) -> dict[str, Any]:
+def identity(cfg: EngineConfig, path: Path, source: str, executor: Executor) -> dict[str, Any]:
     """What a store made by this engine's messages depends on (see the module doc)."""
-    kv = executor.memory.store.k  # (L, S, Hkv, D)
     return {
         "model": fingerprint(path),
         "adapter": fingerprint(Path(cfg.adapter)) if cfg.adapter is not None else None,
         "weights": source,
         "dtype": cfg.dtype,
-        "kv": [str(kv.dtype).removeprefix("torch."), kv.shape[0], *kv.shape[2:]],
+        "kv": executor.kv_layout(),
         "mode": cfg.mode,
     }
 
 
-def open_store(cfg: EngineConfig, path: Path, source: str, executor: Any) -> DurableStore:
+def open_store(cfg: EngineConfig, path: Path, source: str, executor: Executor) -> DurableStore:
     """Open `cfg.store` for `executor` and read its messages back (torch thread, before
-    the engine starts): the executor's table journals to it from now on."""
+    the engine starts): the executor keeps its messages in it from now on."""
     store = DurableStore.open(cfg.store, identity(cfg, path, source, executor))
     try:
-        restore(executor.memory, store, encodings=cfg.mode == "choreographed")
+        executor.keep_in(store)
     except BaseException:
         store.close()
         raise

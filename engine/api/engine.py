@@ -23,6 +23,7 @@ from corps.engine.api.pending import Pending
 from corps.engine.api.select import By, Selection, select
 from corps.engine.api.stream import TextStream
 from corps.engine.api.tracing import live_spans, trace_header
+from corps.engine.api.turns import recorded
 from corps.engine.audit import AuditReport
 from corps.engine.config import EngineConfig
 from corps.engine.distill.graph import MessageGraph, message_graph
@@ -253,7 +254,7 @@ class Engine:
     @property
     def store(self) -> DurableStore | None:
         """Where this engine's messages outlive it (`EngineConfig.store`), or None."""
-        return getattr(self._executor, "durable", None)
+        return self._executor.durable
 
     def handle(self, message_id: int, *, reader: str | None = None) -> Handle:
         """A handle to a live message of this engine by its id (`Handle.id`, e.g. sent
@@ -399,19 +400,12 @@ class Engine:
         return self._submit.submit_nowait(self._submit.decode_request(args))
 
     async def select(
-        self,
-        *,
-        options: Sequence[str],
-        parents: Sequence[Handle] = (),
-        offsets: Sequence[int | None] | None = None,
-        new_offset: int | None = None,
-        role: str = "assistant",
-        header: str = "",
-        owner: str | None = None,
-        visibility: Visibility | None = None,
-        leak_policy: str | None = None,
+        self, *, options: Sequence[str], parents: Sequence[Handle] = (),
+        offsets: Sequence[int | None] | None = None, new_offset: int | None = None,
+        role: str = "assistant", header: str = "", owner: str | None = None,
+        visibility: Visibility | None = None, leak_policy: str | None = None,
         by: By = "normalized",
-    ) -> Selection:
+    ) -> Selection:  # fmt: skip
         """Score each of `options` as the reply after `parents` and keep the best.
 
         Every option is encoded as a `role` turn (`header`, then the option) attending
@@ -428,12 +422,9 @@ class Engine:
 
     @staticmethod
     def workflow(
-        name: str,
-        objective: Objective = "throughput",
-        repair: str | Repair | None = None,
-        audit: int | None = None,
-        family: str = "",
-    ) -> AbstractContextManager:
+        name: str, objective: Objective = "throughput", repair: str | Repair | None = None,
+        audit: int | None = None, family: str = "",
+    ) -> AbstractContextManager:  # fmt: skip
         """`with engine.workflow("chat-42", objective="latency"):` tags every call made
         inside, agents' calls asked from inside included, with this workflow and
         objective, which the scheduling policy reads (`corps.engine.sched.policies`).
@@ -443,6 +434,14 @@ class Engine:
         fidelity audit (`corps.engine.audit`); `family`: the name audit figures and
         `repair="auto"` are kept under (workflows of one kind share it; "": `name`)."""
         return workflow(name, objective, repair, audit, family)
+
+    def recorded(self, name: str) -> AbstractContextManager:
+        """`with engine.recorded("run-7"):` records every call made inside in the store
+        (`store=`), and replays those recorded before under that name: a killed run
+        resumes (`corps.engine.api.turns`). InvalidRequest without a store."""
+        if self.store is None:
+            raise InvalidRequest("recorded runs are kept in a store: open with store=DIR")
+        return recorded(name)
 
     def stream(self, **args: Unpack[DecodeArgs]) -> TextStream:
         """`async for delta in engine.stream(...)`: text deltas; then `.handle`."""

@@ -14,6 +14,7 @@ from corps.engine.api.audit import Auditor
 from corps.engine.api.build import measured_settings
 from corps.engine.api.lifetimes import Lifetimes
 from corps.engine.api.submit import Submitter
+from corps.engine.api.turns import Turns
 from corps.engine.config import EngineConfig, step_tokens_for
 from corps.engine.errors import InvalidRequest
 from corps.engine.exec.executor import Executor
@@ -94,5 +95,7 @@ def wire(
         budget=cfg.audit_budget, spawn=spawn, jobs=submit,
     )  # fmt: skip
     submit.auditor = auditor
+    durable = executor.durable  # EngineConfig.store: recorded runs
+    submit.turns = Turns(durable, executor.table) if durable is not None else None
     lifetimes = Lifetimes(executor, guard, recorder, auto_free=cfg.auto_free)
     return Parts(sched, guard, submit, auditor, lifetimes, gate_for(executor, cfg))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping
 from typing import Any
+from weakref import WeakKeyDictionary
 
 import anyio
 
@@ -20,6 +21,7 @@ from corps.engine.api.access import Guard
 from corps.engine.api.audit import Auditor
 from corps.engine.api.pending import Pending
 from corps.engine.api.stream import StreamCalls, TextStream
+from corps.engine.api.turns import Turns
 from corps.engine.errors import EngineBusy
 from corps.engine.exec.executor import Executor
 from corps.engine.request.requests import DecodeRequest, PrefillRequest, decode_request
@@ -62,11 +64,13 @@ class Submitter:
         self.ids = itertools.count(1)  # call ids in traces
         self.deduce = True  # deduce which calls of a latency workflow are critical
         self.auditor: Auditor | None = None  # settles repairs and audits (the engine's)
+        self.turns: Turns | None = None  # EngineConfig.store: recorded runs (`api.turns`)
+        self._places: WeakKeyDictionary[Job, tuple] = WeakKeyDictionary()  # to record
 
     def stream(self, request: DecodeRequest) -> TextStream:
         """A decode whose text deltas are iterated as they are decoded (`Engine.stream`)."""
         sched, ex = self.sched, self.executor
-        calls = StreamCalls(ex.fmt, self.job, sched.submit, sched.wait, sched.end, ex.free)
+        calls = StreamCalls(ex.fmt, self.job, sched.submit, self.wait, sched.end, ex.free)
         return TextStream(request, calls)
 
     def decode_request(self, args: Mapping[str, Any] | DecodeRequest) -> DecodeRequest:
@@ -78,17 +82,35 @@ class Submitter:
         return request
 
     async def job(
-        self, request: Request, cid: int | None = None, group: int | None = None, size: int = 1
-    ) -> Job:
+        self, request: Request, cid: int | None = None, group: int | None = None, size: int = 1,
+        *, replay: bool = True,
+    ) -> Job:  # fmt: skip
         """Check access and the leak policy, re-encode if needed, pin parents: a Job
-        (in task group `group` of `size` calls, else a group of its own)."""
+        (in task group `group` of `size` calls, else a group of its own). Inside a
+        recorded run (`replay`), a call recorded before comes with its message."""
         cid = cid or next(self.ids)
+        place = self.turns.begin(request) if self.turns is not None and replay else None
         request, missing, leaks = self.guard.screen(request, call_id=cid)
+        if place is not None and not missing:
+            replayed = self.turns.replay(place, request.owner)
+            if replayed is not None:  # recorded in this run before: its message, at once
+                return Job(request, id=cid, handle=replayed, leaks=leaks)
         if missing:
             request = await self.guard.reencode(request, self._prefill_internal)
         job = self.pinned_job(request, cid, group, size)
         job.leaks = leaks
+        if place is not None:
+            self._places[job] = place
         return job
+
+    async def wait(self, job: Job) -> Handle:
+        """The job's handle (`Scheduler.wait`), its call recorded in its run if it ran
+        inside one (`corps.engine.api.turns`)."""
+        handle = await self.sched.wait(job)
+        place = self._places.pop(job, None)
+        if place is not None and self.turns is not None:
+            self.turns.record(place, handle)
+        return handle
 
     def pinned_job(self, request, cid: int, group: int | None = None, size: int = 1) -> Job:
         """A job whose parents are pinned from now until it ends: a `free` in between
@@ -136,7 +158,7 @@ class Submitter:
         except BaseException:
             self.sched.end(job)  # never queued: give its pins back
             raise
-        return bind(await self.sched.wait(job), job.request.owner)
+        return bind(await self.wait(job), job.request.owner)
 
     async def run_all(self, requests: list[Request]) -> list[Handle]:
         return [handle for handle, _ in await self.run_jobs(requests)]
@@ -152,7 +174,11 @@ class Submitter:
         try:
             group = None  # one task group: the first call's id
             for request in requests:
-                jobs.append(await self.job(request, group=group, size=len(requests)))
+                # a scored call (want_logits) runs: its logits are what it is for
+                job = await self.job(
+                    request, group=group, size=len(requests), replay=not want_logits
+                )
+                jobs.append(job)
                 jobs[-1].want_logits = want_logits
                 group = jobs[0].id
             for job in jobs:  # no yield between them while there is room: one step
@@ -161,7 +187,7 @@ class Submitter:
                 except EngineBusy:
                     await self.sched.submit(job)
                 queued += 1
-            return [(bind(await self.sched.wait(job), job.request.owner), job) for job in jobs]
+            return [(bind(await self.wait(job), job.request.owner), job) for job in jobs]
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await self._undo(jobs, queued)
@@ -182,14 +208,21 @@ class Submitter:
 
     def submit_nowait(self, request: Request) -> Pending:
         cid = next(self.ids)
+        place = self.turns.begin(request) if self.turns is not None else None
         request, missing, leaks = self.guard.screen(request, call_id=cid)
         if missing:  # re-encodings must run first: queue the call when awaited
-            return Pending(self.job(request, cid), self.run, self.sched.wait)
-        job = self.pinned_job(request, cid)
-        job.leaks = leaks
+            return Pending(self.job(request, cid, replay=False), self.run, self.wait)
+        replayed = None if place is None else self.turns.replay(place, request.owner)
+        if replayed is not None:
+            job = Job(request, id=cid, handle=replayed, leaks=leaks)
+        else:
+            job = self.pinned_job(request, cid)
+            job.leaks = leaks
+            if place is not None:
+                self._places[job] = place
         try:
             self.sched.submit_nowait(job)
         except BaseException:
             self.sched.end(job)
             raise
-        return Pending(job, self.run, self.sched.wait)
+        return Pending(job, self.run, self.wait)

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
+from corps.cache.durable import DurableStore
 from corps.cache.handle import Handle
 from corps.cache.messages import Message, MessageTable
 from corps.engine.exec.call import Call
@@ -33,6 +34,8 @@ class Executor(Protocol):
     # the precompiled decode step's package this engine would load but no one has
     # built yet (`model.precompiled_decode`), else None
     step_missing: Path | None
+    # EngineConfig.store: where its messages outlive it (`keep_in`), else None
+    durable: DurableStore | None
 
     def admit(
         self,
@@ -82,4 +85,11 @@ class Executor(Protocol):
         """(store slots used, store capacity, tokens evicted, tokens recomputed)."""
 
     def close(self) -> None:
-        """Give memory back (the engine closed)."""
+        """Give memory back (the engine closed); with a store, its encodings saved first."""
+
+    def keep_in(self, store: DurableStore) -> None:
+        """Read `store`'s messages back (before any call) and keep every message in it
+        from now on (`corps.engine.exec.persist`)."""
+
+    def kv_layout(self) -> list:
+        """What its encodings' bytes depend on: [dtype, layers, KV heads, head dim]."""

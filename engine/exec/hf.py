@@ -50,6 +50,7 @@ class HFExecutor:
     mode = "hf"
     kernel_choice = None  # transformers picks its own kernels
     step_missing = None  # no precompiled step: transformers runs its own forward
+    durable = None  # no store: it re-encodes every prompt (EngineConfig refuses one)
 
     def __init__(
         self, hf_model, tokenizer, spec: ModelSpec, *, model_path: Path, precision: str
@@ -175,6 +176,12 @@ class HFExecutor:
 
     def gauges(self) -> tuple[int, int, int, int]:
         return 0, 0, 0, 0  # no store; transformers' own cache: nothing evicted
+
+    def keep_in(self, store) -> None:
+        raise InvalidRequest("mode 'hf' keeps no encodings: a store is for our KV store")
+
+    def kv_layout(self) -> list:
+        return []
 
     def close(self) -> None:
         """Give the model back (the engine closed)."""

@@ -37,7 +37,7 @@ from corps.engine.exec.engine_stats import engine_stats
 from corps.engine.exec.finish import Finisher, encoded_reply, open_sink
 from corps.engine.exec.grammars import Grammars
 from corps.engine.exec.memory import Memory, Victims, scratch_arena
-from corps.engine.exec.persist import checkpoint
+from corps.engine.exec.persist import checkpoint, restore
 from corps.engine.exec.phases import phase
 from corps.engine.exec.planner import Planner
 from corps.engine.exec.postprocess import Postprocess
@@ -318,6 +318,14 @@ class KVExecutor:
         if self.work is not None:
             self.work.reset()
         return freed
+
+    def keep_in(self, store: DurableStore) -> None:
+        restore(self.memory, store, encodings=self.mode == "choreographed")
+        self.durable = store
+
+    def kv_layout(self) -> list:
+        k = self.memory.store.k  # (L, S, Hkv, D)
+        return [str(k.dtype).removeprefix("torch."), k.shape[0], *k.shape[2:]]
 
     def close(self) -> None:
         """Give back every tensor the core allocated: the KV memory, the weights and the

@@ -61,6 +61,20 @@ CURRENT: contextvars.ContextVar[Workflow | None] = contextvars.ContextVar(
 )
 
 
+@dataclass
+class Recorded:
+    """A recorded run (`corps.engine.api.turns`): its name, and how many pattern runs
+    were made in it so far (their agents' names derive from both)."""
+
+    name: str
+    runs: int = 0
+
+
+#: The recorded run of the code running now (None: calls are not recorded). Agents'
+#: calls carry their asker's, as they carry its workflow.
+RUN: contextvars.ContextVar[Recorded | None] = contextvars.ContextVar("corps_run", default=None)
+
+
 def check_objective(value: str | None) -> str | None:
     if value is not None and value not in OBJECTIVES:
         raise InvalidRequest(f"objective must be 'latency' or 'throughput', got {value!r}")

@@ -38,9 +38,8 @@ Successors: after a step that ended a latency-critical call, the loop lets the
 event loop run a few turns (bounded in turns, never in time) before the next
 step, so that the workflow's next call, usually made at once, is in it.
 
-Cancellation: a cancelled waiter marks its job; between steps the loop aborts
-it, which rolls back its partial tokens and frees its slots.
-Shutdown (`close`) aborts queued and running jobs with `EngineClosed`.
+Cancellation: a cancelled waiter marks its job; between steps the loop aborts it
+(its partial tokens rolled back, its slots freed). `close` aborts every job (EngineClosed).
 """
 
 from __future__ import annotations
@@ -109,8 +108,11 @@ class Scheduler:
     async def submit(self, job: Job) -> None:
         """Queue `job`, waiting for room only when the queue is full. With room it is
         queued at once, with no yield first: a yield lets the loop plan its next step
-        without a call that was already made (and traced as queued)."""
+        without a call that was already made (and traced as queued). A job that comes
+        with its message (a recorded call replayed, `corps.engine.api.turns`) ends now."""
         self._check_open()
+        if job.handle is not None:
+            return self.end(job)
         try:
             self._send.send_nowait(job)
             return
@@ -126,6 +128,8 @@ class Scheduler:
     def submit_nowait(self, job: Job) -> None:
         self._check_open()
         try:
+            if job.handle is not None:  # replayed: as `submit`
+                return self.end(job)
             self._send.send_nowait(job)
         except anyio.WouldBlock:
             raise EngineBusy(
@@ -136,16 +140,14 @@ class Scheduler:
             raise self._closed_error() from None
 
     @property
-    def idle(self) -> bool:
-        """No call queued, held or running."""
+    def idle(self) -> bool:  # no call queued, held or running
         return not self.admission.running and not self.admission.held and self.queue_depth() == 0
 
     def queue_depth(self) -> int:
         return self._send.statistics().current_buffer_used
 
     @property
-    def accepting(self) -> bool:
-        """Whether calls may be submitted now (started, not closing, not crashed)."""
+    def accepting(self) -> bool:  # calls may be submitted now: started, not closing or crashed
         return self.started and not self._closing and self._dead is None
 
     def _check_open(self) -> None:
@@ -185,7 +187,7 @@ class Scheduler:
         if job.handle is not None and (job.error is not None or job.cancelled):
             executor.free(job.handle)  # finished, but nobody will ever receive it
             job.handle = None
-        if job.handle is not None:
+        if job.handle is not None and job.call is not None:  # not a replayed one's
             executor.table.get(job.handle.id).figures = job.figures()
         if self.rec.on:
             for event in end_events(self.rec, executor.table, job):
@@ -412,8 +414,7 @@ class Scheduler:
 
     def _stamp(self, job: Job) -> None:
         """Note on the new message when its workflow started (the policy's victim order)."""
-        msg = self.executor.table.find(job.handle.id)
-        if msg is not None:
+        if (msg := self.executor.table.find(job.handle.id)) is not None:
             msg.started = started(job)
 
     def _shut_down(self) -> None:
