@@ -20,8 +20,10 @@ JSON object) with the one stored and raises `StoreMismatch` naming what differs.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import re
 import sqlite3
 import threading
 import warnings
@@ -63,6 +65,7 @@ class DurableStore:
         self.root, self._db = root, db
         self._lock = threading.Lock()  # rows are written from the torch thread and the loop
         self.failures = 0  # writes the disk refused (full, read-only): warned of once
+        self._held: Any = None  # the open lock file that keeps other engines out
 
     def _write(self, sql: str, params: tuple) -> None:
         """One statement in its own transaction. A write the disk refuses fails no call
@@ -87,8 +90,10 @@ class DurableStore:
         root = Path(root)
         if root.exists() and not root.is_dir():
             raise StoreError(f"store {root} is a file, not a directory: name a directory")
+        lock = db = None
         try:
             (root / KV).mkdir(parents=True, exist_ok=True)
+            lock = _lock(root)
             db = sqlite3.connect(root / DB, check_same_thread=False, isolation_level=None)
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")
@@ -106,13 +111,21 @@ class DurableStore:
                 "message INTEGER NOT NULL, PRIMARY KEY (run, key, n))"
             )
         except (OSError, sqlite3.Error) as exc:
+            for held in (db, lock):
+                if held is not None:
+                    held.close()
             raise StoreError(
                 f"store {root} cannot be opened ({type(exc).__name__}: {exc}); check the "
                 f"directory's permissions, or name another one"
             ) from exc
         store = cls(root, db)
-        store._check(identity)
-        store._sweep_files()
+        store._held = lock
+        try:
+            store._check(identity)
+            store._sweep_files()
+        except BaseException:
+            store.close()
+            raise
         return store
 
     def _check(self, identity: dict[str, Any]) -> None:
@@ -266,7 +279,9 @@ class DurableStore:
         """An evicted encoding saved here, to copy back in; None if none was saved."""
         with self._lock:
             row = self._db.execute("SELECT kv FROM messages WHERE id = ?", (msg.id,)).fetchone()
-        return None if row is None or row[0] is None else self.load_kv(self.root / KV / row[0])
+        if row is None or row[0] is None or _FILE.fullmatch(row[0]) is None:
+            return None
+        return self.load_kv(self.root / KV / row[0])
 
     def load_kv(self, path: Path) -> tuple[Tensor, Tensor] | None:
         """A saved encoding, or None if its file is missing or unreadable."""
@@ -310,12 +325,34 @@ class DurableStore:
                     f"store {self.root}: message {mid}'s record is damaged "
                     f"({type(exc).__name__}); restore the directory from a copy"
                 ) from None
-            out.append(Stored(msg, self.root / KV / kv if kv else None))
+            named = kv is not None and _FILE.fullmatch(kv) is not None  # never a path
+            out.append(Stored(msg, self.root / KV / kv if named else None))
         return out
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
+        if self._held is not None:  # the directory is free for another engine
+            self._held.close()
+            self._held = None
+
+
+_FILE = re.compile(r"[0-9]+\.safetensors")  # what an encoding's file is called
+
+
+def _lock(root: Path) -> Any:
+    """Hold `root`'s lock file for this process (released when it is closed or the
+    process dies); StoreError if another engine holds it."""
+    f = open(root / "lock", "a+")  # held open until the store closes
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise StoreError(
+            f"store {root} is open in another engine (this process or another); a store "
+            f"serves one engine at a time: close that one, or name another directory"
+        ) from None
+    return f
 
 
 def encode(msg: Message) -> dict[str, Any]:

@@ -278,3 +278,21 @@ def _cpu_kernels(model: str, remeasure: bool) -> None:
     Console(width=max(150, Console().width)).print(table)
     if fresh:
         Console().print("[dim](timed now; later loads read the cache)[/]")
+
+
+def bench_store(
+    contexts: Annotated[int, typer.Option(min=1, help="Contexts kept in the store.")] = 8,
+    tokens: Annotated[int, typer.Option(min=8, help="Tokens of each context.")] = 512,
+    model: ModelOpt = "smollm2-135m",
+    dtype: Annotated[str, typer.Option(callback=dtype_option)] = "auto",
+) -> None:
+    """A store's restart and tier (`--store`): follow-ups after a restart with encodings
+    copied in, lost, or no store at all; evicted encodings recomputed vs copied back."""
+    from corps.bench import store as bs
+
+    async def both():
+        restarts = await bs.restart(model, contexts, tokens, dtype)
+        return restarts, await bs.tier(model, contexts, tokens, dtype)
+
+    restarts, tiers = run_bench(both)
+    Console().print(*bs.tables(restarts, tiers))

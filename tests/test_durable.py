@@ -153,3 +153,23 @@ def test_restored_records_keep_their_ids_and_new_ids_follow(tmp_path):
     old = [Message(i, [1], "x", "user", "prefill", [], 0, (), ()) for i in (3, 8)]
     table.restore(old)
     assert table.get(8) is old[1] and table.next_id() == 9 and first == 0
+
+
+def test_a_store_serves_one_engine_at_a_time(tmp_path):
+    """Two engines on one store would hand out the same ids: the second is refused
+    until the first closes (a killed process lets go of it: the lock is the kernel's)."""
+    first = DurableStore.open(tmp_path, ID)
+    with pytest.raises(StoreError, match="open in another engine"):
+        DurableStore.open(tmp_path, ID)
+    first.close()
+    DurableStore.open(tmp_path, ID).close()
+
+
+def test_a_row_naming_a_path_is_not_followed(tmp_path):
+    """An encoding's file is named by its row; a row that names anything but a file
+    of the store's own (a path, another name) is taken as no encoding."""
+    store = DurableStore.open(tmp_path, ID)
+    m = Message(1, [1, 2], "x", "user", "prefill", [], 0, (), ())
+    store.added(m)
+    store._db.execute("UPDATE messages SET kv = '../../etc/passwd' WHERE id = 1")
+    assert store.messages()[0].kv is None and store.take(m) is None

@@ -35,3 +35,27 @@ async def test_a_failed_requests_new_message_is_freed_and_counted_out():
         cache.release([h], ok=False)
         assert h.freed and cache.tokens() == 0 and len(cache) == 0
         engine.check()
+
+
+async def test_with_a_store_ids_come_back_for_their_tenant_only(tmp_path):
+    """A server's kept messages outlive it on a store: each id names its message
+    again, for its tenant alone, and is found again by content; a request that never
+    succeeded leaves nothing behind."""
+    store = tmp_path / "store"
+    async with Engine.open("dummy:tiny", store=store) as engine:
+        cache = MessageCache(engine, size=10, tokens=10_000)
+        a, _ = await cache.encode("user", "tenant a's prompt", [], [None], "a/", "a")
+        b, _ = await cache.encode("user", "tenant b's prompt", [], [None], "b/", "b")
+        lost, _ = await cache.encode("user", "a prompt that fails", [], [None], "a/", "a")
+        cache.release([a, b], ok=True)
+        ids = cache.public_id(a), cache.public_id(b)
+        cache.close()  # the server stops, its request still claiming `lost`
+        assert lost.freed and not a.freed
+    async with Engine.open("dummy:tiny", store=store) as engine:
+        cache = MessageCache(engine, size=10, tokens=10_000)
+        assert cache.restore() == 2
+        assert cache.find("a", ids[0]).id == a.id and cache.find("b", ids[1]).id == b.id
+        assert cache.find("b", ids[0]) is None and cache.find("a", ids[1]) is None
+        again, found = await cache.encode("user", "tenant a's prompt", [], [None], "a/", "a")
+        assert found and again.id == a.id
+        engine.check()
