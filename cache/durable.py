@@ -8,8 +8,9 @@ of every layer, `(L, n, H, D)`).
 
 Crash consistency: a row is written in one transaction as its message is made (a
 process killed at any instant leaves every message made before it, and no half
-row); an encoding's file is written under a temporary name, flushed to disk and
-renamed before a row names it, so a row never names a partial file; files no row
+row); an encoding's file is written under a temporary name and renamed before a
+row names it, and carries a checksum of its tensors, so a file cut or zeroed by a
+crash of the machine reads back as no encoding, never a wrong one; files no row
 names (a crash between the rename and the row) are deleted when the store opens. A
 message whose encoding was not saved comes back without one and is encoded again
 from its tokens, over its parents at their offsets, when a call first reads it.
@@ -21,6 +22,7 @@ JSON object) with the one stored and raises `StoreMismatch` naming what differs.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from corps.cache.errors import CorpsError
@@ -248,10 +251,9 @@ class DurableStore:
 
         path = self.root / KV / f"{msg.id}.safetensors"
         tmp = path.with_suffix(".tmp")
+        k, v = k.contiguous().cpu(), v.contiguous().cpu()
         try:
-            save_file({"k": k.contiguous().cpu(), "v": v.contiguous().cpu()}, str(tmp))
-            with open(tmp, "rb+") as f:
-                os.fsync(f.fileno())
+            save_file({"k": k, "v": v}, str(tmp), metadata={"sum": _digest(k, v)})
             os.replace(tmp, path)
         except OSError:  # a full disk: this encoding is not saved (encoded again when read)
             tmp.unlink(missing_ok=True)
@@ -285,13 +287,14 @@ class DurableStore:
 
     def load_kv(self, path: Path) -> tuple[Tensor, Tensor] | None:
         """A saved encoding, or None if its file is missing or unreadable."""
-        from safetensors.torch import load_file
+        from safetensors import safe_open
 
         try:
-            t = load_file(str(path))
-            return t["k"], t["v"]
+            with safe_open(str(path), "pt") as f:
+                k, v, kept = f.get_tensor("k"), f.get_tensor("v"), f.metadata()["sum"]
         except Exception:  # a damaged file: the message is encoded again instead
             return None
+        return (k, v) if kept == _digest(k, v) else None
 
     def has_kv(self, mid: int) -> bool:
         with self._lock:
@@ -338,6 +341,15 @@ class DurableStore:
 
 
 _FILE = re.compile(r"[0-9]+\.safetensors")  # what an encoding's file is called
+
+
+def _digest(k: Tensor, v: Tensor) -> str:
+    """A checksum of an encoding's bytes: a file cut or zeroed by a crash of the machine
+    (not only of the process) reads back as no encoding, never as a wrong one."""
+    h = hashlib.blake2b(digest_size=16)
+    for t in (k, v):
+        h.update(t.contiguous().view(-1).view(torch.uint8).numpy())
+    return h.hexdigest()
 
 
 def _lock(root: Path) -> Any:

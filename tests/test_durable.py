@@ -3,8 +3,13 @@ rows stay consistent, and hostile directories are refused with a typed error."""
 
 from __future__ import annotations
 
+import multiprocessing as mp
+import os
+import signal
 import sqlite3
+import time
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -173,3 +178,44 @@ def test_a_row_naming_a_path_is_not_followed(tmp_path):
     store.added(m)
     store._db.execute("UPDATE messages SET kv = '../../etc/passwd' WHERE id = 1")
     assert store.messages()[0].kv is None and store.take(m) is None
+
+
+def _writer(root: str, start: int) -> None:
+    """A child process writing messages and encodings, freeing and forgetting some,
+    until it is killed."""
+    store = DurableStore.open(root, ID)
+    table = MessageTable()
+    table.restore([s.message for s in store.messages()])
+    table.journal = store
+    rng = np.random.default_rng(start)
+    for _ in range(10_000):
+        m = Message(table.next_id(), [1] * 4, "x" * 50, "user", "prefill", [], 0, (), ())
+        table.add(m)
+        if rng.random() < 0.7:
+            store.save(m, torch.randn(2, 4, 3, 8), torch.randn(2, 4, 3, 8))
+        if rng.random() < 0.2:
+            m.freed = True
+            table.freed(m)
+            table.forget(m.id)
+
+
+def test_a_store_killed_at_random_points_reopens_whole(tmp_path):
+    """Writers killed (SIGKILL) at random instants on one store (25 here; CORPS_KILLS=100
+    for the issue's count): it reopens every time, every row reads back, every encoding
+    a row names loads and checks out."""
+    ctx = mp.get_context("fork")
+    rng = np.random.default_rng(0)
+    for i in range(int(os.environ.get("CORPS_KILLS", "25"))):
+        child = ctx.Process(target=_writer, args=(str(tmp_path), i), daemon=True)
+        child.start()
+        time.sleep(float(rng.uniform(0.02, 0.3)))  # a kill point: not a synchronisation
+        os.kill(child.pid, signal.SIGKILL)
+        child.join()
+        store = DurableStore.open(tmp_path, ID)
+        stored = store.messages()
+        for s in stored:
+            if s.kv is not None:
+                assert store.take(s.message) is not None, f"kill {i}: message {s.message.id}"
+        assert len({s.message.id for s in stored}) == len(stored)
+        store.close()
+    assert stored  # the writers got somewhere

@@ -132,8 +132,8 @@ anyio.run(main)
 
 
 def test_a_killed_process_leaves_every_message_it_made(tiny_dirs, tmp_path):
-    """No close, no checkpoint: the rows written as each message was made are there,
-    their encodings are not, and a follow-up over them decodes as in one process."""
+    """No close, no checkpoint: the rows and encodings written as each message was made
+    are there, and a follow-up over them decodes as in one process."""
     store = tmp_path / "store"
     script = KILLED.format(model=str(tiny_dirs["llama"]), store=str(store))
     env = {**os.environ, "CORPS_PRECOMPILED": "off"}
@@ -225,8 +225,9 @@ anyio.run(main)
 
 def test_a_killed_run_resumes_from_its_last_finished_call(tiny_dirs, tmp_path):
     """Killed before its last call: run again under its name, the three finished calls
-    are replayed from the store (their encodings made again from tokens, never saved)
-    and only the last runs, giving what an uninterrupted run gives."""
+    are replayed from the store (their encodings, saved as each was made, copied back:
+    nothing finished is encoded again) and only the last runs, giving what an
+    uninterrupted run gives."""
     store = tmp_path / "store"
     script = KILLED_RUN.format(model=str(tiny_dirs["llama"]), store=str(store))
     run = subprocess.run(
@@ -243,8 +244,9 @@ def test_a_killed_run_resumes_from_its_last_finished_call(tiny_dirs, tmp_path):
                 _, got = await conversation(e)
             assert got == want
             stats = e.stats()
-        # only the follow-up ran: its own tokens and its recomputed context
-        assert stats.tokens_recomputed > 0 and stats.tokens_encoded > stats.tokens_recomputed
+        # only the follow-up ran, over the finished turns' encodings copied back
+        assert stats.tokens_recomputed == 0 and stats.tokens_copied_back > 0
+        assert 0 < stats.tokens_encoded < sum(len(m.tokens) for m in e.messages())
 
     anyio.run(main)
 
