@@ -55,11 +55,11 @@ async def restart(model: str, contexts: int, tokens: int, dtype: str) -> list[Re
     try:
         async with Engine.open(model, dtype=dtype, store=root / "s") as engine:
             ids = [(await engine.prefill(_context(engine, tokens, i))).id for i in range(contexts)]
-        out = [await _follow("reopened, encodings copied in", model, dtype, root / "s", ids)]
+        out = [await _follow("encodings copied in", model, dtype, root / "s", ids)]
         shutil.copytree(root / "s", root / "lost")
         for f in (root / "lost" / KV).iterdir():
             f.unlink()
-        out.append(await _follow("reopened, encodings lost (recomputed)", model, dtype,
+        out.append(await _follow("encodings lost", model, dtype,
                                  root / "lost", ids))  # fmt: skip
         out.append(await _fresh(model, dtype, contexts, tokens))
         return out
@@ -93,7 +93,7 @@ async def _fresh(model: str, dtype: str, contexts: int, tokens: int) -> Restart:
             await engine.decode(parents=[ctx], max_tokens=1, final=True)
         wall = time.perf_counter() - t1
         encoded = engine.stats().tokens_encoded
-    return Restart(label="no store: text encoded again", open_s=opened, follow_s=wall,
+    return Restart(label="no store", open_s=opened, follow_s=wall,
                    encoded=encoded, copied=0)  # fmt: skip
 
 
@@ -105,7 +105,7 @@ async def tier(model: str, contexts: int, tokens: int, dtype: str) -> list[Tier]
         async with Engine.open(model, dtype=dtype) as probe:
             per = len(probe.tokenizer.encode(_context(probe, tokens, 0)))
         capacity = max(256, per * contexts // 2 + 2 * per)
-        for label, store in (("recomputed (no store)", None), ("copied back (store)", root)):
+        for label, store in (("no store", None), ("store", root)):
             async with Engine.open(model, dtype=dtype, store=store, capacity=capacity) as e:
                 hs = [await e.prefill(_context(e, tokens, i)) for i in range(contexts)]
                 t0 = time.perf_counter()

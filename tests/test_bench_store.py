@@ -24,4 +24,4 @@ def test_restart_and_tier_rows_do_what_they_say(tiny_dirs):
     assert store.evicted > 0 and store.recomputed == 0 and store.copied > 0
     console = Console(record=True, width=160)
     console.print(*bs.tables(restarts, tiers))
-    assert "copied back (store)" in console.export_text()
+    assert "encodings copied in" in console.export_text()

@@ -6,6 +6,7 @@ process leaves every message made before it; another setup is refused."""
 from __future__ import annotations
 
 import os
+import random
 import subprocess
 import sys
 import textwrap
@@ -262,5 +263,66 @@ def test_recorded_runs_need_a_store_and_a_name(tiny_dirs, tmp_path):
             for bad in ("", 7, "x" * 201):
                 with pytest.raises(InvalidRequest, match="name"), e.recorded(bad):
                     pass
+
+    anyio.run(main)
+
+
+KILLED_TOT = """
+import os, random, anyio
+from corps.agents import Runtime
+from corps.engine.api.engine import Engine
+from corps.engine.api.submit import Submitter
+from corps.patterns.tree_of_thoughts import tree_of_thoughts
+
+done, kill_at = [0], {kill_at}
+wait = Submitter.wait
+
+async def counted(self, job):
+    handle = await wait(self, job)
+    done[0] += 1
+    if done[0] == kill_at:
+        os._exit(9)  # killed right after this call finished and was recorded
+    return handle
+
+Submitter.wait = counted
+
+async def main():
+    async with Engine.open({model!r}, dtype="float32", capacity=4096, store={store!r}) as e:
+        async with Runtime(e) as rt:
+            with e.recorded("tot"):
+                await tree_of_thoughts(rt, **{params!r})
+
+anyio.run(main)
+"""
+
+
+def test_a_tree_of_thoughts_killed_at_a_random_turn_resumes_to_the_same_answer(tiny_dirs, tmp_path):
+    """Killed after a random number of finished calls (drawn per run of the suite and
+    printed on failure): resumed under its name, the answer is an uninterrupted run's,
+    every finished call is replayed and none of their tokens is encoded again."""
+    from corps.agents import Runtime
+    from corps.patterns.tree_of_thoughts import tree_of_thoughts
+
+    params = dict(branches=3, voters=2, max_tokens=6, vote_tokens=4, seed=5)
+    kill_at = random.Random().randint(1, 3 + 3 + 2 + 2)  # prompts, branches, votes, answer
+    store = tmp_path / "store"
+    script = KILLED_TOT.format(model=str(tiny_dirs["llama"]), store=str(store),
+                               kill_at=kill_at, params=params)  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True,
+        env={**os.environ, "CORPS_PRECOMPILED": "off"}, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 9, (kill_at, run.stderr[-2000:])
+
+    async def main():
+        async with open_tiny(tiny_dirs) as e, Runtime(e) as rt:
+            want = await tree_of_thoughts(rt, **params)
+        async with open_tiny(tiny_dirs, store=store) as e, Runtime(e) as rt:
+            with e.recorded("tot"):
+                got = await tree_of_thoughts(rt, **params)
+            stats = e.stats()
+        assert got.answer == want.answer, kill_at
+        assert [m.text for m in got.messages] == [m.text for m in want.messages], kill_at
+        assert stats.tokens_recomputed == 0, kill_at
 
     anyio.run(main)
