@@ -82,6 +82,7 @@ class SoakReport(BaseModel):
     dead_letters: int
     evicted: int = 0  # messages whose encodings were dropped for room (preemption)
     recomputed: int = 0  # tokens of dropped encodings made again when read
+    copied: int = 0  # ... copied back from the store instead (`store=`)
 
 
 def rss_mb() -> float:
@@ -213,6 +214,7 @@ async def soak(
     dtype: str = DEFAULT_DTYPE,
     admission: bool = True,
     evict: bool = True,
+    store: str | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> SoakReport:
     """Run the soak; `progress(n)` is called after each of the n workflows ends."""
@@ -229,7 +231,9 @@ async def soak(
     done_at: list[float] = []
     marks: dict[str, float] = {}
     peak = dict(store=0, rss=0.0)
-    opened = Engine.open(model, dtype=dtype, capacity=capacity, admission=admission, evict=evict)
+    opened = Engine.open(
+        model, dtype=dtype, capacity=capacity, admission=admission, evict=evict, store=store
+    )
     async with opened as engine:
         async with Runtime(engine) as rt:
             state = _Soak(engine, rt, rng, max_tokens)
@@ -310,6 +314,7 @@ async def soak(
         dead_letters=dead,
         evicted=stats.messages_evicted,
         recomputed=stats.tokens_recomputed,
+        copied=stats.tokens_copied_back,
     )
 
 
@@ -371,5 +376,8 @@ def table(r: SoakReport):
         "records held at the end / leaks / dead letters",
         f"{r.records_end} / {r.leaks} / {r.dead_letters}",
     )
-    t.add_row("encodings evicted / tokens recomputed", f"{r.evicted} / {r.recomputed}")
+    t.add_row(
+        "encodings evicted / tokens recomputed / copied back",
+        f"{r.evicted} / {r.recomputed} / {r.copied}",
+    )
     return t

@@ -197,6 +197,10 @@ def bench_soak(
             "recompute them when read (off: such a call fails)."
         ),
     ] = True,
+    store: Annotated[
+        str | None,
+        typer.Option(help="A store directory: evicted encodings are copied back, not recomputed."),
+    ] = None,
     model: ModelOpt = "smollm2-135m",
     dtype: DtypeOpt = DEFAULT_DTYPE,
     json_out: Annotated[str | None, typer.Option("--json", help="Write the report here.")] = None,
@@ -222,6 +226,7 @@ def bench_soak(
                 dtype=dtype,
                 admission=admission,
                 evict=evict,
+                store=store,
                 progress=lambda n: bar.update(task, completed=n),
             )
         )

@@ -219,3 +219,16 @@ def test_a_store_killed_at_random_points_reopens_whole(tmp_path):
         assert len({s.message.id for s in stored}) == len(stored)
         store.close()
     assert stored  # the writers got somewhere
+
+
+def test_an_encoding_whose_bytes_changed_reads_back_as_none(tmp_path):
+    """A file of the right size whose data a crash zeroed: the checksum refuses it."""
+    store = DurableStore.open(tmp_path, ID)
+    m = Message(1, [1, 2], "x", "user", "prefill", [], 0, (), ())
+    store.added(m)
+    store.save(m, kv(2), kv(2))
+    path = tmp_path / KV / "1.safetensors"
+    data = bytearray(path.read_bytes())
+    data[-64:] = bytes(64)
+    path.write_bytes(bytes(data))
+    assert store.take(m) is None

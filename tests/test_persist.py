@@ -326,3 +326,30 @@ def test_a_tree_of_thoughts_killed_at_a_random_turn_resumes_to_the_same_answer(t
         assert stats.tokens_recomputed == 0, kill_at
 
     anyio.run(main)
+
+
+def test_privacy_survives_the_restart(tiny_dirs, tmp_path):
+    """Owners and visibility come back exactly: a private message is as private after a
+    restart as before (read and attended to by its owner only), a shared one as shared."""
+    from corps.cache.visibility import AccessDenied, Private, Shared
+
+    store = tmp_path / "store"
+
+    async def main():
+        async with open_tiny(tiny_dirs, store=store, leak_policy="deny") as e:
+            secret = await e.prefill("the code is 4417", owner="alice", visibility=Private())
+            team = await e.prefill("meet at noon", owner="alice", visibility=Shared({"bob"}))
+            ids = secret.id, team.id
+        async with open_tiny(tiny_dirs, store=store, leak_policy="deny") as e:
+            secret, team = (e.handle(i) for i in ids)
+            assert e.read(secret, reader="alice") == "the code is 4417"
+            with pytest.raises(AccessDenied):
+                e.read(secret, reader="bob")
+            with pytest.raises(AccessDenied):
+                await e.decode(parents=[secret], owner="bob", **GREEDY)
+            assert e.read(team, reader="bob") == "meet at noon"
+            with pytest.raises(AccessDenied):
+                e.read(team, reader="carol")
+            await e.decode(parents=[secret], owner="alice", **GREEDY)  # its owner may
+
+    anyio.run(main)
