@@ -73,6 +73,12 @@ class Metrics:
             ("corps_running_calls", "gauge", "calls admitted and stepping", stats.running),
             ("corps_store_used_tokens", "gauge", "KV store slots in use", stats.tokens_used),
             ("corps_store_capacity_tokens", "gauge", "KV store slots", stats.capacity),
+            ("corps_tokens_evicted_total", "counter", "tokens whose encodings left the KV "
+             "store for room", stats.tokens_evicted),
+            ("corps_tokens_recomputed_total", "counter", "evicted tokens encoded again when "
+             "read", stats.tokens_recomputed),
+            ("corps_tokens_copied_back_total", "counter", "evicted tokens copied back from "
+             "the store (--store) instead", stats.tokens_copied_back),
             ("corps_steps_total", "counter", "fused forward steps", stats.steps),
             ("corps_step_seconds_total", "counter", "seconds spent in steps", stats.step_s),
             ("corps_leaks_total", "counter", "calls' reads of context hidden from their reader "

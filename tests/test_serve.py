@@ -218,6 +218,7 @@ def test_completions_models_health_and_metrics(served, client):
     assert json.loads(urlopen(served.url + "/health").read()) == {"status": "ok"}
     metrics = urlopen(served.url + "/metrics").read().decode()
     assert "corps_http_requests_total" in metrics and "corps_store_used_tokens" in metrics
+    assert "corps_tokens_copied_back_total" in metrics  # the store tier's, 0 without one
 
 
 def test_metrics_give_the_audit_by_repair_policy_and_no_client_name(tiny_dirs):
