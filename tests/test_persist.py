@@ -353,3 +353,33 @@ def test_privacy_survives_the_restart(tiny_dirs, tmp_path):
             await e.decode(parents=[secret], owner="alice", **GREEDY)  # its owner may
 
     anyio.run(main)
+
+
+def test_leaving_a_replayed_call_frees_nothing_of_the_run_it_replays(tiny_dirs, tmp_path):
+    """A replayed call's message was made by an earlier run: a stream left at its one
+    delta, or a `decode_many` that fails beside it, leaves it as it was."""
+    store = tmp_path / "store"
+
+    async def main():
+        async with open_tiny(tiny_dirs, store=store) as e:
+            with e.recorded("r"):
+                q = await e.prefill("hello there")
+                a = await e.decode(parents=[q], **GREEDY)
+        async with open_tiny(tiny_dirs, store=store) as e:
+            with e.recorded("r"):
+                q2 = await e.prefill("hello there")
+                async with e.stream(parents=[q2], **GREEDY) as s:
+                    async for _ in s:
+                        break  # the consumer leaves at the first (and only) delta
+            assert s.handle is None and not e.handle(a.id).freed
+        async with open_tiny(tiny_dirs, store=store) as e:
+            gone = await e.prefill("freed before it is read")
+            e.free(gone)
+            with e.recorded("r"):
+                q3 = await e.prefill("hello there")
+                with pytest.raises(UnknownHandle):  # the first replays, the second fails
+                    await e.decode_many([dict(parents=[q3], **GREEDY), dict(parents=[gone])])
+            assert e.read(e.handle(a.id), reader=None) == a.text
+            e.check()
+
+    anyio.run(main)

@@ -103,7 +103,7 @@ class TextStream:
             job.cancelled = True
             if not queued:
                 calls.end(job)  # never queued: give its pins back
-            elif job.done.is_set() and job.handle is not None:
+            elif job.done.is_set() and job.handle is not None and not job.replayed:
                 calls.free(job.handle)  # finished, but the consumer left
                 job.handle = None
             else:  # running: leaving returns once its partial tokens are rolled back
@@ -114,7 +114,8 @@ class TextStream:
             try:
                 yield tokens.piece(final[len(detok.shown) :])  # what was held back
             except BaseException:  # the consumer left at the last delta: as above
-                calls.free(self.handle)
+                if not job.replayed:  # (a replayed call's message is an earlier run's)
+                    calls.free(self.handle)
                 self.handle = None
                 raise
 

@@ -94,7 +94,7 @@ class Submitter:
         if place is not None and not missing:
             replayed = self.turns.replay(place, request.owner)
             if replayed is not None:  # recorded in this run before: its message, at once
-                return Job(request, id=cid, handle=replayed, leaks=leaks)
+                return Job(request, id=cid, handle=replayed, leaks=leaks, replayed=True)
         if missing:
             request = await self.guard.reencode(request, self._prefill_internal)
         job = self.pinned_job(request, cid, group, size)
@@ -202,7 +202,7 @@ class Submitter:
         for job in jobs[:queued]:
             await job.abandon()  # the loop aborts cancelled jobs at its next step
         for job in jobs:
-            if job.handle is not None:
+            if job.handle is not None and not job.replayed:  # a replayed one made nothing
                 self.executor.free(job.handle)
                 job.handle = None
 
@@ -214,7 +214,7 @@ class Submitter:
             return Pending(self.job(request, cid, replay=False), self.run, self.wait)
         replayed = None if place is None else self.turns.replay(place, request.owner)
         if replayed is not None:
-            job = Job(request, id=cid, handle=replayed, leaks=leaks)
+            job = Job(request, id=cid, handle=replayed, leaks=leaks, replayed=True)
         else:
             job = self.pinned_job(request, cid)
             job.leaks = leaks

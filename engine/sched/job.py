@@ -53,6 +53,9 @@ class Job:
     group: int = 0  # its task group: calls submitted together (its own id alone)
     skipped: int = 0  # steps in a row the policy left it out of (`objective`)
     charged: int = 0  # of its call's encoded tokens, those already counted (`fair`)
+    # it came with its message, made by an earlier run (`corps.engine.api.turns`): it
+    # never runs, and nothing that ends it frees that message
+    replayed: bool = False
 
     @property
     def rows(self) -> int:

@@ -111,7 +111,7 @@ class Scheduler:
         without a call that was already made (and traced as queued). A job that comes
         with its message (a recorded call replayed, `corps.engine.api.turns`) ends now."""
         self._check_open()
-        if job.handle is not None:
+        if job.replayed:
             return self.end(job)
         try:
             self._send.send_nowait(job)
@@ -128,7 +128,7 @@ class Scheduler:
     def submit_nowait(self, job: Job) -> None:
         self._check_open()
         try:
-            if job.handle is not None:  # replayed: as `submit`
+            if job.replayed:  # as `submit`
                 return self.end(job)
             self._send.send_nowait(job)
         except anyio.WouldBlock:
@@ -184,10 +184,10 @@ class Scheduler:
         if job.pins:  # never admitted (an admitted call gives them back as it ends)
             executor.unpin(job.pins)
             job.pins = []
-        if job.handle is not None and (job.error is not None or job.cancelled):
+        if job.handle is not None and (job.error or job.cancelled) and not job.replayed:
             executor.free(job.handle)  # finished, but nobody will ever receive it
             job.handle = None
-        if job.handle is not None and job.call is not None:  # not a replayed one's
+        if job.handle is not None and not job.replayed:
             executor.table.get(job.handle.id).figures = job.figures()
         if self.rec.on:
             for event in end_events(self.rec, executor.table, job):
@@ -200,7 +200,7 @@ class Scheduler:
         try:
             return await job.wait()
         except BaseException:
-            if job.done.is_set() and job.handle is not None:
+            if job.done.is_set() and job.handle is not None and not job.replayed:
                 handle, job.handle = job.handle, None
                 self.executor.free(handle)
             raise
