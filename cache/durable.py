@@ -98,6 +98,7 @@ class DurableStore:
             (root / KV).mkdir(parents=True, exist_ok=True)
             lock = _lock(root)
             db = sqlite3.connect(root / DB, check_same_thread=False, isolation_level=None)
+            _ours_or_new(db, root)  # before anything is written to it
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")
             db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
@@ -113,10 +114,12 @@ class DurableStore:
                 "CREATE TABLE IF NOT EXISTS turns (run TEXT, key TEXT, n INTEGER, "
                 "message INTEGER NOT NULL, PRIMARY KEY (run, key, n))"
             )
-        except (OSError, sqlite3.Error) as exc:
+        except (OSError, sqlite3.Error, StoreError) as exc:
             for held in (db, lock):
                 if held is not None:
                     held.close()
+            if isinstance(exc, StoreError):
+                raise
             raise StoreError(
                 f"store {root} cannot be opened ({type(exc).__name__}: {exc}); check the "
                 f"directory's permissions, or name another one"
@@ -126,6 +129,12 @@ class DurableStore:
         try:
             store._check(identity)
             store._sweep_files()
+        except sqlite3.Error as exc:
+            store.close()
+            raise StoreError(
+                f"store {root} cannot be read ({type(exc).__name__}: {exc}); restore the "
+                f"directory from a copy, or name another one"
+            ) from exc
         except BaseException:
             store.close()
             raise
@@ -317,8 +326,15 @@ class DurableStore:
 
     def messages(self) -> list[Stored]:
         """Every stored message, by id; a row that cannot be read is a StoreError."""
-        with self._lock:
-            rows = self._db.execute("SELECT id, record, kv FROM messages ORDER BY id").fetchall()
+        try:
+            with self._lock:
+                rows = self._db.execute("SELECT id, record, kv FROM messages ORDER BY id")
+                rows = rows.fetchall()
+        except sqlite3.Error as exc:
+            raise StoreError(
+                f"store {self.root}: its messages cannot be read ({type(exc).__name__}); "
+                f"restore the directory from a copy"
+            ) from exc
         out = []
         for mid, record, kv in rows:
             try:
@@ -338,6 +354,32 @@ class DurableStore:
         if self._held is not None:  # the directory is free for another engine
             self._held.close()
             self._held = None
+
+
+TABLES = {"meta", "messages", "names", "turns"}
+
+
+def _ours_or_new(db: sqlite3.Connection, root: Path) -> None:
+    """StoreError unless the database is empty or a corps store's (its `meta` names a
+    format): another program's database is never written to."""
+    tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if not tables:
+        return
+    ours = tables <= TABLES and "meta" in tables
+    if ours:  # its meta names a format, or it is one a crash left before it did
+        cols = {r[1] for r in db.execute("PRAGMA table_info(meta)")}
+        rows = db.execute("SELECT key FROM meta").fetchall() if cols == {"key", "value"} else None
+        ours = rows is not None and (("format",) in rows or (not rows and _empty(db, tables)))
+    if not ours:
+        raise StoreError(
+            f"{root / DB} is another program's database (tables: {', '.join(sorted(tables))}), "
+            f"not a corps store; it is left as it is: name another directory"
+        )
+
+
+def _empty(db: sqlite3.Connection, tables: set[str]) -> bool:
+    """No row in any of `tables` (names of our own tables only)."""
+    return all(db.execute(f"SELECT 1 FROM {t} LIMIT 1").fetchone() is None for t in tables)
 
 
 _FILE = re.compile(r"[0-9]+\.safetensors")  # what an encoding's file is called

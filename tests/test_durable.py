@@ -232,3 +232,34 @@ def test_an_encoding_whose_bytes_changed_reads_back_as_none(tmp_path):
     data[-64:] = bytes(64)
     path.write_bytes(bytes(data))
     assert store.take(m) is None
+
+
+def test_a_database_missing_its_tables_or_unwritable_is_a_typed_error(tmp_path):
+    """A database of another program (a `meta` table of other columns), and a
+    directory this process may not write: StoreError, nothing overwritten."""
+    other = tmp_path / "other"
+    other.mkdir()
+    with sqlite3.connect(other / DB) as db:
+        db.execute("CREATE TABLE meta (x INTEGER)")
+    before = (other / DB).read_bytes()
+    with pytest.raises(StoreError):
+        DurableStore.open(other, ID)
+    assert (other / DB).read_bytes() == before
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        if os.access(locked, os.W_OK):  # root writes anywhere: nothing to refuse here
+            pytest.skip("this process may write a read-only directory (root)")
+        with pytest.raises(StoreError, match="cannot be opened"):
+            DurableStore.open(locked / "s", ID)
+    finally:
+        locked.chmod(0o700)
+
+
+def test_a_store_a_crash_left_before_its_identity_opens(tmp_path):
+    """Killed between creating its tables and writing its identity: empty, still ours."""
+    DurableStore.open(tmp_path, ID).close()
+    with sqlite3.connect(tmp_path / DB) as db:
+        db.execute("DELETE FROM meta")
+    DurableStore.open(tmp_path, ID).close()
