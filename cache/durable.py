@@ -42,6 +42,9 @@ from corps.cache.visibility import Private, Public, Shared
 
 FORMAT = 1  # the layout of rows and files; a store of another format is refused
 DB, KV = "messages.db", "kv"
+#: identity keys a store may be rebuilt across (`open(rebuild=True)`): how the model
+#: runs, not which model it is, so its messages' tokens are still right
+REBUILDABLE = {"dtype", "weights", "kv"}
 
 
 class StoreError(CorpsError):
@@ -87,9 +90,13 @@ class DurableStore:
                 )
 
     @classmethod
-    def open(cls, root: str | Path, identity: dict[str, Any]) -> DurableStore:
+    def open(
+        cls, root: str | Path, identity: dict[str, Any], rebuild: bool = False
+    ) -> DurableStore:
         """Open (or create) the store at `root` for a model of `identity`; StoreMismatch
-        if it was made with another, StoreError if it cannot be read."""
+        if it was made with another, StoreError if it cannot be read. `rebuild`: a store
+        whose identity differs only in `REBUILDABLE` keys (the same model's files) drops
+        its encodings and takes this identity; its messages are encoded again when read."""
         root = Path(root)
         if root.exists() and not root.is_dir():
             raise StoreError(f"store {root} is a file, not a directory: name a directory")
@@ -127,7 +134,7 @@ class DurableStore:
         store = cls(root, db)
         store._held = lock
         try:
-            store._check(identity)
+            store._check(identity, rebuild)
             store._sweep_files()
         except sqlite3.Error as exc:
             store.close()
@@ -140,7 +147,7 @@ class DurableStore:
             raise
         return store
 
-    def _check(self, identity: dict[str, Any]) -> None:
+    def _check(self, identity: dict[str, Any], rebuild: bool = False) -> None:
         meta = self.meta()
         if not meta:
             self._set_meta(format=str(FORMAT), identity=json.dumps(identity, sort_keys=True))
@@ -156,15 +163,30 @@ class DurableStore:
             raise StoreError(f"store {self.root}: its model identity is damaged") from None
         keys = identity.keys() | theirs.keys()
         differ = sorted(k for k in keys if identity.get(k) != theirs.get(k))
-        if differ:
-            said = ", ".join(
-                f"{k}: {theirs.get(k)!r} there, {identity.get(k)!r} here" for k in differ
-            )
-            raise StoreMismatch(
-                f"store {self.root} was made with another model setup ({said}); its "
-                f"encodings would be wrong here: open it with the same model and settings, "
-                f"or name another directory"
-            )
+        if not differ:
+            return
+        if rebuild and set(differ) <= REBUILDABLE:  # the same tokens: encode them again
+            self._drop_encodings()
+            self._set_meta(identity=json.dumps(identity, sort_keys=True))
+            return
+        said = ", ".join(f"{k}: {theirs.get(k)!r} there, {identity.get(k)!r} here" for k in differ)
+        how = (
+            "open it with store_rebuild=True to drop its encodings and encode its messages "
+            "again from their tokens as they are read"
+            if set(differ) <= REBUILDABLE
+            else "its messages' tokens belong to that model: open it with that one"
+        )
+        raise StoreMismatch(
+            f"store {self.root} was made with another model setup ({said}); its encodings "
+            f"would be wrong here: {how}, or name another directory"
+        )
+
+    def _drop_encodings(self) -> None:
+        """Forget every saved encoding (`store_rebuild`): messages come back without."""
+        with self._lock:
+            self._db.execute("UPDATE messages SET kv = NULL")
+        for f in (self.root / KV).iterdir():
+            f.unlink(missing_ok=True)
 
     def meta(self) -> dict[str, str]:
         with self._lock:

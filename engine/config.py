@@ -139,6 +139,8 @@ class EngineConfig(BaseModel):
       closes, and an engine opened on the same directory with the same model and
       settings has every message and id back (`Engine.handle(id)`); another model,
       dtype, weight format or mode is refused (`StoreMismatch`). Not for mode "hf".
+      `store_rebuild`: a store made with the same model files in another dtype or
+      weight format drops its encodings instead (its messages encoded again when read).
     - `policy`: how the batching loop admits waiting calls (`corps.engine.sched.policies`):
       "fcfs" (first come, first served), "workflow" (earlier workflows first, task
       groups whole), "objective" (latency calls first, the batch bounded beside
@@ -266,6 +268,7 @@ class EngineConfig(BaseModel):
     otel: str | None = None
     auto_free: bool = False
     store: Path | None = None
+    store_rebuild: bool = False
     jump_forward: bool = True
     graphs: Graphs = "auto"
     repair: str = "none"

@@ -383,3 +383,27 @@ def test_leaving_a_replayed_call_frees_nothing_of_the_run_it_replays(tiny_dirs, 
             e.check()
 
     anyio.run(main)
+
+
+def test_store_rebuild_reencodes_for_another_dtype_but_never_another_model(tiny_dirs, tmp_path):
+    """`store_rebuild=True`: the same model in another dtype drops the encodings and
+    takes the store (messages encoded again as read); another model stays refused."""
+    store = tmp_path / "store"
+
+    async def main():
+        async with open_tiny(tiny_dirs, store=store) as e:
+            ids, _ = await conversation(e)
+        with pytest.raises(StoreMismatch, match="store_rebuild=True"):
+            open_tiny(tiny_dirs, store=store, dtype="bfloat16")
+        with pytest.raises(StoreMismatch, match="tokens belong to that model"):
+            open_tiny(tiny_dirs, "qwen2", store=store, store_rebuild=True)
+        async with open_tiny(tiny_dirs, store=store, dtype="bfloat16", store_rebuild=True) as e:
+            assert [m.id for m in e.messages()] == [*ids, ids[-1] + 1]
+            await follow_up(e, ids)
+            assert e.stats().tokens_recomputed > 0 and e.stats().tokens_copied_back == 0
+        async with open_tiny(tiny_dirs, store=store, dtype="bfloat16") as e:  # it is theirs now
+            await follow_up(e, ids)
+        with pytest.raises(StoreMismatch, match="dtype"):
+            open_tiny(tiny_dirs, store=store)
+
+    anyio.run(main)

@@ -55,7 +55,9 @@ def identity(cfg: EngineConfig, path: Path, source: str, executor: Executor) -> 
 def open_store(cfg: EngineConfig, path: Path, source: str, executor: Executor) -> DurableStore:
     """Open `cfg.store` for `executor` and read its messages back (torch thread, before
     the engine starts): the executor keeps its messages in it from now on."""
-    store = DurableStore.open(cfg.store, identity(cfg, path, source, executor))
+    store = DurableStore.open(
+        cfg.store, identity(cfg, path, source, executor), rebuild=cfg.store_rebuild
+    )
     try:
         executor.keep_in(store)
     except BaseException:
