@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from corps.cache.errors import CorpsError
+from corps.cache.errors import CorpsError, require
 from corps.cache.messages import CallFigures, Message
 from corps.cache.visibility import Private, Public, Shared
 
@@ -369,6 +369,19 @@ class DurableStore:
             named = kv is not None and _FILE.fullmatch(kv) is not None  # never a path
             out.append(Stored(msg, self.root / KV / kv if named else None))
         return out
+
+    def check(self, ids: set[int]) -> None:
+        """BrokenInvariant unless the store holds a row for exactly the messages `ids`
+        (the table's, the sink aside) and every encoding a row names is a file here.
+        A store that refused writes (`failures`) is behind by design: not checked."""
+        if self.failures:
+            return
+        with self._lock:
+            rows = self._db.execute("SELECT id, kv FROM messages").fetchall()
+        kept = {mid for mid, _ in rows}
+        require(kept == ids, f"store rows {sorted(kept ^ ids)[:8]} differ from the table's")
+        for mid, kv in rows:
+            require(kv is None or (self.root / KV / kv).is_file(), f"message {mid}: no {kv}")
 
     def close(self) -> None:
         with self._lock:

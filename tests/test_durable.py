@@ -263,3 +263,17 @@ def test_a_store_a_crash_left_before_its_identity_opens(tmp_path):
     with sqlite3.connect(tmp_path / DB) as db:
         db.execute("DELETE FROM meta")
     DurableStore.open(tmp_path, ID).close()
+
+
+def test_check_finds_a_store_out_of_step_with_its_table(tmp_path):
+    from corps.cache.errors import BrokenInvariant
+
+    store = DurableStore.open(tmp_path, ID)
+    m = Message(1, [1, 2], "x", "user", "prefill", [], 0, (), ())
+    store.save(m, kv(2), kv(2))
+    store.check({1})
+    with pytest.raises(BrokenInvariant, match="differ"):
+        store.check({1, 2})
+    (tmp_path / KV / "1.safetensors").unlink()
+    with pytest.raises(BrokenInvariant, match=r"no 1\.safetensors"):
+        store.check({1})

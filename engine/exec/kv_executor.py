@@ -293,8 +293,11 @@ class KVExecutor:
             self.memory.free(msg)
 
     def check(self) -> None:
-        """BrokenInvariant unless the bookkeeping of an idle executor is exact."""
+        """BrokenInvariant unless the bookkeeping of an idle executor is exact (and its
+        store's: a row for every message, a file for every encoding a row names)."""
         self.memory.check()
+        if self.durable is not None:
+            self.durable.check({m.id for m in self.table.all() if m.kind != "sink"})
 
     def gauges(self) -> tuple[int, int, int, int]:
         """(store slots used, store capacity, tokens evicted, tokens recomputed)."""
