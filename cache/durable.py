@@ -221,9 +221,9 @@ class DurableStore:
         encoded again from it) until the table forgets it; its saved encoding goes."""
         if msg.kind == "sink":
             return
-        self.added(msg)
+        self.added(msg)  # its row rewritten: freed, and naming no encoding
         self._write("DELETE FROM names WHERE message = ?", (msg.id,))
-        self._drop_file(msg.id)
+        (self.root / KV / f"{msg.id}.safetensors").unlink(missing_ok=True)
 
     def forgotten(self, mid: int) -> None:
         """The table dropped a freed record nothing depends on: so does the store."""
@@ -310,11 +310,8 @@ class DurableStore:
 
     def take(self, msg: Message) -> tuple[Tensor, Tensor] | None:
         """An evicted encoding saved here, to copy back in; None if none was saved."""
-        with self._lock:
-            row = self._db.execute("SELECT kv FROM messages WHERE id = ?", (msg.id,)).fetchone()
-        if row is None or row[0] is None or _FILE.fullmatch(row[0]) is None:
-            return None
-        return self.load_kv(self.root / KV / row[0])
+        name = self._kv_name(msg.id)
+        return None if name is None else self.load_kv(self.root / KV / name)
 
     def load_kv(self, path: Path) -> tuple[Tensor, Tensor] | None:
         """A saved encoding, or None if its file is missing or unreadable."""
@@ -328,9 +325,14 @@ class DurableStore:
         return (k, v) if kept == _digest(k, v) else None
 
     def has_kv(self, mid: int) -> bool:
+        return self._kv_name(mid) is not None
+
+    def _kv_name(self, mid: int) -> str | None:
+        """The file a message's row names for its encoding (never a path), or None."""
         with self._lock:
             row = self._db.execute("SELECT kv FROM messages WHERE id = ?", (mid,)).fetchone()
-        return row is not None and row[0] is not None
+        ok = row is not None and row[0] is not None and _FILE.fullmatch(row[0]) is not None
+        return row[0] if ok else None
 
     def _drop_file(self, mid: int) -> None:
         self._write("UPDATE messages SET kv = NULL WHERE id = ?", (mid,))

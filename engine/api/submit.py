@@ -91,12 +91,21 @@ class Submitter:
         cid = cid or next(self.ids)
         place = self.turns.begin(request) if self.turns is not None and replay else None
         request, missing, leaks = self.guard.screen(request, call_id=cid)
-        if place is not None and not missing:
-            replayed = self.turns.replay(place, request.owner)
-            if replayed is not None:  # recorded in this run before: its message, at once
-                return Job(request, id=cid, handle=replayed, leaks=leaks, replayed=True)
         if missing:
             request = await self.guard.reencode(request, self._prefill_internal)
+            place = None  # it read fresh copies: not the calls a run recorded
+        return self._job_at(place, request, cid, leaks, group, size)
+
+    def _job_at(
+        self, place: tuple | None, request: Request, cid: int, leaks: int,
+        group: int | None = None, size: int = 1,
+    ) -> Job:  # fmt: skip
+        """A screened call's job: inside a recorded run (`place`), the message recorded
+        for it before if there is one (a replayed job, `corps.engine.api.turns`), else
+        a pinned job whose message is recorded when it is waited for."""
+        replayed = None if place is None else self.turns.replay(place, request.owner)
+        if replayed is not None:
+            return Job(request, id=cid, handle=replayed, leaks=leaks, replayed=True)
         job = self.pinned_job(request, cid, group, size)
         job.leaks = leaks
         if place is not None:
@@ -212,14 +221,7 @@ class Submitter:
         request, missing, leaks = self.guard.screen(request, call_id=cid)
         if missing:  # re-encodings must run first: queue the call when awaited
             return Pending(self.job(request, cid, replay=False), self.run, self.wait)
-        replayed = None if place is None else self.turns.replay(place, request.owner)
-        if replayed is not None:
-            job = Job(request, id=cid, handle=replayed, leaks=leaks, replayed=True)
-        else:
-            job = self.pinned_job(request, cid)
-            job.leaks = leaks
-            if place is not None:
-                self._places[job] = place
+        job = self._job_at(place, request, cid, leaks)
         try:
             self.sched.submit_nowait(job)
         except BaseException:

@@ -7,7 +7,7 @@ header, role, the parents' ids and offsets, owner, visibility, sampling settings
 with the seed and any constraint) and n counts calls of the same key in that run,
 in the order they were made. Run again under the same name, a call whose (key, n)
 was recorded, and whose message is still live, returns that message at once
-(`Handle.replayed`), without running; the first call that differs, or was never
+(`Job.replayed`), without running; the first call that differs, or was never
 completed, runs, and from it on the run goes as before. So a workflow killed at its
 last turn, run again with the same inputs, seed and name, replays every finished
 turn from the store and computes only what was left.
@@ -81,7 +81,6 @@ class Turns:
     def __init__(self, store: DurableStore, table: MessageTable) -> None:
         self.store, self.table = store, table
         self._seen: dict[tuple[str, str], int] = {}  # calls of each (run, key) made so far
-        self.replayed = 0  # calls answered from the store
 
     def begin(self, request: PrefillRequest | DecodeRequest) -> tuple[str, str, int] | None:
         """The call's place in the current run, (run, key, n); None outside a run."""
@@ -99,7 +98,6 @@ class Turns:
         msg = None if mid is None else self.table.find(mid)
         if msg is None or msg.freed:
             return None
-        self.replayed += 1
         return Handle(mid, self.table, owner)
 
     def record(self, place: tuple[str, str, int], handle: Handle) -> None:
