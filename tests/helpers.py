@@ -199,31 +199,31 @@ def run_calls(core, requests, *, want_logits: bool = False, on_token=None):
 
 
 async def _run_calls(core, requests, want_logits, on_token):
-    from corps.engine.sched.job import Job
+    from corps.engine.exec.call import Call
     from corps.engine.sched.scheduler import Scheduler
 
     sched = Scheduler(core, step_tokens=1 << 30)  # one step takes every ready token
-    jobs = [Job(r, want_logits=want_logits) for r in requests]
+    calls = [Call.queued(r, want_logits=want_logits) for r in requests]
     async with anyio.create_task_group() as tg:
         sched.started = True
         tg.start_soon(sched.run)
-        for i, job in enumerate(jobs):
+        for i, call in enumerate(calls):
             if on_token is not None:
-                job.on_token = partial(on_token, i)
-            sched.submit_nowait(job)
+                call.on_token = partial(on_token, i)
+            sched.submit_nowait(call)
         try:
-            handles = [await job.wait() for job in jobs]
+            handles = [await call.wait() for call in calls]
         except BaseException:
-            for job in jobs:
-                job.cancelled = True
-            for job in jobs:
-                await job.done.wait()
-                if job.handle is not None:
-                    core.free(job.handle)
+            for call in calls:
+                call.cancelled = True
+            for call in calls:
+                await call.ended.wait()
+                if call.handle is not None:
+                    core.free(call.handle)
             raise
         finally:
             await sched.close()
-    logits = [torch.cat(job.call.logits) for job in jobs] if want_logits else None
+    logits = [torch.cat(call.logits) for call in calls] if want_logits else None
     return handles, logits
 
 
@@ -320,16 +320,26 @@ def plan_shape(plan) -> list[tuple[int, int]]:
 _GROUPS = itertools.count(10_000)
 
 
+class FakeCall(SimpleNamespace):
+    """A call as the policies and admission read it (hashable by identity, as `Call`
+    is); `unplan` as `Call.unplan` (back to queued)."""
+
+    __hash__ = object.__hash__
+
+    def unplan(self) -> None:
+        self.plan, self.done = None, False
+
+
 def fake_job(
     t, group=None, wf=None, objective="throughput", size=1, name="", critical=None, tenant=None
 ):  # fmt: skip
     """A waiting call as the policies and admission read it (no engine)."""
-    return SimpleNamespace(
+    return FakeCall(
         submitted=t, group=group if group is not None else next(_GROUPS), workflow=wf,
         objective=objective, request=SimpleNamespace(size=size, tenant=tenant),
-        want_logits=False, keep=0, cancelled=False, call=None, admitted=None, error=None,
+        want_logits=False, keep=0, cancelled=False, plan=None, admitted=None, error=None,
         name=name, pins=[], critical=objective == "latency" if critical is None else critical,
-        first_token=None, skipped=0,
+        first_token=None, skipped=0, generated=[], done=False,
     )  # fmt: skip
 
 

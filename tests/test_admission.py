@@ -3,8 +3,6 @@ sequence, with a fake executor and a controlled clock (nothing here times anythi
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -17,26 +15,21 @@ from corps.engine.sched.make import make
 from helpers import fake_job as job
 
 
-class FakeCall(SimpleNamespace):
-    """A call as admission sees it (hashable by identity, as `Call` is)."""
-
-    __hash__ = object.__hash__
-
-
 class FakeCore:
     """Memory of `capacity` units; a call takes `request.size` of them until it ends."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity, self.used = capacity, 0
 
-    def admit(self, request, *, want_logits=False, keep=0, hold=False, pinned=False):
-        if self.used + request.size > self.capacity:
+    def admit(self, call, *, hold=False, evict=None):
+        if self.used + call.request.size > self.capacity:
             raise CacheFullError("no room")
-        self.used += request.size
-        return FakeCall(size=request.size, done=False, pins=[])
+        self.used += call.request.size
+        call.plan = "planned"
+        return call
 
-    def abort(self, call) -> None:
-        self.used -= call.size
+    def abort(self, call, keep_pins=False) -> None:
+        self.used -= call.request.size
 
 
 def admission(policy, capacity: int, max_running: int = 64) -> Admission:
@@ -85,7 +78,7 @@ def test_every_call_is_admitted_and_groups_are_never_split(policy, arrivals):
             left[j.name] -= 1
             if left[j.name] == 0:
                 s.leave(j)
-                s.executor.abort(j.call)
+                s.executor.abort(j)
         if len(started) + len(s.finished) == total and not s.running:
             break
     assert not s.finished  # every call here fits the store: none fails

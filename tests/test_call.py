@@ -1,13 +1,17 @@
-"""exec/call.py: a call's status through its transitions, and the one formula of what
-it may still generate, on hand-built calls (no planner, no store)."""
+"""exec/call.py: a call's status through its transitions, the one formula of what it
+may still generate, going back to queued (`unplan`), on hand-built calls (no planner,
+no store); and its caller's side in the loop (its callbacks fail that call alone)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from corps.engine.exec.call import CallPlan
+from corps.engine.exec.call import Call, CallPlan
+from corps.engine.request.requests import decode_request
 from corps.engine.request.sampling_params import SamplingParams
 
+from conftest import open_tiny
 from helpers import bare_call
 
 
@@ -63,3 +67,75 @@ def test_generated_max_is_the_tokens_and_the_footer_or_nothing():
     prefill = CallPlan(kind="prefill", **common)
     assert decode.generated_max == 11
     assert prefill.generated_max == 0
+
+
+def test_unplan_puts_every_field_the_executor_writes_back_and_keeps_the_caller_s():
+    c = bare_call(feed=5, fed=2, pending=7)
+    c.request, c.id, c.want_logits, c.keep, c.pins = "req", 9, True, 3, ["pin"]
+    c.slots, c.spare, c.generated, c.encoded, c.text = [1, 2], [3], [7], 2, "t"
+    c.logits.append(torch.zeros(2))
+    c.mark_done()
+    c.unplan()
+    fresh = Call()
+    planned = ("plan", "ctx_slots", "ctx_pos", "feed", "feed_start", "slots", "spare",
+               "generated", "encoded", "text", "fed", "pending", "done", "logits")  # fmt: skip
+    for name in planned:
+        assert getattr(c, name) == getattr(fresh, name), name
+    assert c.logits is not fresh.logits  # a fresh list, not a shared default
+    assert (c.request, c.id, c.want_logits, c.keep, c.pins) == ("req", 9, True, 3, ["pin"])
+    assert c.status == "queued"
+
+
+PROMPTS = ["hello world", "the quick brown fox", "what is seven", "you are a careful solver"]
+
+
+async def test_a_failing_callback_fails_its_call_only(tiny_dirs):
+    async with open_tiny(tiny_dirs, "llama") as engine:
+        q = await engine.prefill("hello world")
+        messages = engine.stats().messages
+
+        def explode(tok: int) -> None:
+            raise RuntimeError("callback broke")
+
+        call = await engine._submit.call(
+            decode_request(dict(parents=[q], max_tokens=8, ignore_eos=True))
+        )
+        call.on_token = explode
+        other = engine.decode(parents=[q], max_tokens=8, ignore_eos=True)
+        await engine._sched.submit(call)
+        with pytest.raises(RuntimeError, match="callback broke"):
+            await call.wait()
+        assert len((await other).tokens) > 0  # the engine is alive and serving
+        await engine.prefill("x")
+        assert engine.stats().messages == messages + 2  # other and "x"; nothing of the call
+        live = sum(m.slots for m in engine.messages())
+        assert engine.stats().tokens_used == live
+
+
+async def test_a_call_cancelled_in_the_step_that_finished_it_frees_its_message():
+    """Its waiter is gone (a stream left, a callback failed): nobody will take the
+    message, so ending the call gives it back (found by `corps serve`'s disconnect test:
+    a stream cut as its last step ran left its reply in the store)."""
+    from corps.engine.sched.scheduler import Scheduler
+
+    class Executor:  # the two calls `Scheduler.end` makes of it, recorded
+        def __init__(self):
+            self.freed, self.table = [], None
+
+        def unpin(self, msgs):
+            pass
+
+        def free(self, handle):
+            self.freed.append(handle)
+
+    core = Executor()
+    core.table = type("T", (), {"get": lambda self, i: type("M", (), {})()})()
+    sched = Scheduler(core)
+    call = Call.queued(None)
+    call.handle, call.cancelled = "the message", True
+    sched.end(call)
+    assert core.freed == ["the message"] and call.handle is None and call.ended.is_set()
+    kept = Call.queued(None)
+    kept.handle = type("H", (), {"id": 0})()
+    sched.end(kept)
+    assert core.freed == ["the message"] and kept.handle is not None

@@ -7,7 +7,6 @@ its calls encoded and sampled."""
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
@@ -90,7 +89,7 @@ def test_a_light_tenants_first_token_is_protected_beside_a_heavy_one():
     assert p.step_budget(ordered, 512) == len(running) + 16  # the step bounded beside it
     assert not p.may_admit([job(2.5, tenant="heavy")], running * 2, [], now=3.0)
     assert p.figures()["light"]["protected"] == 1.0
-    light.call = SimpleNamespace(generated=[7])  # past its first token: no longer critical
+    light.generated = [7]  # past its first token: no longer critical
     assert not p.is_critical(light)
 
 

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from torch.nn.attention.bias import CausalBias
 
 from corps.engine.attention.views import open_view
+from corps.engine.exec.call import Call
 from corps.engine.request.requests import DecodeRequest, PrefillRequest
 from corps.engine.request.sampling_params import SamplingParams
 
@@ -368,7 +369,7 @@ def test_mixed_steps_batch_decodes_and_prefill_chunks_and_agree_with_alone(tiny_
     while any(c.pending is None for c in calls):
         made.update(core.step(order(calls, None)).finished)
     made.update(core.step(order(calls, None)).finished)  # the decodes are running
-    calls += [core.admit(late[0]), core.admit(late[1], want_logits=True)]
+    calls += [core.admit(late[0]), core.admit(Call(request=late[1], want_logits=True))]
     mixed = 0
     while not all(c.done for c in calls):
         live = [c for c in calls if not c.done]

@@ -6,6 +6,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from corps.engine.exec.call import Call
 from corps.engine.request.requests import DecodeRequest, PrefillRequest
 from corps.engine.request.sampling_params import SamplingParams
 
@@ -82,7 +83,7 @@ def test_baseline_shares_prefixes_among_concurrent_calls(tiny_dirs, tiny_hf, wor
                 call = core.admit(req, hold=bool(running))
             else:
                 req = PrefillRequest(spec["tail"], parents=parent, frame=False)
-                call = core.admit(req, want_logits=True, hold=bool(running))
+                call = core.admit(Call(request=req, want_logits=True), hold=bool(running))
             if call is not None:
                 waiting.remove(spec)
                 running.append(call)

@@ -560,9 +560,9 @@ async def test_step_events_say_what_each_step_ran(tiny_dirs, tmp_path):
 
 
 async def test_a_call_with_room_is_queued_before_its_caller_yields():
-    """`submit` puts a job in the queue with no yield first when there is room, so the
+    """`submit` puts a call in the queue with no yield first when there is room, so the
     loop cannot plan a step without a call that was already made; a full queue waits."""
-    from corps.engine.sched.job import Job
+    from corps.engine.exec.call import Call
 
     sched = Scheduler(executor=None, queue_size=1)  # type: ignore[arg-type]  # no loop runs
     sched.started = True
@@ -573,11 +573,11 @@ async def test_a_call_with_room_is_queued_before_its_caller_yields():
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(other)
-        await sched.submit(Job(request=None))
+        await sched.submit(Call.queued(None))
         await anyio.lowlevel.checkpoint()
         assert seen == [1]
         with anyio.move_on_after(0.05) as scope:  # full: it waits for room
-            await sched.submit(Job(request=None))
+            await sched.submit(Call.queued(None))
         assert scope.cancelled_caught and sched.queue_depth() == 1
 
 

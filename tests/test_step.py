@@ -1,13 +1,11 @@
-"""sched/step.py: the loop's next step through each policy, on hand-built jobs and
-calls (no scheduler, no model)."""
+"""sched/step.py: the loop's next step through each policy, on hand-built calls (no
+scheduler, no model)."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
-from corps.engine.exec.step_plan import next_rows, plan_rows
+from corps.engine.exec.step_plan import plan_rows
 from corps.engine.sched.cost import StepCost
 from corps.engine.sched.policies import Fcfs, ObjectiveFirst
 from corps.engine.sched.step import plan_step
@@ -22,18 +20,16 @@ def planned(order):
 
 
 def job(c, objective="throughput", critical=False, started=0.0):
-    return SimpleNamespace(
-        call=c, objective=objective, critical=critical, submitted=started, group=id(c),
-        workflow=None, skipped=0,
-        rows=max(1, next_rows(c)), keys=0,
-    )  # fmt: skip
+    """The call `c` with the facts the policies read."""
+    c.objective, c.critical, c.submitted, c.group = objective, critical, started, id(c)
+    return c
 
 
 def test_plan_step_under_fcfs_runs_every_running_call_but_the_done():
     a, b, done = call(feed=3), call(fed=4, pending=5), call(feed=1)
     done.done = True
     chosen, order = plan_step([job(a), job(b), job(done)], Fcfs(), budget=512)
-    assert [j.call for j in chosen] == [a, b]
+    assert chosen == [a, b]
     assert [e.call for e in planned(order).entries] == [b, a]
 
 
@@ -70,5 +66,5 @@ def test_plan_step_with_a_learnt_cost_leaves_out_what_does_not_fit():
     bulk = call(feed=400)
     running = [job(chat, "latency", critical=True), job(bulk)]
     chosen, order = plan_step(running, policy, budget=512)
-    assert [j.call for j in chosen] == [chat]
+    assert chosen == [chat]
     assert shape(planned(order)) == [(-1, 1)]

@@ -13,7 +13,6 @@ from corps.engine.exec.step_plan import (
     Rows,
     StepPlan,
     decode_keys,
-    next_rows,
     plan_rows,
 )
 
@@ -31,7 +30,7 @@ def test_decodes_first_then_prompt_chunks_in_order():
 
 def test_a_decoding_call_brings_its_jumped_tokens_and_its_footer():
     c = call(fed=4, pending=7, jumped=[1, 2], closing=[3, 4, 5])
-    assert next_rows(c) == 6
+    assert c.next_rows() == 6
     assert shape(plan_rows([c])) == [(-1, 6)]
 
 
@@ -40,7 +39,7 @@ def test_a_long_prompt_is_chunked_and_the_budget_cuts_the_last_chunk():
     assert shape(plan_rows([long, short])) == [(0, PREFILL_CHUNK), (0, 50)]
     assert shape(plan_rows([long, short], budget=530)) == [(0, PREFILL_CHUNK), (0, 18)]
     long.fed = PREFILL_CHUNK
-    assert next_rows(long) == 100
+    assert long.next_rows() == 100
 
 
 def test_prefills_keep_a_share_of_a_full_step_of_decodes():
@@ -54,13 +53,13 @@ def test_a_recompute_runs_its_recorded_spans_whole_or_waits():
     c = call(feed=6, first_spans=[1, 5])
     assert shape(plan_rows([c])) == [(0, 1)]
     c.fed, c.spans = 1, [1]
-    assert next_rows(c) == 5
+    assert c.next_rows() == 5
     assert shape(plan_rows([c], budget=4)) == []  # 5 rows do not fit: it waits a step
     assert shape(plan_rows([c], budget=5)) == [(1, 5)]
 
 
 def test_a_call_with_nothing_left_brings_no_rows():
-    assert next_rows(call(feed=3, fed=3)) == 0
+    assert call(feed=3, fed=3).next_rows() == 0
     assert not plan_rows([call(feed=3, fed=3)])
 
 

@@ -9,7 +9,7 @@ per workflow family and agent, the first of each N; a call whose turn comes
 while the audits' token budget is spent passes it to the next call of its key
 the budget allows). An audited call keeps the
 model's distribution at its first `AUDIT_POSITIONS` sampled positions
-(`Job.keep`), and its parents stay pinned for its shadow.
+(`Call.keep`), and its parents stay pinned for its shadow.
 
 When an audited call ends, its shadow runs as a task of the engine: a prefill of
 the call's header and first tokens after its parents' text laid end to end from
@@ -44,22 +44,22 @@ from corps.engine.audit import (
     AuditReport,
 )
 from corps.engine.auto_repair import AUTO_AUDIT, AutoRepair
+from corps.engine.exec.call import Call
 from corps.engine.exec.executor import Executor
 from corps.engine.repair import Repair, parse_repair
 from corps.engine.request.requests import DecodeRequest, PrefillRequest
 from corps.engine.request.workflow import Workflow
-from corps.engine.sched.job import Job
 from corps.engine.trace.events import Audited, Recorder, RepairSwitch
 
 FULL = parse_repair("full")
 
 
-class Jobs(Protocol):
+class Shadows(Protocol):
     """How the auditor submits its shadows (`corps.engine.api.submit.Submitter`)."""
 
-    def shadow_job(self, request: PrefillRequest, pins: list[Message]) -> Job: ...
+    def shadow_call(self, request: PrefillRequest, pins: list[Message]) -> Call: ...
 
-    async def run(self, job: Job) -> Handle: ...
+    async def run(self, call: Call) -> Handle: ...
 
 
 class Auditor:
@@ -74,9 +74,9 @@ class Auditor:
         audit: int,
         budget: float = AUDIT_BUDGET,
         spawn: Callable[[Callable[[], Any]], bool],
-        jobs: Jobs,
+        shadows: Shadows,
     ) -> None:
-        self.executor, self.recorder, self.jobs = executor, recorder, jobs
+        self.executor, self.recorder, self.shadows = executor, recorder, shadows
         self.default_repair, self.default_audit, self.budget = repair, audit, budget
         self.due: set[tuple[str, str]] = set()  # keys whose next call is to be audited
         self.spent = 0  # tokens the shadows encoded
@@ -110,30 +110,30 @@ class Auditor:
             request = dataclasses.replace(request, repair=repair)
         return request, auto
 
-    def enlist(self, job: Job, auto: bool) -> None:
-        """Audit this job if its turn has come: it keeps its first distributions, its
+    def enlist(self, call: Call, auto: bool) -> None:
+        """Audit this call if its turn has come: it keeps its first distributions, its
         parents are pinned for the shadow, and the shadow runs once it ends."""
-        request = job.request
+        request = call.request
         if self.executor.mode != "choreographed" or not isinstance(request, DecodeRequest):
             return
         if not request.parents:  # nothing reused: nothing to compare
             return
-        every = self.rate(request, job.workflow, auto)
+        every = self.rate(request, call.workflow, auto)
         if not every:
             return
-        key = (_kind(job.workflow), _agent(request.owner, job.workflow))
+        key = (_kind(call.workflow), _agent(request.owner, call.workflow))
         if not next(self.seen.setdefault(key, itertools.count())) % every:
             self.due.add(key)  # its turn: this call, or the next one the budget allows
-        cost = sum(len(m.tokens) for m in job.pins) + AUDIT_POSITIONS  # at most
+        cost = sum(len(m.tokens) for m in call.pins) + AUDIT_POSITIONS  # at most
         if key not in self.due or not self._affords(cost):
             return
-        pins = self.executor.pin(job.pins)  # kept for the shadow past the call's end
-        if not self.spawn(lambda: self._shadow_after(job, pins, auto, cost)):
+        pins = self.executor.pin(call.pins)  # kept for the shadow past the call's end
+        if not self.spawn(lambda: self._shadow_after(call, pins, auto, cost)):
             self.executor.unpin(pins)  # the engine is not running: nothing to audit with
             self._refund(cost)
             return
         self.due.discard(key)
-        job.keep = AUDIT_POSITIONS
+        call.keep = AUDIT_POSITIONS
         self.in_flight += 1
         if self._idle.is_set():
             self._idle = anyio.Event()
@@ -168,12 +168,11 @@ class Auditor:
 
     # ---- the shadow ----
 
-    async def _shadow_after(self, job: Job, pins: list[Message], auto: bool, cost: int) -> None:
+    async def _shadow_after(self, call: Call, pins: list[Message], auto: bool, cost: int) -> None:
         try:
-            await job.done.wait()
-            call = job.call
-            if job.error is None and not job.cancelled and call is not None and call.kept:
-                await self._compare(job, pins, auto, cost)
+            await call.ended.wait()
+            if call.error is None and not call.cancelled and call.kept:
+                await self._compare(call, pins, auto, cost)
         except Exception:  # the engine closed, or no room: the audit is dropped
             self.failed += 1
             self._refund(cost)
@@ -184,8 +183,8 @@ class Auditor:
             if not self.in_flight:
                 self._idle.set()
 
-    async def _compare(self, job: Job, pins: list[Message], auto: bool, cost: int) -> None:
-        call, request = job.call, job.request
+    async def _compare(self, call: Call, pins: list[Message], auto: bool, cost: int) -> None:
+        request = call.request
         last = max(p for p, _ in call.kept)
         header = call.plan.prefix[len(call.plan.prefix) - call.plan.own :]
         shadow = PrefillRequest(
@@ -197,23 +196,23 @@ class Auditor:
             visibility=request.visibility,
             repair=FULL,
         )
-        sjob = self.jobs.shadow_job(shadow, list(pins))  # it holds the pins now
+        scall = self.shadows.shadow_call(shadow, list(pins))  # it holds the pins now
         pins.clear()
-        sjob.want_logits = True
-        handle = await self.jobs.run(sjob)
+        scall.want_logits = True
+        handle = await self.shadows.run(scall)
         try:
-            rows = torch.cat(sjob.call.logits)  # (own, V): row i predicts own token i + 1
+            rows = torch.cat(scall.logits)  # (own, V): row i predicts own token i + 1
             gap, agree = _gap(call.kept, rows, len(header))
-            tokens = sum(sjob.call.spans) + sjob.call.repaired
+            tokens = sum(scall.spans) + scall.repaired
         finally:
             self.executor.free(handle)
-        wf = job.workflow
+        wf = call.workflow
         key = AuditKey(_kind(wf), _agent(request.owner, wf), str(request.repair or "none"))
-        audit = Audit(job.id, key, len(call.kept), gap, agree, tokens)
+        audit = Audit(call.id, key, len(call.kept), gap, agree, tokens)
         self.spent += tokens
         self._refund(cost - tokens)  # what it left of its bound (or took beyond it)
         self.book.add(audit)
-        self._trace(audit, sjob.id)
+        self._trace(audit, scall.id)
         if auto:
             switch = self.auto.observe(key.workflow, key.agent, gap)
             if switch is not None and self.recorder.on:

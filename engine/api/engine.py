@@ -356,7 +356,7 @@ class Engine:
         new_offset=None, frame=True, owner=None, visibility=None, leak_policy=None.
         A call made as an `owner` returns a handle bound to that owner (see `Handle`).
         """
-        return await self._submit.run(await self._submit.job(prefill_request(message, args)))
+        return await self._submit.run(await self._submit.call(prefill_request(message, args)))
 
     async def decode(self, **args: Unpack[DecodeArgs]) -> Handle:
         """Generate a message that starts with the role marker + `header`.
@@ -367,7 +367,7 @@ class Engine:
         fields max_tokens=256, temperature=0.0, top_p=1.0, top_k=0, seed=None,
         stop=(), ignore_eos=False, force=().
         """
-        return await self._submit.run(await self._submit.job(self._submit.decode_request(args)))
+        return await self._submit.run(await self._submit.call(self._submit.decode_request(args)))
 
     async def prefill_many(
         self, requests: Iterable[PrefillRequest | Mapping[str, Any]]

@@ -92,7 +92,7 @@ def wire(
     submit.deduce = cfg.deduce_objectives
     auditor = Auditor(
         executor, recorder, repair=parse_repair(cfg.repair), audit=cfg.audit,
-        budget=cfg.audit_budget, spawn=spawn, jobs=submit,
+        budget=cfg.audit_budget, spawn=spawn, shadows=submit,
     )  # fmt: skip
     submit.auditor = auditor
     durable = executor.durable  # EngineConfig.store: recorded runs

@@ -6,7 +6,7 @@ from collections.abc import Awaitable, Callable, Generator
 from typing import Any
 
 from corps.cache.handle import Handle, bind
-from corps.engine.sched.job import Job
+from corps.engine.exec.call import Call
 
 
 class Pending:
@@ -14,27 +14,27 @@ class Pending:
 
     def __init__(
         self,
-        job: Job | Awaitable[Job],
-        run: Callable[[Job], Awaitable[Handle]],
-        wait: Callable[[Job], Awaitable[Handle]],
+        call: Call | Awaitable[Call],
+        run: Callable[[Call], Awaitable[Handle]],
+        wait: Callable[[Call], Awaitable[Handle]],
     ) -> None:
-        self._job = job
-        self._run = run  # queues a deferred job and waits for it (`Submitter.run`)
-        self._wait_for = wait  # waits for a queued job (`Scheduler.wait`)
+        self._call = call
+        self._run = run  # queues a deferred call and waits for it (`Submitter.run`)
+        self._wait_for = wait  # waits for a queued call (`Scheduler.wait`)
         self._cancelled = False
 
     def __await__(self) -> Generator[Any, None, Handle]:
         return self._wait().__await__()
 
     async def _wait(self) -> Handle:
-        job = self._job
-        if not isinstance(job, Job):  # deferred: re-encode, then queue
-            job = self._job = await job
-            job.cancelled = self._cancelled
-            return await self._run(job)
-        return bind(await self._wait_for(job), job.request.owner)
+        call = self._call
+        if not isinstance(call, Call):  # deferred: re-encode, then queue
+            call = self._call = await call
+            call.cancelled = self._cancelled
+            return await self._run(call)
+        return bind(await self._wait_for(call), call.request.owner)
 
     def cancel(self) -> None:
         self._cancelled = True
-        if isinstance(self._job, Job):
-            self._job.cancelled = True
+        if isinstance(self._call, Call):
+            self._call.cancelled = True

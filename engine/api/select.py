@@ -117,8 +117,8 @@ async def select(
     check_by(by)
     built = [option_of(fmt, common["role"], header, o) for o in options]
     requests = [PrefillRequest(o.content, frame=o.framed, **common) for o in built]
-    done = await submit.run_jobs(requests, want_logits=True)
-    totals = [scored(job.call, o) for o, (_, job) in zip(built, done, strict=True)]
+    done = await submit.run_calls(requests, want_logits=True)
+    totals = [scored(call, o) for o, (_, call) in zip(built, done, strict=True)]
     try:
         best, normalized = choose(totals, [o.n for o in built], by)
     except InvalidRequest:  # no option has any probability: keep none of them

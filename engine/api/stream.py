@@ -11,22 +11,22 @@ import anyio
 
 from corps.cache.handle import Handle, bind
 from corps.engine.errors import InvalidRequest
+from corps.engine.exec.call import Call
 from corps.engine.request.chat_format import ChatFormat
 from corps.engine.request.requests import DecodeRequest
-from corps.engine.sched.job import Job
 
 
 @dataclass(frozen=True)
 class StreamCalls:
     """What a stream needs of its engine: its chat format, and how to check and pin a
-    request into a job, queue it, wait for it, end one never queued, and free a
+    request into a call, queue it, wait for it, end one never queued, and free a
     message nobody will receive."""
 
     fmt: ChatFormat
-    job: Callable[[DecodeRequest], Awaitable[Job]]
-    submit: Callable[[Job], Awaitable[None]]
-    wait: Callable[[Job], Awaitable[Handle]]
-    end: Callable[[Job], None]
+    call: Callable[[DecodeRequest], Awaitable[Call]]
+    submit: Callable[[Call], Awaitable[None]]
+    wait: Callable[[Call], Awaitable[Handle]]
+    end: Callable[[Call], None]
     free: Callable[[Handle], None]
 
 
@@ -84,37 +84,37 @@ class TextStream:
         tokens = _Tokens()
 
         def on_token(tok: int) -> None:  # runs on the event loop, between steps
-            tokens.add(tok, job.call)
+            tokens.add(tok, call)
             delta = detok.push(tok)
             if delta:
                 send.send_nowait(tokens.piece(delta))
 
-        job = await calls.job(self._request)
-        job.on_token, job.on_done = on_token, send.close
+        call = await calls.call(self._request)
+        call.on_token, call.on_done = on_token, send.close
         queued = False
         try:
             async with recv:
-                await calls.submit(job)
+                await calls.submit(call)
                 queued = True
                 async for delta in recv:
                     yield delta
-            self.handle = bind(await calls.wait(job), self._request.owner)
+            self.handle = bind(await calls.wait(call), self._request.owner)
         except BaseException:
-            job.cancelled = True
+            call.cancelled = True
             if not queued:
-                calls.end(job)  # never queued: give its pins back
-            elif job.done.is_set() and job.handle is not None and not job.replayed:
-                calls.free(job.handle)  # finished, but the consumer left
-                job.handle = None
+                calls.end(call)  # never queued: give its pins back
+            elif call.ended.is_set() and call.handle is not None and not call.replayed:
+                calls.free(call.handle)  # finished, but the consumer left
+                call.handle = None
             else:  # running: leaving returns once its partial tokens are rolled back
-                await job.abandon()
+                await call.abandon()
             raise
         final = self.handle.text
         if final.startswith(detok.shown) and len(final) > len(detok.shown):
             try:
                 yield tokens.piece(final[len(detok.shown) :])  # what was held back
             except BaseException:  # the consumer left at the last delta: as above
-                if not job.replayed:  # (a replayed call's message is an earlier run's)
+                if not call.replayed:  # (a replayed call's message is an earlier run's)
                     calls.free(self.handle)
                 self.handle = None
                 raise

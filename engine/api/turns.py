@@ -7,7 +7,7 @@ header, role, the parents' ids and offsets, owner, visibility, sampling settings
 with the seed and any constraint) and n counts calls of the same key in that run,
 in the order they were made. Run again under the same name, a call whose (key, n)
 was recorded, and whose message is still live, returns that message at once
-(`Job.replayed`), without running; the first call that differs, or was never
+(`Call.replayed`), without running; the first call that differs, or was never
 completed, runs, and from it on the run goes as before. So a workflow killed at its
 last turn, run again with the same inputs, seed and name, replays every finished
 turn from the store and computes only what was left.

@@ -15,7 +15,6 @@ from corps.engine.exec.call import Call
 from corps.engine.exec.grammars import Grammars
 from corps.engine.exec.step_plan import StepOrder, StepOutput
 from corps.engine.request.chat_format import ChatFormat
-from corps.engine.request.requests import DecodeRequest, PrefillRequest
 from corps.engine.stats import EngineStats
 
 
@@ -39,29 +38,25 @@ class Executor(Protocol):
 
     def admit(
         self,
-        request: PrefillRequest | DecodeRequest,
+        call: Call,
         *,
-        want_logits: bool = False,
-        keep: int = 0,
         hold: bool = False,
         evict: Callable[[list[Message]], list[Message]] | None = None,
-        pinned: bool = False,
     ) -> Call | None:
-        """Check and plan a call and take what it needs; atomic. None: admit it again
-        after a step (it waits for a running call's prefix). `evict`: the order in which
-        encodings no running call reads may be dropped to make room (None: never).
-        `keep`: a decode keeps the model's distribution at its first `keep` sampled
-        positions (`Call.kept`, for an audit). `pinned`: the caller holds the parents
-        pinned and hands its pins to `Call.pins` once admitted (a job's); else the call
-        pins them itself."""
+        """Check and plan a queued call and take what it needs; atomic (a call that
+        fails is back as queued, `Call.unplan`). None: admit it again after a step (it
+        waits for a running call's prefix). `evict`: the order in which encodings no
+        running call reads may be dropped to make room (None: never). The call keeps
+        the pins it came with (`Call.pins`); one without pins its parents itself."""
 
     def step(self, order: StepOrder) -> StepOutput:
         """Run one step (`corps.engine.exec.step_plan`) in one pass: the rows of the
         order's calls planned and run; a `StepOutput` with the tokens sampled, the
         calls finished (their handles) and the calls that failed (rolled back)."""
 
-    def abort(self, c: Call) -> None:
-        """Give back everything the call holds; as if it never ran."""
+    def abort(self, c: Call, keep_pins: bool = False) -> None:
+        """Give back everything the call holds (but its pins, with `keep_pins`: a call
+        that goes back to the queue); as if it never ran."""
 
     def pin(self, handles: Sequence[Handle | Message]) -> list[Message]:
         """Keep these messages' encodings until `unpin`, even if freed meanwhile: by

@@ -81,27 +81,31 @@ class HFExecutor:
 
     def admit(
         self,
-        request: PrefillRequest | DecodeRequest,
+        call: Call | PrefillRequest | DecodeRequest,
         *,
-        want_logits: bool = False,
-        keep: int = 0,
         hold: bool = False,
         evict: object = None,
-        pinned: bool = False,
     ) -> Call:
-        """Plan a call; a prefill that wants no logits stores its text and runs nothing
-        (no store here: nothing to evict). Nothing is audited in mode "hf" (it is the
-        baseline), so `keep` must be 0."""
-        if keep:
+        """Plan a call (a request alone: a bare record of it); a prefill that wants no
+        logits stores its text and runs nothing (no store here: nothing to evict).
+        Nothing is audited in mode "hf" (it is the baseline), so `keep` must be 0."""
+        call = call if isinstance(call, Call) else Call(request=call)
+        if call.keep:
             raise InvalidRequest('mode "hf" keeps no distributions: audits are choreographed')
-        plan = self.planner.decode if isinstance(request, DecodeRequest) else self.planner.prefill
-        call = plan(request)
-        call.want_logits = want_logits
-        if call.plan.is_decode and call.plan.sampling.constraint is not None:
-            call.matcher = self.grammars.matcher(call.plan.sampling.constraint)
-        if not pinned:
-            call.pins = self.pin(call.plan.pinned)
-        if not call.plan.is_decode and not want_logits:
+        request = call.request
+        try:
+            plan = (
+                self.planner.decode if isinstance(request, DecodeRequest) else self.planner.prefill
+            )
+            plan(call, request)
+            if call.plan.is_decode and call.plan.sampling.constraint is not None:
+                call.matcher = self.grammars.matcher(call.plan.sampling.constraint)
+        except BaseException:
+            call.unplan()
+            raise
+        if not call.pins:
+            call.pins = self.pin(call.plan.records)
+        if not call.plan.is_decode and not call.want_logits:
             call.text_only = True
             call.mark_done()
         return call
@@ -137,8 +141,9 @@ class HFExecutor:
         self._unpin_call(c)
         return handle
 
-    def abort(self, c: Call) -> None:
-        self._unpin_call(c)
+    def abort(self, c: Call, keep_pins: bool = False) -> None:
+        if not keep_pins:
+            self._unpin_call(c)
         c.mark_done()
 
     # ---- messages ----
@@ -257,7 +262,7 @@ class HFExecutor:
         c.finish_reason = (
             self.sampler.stops(c, c.generated[-1]) if c.generated else None
         ) or "max_tokens"
-        c.first_token_at = clock.at
+        c.first_token = clock.at
         c.closed = (
             self.sampler.closing(c.plan.footer, c.generated[-1])
             if c.generated

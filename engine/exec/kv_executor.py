@@ -156,15 +156,14 @@ class KVExecutor:
 
     def admit(
         self,
-        request: PrefillRequest | DecodeRequest,
+        call: Call | PrefillRequest | DecodeRequest,
         *,
-        want_logits: bool = False,
-        keep: int = 0,
         hold: bool = False,
         evict: Victims | None = None,
-        pinned: bool = False,
     ) -> Call | None:
-        """Check and plan a call, reserve its slots and gather its view. Atomic.
+        """Check and plan a call (a request alone: a bare record of it), reserve its
+        slots and gather its view. Atomic: a call that fails or must wait is back as it
+        was queued (`Call.unplan`, its pins still its own).
 
         With `hold` (baseline), returns None instead when the call's prompt shares
         HOLD_MIN_SHARED or more uncached tokens with a running call's prompt: admit
@@ -178,56 +177,59 @@ class KVExecutor:
         readable as it was. A decode with `keep` keeps the model's distribution at its
         first `keep` sampled positions (`Call.kept`).
         """
+        call = call if isinstance(call, Call) else Call(request=call)
         with phase("admit"):
-            return self._admit(request, want_logits, keep, hold, evict, pinned)
+            try:
+                admitted = self._admit(call, hold, evict)
+            except BaseException:
+                call.unplan()
+                raise
+        if not admitted:
+            call.unplan()
+        return call if admitted else None
 
-    def _admit(
-        self,
-        request: PrefillRequest | DecodeRequest,
-        want_logits: bool,
-        keep: int,
-        hold: bool,
-        evict: Victims | None,
-        pinned: bool,
-    ) -> Call | None:
+    def _admit(self, call: Call, hold: bool, evict: Victims | None) -> bool:
+        """Plan and place `call`; False if it must wait (see `admit`)."""
         memory, prefixes, repairs = self.memory, self.memory.prefixes, self.repairs
+        request = call.request
         if self.mode == "choreographed":
             self.restorer.restore(request.parents, evict)
         request = repairs.laid_out(request)
         if isinstance(request, DecodeRequest):
-            call = self.planner.decode(request)
+            self.planner.decode(call, request)
             if request.sampling.constraint is not None:
                 call.matcher = self.grammars.matcher(request.sampling.constraint)
         else:
-            call = self.planner.prefill(request)
-        call.want_logits, call.adapted = want_logits, repairs.adapted(call.plan)
-        call.keep = keep if call.plan.is_decode else 0
-        if prefixes is not None and not call.plan.is_decode and not want_logits:
+            self.planner.prefill(call, request)
+        call.adapted = repairs.adapted(call.plan)
+        call.keep = call.keep if call.plan.is_decode else 0
+        if prefixes is not None and not call.plan.is_decode and not call.want_logits:
             call.text_only = True  # a baseline prefill stores its text only
             call.mark_done()
-            return call
+            return True
         if hold and prefixes is not None and prefixes.waits(call):
-            return None
+            return False
         prompt = len(call.plan.prefix) if prefixes else len(call.ctx_slots) + len(call.feed)
         memory.check_fits(call, prompt, call.plan.generated_max)
         repair = repairs.of(request, call)
         tag = repairs.tag(call, repair) if hold else None  # shared only where it may wait
         if tag is not None and memory.being_written(call, tag):
-            return None  # another call is repairing this very context: read it when whole
+            return False  # another call is repairing this very context: read it when whole
+        took = not call.pins  # `reserve` pins its parents (none taken at submission)
         try:
-            memory.reserve(call, call.plan.generated_max, evict, pinned)
+            memory.reserve(call, call.plan.generated_max, evict)
             extra = len(call.feed) + call.plan.generated_max
             with phase("placement"):
                 memory.gather(call, extra, own=not repair.none, tag=tag)
             self._repair(call, repair)
         except BaseException:
-            memory.abort(call)
+            memory.abort(call, keep_pins=not took)  # pins it came with stay its own
             raise
         call.reused = len(call.ctx_slots) - call.repaired
         self.counts.admitted(call)
-        if self.work is not None and not want_logits:  # (an audit's shadow is not capped)
+        if self.work is not None and not call.want_logits:  # (an audit's shadow: not capped)
             self.work.admitted(work_of(call), call.repaired)
-        return call
+        return True
 
     def _repair(self, call: Call, repair: Repair) -> None:
         """Plan the repair of a call that built its context; one that joined a context
@@ -272,9 +274,10 @@ class KVExecutor:
                     out.failed.append((c, exc))
         return out
 
-    def abort(self, c: Call) -> None:
-        """Give back everything a call holds; the store is as if it never ran."""
-        self.memory.abort(c)
+    def abort(self, c: Call, keep_pins: bool = False) -> None:
+        """Give back everything a call holds (but its pins, with `keep_pins`); the store
+        is as if it never ran."""
+        self.memory.abort(c, keep_pins)
 
     def pin(self, handles: Sequence[Handle | Message]) -> list[Message]:
         """Keep these messages' encodings until `unpin`, even if freed meanwhile (by

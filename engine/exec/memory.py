@@ -95,19 +95,17 @@ class Memory:
                 f"lower max_tokens or open the engine with a larger capacity / memory_budget"
             )
 
-    def reserve(
-        self, c: Call, generated: int, evict: Victims | None = None, pinned: bool = False
-    ) -> None:
-        """Pin c's parents (`Call.pins`; not when its caller holds them `pinned`, to hand
-        over once it is admitted), reuse a cached prefix (baseline) and reserve slots for
-        its feed and the `generated` tokens it may add; with `evict`, drop encodings no
-        running call reads if that is what it takes."""
+    def reserve(self, c: Call, generated: int, evict: Victims | None = None) -> None:
+        """Pin c's parents (`Call.pins`, unless it holds them from its submission),
+        reuse a cached prefix (baseline) and reserve slots for its feed and the
+        `generated` tokens it may add; with `evict`, drop encodings no running call
+        reads if that is what it takes."""
         with self.lock:
             self.tick += 1
-            for p in c.plan.pinned:
+            for p in c.plan.records:
                 p.read_at = self.tick
-            if not pinned:
-                c.pins = self.pin(c.plan.pinned)
+            if not c.pins:
+                c.pins = self.pin(c.plan.records)
             if self.prefixes is not None:
                 self.prefixes.match(c)
             n = len(c.feed)
@@ -230,8 +228,9 @@ class Memory:
                 self.own_view_tokens -= c.view.capacity
             c.view = None
 
-    def rollback(self, c: Call) -> None:
-        """Give back every slot, lock and pin c holds; its view stays (`drop_view`)."""
+    def rollback(self, c: Call, keep_pins: bool = False) -> None:
+        """Give back every slot, lock and pin c holds (its pins kept with `keep_pins`:
+        an admission that failed, of a call still queued); its view stays."""
         with self.lock:
             if c.slots:
                 self.store.release(c.slots[c.cached :])  # the tree owns the cached ones
@@ -241,11 +240,13 @@ class Memory:
                 c.spare = []
             if self.prefixes is not None:
                 self.prefixes.rollback(c)
-            self.unpin_call(c)
+            if not keep_pins:
+                self.unpin_call(c)
 
-    def abort(self, c: Call) -> None:
-        """Give back everything a call holds; the store is as if it never ran."""
-        self.rollback(c)
+    def abort(self, c: Call, keep_pins: bool = False) -> None:
+        """Give back everything a call holds (but its pins, with `keep_pins`); the store
+        is as if it never ran."""
+        self.rollback(c, keep_pins)
         self.drop_view(c)
         c.mark_done()
 

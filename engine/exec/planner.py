@@ -1,9 +1,10 @@
 """Planning a call: framing its tokens, placing its parents, checking it, before any compute.
 
-The `Planner` turns a request into a `Call` (`corps.engine.exec.call`): what it
-attends to (context slots at the positions the call gives them) and what it must
-encode (its feed). Planning raises on bad input and touches nothing, so a
-rejected call leaves the store exactly as it was.
+The `Planner` plans a queued `Call` (`corps.engine.exec.call`) for its request:
+its frozen `CallPlan`, what it attends to (context slots at the positions the call
+gives them) and what it must encode (its feed). Planning raises on bad input and
+touches nothing but the call, so a rejected call leaves the store exactly as it
+was.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from corps.engine.request.requests import DecodeRequest, PrefillRequest
 
 
 class Planner:
-    """Turns requests into Calls for one engine's format, message table and mode."""
+    """Plans calls for one engine's format, message table and mode."""
 
     def __init__(
         self,
@@ -56,12 +57,14 @@ class Planner:
             return user
         return [*self.fmt.frame_ids(req.role)[0], *user]
 
-    def prefill(self, req: PrefillRequest) -> Call:
+    def prefill(self, call: Call, req: PrefillRequest) -> None:
+        """Plan `call` as the prefill `req` (its request as it runs)."""
         tokens, text = self._message_tokens(req.message, req.role, req.frame)
         self._check_vocab(tokens)
-        return self._plan(req, tokens, text, "prefill")
+        self._plan(call, req, tokens, text, "prefill")
 
-    def decode(self, req: DecodeRequest) -> Call:
+    def decode(self, call: Call, req: DecodeRequest) -> None:
+        """Plan `call` as the decode `req` (its request as it runs)."""
         header = self._header_tokens(req)
         self._check_vocab(header)
         self._check_vocab(list(req.sampling.force))
@@ -75,11 +78,10 @@ class Planner:
             salt=req.cache_salt,
             final=req.final,
         )
-        call = self._plan(req, header, "", "decode", **decode)
+        self._plan(call, req, header, "", "decode", **decode)
         call.generator = req.sampling.generator()
-        return call
 
-    def _plan(self, req, tokens: list[int], text: str, kind: str, **decode) -> Call:
+    def _plan(self, call: Call, req, tokens: list[int], text: str, kind: str, **decode) -> None:
         parents = [self.live(p) for p in req.parents]
         sink = len(self.fmt.sink)
         placed = place([len(p.tokens) for p in parents], req.offsets, req.new_offset, sink=sink)
@@ -103,12 +105,13 @@ class Planner:
             visibility=req.visibility,
             own=len(tokens),
             prefix=prompt,
-            pinned=tuple(parents),
+            records=tuple(parents),
             **decode,
         )
         end = feed_start + len(feed) + plan.generated_max - 1
         check_limit(end, self.max_positions, f"the new {kind} message")
-        return Call(plan, ctx_slots, ctx_pos, feed, feed_start, text=text)
+        call.plan, call.ctx_slots, call.ctx_pos = plan, ctx_slots, ctx_pos
+        call.feed, call.feed_start, call.text = feed, feed_start, text
 
     def context(
         self, parents: Sequence[Message], starts: Sequence[int]

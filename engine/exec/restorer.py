@@ -115,7 +115,7 @@ class Restorer:
             visibility=m.visibility,
             own=len(m.tokens),
             prefix=list(m.tokens),
-            pinned=parents,
+            records=parents,
         )
         call = Call(plan, ctx_slots, ctx_pos, list(m.tokens), m.offset, first_spans=m.spans)
         call.adapted = self.repairs.adapted(plan)  # as when it was first encoded

@@ -9,7 +9,7 @@ The scheduling layer plans, the executor runs, postprocess updates the calls:
 - `Executor.step(order)` plans the rows, allocates their slots, builds the batch, runs the
   forward, samples, moves each call on (postprocess), registers the messages of
   the calls that are done, and returns all of it as one `StepOutput`; the loop
-  hands the tokens and handles to the calls' jobs without calling back in.
+  hands the tokens and handles to the calls' callers without calling back in.
 
 Nothing else decides a step's shape: the batching loop, recomputes of evicted
 encodings and the attention sink all step through a plan. Rules (unchanged from
@@ -17,7 +17,7 @@ when `KVExecutor.step` decided them):
 
 - Decoding calls go first, so a long prefill never starves them; a decoding
   call brings its pending token, the tokens jump-forward appended after it, and
-  when it is finishing the footer that closes its turn (`next_rows`).
+  when it is finishing the footer that closes its turn (`Call.next_rows`).
 - Prompt chunks (at most `chunk` tokens each: `PREFILL_CHUNK` on a CPU,
   `GPU_PREFILL_CHUNK` on a GPU, `prefill_chunk_for`) fill what is left of the
   budget in the order given, and always get 1/`PREFILL_SHARE` of it while any
@@ -37,14 +37,13 @@ from typing import NamedTuple
 
 from corps.cache.handle import Handle
 from corps.engine.config import STEP_TOKENS, step_tokens_for
-from corps.engine.exec.call import Call
+from corps.engine.exec.call import PREFILL_CHUNK, Call
 from corps.engine.model.static_decode import BUCKETS, bucket_for
 
 #: Longest piece of one call's prompt encoded in a single forward step: as many tokens
 #: as a default step holds on the device (`corps.engine.config.STEP_TOKENS`: few on a
 #: CPU, where a step costs what its rows do; a few thousand on a GPU, where it costs
 #: its launches), so one call's prompt may fill a step.
-PREFILL_CHUNK = STEP_TOKENS["cpu"]
 GPU_PREFILL_CHUNK = STEP_TOKENS["cuda"]
 #: While calls are prefilling, they get at least 1/PREFILL_SHARE of each step's tokens.
 PREFILL_SHARE = 8
@@ -62,7 +61,6 @@ __all__ = [
     "StepOrder",
     "StepOutput",
     "StepPlan",
-    "next_rows",
     "plan_rows",
     "prefill_chunk_for",
 ]
@@ -164,29 +162,6 @@ def prefill_chunk_for(device: object) -> int:
     return step_tokens_for(str(device))
 
 
-def next_rows(c: Call, chunk: int = PREFILL_CHUNK) -> int:
-    """Rows the call brings to its next step when the budget does not cut it: its
-    pending token with what it jumped to and its closing footer when decoding, its
-    repair rows (`corps.engine.exec.repairs`), else the next chunk of its prompt
-    (`next_chunk`); 0 when it has nothing left to run."""
-    if c.pending is not None:
-        return 1 + len(c.jumped) + len(c.closing)
-    if c.repair is not None and c.repair.left:
-        return min(c.repair.left, chunk)
-    return next_chunk(c, chunk)
-
-
-def next_chunk(c: Call, chunk: int = PREFILL_CHUNK) -> int:
-    """The next chunk of the call's prompt: at most `chunk` tokens, or for a
-    recompute its next recorded span; 0 when its prompt is all encoded."""
-    left = len(c.feed) - c.fed
-    if left <= 0:
-        return 0
-    if c.first_spans:
-        return c.first_spans[len(c.spans)]
-    return min(left, chunk)
-
-
 def plan_rows(
     calls: Sequence[Call], budget: int | None = None, chunk: int = PREFILL_CHUNK
 ) -> StepPlan:
@@ -202,7 +177,7 @@ def plan_rows(
     for c in decoding:
         if decodes <= 0:
             break
-        n = next_rows(c)
+        n = c.next_rows()
         decodes -= n
         entries.append(Rows(c, PENDING, n))
         left -= n
@@ -210,7 +185,7 @@ def plan_rows(
         if c.pending is not None or left <= 0:
             continue
         if repair_left(c):  # before its prompt: the prompt attends to what it repairs
-            n = min(next_rows(c, chunk), left)
+            n = min(c.next_rows(chunk), left)
             entries.append(Rows(c, REPAIR, n))
             left -= n
             if n < repair_left(c) or left <= 0:
@@ -219,7 +194,7 @@ def plan_rows(
             # order, layer by layer, so the prompt reads the recomputed encodings
         if c.fed >= len(c.feed):
             continue
-        n = next_chunk(c, chunk) if c.first_spans else min(next_chunk(c, chunk), left)
+        n = c.next_chunk(chunk) if c.first_spans else min(c.next_chunk(chunk), left)
         if n > left:
             continue  # a recompute's span waits for a step with room for it whole
         entries.append(Rows(c, c.fed, n))

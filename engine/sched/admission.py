@@ -15,7 +15,6 @@ from __future__ import annotations
 from corps.cache.errors import CacheFullError, StoreTooSmall
 from corps.engine.exec.call import Call
 from corps.engine.exec.executor import Executor
-from corps.engine.sched.job import Job
 from corps.engine.sched.policies import Policy
 
 
@@ -32,51 +31,31 @@ class Admission:
     ) -> None:
         self.executor, self.policy = executor, policy
         self.max_running, self.evict = max_running, evict
-        self.running: list[Job] = []
-        self.held: list[Job] = []
-        self.finished: list[Job] = []
-        self.job_of: dict[Call, Job] = {}  # each running job by its call
+        self.running: list[Call] = []
+        self.held: list[Call] = []
+        self.finished: list[Call] = []
 
-    def enter(self, job: Job, call: Call, t0: float) -> None:
-        """`job` runs as `call` from now (admitted at t0); the pins it took on its parents
-        at submission go with it (`Call.pins`: given back when the call ends, in exec; a
-        job made without them was admitted with the call pinning its parents itself)."""
-        job.call, job.admitted = call, t0
-        if job.pins:
-            call.pins, job.pins = job.pins, []
-        self.running.append(job)
-        self.job_of[call] = job
-
-    def leave(self, job: Job) -> None:
-        """`job` no longer runs (its call ended or was aborted)."""
-        self.running.remove(job)
-        del self.job_of[job.call]
+    def leave(self, call: Call) -> None:
+        """`call` no longer runs (it ended or was aborted)."""
+        self.running.remove(call)
 
     def clear(self) -> None:
         """Nothing runs, waits or is finished any more (the loop shut down)."""
-        self.running, self.held, self.finished, self.job_of = [], [], [], {}
+        self.running, self.held, self.finished = [], [], []
 
-    def _call(self, job: Job, alone: bool):
-        """`executor.admit` for one job; if the store is full and nothing running will give
-        memory back (`alone`), again with eviction in the policy's order."""
+    def _admit(self, call: Call, alone: bool) -> bool:
+        """`executor.admit` for one call (False: held for a prefix); if the store is full
+        and nothing running will give memory back (`alone`), again with eviction in the
+        policy's order."""
         try:
-            return self.executor.admit(
-                job.request,
-                want_logits=job.want_logits,
-                keep=job.keep,
-                hold=True,
-                pinned=bool(job.pins),
-            )
+            return self.executor.admit(call, hold=True) is not None
         except CacheFullError as exc:
             if not alone or not self.evict or isinstance(exc, StoreTooSmall):
                 raise
-        return self.executor.admit(
-            job.request, want_logits=job.want_logits, keep=job.keep, hold=True,
-            evict=self.policy.victims, pinned=bool(job.pins),
-        )  # fmt: skip
+        return self.executor.admit(call, hold=True, evict=self.policy.victims) is not None
 
-    def admit(self, arrived: list[Job], t0: float) -> None:
-        """Admit waiting jobs as the policy orders them, a task group at a time.
+    def admit(self, arrived: list[Call], t0: float) -> None:
+        """Admit waiting calls as the policy orders them, a task group at a time.
 
         Admission is head of line: a group whose memory cannot be had now waits
         (with every group behind it) while running calls may give memory back; if
@@ -86,8 +65,8 @@ class Admission:
         """
         self.held = []
         live = []
-        for job in arrived:
-            (self.finished if job.cancelled else live).append(job)
+        for call in arrived:
+            (self.finished if call.cancelled else live).append(call)
         blocked = False
         for group in self._fitting(self.policy.order(live, t0)):
             room = self.max_running - len(self.running)
@@ -99,38 +78,39 @@ class Admission:
                 continue
             blocked = not self._group(group, t0)
 
-    def _fitting(self, groups: list[list[Job]]) -> list[list[Job]]:
+    def _fitting(self, groups: list[list[Call]]) -> list[list[Call]]:
         """Groups as the policy gave them, a group larger than max_running one by one."""
-        out: list[list[Job]] = []
+        out: list[list[Call]] = []
         for group in groups:
-            out += [[j] for j in group] if len(group) > self.max_running else [group]
+            out += [[c] for c in group] if len(group) > self.max_running else [group]
         return out
 
-    def _group(self, group: list[Job], t0: float) -> bool:
-        """Admit every job of `group`; False if it must wait for memory (held whole)."""
-        taken: list[Job] = []
-        for job in group:
+    def _group(self, group: list[Call], t0: float) -> bool:
+        """Admit every call of `group`; False if it must wait for memory (held whole)."""
+        taken: list[Call] = []
+        for call in group:
             try:
-                call = self._call(job, alone=not (self.running or taken))
+                admitted = self._admit(call, alone=not (self.running or taken))
             except CacheFullError as exc:
                 if isinstance(exc, StoreTooSmall) or not (self.running or taken):
-                    job.error = exc  # could never fit, or nothing running will make room
-                    self.finished.append(job)
+                    call.error = exc  # could never fit, or nothing running will make room
+                    self.finished.append(call)
                     continue
                 for other in taken:  # the group waits whole: give back what it got
                     self.leave(other)
-                    other.pins, other.call.pins = other.call.pins, []  # still queued
-                    self.executor.abort(other.call)
-                    other.call = other.admitted = None
-                self.held += [j for j in group if j not in self.finished]
+                    self.executor.abort(other, keep_pins=True)  # still queued: its pins stay
+                    other.unplan()
+                    other.admitted = None
+                self.held += [c for c in group if c not in self.finished]
                 return False
-            except Exception as exc:  # bad input fails this job only
-                job.error = exc
-                self.finished.append(job)
+            except Exception as exc:  # bad input fails this call only
+                call.error = exc
+                self.finished.append(call)
                 continue
-            if call is None:  # its prompt's prefix is being encoded: reuse it next step
-                self.held.append(job)
+            if not admitted:  # its prompt's prefix is being encoded: reuse it next step
+                self.held.append(call)
                 continue
-            self.enter(job, call, t0)
-            taken.append(job)
+            call.admitted = t0
+            self.running.append(call)
+            taken.append(call)
         return True

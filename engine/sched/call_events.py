@@ -1,4 +1,4 @@
-"""Building an engine call's trace events from its job, call and message (event loop only)."""
+"""Building an engine call's trace events from its record and message (event loop only)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pydantic import BaseModel
 
 from corps.cache.messages import MessageTable
 from corps.engine.errors import EngineClosed
-from corps.engine.sched.job import Job
+from corps.engine.exec.call import Call
 from corps.engine.trace.events import (
     CallEnd,
     CallQueued,
@@ -23,55 +23,55 @@ def _kind(request) -> str:
     return "decode" if hasattr(request, "sampling") else "prefill"
 
 
-def queued_event(rec: Recorder, job: Job) -> CallQueued:
-    req = job.request
+def queued_event(rec: Recorder, call: Call) -> CallQueued:
+    req = call.request
     sampling = getattr(req, "sampling", None)
     return CallQueued(
-        t=rec.rel(job.submitted),
-        call=job.id,
+        t=rec.rel(call.submitted),
+        call=call.id,
         agent=req.owner,
         kind=_kind(req),
         parents=[p.id for p in req.parents],
         offsets=None if req.offsets is None else list(req.offsets),
         max_tokens=None if sampling is None else sampling.max_tokens,
-        workflow=job.workflow.name if job.workflow is not None else None,
-        group=job.group,
-        objective=job.objective,
-        critical=job.critical,
+        workflow=call.workflow.name if call.workflow is not None else None,
+        group=call.group,
+        objective=call.objective,
+        critical=call.critical,
     )
 
 
-def end_events(rec: Recorder, table: MessageTable, job: Job) -> list[BaseModel]:
+def end_events(rec: Recorder, table: MessageTable, call: Call) -> list[BaseModel]:
     """The call's `CallEnd`, preceded by its message (and text) if it made one."""
-    req, call, now = job.request, job.call, time.perf_counter()
-    if job.cancelled and (job.error is None or isinstance(job.error, EngineClosed)):
+    req, plan, now = call.request, call.plan, time.perf_counter()
+    if call.cancelled and (call.error is None or isinstance(call.error, EngineClosed)):
         status, error = "cancelled", None  # its waiter left (the shutdown came after)
-    elif job.error is not None:
-        status, error = "error", f"{type(job.error).__name__}: {job.error}"
-    elif job.handle is None:
+    elif call.error is not None:
+        status, error = "error", f"{type(call.error).__name__}: {call.error}"
+    elif call.handle is None:
         status, error = "cancelled", None
     else:
         status, error = "ok", None
     out: list[BaseModel] = []
     end = CallEnd(
         t=rec.rel(now),
-        call=job.id,
+        call=call.id,
         agent=req.owner,
         kind=_kind(req),
         status=status,
         error=error,
         parents=[p.id for p in req.parents],
-        admitted=rec.rel(job.admitted),
-        first_token=rec.rel(job.first_token),
-        ttft_s=None if job.first_token is None else job.first_token - job.submitted,
-        decode_s=None if job.first_token is None else now - job.first_token,
+        admitted=rec.rel(call.admitted),
+        first_token=rec.rel(call.first_token),
+        ttft_s=None if call.first_token is None else call.first_token - call.submitted,
+        decode_s=None if call.first_token is None else now - call.first_token,
     )
-    if call is not None:
+    if plan is not None:
         end = end.model_copy(
             update=dict(
-                parents=list(call.plan.parents),
-                offsets=list(call.plan.parent_offsets),
-                new_offset=call.plan.offset,
+                parents=list(plan.parents),
+                offsets=list(plan.parent_offsets),
+                new_offset=plan.offset,
                 encoded=call.encoded,
                 reused=call.reused,
                 repaired=call.repaired,
@@ -79,8 +79,8 @@ def end_events(rec: Recorder, table: MessageTable, job: Job) -> list[BaseModel]:
                 generated=len(call.generated),
             )
         )
-    if job.handle is not None:
-        msg = table.get(job.handle.id)
+    if call.handle is not None:
+        msg = table.get(call.handle.id)
         out.append(
             MessageMade(
                 t=end.t,
@@ -94,7 +94,7 @@ def end_events(rec: Recorder, table: MessageTable, job: Job) -> list[BaseModel]:
                 offset=msg.offset,
                 tokens=len(msg.tokens),
                 sources=sorted(msg.sources),
-                call=job.id,
+                call=call.id,
             )
         )
         out.append(Text(t=end.t, id=msg.id, text=msg.text))

@@ -101,18 +101,18 @@ class FairShare(ObjectiveFirst):
         return share.standing * self._kept(now - share.at)
 
     def served(self, work: Sequence[tuple[Any, int]], now: float) -> None:
-        """The step that ended at `now` gave each job `tokens` of service."""
-        for job, tokens in work:
-            share = self._share(tenant_of(job))
+        """The step that ended at `now` gave each call `tokens` of service."""
+        for call, tokens in work:
+            share = self._share(tenant_of(call))
             share.standing = share.standing * self._kept(now - share.at) + tokens / share.weight
             share.served += tokens
             share.at = now
 
-    def is_latency(self, job: Any) -> bool:
-        return super().is_latency(job) or self._first(job)
+    def is_latency(self, call: Any) -> bool:
+        return super().is_latency(call) or self._first(call)
 
-    def is_critical(self, job: Any) -> bool:
-        return super().is_critical(job) or self._first(job)
+    def is_critical(self, call: Any) -> bool:
+        return super().is_critical(call) or self._first(call)
 
     def order(self, waiting: Sequence[Any], now: float) -> list[list[Any]]:
         self._waiting = list(waiting)
@@ -168,10 +168,10 @@ class FairShare(ObjectiveFirst):
             for t, s in list(self.shares.items())
         }  # fmt: skip
 
-    def _protect(self, jobs: Sequence[Any], now: float) -> None:
+    def _protect(self, calls: Sequence[Any], now: float) -> None:
         """Mark the tenants below `protect` of the mean standing of the tenants with
-        calls in `jobs` (none when fewer than two have calls)."""
-        active = {tenant_of(j) for j in jobs}
+        calls in `calls` (none when fewer than two have calls)."""
+        active = {tenant_of(j) for j in calls}
         for share in self.shares.values():
             share.protected = False
         if len(active) < 2:
@@ -194,12 +194,12 @@ class FairShare(ObjectiveFirst):
             return False
         return not any(tenant_of(j) in recent for j in running)
 
-    def _first(self, job: Any) -> bool:
+    def _first(self, call: Any) -> bool:
         """A call of a protected tenant that has not reached its first token."""
-        share = self.shares.get(tenant_of(job))
-        if share is None or not share.protected or job.first_token is not None:
+        share = self.shares.get(tenant_of(call))
+        if share is None or not share.protected or call.first_token is not None:
             return False
-        return job.call is None or not job.call.generated
+        return not call.generated
 
     def _share(self, tenant: str) -> Share:
         share = self.shares.get(tenant)
@@ -211,9 +211,9 @@ class FairShare(ObjectiveFirst):
         return 0.5 ** (max(0.0, elapsed) / self.half_life_s)
 
 
-def tenant_of(job: Any) -> str:
-    """The tenant a job's request names ("" for none)."""
-    return getattr(job.request, "tenant", None) or DEFAULT
+def tenant_of(call: Any) -> str:
+    """The tenant a call's request names ("" for none)."""
+    return getattr(call.request, "tenant", None) or DEFAULT
 
 
 def _tenant(name: Any) -> str:
@@ -237,8 +237,8 @@ def tenant_figures(policy: Any, held: Sequence[Any], running: Sequence[Any]) -> 
     if not policy.charges:
         return {}
     out = policy.figures()
-    for key, jobs in (("waiting", held), ("running", running)):
-        for job in list(jobs):
-            row = out.setdefault(tenant_of(job), {})
+    for key, calls in (("waiting", held), ("running", running)):
+        for call in list(calls):
+            row = out.setdefault(tenant_of(call), {})
             row[key] = row.get(key, 0.0) + 1
     return out

@@ -117,11 +117,11 @@ class Policy(Protocol):
         """Messages whose encodings may be evicted, in the order they should go."""
 
     def served(self, work: Sequence[tuple[Any, int]], now: float) -> None:
-        """The step that ended at `now` gave each job its tokens of service (called
+        """The step that ended at `now` gave each call its tokens of service (called
         only where `charges`)."""
 
-    def is_critical(self, job: Any) -> bool:
-        """Whether `job` bounds the batch (and the loop waits a few turns for its
+    def is_critical(self, call: Any) -> bool:
+        """Whether `call` bounds the batch (and the loop waits a few turns for its
         successor when it ends)."""
 
 
@@ -134,8 +134,8 @@ class _Unbounded:
     def served(self, work: Sequence[tuple[Any, int]], now: float) -> None:
         pass
 
-    def is_critical(self, job: Any) -> bool:
-        return job.critical
+    def is_critical(self, call: Any) -> bool:
+        return call.critical
 
     def step_calls(self, order: list[Any]) -> list[Any]:
         return order
@@ -188,9 +188,9 @@ def _started(group: Sequence[Any]) -> float:
     return started(group[0])
 
 
-def started(job: Any) -> float:
+def started(call: Any) -> float:
     """When a call's workflow started (the call's own submission, outside any)."""
-    return job.workflow.started if job.workflow is not None else job.submitted
+    return call.workflow.started if call.workflow is not None else call.submitted
 
 
 @dataclass
@@ -242,13 +242,13 @@ class ObjectiveFirst(WorkflowFirst):
     _alone: bool | None = field(default=None, init=False, repr=False)
     name = "objective"
 
-    def is_latency(self, job: Any) -> bool:
-        """Whether `job` goes first, as a latency call (its objective)."""
-        return job.objective == "latency"
+    def is_latency(self, call: Any) -> bool:
+        """Whether `call` goes first, as a latency call (its objective)."""
+        return call.objective == "latency"
 
-    def is_critical(self, job: Any) -> bool:
-        """Whether `job` bounds the batch while it waits or runs."""
-        return job.critical
+    def is_critical(self, call: Any) -> bool:
+        """Whether `call` bounds the batch while it waits or runs."""
+        return call.critical
 
     def _key(self, group: Sequence[Any], now: float) -> tuple:
         if self.is_latency(group[0]):
@@ -359,16 +359,16 @@ class ObjectiveFirst(WorkflowFirst):
         return self.cost.predict(len(calls), rows, chunks_of(calls), keys_of(calls))
 
 
-def rows_of(job: Any) -> int:
+def rows_of(call: Any) -> int:
     """Rows a running call brings to the next step (1 where it cannot say)."""
-    return getattr(job, "rows", 1)
+    return getattr(call, "rows", 1)
 
 
-def chunks_of(jobs: Sequence[Any]) -> int:
-    """Calls of `jobs` that bring a prompt chunk (more than one row) to the next step."""
-    return sum(rows_of(j) > 1 for j in jobs)
+def chunks_of(calls: Sequence[Any]) -> int:
+    """Calls of `calls` that bring a prompt chunk (more than one row) to the next step."""
+    return sum(rows_of(j) > 1 for j in calls)
 
 
-def keys_of(jobs: Sequence[Any]) -> int:
-    """Keys the one-row calls of `jobs` attend over in the next step (`decode_keys`)."""
-    return decode_keys([getattr(j, "keys", 0) for j in jobs if rows_of(j) == 1])
+def keys_of(calls: Sequence[Any]) -> int:
+    """Keys the one-row calls of `calls` attend over in the next step (`decode_keys`)."""
+    return decode_keys([getattr(j, "keys", 0) for j in calls if rows_of(j) == 1])

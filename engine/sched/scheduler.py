@@ -1,11 +1,11 @@
 """The batching loop: one task per engine fuses every concurrent call into shared steps.
 
-Every `prefill` / `decode` becomes a `Job` on a bounded queue. Each iteration
+Every `prefill` / `decode` becomes a `Call` (queued) on a bounded queue. Each iteration
 the loop runs ONE fused forward step off the event loop, on the process's torch
 thread (`corps.engine.exec.torch_thread` says why one): a next token for every
 running decode plus prefill chunks for waiting calls. A step is three phases
 (`_step_sync`): schedule (admission, the policy's order), run (forward and draw),
-postprocess (errors, handles, tokens to their jobs; ended ones to `finished`).
+postprocess (errors, handles, tokens to their calls; ended ones to `finished`).
 
 Run ahead: while nothing needs the event loop between two steps (no call ended,
 failed, arrived, was held or cancelled; none streams its tokens), the torch
@@ -19,8 +19,8 @@ per-step token budget in arrival order. A long prompt is thus spread over
 several steps and delays the running decodes by at most one chunk per step;
 it never starves them.
 
-Failure isolation: a bad request or a sampling error fails its own job only.
-If a step's forward raises, the jobs in that step fail with the cause and the
+Failure isolation: a bad request or a sampling error fails its own call only.
+If a step's forward raises, the calls in that step fail with the cause and the
 loop keeps serving new ones. If the loop itself dies, every waiter fails with
 the cause (`EngineClosed`), none hangs.
 
@@ -38,8 +38,8 @@ Successors: after a step that ended a latency-critical call, the loop lets the
 event loop run a few turns (bounded in turns, never in time) before the next
 step, so that the workflow's next call, usually made at once, is in it.
 
-Cancellation: a cancelled waiter marks its job; between steps the loop aborts it
-(its partial tokens rolled back, its slots freed). `close` aborts every job (EngineClosed).
+Cancellation: a cancelled waiter marks its call; between steps the loop aborts it
+(its partial tokens rolled back, its slots freed). `close` aborts every call (EngineClosed).
 """
 
 from __future__ import annotations
@@ -52,14 +52,14 @@ import anyio.lowlevel
 from corps.cache.handle import Handle
 from corps.engine.config import RUN_AHEAD
 from corps.engine.errors import EngineBusy, EngineClosed
+from corps.engine.exec.call import Call
 from corps.engine.exec.executor import Executor
 from corps.engine.exec.step_plan import StepOrder, StepOutput
 from corps.engine.exec.torch_thread import TORCH, TorchThread
 from corps.engine.sched.admission import Admission
 from corps.engine.sched.call_events import end_events
-from corps.engine.sched.job import Job, service
 from corps.engine.sched.policies import Fcfs, Policy, started
-from corps.engine.sched.step import plan_step
+from corps.engine.sched.step import plan_step, service
 from corps.engine.sched.stepped import Counters, Stepped, step_event
 from corps.engine.trace.events import ErrorEvent, FirstToken, Recorder
 
@@ -94,8 +94,8 @@ class Scheduler:
         self.step_tokens = step_tokens
         self.run_ahead = run_ahead  # steps run back to back on the torch thread, at most
         self.queue_size = queue_size
-        self._send, self._recv = anyio.create_memory_object_stream[Job](queue_size)
-        self._incoming: list[Job] = []
+        self._send, self._recv = anyio.create_memory_object_stream[Call](queue_size)
+        self._incoming: list[Call] = []
         self._linger = False  # the last step ended a critical call: wait for its successor
         self._closing = False
         self._dead: BaseException | None = None
@@ -105,32 +105,32 @@ class Scheduler:
         self._stepped = anyio.Event()  # set as each step ends (`stepped`)
         self._stopped = False  # the loop ended: `stepped` returns False from now on
 
-    async def submit(self, job: Job) -> None:
-        """Queue `job`, waiting for room only when the queue is full. With room it is
+    async def submit(self, call: Call) -> None:
+        """Queue `call`, waiting for room only when the queue is full. With room it is
         queued at once, with no yield first: a yield lets the loop plan its next step
-        without a call that was already made (and traced as queued). A job that comes
+        without a call that was already made (and traced as queued). A call that comes
         with its message (a recorded call replayed, `corps.engine.api.turns`) ends now."""
         self._check_open()
-        if job.replayed:
-            return self.end(job)
+        if call.replayed:
+            return self.end(call)
         try:
-            self._send.send_nowait(job)
+            self._send.send_nowait(call)
             return
         except anyio.WouldBlock:
             pass
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             raise self._closed_error() from None
         try:
-            await self._send.send(job)
+            await self._send.send(call)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             raise self._closed_error() from None
 
-    def submit_nowait(self, job: Job) -> None:
+    def submit_nowait(self, call: Call) -> None:
         self._check_open()
         try:
-            if job.replayed:  # as `submit`
-                return self.end(job)
-            self._send.send_nowait(job)
+            if call.replayed:  # as `submit`
+                return self.end(call)
+            self._send.send_nowait(call)
         except anyio.WouldBlock:
             raise EngineBusy(
                 f"engine queue full ({self.queue_size} calls waiting); await the call instead "
@@ -171,37 +171,39 @@ class Scheduler:
             await self._stepped.wait()
         return not self._stopped
 
-    # ---- ending jobs (event loop) ----
+    # ---- ending calls (event loop) ----
 
-    def end(self, job: Job) -> None:
-        """End a job once: its `on_done`, its parents unpinned, a message nobody will
+    def end(self, call: Call) -> None:
+        """End a call once: its `on_done`, the pins it still holds given back (one never
+        admitted; a call that ran gave them back as it ended), a message nobody will
         receive (it failed or was cancelled) freed, its figures kept on its message,
         its trace events, then its waiter woken."""
-        if job.done.is_set():
+        if call.ended.is_set():
             return
-        job.run_on_done()
+        call.run_on_done()
         executor = self.executor
-        if job.pins:  # never admitted (an admitted call gives them back as it ends)
-            executor.unpin(job.pins)
-            job.pins = []
-        if job.handle is not None and (job.error or job.cancelled) and not job.replayed:
-            executor.free(job.handle)  # finished, but nobody will ever receive it
-            job.handle = None
-        if job.handle is not None and not job.replayed:
-            executor.table.get(job.handle.id).figures = job.figures()
+        if call.pins:
+            pins, call.pins = call.pins, []
+            executor.unpin(pins)
+        made = call.handle is not None and not call.replayed
+        if made and (call.error or call.cancelled):
+            executor.free(call.handle)  # finished, but nobody will ever receive it
+            call.handle = made = None
+        if made:
+            executor.table.get(call.handle.id).figures = call.figures()
         if self.rec.on:
-            for event in end_events(self.rec, executor.table, job):
+            for event in end_events(self.rec, executor.table, call):
                 self.rec.emit(event)
-        job.done.set()
+        call.ended.set()
 
-    async def wait(self, job: Job) -> Handle:
-        """The job's handle, or its error (`Job.wait`); a waiter cancelled after the
-        job finished frees what it made, since nobody will receive it."""
+    async def wait(self, call: Call) -> Handle:
+        """The call's handle, or its error (`Call.wait`); a waiter cancelled after the
+        call finished frees what it made, since nobody will receive it."""
         try:
-            return await job.wait()
+            return await call.wait()
         except BaseException:
-            if job.done.is_set() and job.handle is not None and not job.replayed:
-                handle, job.handle = job.handle, None
+            if call.ended.is_set() and call.handle is not None and not call.replayed:
+                handle, call.handle = call.handle, None
                 self.executor.free(handle)
             raise
 
@@ -231,15 +233,15 @@ class Scheduler:
         self._closing = True
         await self._send.aclose()
 
-    async def _collect(self) -> list[Job] | None:
-        """New jobs: wait for one when idle, else take what is queued. None once closed.
+    async def _collect(self) -> list[Call] | None:
+        """New calls: wait for one when idle, else take what is queued. None once closed.
 
         Waking from idle, the loop lets the event loop run a few more turns while
         calls keep arriving (tasks that submit together, e.g. agents asked at
         once, are a few hops away), so they start in the same step instead of
         the first one running alone. Bounded in turns, never in time.
         """
-        new: list[Job] = []
+        new: list[Call] = []
         if not self.admission.running and not self.admission.held:
             try:
                 new.append(await self._recv.receive())
@@ -261,8 +263,8 @@ class Scheduler:
         self._drain(new)
         return new
 
-    def _drain(self, new: list[Job]) -> int:
-        """Move every queued job into `new`; how many there were."""
+    def _drain(self, new: list[Call]) -> int:
+        """Move every queued call into `new`; how many there were."""
         n = 0
         while True:
             try:
@@ -272,14 +274,14 @@ class Scheduler:
                 return n
 
     def _reap_cancelled(self) -> None:
-        for job in [j for j in self.admission.running if j.cancelled]:
-            self.executor.abort(job.call)
-            self.admission.leave(job)
-            self.end(job)
+        for call in [c for c in self.admission.running if c.cancelled]:
+            self.executor.abort(call)
+            self.admission.leave(call)
+            self.end(call)
 
-    async def _step(self, new: list[Job]) -> None:
+    async def _step(self, new: list[Call]) -> None:
         """One hop to the torch thread: a step, and the steps it ran ahead after it
-        (`_run_ahead`); then each one's bookkeeping in order, and the jobs they ended."""
+        (`_run_ahead`); then each one's bookkeeping in order, and the calls they ended."""
         t0 = time.perf_counter()
         self._incoming = new  # owned by the loop until the step has taken them
         ran = await self.thread.run(self._steps_sync, new, t0)
@@ -288,17 +290,17 @@ class Scheduler:
         for s in ran:
             self._account(s)
         # who waits for the step's end (the engine's sweep of dead handles) runs before
-        # the waiters of the jobs it ended: an event's waiters wake in the order set
+        # the waiters of the calls it ended: an event's waiters wake in the order set
         self._stepped.set()
         self._stepped = anyio.Event()
-        for job in self.admission.finished:
-            self.end(job)
+        for call in self.admission.finished:
+            self.end(call)
         critical = self.policy.is_critical
-        self._linger = any(critical(j) and j.error is None for j in self.admission.finished)
+        self._linger = any(critical(c) and c.error is None for c in self.admission.finished)
         self.admission.finished = []
 
     def _account(self, s: Stepped) -> None:
-        """A step's figures, its tokens handed to their jobs, its trace event."""
+        """A step's figures, its tokens handed to their calls, its trace event."""
         n, rec, wall = self.n, self.rec, s.end - s.t0
         n.step_seconds += wall
         if s.out.encoded:
@@ -306,22 +308,23 @@ class Scheduler:
         n.forward_seconds += s.out.forward_s
         if s.ran and not s.fed_back:  # what the step's calls waited, for the policy
             self.policy.stepped(wall)
-        for job, tok in s.tokens:
-            if job.first_token is None:  # hf mode knows when generate emitted it
-                job.first_token = job.call.first_token_at or s.end
-                n.ttft_sum += job.first_token - job.submitted
+        for call, tok in s.tokens:
+            if not call.emitted:  # its first token (hf mode knows when generate made it)
+                call.first_token = call.first_token or s.end
+                n.ttft_sum += call.first_token - call.submitted
                 n.ttft_n += 1
                 if rec.on:
-                    rec.emit(FirstToken(t=rec.rel(job.first_token), call=job.id))
+                    rec.emit(FirstToken(t=rec.rel(call.first_token), call=call.id))
+            call.emitted += 1
             if rec.tokens:
-                rec.token(job.id, tok)
-            job.token(tok)
+                rec.token(call.id, tok)
+            call.token(tok)
         n.tokens_sampled += len(s.tokens)
         if rec.on and s.ran:
             event, self._preempted = step_event(s, rec.rel(s.t0), self._preempted)
             rec.emit(event)
 
-    def _steps_sync(self, new: list[Job], t0: float) -> list[Stepped]:
+    def _steps_sync(self, new: list[Call], t0: float) -> list[Stepped]:
         """Torch thread: a step, then up to `run_ahead` - 1 more while `_run_ahead`
         says nothing needs the event loop between them."""
         ran = [self._step_sync(new, t0)]
@@ -336,7 +339,7 @@ class Scheduler:
     def _run_ahead(self, last: Stepped) -> bool:
         """Whether the next step may follow `last` on the torch thread at once, without
         the event loop between them. It may while the loop would do nothing there but
-        hand over tokens nobody waits for one by one: no job ended or failed, none is
+        hand over tokens nobody waits for one by one: no call ended or failed, none is
         held, queued or cancelled, none streams its tokens (`on_token`), no recording
         of single tokens, the engine is not closing, and no other work waits for the
         torch thread (another engine's step takes its turn). The tokens and figures of the
@@ -352,10 +355,10 @@ class Scheduler:
             and not self.rec.tokens
             and self.queue_depth() == 0
             and not self.thread.waiting
-            and not any(j.cancelled or j.on_token is not None for j in running)
+            and not any(c.cancelled or c.on_token is not None for c in running)
         )
 
-    def _step_sync(self, new: list[Job], t0: float) -> Stepped:
+    def _step_sync(self, new: list[Call], t0: float) -> Stepped:
         """Torch thread: one step, as schedule (admission included), run, postprocess."""
         chosen, order, admit_s = self._schedule(new, t0)
         if not order:
@@ -364,15 +367,15 @@ class Scheduler:
         tokens = self._postprocess(out)
         return self._stepped_at(t0, admit_s, out, tokens, ran=ran)
 
-    def _schedule(self, new: list[Job], t0: float) -> tuple[list[Job], StepOrder, float]:
+    def _schedule(self, new: list[Call], t0: float) -> tuple[list[Call], StepOrder, float]:
         """Admit what arrived (and what was held), then the policy's order of the step:
-        (the jobs it advances, the order, seconds admission took)."""
+        (the calls it advances, the order, seconds admission took)."""
         self.admission.admit(self.admission.held + new, t0)
         admit_s = time.perf_counter() - t0
         chosen, order = plan_step(self.admission.running, self.policy, self.step_tokens)
         return chosen, order, admit_s
 
-    def _run(self, chosen: list[Job], order: StepOrder) -> tuple[StepOutput, bool]:
+    def _run(self, chosen: list[Call], order: StepOrder) -> tuple[StepOutput, bool]:
         """The step's forward and draw (`Executor.step`); whether a forward ran, its
         cost taught to the policy (a step whose forward failed teaches nothing)."""
         t_step = time.perf_counter()
@@ -387,21 +390,18 @@ class Scheduler:
             self.n.calls_in_steps += len(chosen)
         return out, ran
 
-    def _postprocess(self, out: StepOutput) -> list[tuple[Job, int]]:
-        """What the step ended, given to its jobs (errors, handles); its sampled tokens
-        with their jobs (handed over on the loop, `_account`); jobs whose calls are
-        done leave the running set for `finished`, where the loop wakes them."""
-        job_of = self.admission.job_of
+    def _postprocess(self, out: StepOutput) -> list[tuple[Call, int]]:
+        """The step's errors and handles on its calls; its tokens (for `_account`);
+        the calls done leave the running set for `finished`, where the loop wakes them."""
         for call, exc in out.failed:
-            job_of[call].error = exc
+            call.error = exc
         for call, handle in out.finished.items():
-            job_of[call].handle = handle
-            self._stamp(job_of[call])
-        tokens = [(job_of[c], tok) for c, tok in out.tokens]
-        for job in [j for j in self.admission.running if j.call.done]:
-            self.admission.leave(job)
-            self.admission.finished.append(job)
-        return tokens
+            call.handle = handle
+            self._stamp(call)
+        for call in [c for c in self.admission.running if c.done]:
+            self.admission.leave(call)
+            self.admission.finished.append(call)
+        return out.tokens
 
     def _stepped_at(
         self, t0: float, admit_s: float, out: StepOutput, tokens: list, *, ran: bool
@@ -412,24 +412,24 @@ class Scheduler:
         queue = self.queue_depth() + len(self.admission.held)
         return Stepped(t0, time.perf_counter(), out, tokens, ran, admit_s, calls, queue, gauges)
 
-    def _stamp(self, job: Job) -> None:
+    def _stamp(self, call: Call) -> None:
         """Note on the new message when its workflow started (the policy's victim order)."""
-        if (msg := self.executor.table.find(job.handle.id)) is not None:
-            msg.started = started(job)
+        if (msg := self.executor.table.find(call.handle.id)) is not None:
+            msg.started = started(call)
 
     def _shut_down(self) -> None:
-        """Fail every job still queued or running; nothing is left waiting."""
+        """Fail every call still queued or running; nothing is left waiting."""
         self._closing = self._stopped = True
         self._stepped.set()
         error = self._closed_error()
         error.__cause__ = self._dead
         leftover = [
-            j
-            for j in self._incoming
-            if j not in self.admission.running and j not in self.admission.held
+            c
+            for c in self._incoming
+            if c not in self.admission.running and c not in self.admission.held
         ]
         leftover += self.admission.running + self.admission.held
-        leftover += [j for j in self.admission.finished if not j.done.is_set()]
+        leftover += [c for c in self.admission.finished if not c.ended.is_set()]
         self.admission.clear()
         self._incoming = []
         while True:
@@ -438,12 +438,12 @@ class Scheduler:
             except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
                 break
         self._recv.close()
-        for job in leftover:
-            if job.call is not None and job.handle is None:
-                self.executor.abort(job.call)
-            if job.error is None and job.handle is None:
-                job.error = error
-            self.end(job)
+        for call in leftover:
+            if call.plan is not None and call.handle is None:
+                self.executor.abort(call)
+            if call.error is None and call.handle is None:
+                call.error = error
+            self.end(call)
 
     def figures(self) -> dict[str, float]:
         queue = self.queue_depth() + len(self.admission.held)

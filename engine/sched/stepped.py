@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from corps.engine.exec.call import Call
 from corps.engine.exec.step_plan import StepOutput
-from corps.engine.sched.job import Job
 from corps.engine.trace.events import Step
 
 
@@ -20,11 +20,11 @@ class Stepped:
     t0: float  # when it began (the first of a run ahead: when the loop handed it over)
     end: float  # when it ended (the last of a run ahead: when the loop took it back)
     out: StepOutput
-    tokens: list[tuple[Job, int]]  # sampled, with their jobs
+    tokens: list[tuple[Call, int]]  # sampled, with their calls
     ran: bool  # a forward step ran (the policy's feedback, the trace's step event)
     admit_s: float  # seconds before its forward (admission)
-    calls: int  # jobs running or ended at its end
-    queue: int  # jobs queued or held at its end
+    calls: int  # calls running or ended at its end
+    queue: int  # calls queued or held at its end
     gauges: tuple[int, ...]  # the executor's gauges at its end (the trace's step event)
     fed_back: bool = False  # the policy had its wall time on the torch thread (run ahead)
 
