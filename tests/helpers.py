@@ -394,9 +394,9 @@ def reachable_tensor_bytes(root) -> int:
 def order(calls, budget=None):
     """A step's order of these calls within `budget` tokens (None: no bound), as the
     loop hands one to `Executor.step`."""
-    from corps.engine.exec.step_plan import StepOrder
+    from corps.engine.exec.step_plan import StepPlan
 
-    return StepOrder(tuple(calls), budget)
+    return StepPlan(calls=tuple(calls), budget=budget)
 
 
 def park_decodes(engine, monkeypatch, release) -> None:

@@ -38,7 +38,7 @@ def test_plan_step_with_nothing_to_run_runs_no_rows_and_finishes_what_is_done():
     done.mark_done()  # a text-only prefill, done at admission
     chosen, order = plan_step([job(done)], Fcfs(), budget=512)
     assert chosen == [] and order.calls == () and not planned(order)
-    assert order.ready == (done,) and order  # the step registers its message
+    assert order.ready == (done,)  # the step registers its message
     chosen, order = plan_step([], Fcfs(), budget=512)
     assert chosen == [] and not order
 

@@ -15,7 +15,6 @@ import dataclasses
 import warnings
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from typing import NamedTuple
 
 from corps.cache.handle import Handle
 from corps.cache.messages import Message, MessageTable
@@ -27,6 +26,7 @@ from corps.cache.visibility import (
     can_read,
     check_policy,
 )
+from corps.engine.exec.call import Call
 from corps.engine.request.requests import PrefillRequest
 from corps.engine.trace.events import LeakEvent, Recorder, Reencode
 
@@ -110,12 +110,6 @@ Submit = Callable[[PrefillRequest], Awaitable[Handle]]
 RECENT = 1000
 
 
-class Checked(NamedTuple):
-    request: object  # the request to run
-    missing: list[Handle]  # parents that need a clean copy first (leak_policy="reencode")
-    leaks: int  # leaks recorded for this call (allow / warn)
-
-
 class Guard:
     """Checks access and applies the leak policy for one engine; records leaks.
 
@@ -138,32 +132,40 @@ class Guard:
         self.reencode_count = 0
         self._clean: dict[tuple[int, str], Handle] = {}  # re-encoded copies, per reader
 
-    def screen(self, request, call_id: int | None = None) -> Checked:
-        """Screen a call: returns (the request to run, parents to re-encode first).
+    def screen(self, call: Call) -> list[Handle]:
+        """Screen a queued call: its parents that need a clean copy first (under
+        "reencode", see `reencode`); the leaks it records (allow / warn) counted on
+        it (`Call.leaks`).
 
         Raises AccessDenied / LeakageError / UnknownHandle before anything runs.
-        Under "reencode" the returned request already uses every cached clean copy;
-        the parents listed still need one (see `reencode`).
+        Under "reencode" the call's request is made to use every cached clean copy.
         """
+        request = call.request
         reader, parents = request.owner, list(request.parents)
         for p in parents:
             self.table.own(p)  # another engine's, unknown or freed handles fail first
             self.table.live(p.id)
         check_access(self.table, reader, parents)
         if reader is None or self.mode != "choreographed":  # re-encoding from text cannot leak
-            return Checked(request, [], 0)
+            return []
         kind = "decode" if hasattr(request, "sampling") else "prefill"
         leaks = find_leaks(self.table, reader, parents, f"{kind} by {reader}")
         if not leaks:
-            return Checked(request, [], 0)
+            return []
         policy = check_policy(request.leak_policy or self.policy)
         if policy == "deny":
             raise LeakageError(explain(self.table, leaks[0]) + " (leak_policy='deny')")
         if policy == "reencode":
             clean = [self._cached_clean(p, reader) for p in parents]
-            missing = [p for p, c in zip(parents, clean, strict=True) if c is None]
             fixed = [c if c is not None else p for p, c in zip(parents, clean, strict=True)]
-            return Checked(dataclasses.replace(request, parents=fixed), missing, 0)
+            call.request = dataclasses.replace(request, parents=fixed)
+            return [p for p, c in zip(parents, clean, strict=True) if c is None]
+        self._record(leaks, policy, call.id)
+        call.leaks = len(leaks)
+        return []
+
+    def _record(self, leaks: list[Leak], policy: str, call_id: int) -> None:
+        """Keep, trace and (under "warn") warn of each leak a call makes."""
         for leak in leaks:
             text = explain(self.table, leak)
             self.leaks.append(leak)
@@ -183,8 +185,7 @@ class Guard:
                     )
                 )
             if policy == "warn":
-                warnings.warn(text, LeakWarning, stacklevel=4)
-        return Checked(request, [], len(leaks))
+                warnings.warn(text, LeakWarning, stacklevel=5)
 
     async def reencode(self, request, submit: Submit) -> object:
         """`request` with every leaking parent replaced by a clean copy for its reader."""

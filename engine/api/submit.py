@@ -10,6 +10,7 @@ gets its figures.
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Mapping
 from typing import Any
 from weakref import WeakKeyDictionary
@@ -89,26 +90,32 @@ class Submitter:
         """Check access and the leak policy, re-encode if needed, pin parents: a queued
         Call (in task group `group` of `size` calls, else a group of its own). Inside a
         recorded run (`replay`), a call recorded before comes with its message."""
-        cid = cid or next(self.ids)
+        call = Call.queued(request, id=cid or next(self.ids))
         place = self.turns.begin(request) if self.turns is not None and replay else None
-        request, missing, leaks = self.guard.screen(request, call_id=cid)
-        if missing:
-            request = await self.guard.reencode(request, self._prefill_internal)
+        if self.guard.screen(call):  # parents that need a clean copy first
+            call.request = await self.guard.reencode(call.request, self._prefill_internal)
             place = None  # it read fresh copies: not the calls a run recorded
-        return self._call_at(place, request, cid, leaks, group, size)
+        return self._settle(call, place, group, size)
 
-    def _call_at(
-        self, place: tuple | None, request: Request, cid: int, leaks: int,
-        group: int | None = None, size: int = 1,
-    ) -> Call:  # fmt: skip
-        """A screened request's call: inside a recorded run (`place`), the message
-        recorded for it before if there is one (a replayed call, `corps.engine.api.turns`),
-        else a pinned call whose message is recorded when it is waited for."""
-        replayed = None if place is None else self.turns.replay(place, request.owner)
+    def _settle(
+        self, call: Call, place: tuple | None = None, group: int | None = None, size: int = 1
+    ) -> Call:
+        """A screened call made ready to queue: inside a recorded run (`place`), the
+        message recorded for it before if there is one (a replayed call,
+        `corps.engine.api.turns`); else its parents pinned from now until it ends (a
+        `free` in between waits for it), the rest settled (`_ready`), and its message
+        recorded when it is waited for."""
+        replayed = None if place is None else self.turns.replay(place, call.request.owner)
         if replayed is not None:
-            return Call.queued(request, id=cid, handle=replayed, leaks=leaks, replayed=True)
-        call = self.pinned_call(request, cid, group, size)
-        call.leaks = leaks
+            call.handle, call.replayed = replayed, True
+            return call
+        call.pins = self.executor.pin(call.request.parents)
+        try:
+            self._ready(call, group, size)
+        except BaseException:
+            pins, call.pins = call.pins, []
+            self.executor.unpin(pins)
+            raise
         if place is not None:
             self._places[call] = place
         return call
@@ -122,44 +129,31 @@ class Submitter:
             self.turns.record(place, handle)
         return handle
 
-    def pinned_call(self, request, cid: int, group: int | None = None, size: int = 1) -> Call:
-        """A call whose parents are pinned from now until it ends: a `free` in between
-        waits for it instead of failing it. `cid` is its call id in traces; `size`
-        the calls of its task group (`deduce_objective`)."""
-        pins = self.executor.pin(request.parents)
-        try:
-            return self.call_of(request, cid, pins, group, size)
-        except BaseException:
-            self.executor.unpin(pins)
-            raise
-
-    def call_of(
-        self, request, cid: int, pins: list[Message], group: int | None = None, size: int = 1
-    ) -> Call:
-        """A call holding `pins` (its parents, pinned), its repair settled and its audit
-        decided (`corps.engine.api.audit`); the pins go back once as it ends."""
+    def _ready(self, call: Call, group: int | None = None, size: int = 1) -> None:
+        """Settle a pinned call's repair, objective (`deduce_objective`: `size` the calls
+        of its task group) and audit (`corps.engine.api.audit`); queued from now."""
         wf = CURRENT.get()
-        request, auto = (
-            (request, False) if self.auditor is None else self.auditor.resolve(request, wf)
-        )
-        objective, critical = deduce_objective(request.objective, wf, size, self.deduce)
-        call = Call.queued(
-            request, id=cid, pins=pins, workflow=wf, objective=objective, critical=critical,
-            group=group or cid,
-        )  # fmt: skip
+        auto = False
+        if self.auditor is not None:
+            call.request, auto = self.auditor.resolve(call.request, wf)
+        call.workflow, call.group = wf, group or call.id
+        objective = call.request.objective
+        call.objective, call.critical = deduce_objective(objective, wf, size, self.deduce)
+        call.submitted = time.perf_counter()  # (after any re-encoding it waited for)
         if self.recorder.on:
             self.recorder.emit(queued_event(self.recorder, call))
         if self.auditor is not None:
             self.auditor.enlist(call, auto)
-        return call
 
     def shadow_call(self, request: PrefillRequest, pins: list[Message]) -> Call:
         """An internal call (an audit's shadow) that takes over `pins`, unscreened: its
         reader already read these parents."""
-        return self.call_of(request, next(self.ids), pins)
+        call = Call.queued(request, id=next(self.ids), pins=pins)
+        self._ready(call)
+        return call
 
     async def _prefill_internal(self, request: PrefillRequest) -> Handle:
-        return await self.run(self.pinned_call(request, next(self.ids)))
+        return await self.run(self._settle(Call.queued(request, id=next(self.ids))))
 
     async def run(self, call: Call) -> Handle:
         try:
@@ -216,12 +210,11 @@ class Submitter:
                 call.handle = None
 
     def submit_nowait(self, request: Request) -> Pending:
-        cid = next(self.ids)
+        call = Call.queued(request, id=next(self.ids))
         place = self.turns.begin(request) if self.turns is not None else None
-        request, missing, leaks = self.guard.screen(request, call_id=cid)
-        if missing:  # re-encodings must run first: queue the call when awaited
-            return Pending(self.call(request, cid, replay=False), self.run, self.wait)
-        call = self._call_at(place, request, cid, leaks)
+        if self.guard.screen(call):  # re-encodings must run first: queue it when awaited
+            return Pending(self.call(call.request, call.id, replay=False), self.run, self.wait)
+        call = self._settle(call, place)
         try:
             self.sched.submit_nowait(call)
         except BaseException:

@@ -13,7 +13,7 @@ from corps.cache.handle import Handle
 from corps.cache.messages import Message, MessageTable
 from corps.engine.exec.call import Call
 from corps.engine.exec.grammars import Grammars
-from corps.engine.exec.step_plan import StepOrder, StepOutput
+from corps.engine.exec.step_plan import StepOutput, StepPlan
 from corps.engine.request.chat_format import ChatFormat
 from corps.engine.stats import EngineStats
 
@@ -49,7 +49,7 @@ class Executor(Protocol):
         running call reads may be dropped to make room (None: never). The call keeps
         the pins it came with (`Call.pins`); one without pins its parents itself."""
 
-    def step(self, order: StepOrder) -> StepOutput:
+    def step(self, order: StepPlan) -> StepOutput:
         """Run one step (`corps.engine.exec.step_plan`) in one pass: the rows of the
         order's calls planned and run; a `StepOutput` with the tokens sampled, the
         calls finished (their handles) and the calls that failed (rolled back)."""

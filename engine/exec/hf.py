@@ -31,7 +31,7 @@ from corps.engine.exec.grammars import apply as apply_masks
 from corps.engine.exec.planner import Planner
 from corps.engine.exec.register import own_tokens, register
 from corps.engine.exec.sampler import Sampler
-from corps.engine.exec.step_plan import StepOrder, StepOutput
+from corps.engine.exec.step_plan import StepOutput, StepPlan
 from corps.engine.model.spec import ModelSpec
 from corps.engine.request.chat_format import ChatFormat
 from corps.engine.request.requests import DecodeRequest, PrefillRequest
@@ -110,7 +110,7 @@ class HFExecutor:
             call.mark_done()
         return call
 
-    def step(self, order: StepOrder) -> StepOutput:
+    def step(self, order: StepPlan) -> StepOutput:
         """Run the order's first unfinished call to its end (generate is not batched
         here: no rows are planned); register what is done."""
         out = StepOutput()

@@ -44,7 +44,7 @@ from corps.engine.exec.postprocess import Postprocess
 from corps.engine.exec.repairs import Repairs
 from corps.engine.exec.restorer import Restorer
 from corps.engine.exec.sampler import Sampler
-from corps.engine.exec.step_plan import StepOrder, StepOutput, plan_rows
+from corps.engine.exec.step_plan import StepOutput, StepPlan, plan_rows
 from corps.engine.exec.stepper import Stepper
 from corps.engine.model.compiled_decode import compile_step
 from corps.engine.model.precompiled_decode import precompiled_step
@@ -245,7 +245,7 @@ class KVExecutor:
         if call.view.ctx is not None and call.view.ctx.key is not None:
             call.view.ctx.writer = call  # others join once its rows have run
 
-    def step(self, order: StepOrder) -> StepOutput:
+    def step(self, order: StepPlan) -> StepOutput:
         """Run one step in one pass (`corps.engine.exec.step_plan`): the rows of the
         order's calls laid out within its budget, run in one fused forward, the
         sampling, each call advanced, and the message of every call that is done now

@@ -4,9 +4,9 @@ The scheduling layer plans, the executor runs, postprocess updates the calls:
 
 - `corps.engine.sched.step.plan_step(running, policy, budget)` asks the policy
   which running calls the next step advances and how many tokens it may run: a
-  `StepOrder`. The executor's `plan_rows` (here) decides the rows of each: a
-  token for every decoding call first, then prompt chunks.
-- `Executor.step(order)` plans the rows, allocates their slots, builds the batch, runs the
+  `StepPlan` without rows yet. The executor's `plan_rows` (here) decides the rows
+  of each: a token for every decoding call first, then prompt chunks.
+- `Executor.step(step)` plans the rows, allocates their slots, builds the batch, runs the
   forward, samples, moves each call on (postprocess), registers the messages of
   the calls that are done, and returns all of it as one `StepOutput`; the loop
   hands the tokens and handles to the calls' callers without calling back in.
@@ -58,7 +58,6 @@ __all__ = [
     "PENDING",
     "REPAIR",
     "Rows",
-    "StepOrder",
     "StepOutput",
     "StepPlan",
     "plan_rows",
@@ -68,8 +67,10 @@ __all__ = [
 
 @dataclass
 class StepOutput:
-    """What one step did, in one pass: the tokens sampled, the calls it finished with
-    their messages' handles, and the calls that failed (already rolled back)."""
+    """One step's record. What it did, in one pass (the executor's): the tokens
+    sampled, the calls it finished with their messages' handles, and the calls that
+    failed (already rolled back). When and around what it ran (the loop's, for its
+    figures and the trace's step event, `corps.engine.sched.stepped`)."""
 
     tokens: list[tuple[Call, int]] = field(default_factory=list)
     failed: list[tuple[Call, BaseException]] = field(default_factory=list)
@@ -81,6 +82,14 @@ class StepOutput:
     rows: int = 0  # rows (tokens) the forward encoded
     chunks: int = 0  # calls of those that encoded a prompt chunk (not one token)
     keys: int = 0  # keys its one-row calls attended over (`decode_keys`)
+    # ---- the loop's (corps.engine.sched.scheduler) ----
+    t0: float = 0.0  # when it began (the first of a run ahead: when the loop handed it over)
+    end: float = 0.0  # when it ended (the last of a run ahead: when the loop took it back)
+    admit_s: float = 0.0  # seconds before its forward (admission)
+    running: int = 0  # calls running or ended at its end
+    queue: int = 0  # calls queued or held at its end
+    gauges: tuple[int, ...] = ()  # the executor's gauges at its end
+    fed_back: bool = False  # the policy had its wall time on the torch thread (run ahead)
 
 
 class Rows(NamedTuple):
@@ -110,29 +119,19 @@ class Rows(NamedTuple):
 
 
 @dataclass(frozen=True)
-class StepOrder:
-    """What the loop asks of one step: the running calls its policy chose, in its
-    order; the tokens the step may run (None: no bound); and calls done before the
-    step (a prefill that stores its text only), whose messages it registers. The
-    executor lays out their rows (`plan_rows`)."""
+class StepPlan:
+    """One step: the running calls the policy chose, in step order (`calls`; an
+    executor that does not batch rows, `HFExecutor`, runs the first of them); the
+    tokens it may run (`budget`, None: no bound); calls done before it (`ready`: a
+    prefill that stores its text only), whose messages it registers; and the rows
+    the executor lays out for it (`entries`, `plan_rows`: in batch order, decodes
+    first, then prompt chunks). The loop plans the first three (`sched.step`); a
+    plan is true once it has rows."""
 
+    entries: tuple[Rows, ...] = ()
     calls: tuple[Call, ...] = ()
     budget: int | None = None
     ready: tuple[Call, ...] = ()
-
-    def __bool__(self) -> bool:
-        return bool(self.calls or self.ready)
-
-
-@dataclass(frozen=True)
-class StepPlan:
-    """The rows one step runs, in batch order (decodes first, then prompt chunks).
-
-    `calls` are the running calls the policy chose, in step order (an executor that
-    does not batch rows, `HFExecutor`, runs the first of them)."""
-
-    entries: tuple[Rows, ...]
-    calls: tuple[Call, ...] = ()
 
     @property
     def rows(self) -> int:

@@ -54,13 +54,13 @@ from corps.engine.config import RUN_AHEAD
 from corps.engine.errors import EngineBusy, EngineClosed
 from corps.engine.exec.call import Call
 from corps.engine.exec.executor import Executor
-from corps.engine.exec.step_plan import StepOrder, StepOutput
+from corps.engine.exec.step_plan import StepOutput, StepPlan
 from corps.engine.exec.torch_thread import TORCH, TorchThread
 from corps.engine.sched.admission import Admission
 from corps.engine.sched.call_events import end_events
 from corps.engine.sched.policies import Fcfs, Policy, started
 from corps.engine.sched.step import plan_step, service
-from corps.engine.sched.stepped import Counters, Stepped, step_event
+from corps.engine.sched.stepped import Counters, step_event
 from corps.engine.trace.events import ErrorEvent, FirstToken, Recorder
 
 #: Event-loop turns the idle loop waits for more arrivals before its first step, and
@@ -299,13 +299,13 @@ class Scheduler:
         self._linger = any(critical(c) and c.error is None for c in self.admission.finished)
         self.admission.finished = []
 
-    def _account(self, s: Stepped) -> None:
+    def _account(self, s: StepOutput) -> None:
         """A step's figures, its tokens handed to their calls, its trace event."""
         n, rec, wall = self.n, self.rec, s.end - s.t0
         n.step_seconds += wall
-        if s.out.encoded:
+        if s.encoded:
             n.encode_seconds += wall
-        n.forward_seconds += s.out.forward_s
+        n.forward_seconds += s.forward_s
         if s.ran and not s.fed_back:  # what the step's calls waited, for the policy
             self.policy.stepped(wall)
         for call, tok in s.tokens:
@@ -324,7 +324,7 @@ class Scheduler:
             event, self._preempted = step_event(s, rec.rel(s.t0), self._preempted)
             rec.emit(event)
 
-    def _steps_sync(self, new: list[Call], t0: float) -> list[Stepped]:
+    def _steps_sync(self, new: list[Call], t0: float) -> list[StepOutput]:
         """Torch thread: a step, then up to `run_ahead` - 1 more while `_run_ahead`
         says nothing needs the event loop between them."""
         ran = [self._step_sync(new, t0)]
@@ -336,7 +336,7 @@ class Scheduler:
             ran.append(self._step_sync([], last.end))
         return ran
 
-    def _run_ahead(self, last: Stepped) -> bool:
+    def _run_ahead(self, last: StepOutput) -> bool:
         """Whether the next step may follow `last` on the torch thread at once, without
         the event loop between them. It may while the loop would do nothing there but
         hand over tokens nobody waits for one by one: no call ended or failed, none is
@@ -350,7 +350,7 @@ class Scheduler:
         return (
             last.ran
             and bool(running)
-            and not (self.admission.finished or self.admission.held or last.out.failed)
+            and not (self.admission.finished or self.admission.held or last.failed)
             and not self._closing
             and not self.rec.tokens
             and self.queue_depth() == 0
@@ -358,16 +358,14 @@ class Scheduler:
             and not any(c.cancelled or c.on_token is not None for c in running)
         )
 
-    def _step_sync(self, new: list[Call], t0: float) -> Stepped:
+    def _step_sync(self, new: list[Call], t0: float) -> StepOutput:
         """Torch thread: one step, as schedule (admission included), run, postprocess."""
         chosen, order, admit_s = self._schedule(new, t0)
-        if not order:
-            return self._stepped_at(t0, admit_s, StepOutput(), [], ran=False)
-        out, ran = self._run(chosen, order)
-        tokens = self._postprocess(out)
-        return self._stepped_at(t0, admit_s, out, tokens, ran=ran)
+        out = self._run(chosen, order) if chosen or order.ready else StepOutput(ran=False)
+        self._postprocess(out)
+        return self._recorded(out, t0, admit_s)
 
-    def _schedule(self, new: list[Call], t0: float) -> tuple[list[Call], StepOrder, float]:
+    def _schedule(self, new: list[Call], t0: float) -> tuple[list[Call], StepPlan, float]:
         """Admit what arrived (and what was held), then the policy's order of the step:
         (the calls it advances, the order, seconds admission took)."""
         self.admission.admit(self.admission.held + new, t0)
@@ -375,24 +373,24 @@ class Scheduler:
         chosen, order = plan_step(self.admission.running, self.policy, self.step_tokens)
         return chosen, order, admit_s
 
-    def _run(self, chosen: list[Call], order: StepOrder) -> tuple[StepOutput, bool]:
-        """The step's forward and draw (`Executor.step`); whether a forward ran, its
+    def _run(self, chosen: list[Call], order: StepPlan) -> StepOutput:
+        """The step's forward and draw (`Executor.step`); if a forward ran (`ran`), its
         cost taught to the policy (a step whose forward failed teaches nothing)."""
         t_step = time.perf_counter()
         out = self.executor.step(order)
-        ran = bool(chosen) and out.ran
-        if ran:
+        out.ran = bool(chosen) and out.ran
+        if out.ran:
             seconds = time.perf_counter() - t_step
             self.policy.observe(out.calls, out.rows, seconds, out.chunks, out.keys)
             if self.policy.charges:
                 self.policy.served(service(chosen, out), time.perf_counter())
             self.n.steps += 1
             self.n.calls_in_steps += len(chosen)
-        return out, ran
+        return out
 
-    def _postprocess(self, out: StepOutput) -> list[tuple[Call, int]]:
-        """The step's errors and handles on its calls; its tokens (for `_account`);
-        the calls done leave the running set for `finished`, where the loop wakes them."""
+    def _postprocess(self, out: StepOutput) -> None:
+        """The step's errors and handles on its calls (its tokens go to their callers on
+        the loop, `_account`); the calls done leave the running set for `finished`."""
         for call, exc in out.failed:
             call.error = exc
         for call, handle in out.finished.items():
@@ -401,16 +399,15 @@ class Scheduler:
         for call in [c for c in self.admission.running if c.done]:
             self.admission.leave(call)
             self.admission.finished.append(call)
-        return out.tokens
 
-    def _stepped_at(
-        self, t0: float, admit_s: float, out: StepOutput, tokens: list, *, ran: bool
-    ) -> Stepped:
-        """The record of a step that began at t0 and ends now (torch thread)."""
-        gauges = self.executor.gauges()
-        calls = len(self.admission.running) + len(self.admission.finished)
-        queue = self.queue_depth() + len(self.admission.held)
-        return Stepped(t0, time.perf_counter(), out, tokens, ran, admit_s, calls, queue, gauges)
+    def _recorded(self, out: StepOutput, t0: float, admit_s: float) -> StepOutput:
+        """The step's record: it began at t0 and ends now, with what was running and
+        queued and the executor's gauges at its end (torch thread)."""
+        out.t0, out.end, out.admit_s = t0, time.perf_counter(), admit_s
+        out.running = len(self.admission.running) + len(self.admission.finished)
+        out.queue = self.queue_depth() + len(self.admission.held)
+        out.gauges = self.executor.gauges()
+        return out
 
     def _stamp(self, call: Call) -> None:
         """Note on the new message when its workflow started (the policy's victim order)."""

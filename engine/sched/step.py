@@ -1,5 +1,5 @@
 """The batching loop's next step: the policy picks the calls and the budget (a
-`StepOrder`); the executor lays out their rows (`step_plan.plan_rows`). And what a
+`StepPlan` without rows); the executor lays out their rows (`step_plan.plan_rows`). And what a
 step gave each of its calls (`service`, for `fair`)."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from corps.engine.exec.call import Call
-from corps.engine.exec.step_plan import StepOrder, StepOutput
+from corps.engine.exec.step_plan import StepOutput, StepPlan
 from corps.engine.sched.policies import Policy
 
 
-def plan_step(running: Sequence[Call], policy: Policy, budget: int) -> tuple[list[Call], StepOrder]:
+def plan_step(running: Sequence[Call], policy: Policy, budget: int) -> tuple[list[Call], StepPlan]:
     """The next step of the batching loop: the running calls the policy advances, in
     its order, and the order of the step: those calls and the policy's share of
     `budget`. Calls already done (a prefill that stores its text only) run no rows:
@@ -20,9 +20,9 @@ def plan_step(running: Sequence[Call], policy: Policy, budget: int) -> tuple[lis
     order = policy.step_calls(policy.step_order(list(running)))
     chosen = [c for c in order if not c.done]
     if not chosen:
-        return [], StepOrder(ready=ready)
+        return [], StepPlan(ready=ready)
     tokens = policy.step_budget(order, budget)
-    return chosen, StepOrder(tuple(chosen), tokens, ready)
+    return chosen, StepPlan(calls=tuple(chosen), budget=tokens, ready=ready)
 
 
 def service(chosen: list[Call], out: StepOutput) -> list[tuple[Call, int]]:

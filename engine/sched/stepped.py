@@ -1,44 +1,26 @@
-"""What the loop keeps of its steps: one step's record as the torch thread ran it
-(`Stepped`), the trace's event of it, and the loop's running counters (`Counters`,
-`Engine.stats()`'s scheduler figures)."""
+"""What the loop keeps of its steps: the trace's event of one (from its record, a
+`StepOutput`), and the loop's running counters (`Counters`, `Engine.stats()`'s
+scheduler figures)."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-from corps.engine.exec.call import Call
 from corps.engine.exec.step_plan import StepOutput
 from corps.engine.trace.events import Step
 
 
-@dataclass
-class Stepped:
-    """One step as the torch thread ran it, for the loop's bookkeeping
-    (`Scheduler._account`)."""
-
-    t0: float  # when it began (the first of a run ahead: when the loop handed it over)
-    end: float  # when it ended (the last of a run ahead: when the loop took it back)
-    out: StepOutput
-    tokens: list[tuple[Call, int]]  # sampled, with their calls
-    ran: bool  # a forward step ran (the policy's feedback, the trace's step event)
-    admit_s: float  # seconds before its forward (admission)
-    calls: int  # calls running or ended at its end
-    queue: int  # calls queued or held at its end
-    gauges: tuple[int, ...]  # the executor's gauges at its end (the trace's step event)
-    fed_back: bool = False  # the policy had its wall time on the torch thread (run ahead)
-
-
-def step_event(s: Stepped, t: float, preempted: tuple[int, ...]) -> tuple[Step, tuple[int, ...]]:
+def step_event(s: StepOutput, t: float, preempted: tuple[int, ...]) -> tuple[Step, tuple[int, ...]]:
     """The trace's event of step `s` (at trace time `t`), and the executor's (evicted,
     recomputed) counts now: the event says how many each grew since `preempted`."""
     used, capacity, *now = s.gauges
     evicted, recomputed = (b - a for a, b in zip(preempted, now, strict=True))
     event = Step(
-        t=t, dur=s.end - s.t0, calls=s.calls, sampled=len(s.tokens), store_used=used,
-        capacity=capacity, queue=s.queue, rows=s.out.rows, stepped=s.out.calls,
-        admit_s=s.admit_s, evicted=evicted, recomputed=recomputed, chunks=s.out.chunks,
-        keys=s.out.keys,
+        t=t, dur=s.end - s.t0, calls=s.running, sampled=len(s.tokens), store_used=used,
+        capacity=capacity, queue=s.queue, rows=s.rows, stepped=s.calls,
+        admit_s=s.admit_s, evicted=evicted, recomputed=recomputed, chunks=s.chunks,
+        keys=s.keys,
     )  # fmt: skip
     return event, tuple(now)
 
