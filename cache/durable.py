@@ -17,6 +17,8 @@ from its tokens, over its parents at their offsets, when a call first reads it.
 
 The store knows nothing of models: `open` compares the identity it is given (a
 JSON object) with the one stored and raises `StoreMismatch` naming what differs.
+
+A message's row is its record as JSON (`corps.cache.store_rows`).
 """
 
 from __future__ import annotations
@@ -36,24 +38,17 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from corps.cache.errors import CorpsError, require
-from corps.cache.messages import CallFigures, Message
-from corps.cache.visibility import Private, Public, Shared
+from corps.cache.errors import StoreError, StoreMismatch, require
+from corps.cache.messages import Message
+from corps.cache.store_rows import decode, encode
+
+__all__ = ["DB", "KV", "DurableStore", "StoreError", "StoreMismatch", "Stored"]
 
 FORMAT = 1  # the layout of rows and files; a store of another format is refused
 DB, KV = "messages.db", "kv"
 #: identity keys a store may be rebuilt across (`open(rebuild=True)`): how the model
 #: runs, not which model it is, so its messages' tokens are still right
 REBUILDABLE = {"dtype", "weights", "kv"}
-
-
-class StoreError(CorpsError):
-    """A store directory that cannot be used: unreadable, of another format, damaged."""
-
-
-class StoreMismatch(StoreError):
-    """A store made with another model, dtype, weight format or mode than this engine's:
-    its encodings would be wrong here."""
 
 
 @dataclass(frozen=True)
@@ -444,61 +439,3 @@ def _lock(root: Path) -> Any:
             f"serves one engine at a time: close that one, or name another directory"
         ) from None
     return f
-
-
-def encode(msg: Message) -> dict[str, Any]:
-    """A message's record as JSON values (its slots, pins and parsed value are not kept)."""
-    return {
-        "id": msg.id, "tokens": msg.tokens, "text": msg.text, "role": msg.role,
-        "kind": msg.kind, "offset": msg.offset, "parents": list(msg.parents),
-        "parent_offsets": list(msg.parent_offsets), "owner": msg.owner,
-        "visibility": _visibility(msg.visibility), "sources": sorted(msg.sources),
-        "freed": msg.freed, "generated_from": msg.generated_from, "generated": msg.generated,
-        "finish_reason": msg.finish_reason, "complete": msg.complete,
-        "logprobs": list(msg.logprobs), "greedy": list(msg.greedy),
-        "top_logprobs": [[list(p) for p in top] for top in msg.top_logprobs],
-        "view_of": msg.view_of, "view_for": msg.view_for,
-        "figures": vars(msg.figures), "spans": list(msg.spans), "repair": msg.repair,
-        "encoded": bool(msg.slots) or msg.evicted,
-    }  # fmt: skip
-
-
-def decode(r: dict[str, Any]) -> Message:
-    """A record read back: no slots; `evicted` if it had an encoding (encoded again
-    when read, unless a saved one is copied in first)."""
-    msg = Message(
-        int(r["id"]), [int(t) for t in r["tokens"]], str(r["text"]), str(r["role"]),
-        str(r["kind"]), [], int(r["offset"]), tuple(r["parents"]),
-        tuple(r["parent_offsets"]), r["owner"], _visibility_of(r["visibility"]),
-        sources=frozenset(r["sources"]), freed=bool(r["freed"]),
-        generated_from=r["generated_from"], generated=r["generated"],
-        finish_reason=r["finish_reason"], complete=r["complete"],
-        logprobs=tuple(r["logprobs"]), greedy=tuple(r["greedy"]),
-        top_logprobs=tuple(tuple((int(t), float(p)) for t, p in top) for top in r["top_logprobs"]),
-        view_of=r["view_of"], view_for=r["view_for"], figures=CallFigures(**r["figures"]),
-        spans=tuple(r["spans"]), repair=str(r["repair"]),
-    )  # fmt: skip
-    msg.evicted = bool(r["encoded"])
-    return msg
-
-
-def _visibility(v: Any) -> Any:
-    if v is None or isinstance(v, Public):
-        return None if v is None else "public"
-    if isinstance(v, Private):
-        return "private"
-    if isinstance(v, Shared):
-        return sorted(v.readers)
-    raise StoreError(f"a message's visibility {type(v).__name__} cannot be stored")
-
-
-def _visibility_of(v: Any) -> Any:
-    if v is None:
-        return None
-    if v == "public":
-        return Public()
-    if v == "private":
-        return Private()
-    if isinstance(v, list):
-        return Shared(set(v))
-    raise ValueError(f"visibility {v!r}")

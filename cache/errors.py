@@ -47,6 +47,15 @@ class ContextOverflow(PositionError):
     sit, and its max_tokens together need more positions than the model has."""
 
 
+class StoreError(CorpsError):
+    """A store directory that cannot be used: unreadable, of another format, damaged."""
+
+
+class StoreMismatch(StoreError):
+    """A store made with another model, dtype, weight format or mode than this engine's:
+    its encodings would be wrong here."""
+
+
 class BrokenInvariant(CorpsError):
     """corps's own bookkeeping is inconsistent (raised by `Engine.check()`): a bug in
     corps, not in your program; please report it with the message."""
