@@ -231,7 +231,7 @@ def _weight(value: Any) -> float:
     return float(value)
 
 
-def tenant_figures(policy: Any, held: Sequence[Any], running: Sequence[Any]) -> dict:
+def tenant_figures(policy: Policy, held: Sequence[Any], running: Sequence[Any]) -> dict:
     """`EngineStats.tenants`: the fair policy's figures per tenant, with its calls
     `held` (waiting) and `running` now; empty under another policy."""
     if not policy.charges:
