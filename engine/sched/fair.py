@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from corps.engine.errors import InvalidRequest
-from corps.engine.sched.policies import ObjectiveFirst, chunks_of, keys_of, rows_of
+from corps.engine.sched.policies import ObjectiveFirst, Policy, chunks_of, keys_of, rows_of
 
 HALF_LIFE_S = 10.0  # seconds after which a tenant's service counts half
 PROTECT = 0.5  # a tenant below this share of the mean standing is protected
