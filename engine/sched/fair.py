@@ -234,7 +234,7 @@ def _weight(value: Any) -> float:
 def tenant_figures(policy: Policy, held: Sequence[Any], running: Sequence[Any]) -> dict:
     """`EngineStats.tenants`: the fair policy's figures per tenant, with its calls
     `held` (waiting) and `running` now; empty under another policy."""
-    if not policy.charges:
+    if not isinstance(policy, FairShare):
         return {}
     out = policy.figures()
     for key, calls in (("waiting", held), ("running", running)):
