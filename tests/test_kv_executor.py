@@ -191,7 +191,8 @@ def test_overlapping_parents_mask(tiny_dirs, tiny_hf, backend):
     for h in (a, b):
         oracle.encode(h.id, h.tokens, [], 0)
     req = PrefillRequest("hello world", parents=[a, b], offsets=[2, 2])
-    call = core.planner.prefill(req)
+    call = Call(request=req)
+    core.planner.prefill(call, req)
     assert call.ctx_slots == core.table.get(a.id).slots + core.table.get(b.id).slots
     assert call.ctx_pos == list(range(2, 2 + a.length)) + list(range(2, 2 + b.length))
     c, got = prefill(core, "hello world", parents=[a, b], offsets=[2, 2])
