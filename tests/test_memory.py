@@ -42,7 +42,7 @@ def _call(parents: list[Message], feed: int) -> Call:
         visibility=None,
         own=feed,
         prefix=list(range(feed)),
-        pinned=tuple(parents),
+        records=tuple(parents),
     )
     return Call(
         plan,

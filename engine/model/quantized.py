@@ -42,13 +42,16 @@ costs no second copy.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 GROUP = 32  # inputs per 4-bit group: GGUF's block of 32, torch's smallest group
-TILE = 64  # output rows per block of torch's CPU int4 layout (`_cpu_unpack`)
+#: output rows per block of torch's CPU int4 layout, by CPU: 64 with AVX-512, 32 with
+#: AVX2 (`cpu_tile` finds which this CPU packs)
+TILES = (64, 32)
 
 
 @dataclass(frozen=True)
@@ -218,15 +221,37 @@ def _unpack_rows(packed: Tensor, ids: Tensor, n: int) -> Tensor:
     """Codes (T, K) uint8 of rows `ids` of a packed int4 weight of `n` rows."""
     if packed.is_cuda:
         raise NotImplementedError("row lookups of CUDA int4 weights are not supported")
-    if n % TILE:  # a layout we do not read: unpack through the kernel
+    tile = cpu_tile()
+    if tile is None or n % tile:  # a layout we do not read: unpack through the kernel
         return _codes_by_product(packed, ids, n, packed.shape[-1] * 2)
-    # torch's CPU layout, per block of 64 rows: byte [k, j] holds row j's code k in its
-    # low nibble and row j + 32's in its high one (`test_quantized` checks it)
+    return _read_tiles(packed, ids, n, tile)
+
+
+def _read_tiles(packed: Tensor, ids: Tensor, n: int, tile: int) -> Tensor:
+    """torch's CPU layout, per block of `tile` rows: byte [k, j] holds row j's code k
+    in its low nibble and row j + tile / 2's in its high one (`test_quantized` checks
+    it against the product)."""
     k = packed.shape[1] * 2
-    blocks = packed.view(n // TILE, k, TILE // 2)
-    j = ids % TILE
-    byte = blocks[ids // TILE, :, j % (TILE // 2)]  # (T, K)
-    return torch.where((j >= TILE // 2)[:, None], byte >> 4, byte & 15)
+    blocks = packed.view(n // tile, k, tile // 2)
+    j = ids % tile
+    byte = blocks[ids // tile, :, j % (tile // 2)]  # (T, K)
+    return torch.where((j >= tile // 2)[:, None], byte >> 4, byte & 15)
+
+
+@functools.cache
+def cpu_tile() -> int | None:
+    """The rows per block of the layout torch's CPU int4 packing uses on this CPU (it
+    follows the instructions the kernel was built for): found by packing random codes
+    and reading them back; None if no layout of `TILES` reads them."""
+    g = torch.Generator().manual_seed(0)
+    n, k = 2 * max(TILES), 2 * GROUP
+    q = torch.randint(0, 16, (n, k), generator=g)
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
+    ids = torch.arange(n)
+    for tile in TILES:
+        if torch.equal(_read_tiles(packed, ids, n, tile).long(), q):
+            return tile
+    return None
 
 
 def _codes_by_product(packed: Tensor, ids: Tensor, n: int, k: int) -> Tensor:
