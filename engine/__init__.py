@@ -16,6 +16,7 @@ _HOME = {
     "Engine": "corps.engine.api.engine",
     "Pending": "corps.engine.api.pending",
     "TextStream": "corps.engine.api.stream",
+    "AwaitingInput": "corps.engine.errors",
     "CallCancelled": "corps.engine.errors",
     "ConstraintViolated": "corps.engine.errors",
     "InvalidConstraint": "corps.engine.errors",
@@ -50,6 +51,7 @@ __all__ = [
     "AuditKey",
     "AuditReport",
     "AuditRow",
+    "AwaitingInput",
     "BadConfig",
     "CallCancelled",
     "ChatFormat",
@@ -84,6 +86,7 @@ if TYPE_CHECKING:
     from corps.engine.audit import AUDIT_POSITIONS, AuditKey, AuditReport, AuditRow
     from corps.engine.config import BadConfig, EngineConfig
     from corps.engine.errors import (
+        AwaitingInput,
         CallCancelled,
         ConstraintViolated,
         EngineBusy,

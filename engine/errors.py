@@ -5,6 +5,7 @@ from __future__ import annotations
 from corps.cache.errors import CorpsError, InvalidRequest
 
 __all__ = [
+    "AwaitingInput",
     "BadAdapter",
     "BadConfig",
     "BadWeights",
@@ -20,6 +21,21 @@ __all__ = [
     "NonFiniteLogits",
     "UnsupportedModel",
 ]
+
+
+class AwaitingInput(CorpsError):
+    """A recorded run asked for an outside input (a person's answer, a tool's callback)
+    nobody has given yet: the run pauses there. Every call it finished is kept in the
+    store; give the input (`run.give`, from this process or another) and run it again
+    under its name: its finished calls replay and it goes on from the input."""
+
+    def __init__(self, run: str, key: str) -> None:
+        self.run, self.key = run, key
+        super().__init__(
+            f"run {run!r} waits for its input {key!r}: give it (`with engine.recorded("
+            f"{run!r}) as run: await run.give({key!r}, text)`) and run it again under "
+            f"that name, or ask with wait=True to wait in this process"
+        )
 
 
 class BadAdapter(InvalidRequest):

@@ -23,7 +23,7 @@ from corps.engine.api.pending import Pending
 from corps.engine.api.select import By, Selection, select
 from corps.engine.api.stream import TextStream
 from corps.engine.api.tracing import live_spans, trace_header
-from corps.engine.api.turns import recorded
+from corps.engine.api.turns import RecordedRun, recorded
 from corps.engine.audit import AuditReport
 from corps.engine.config import EngineConfig
 from corps.engine.distill.graph import MessageGraph, message_graph
@@ -435,13 +435,14 @@ class Engine:
         `repair="auto"` are kept under (workflows of one kind share it; "": `name`)."""
         return workflow(name, objective, repair, audit, family)
 
-    def recorded(self, name: str) -> AbstractContextManager:
-        """`with engine.recorded("run-7"):` records every call made inside in the store
-        (`store=`), and replays those recorded before under that name: a killed run
-        resumes (`corps.engine.api.turns`). InvalidRequest without a store."""
+    def recorded(self, name: str) -> AbstractContextManager[RecordedRun]:
+        """`with engine.recorded("run-7") as run:` records every call made inside in the
+        store (`store=`), and replays those recorded before under that name: a killed run
+        resumes; `await run.input(KEY)` pauses it for an outside input until it is given
+        (`run.give`; `corps.engine.api.turns`). InvalidRequest without a store."""
         if self.store is None:
             raise InvalidRequest("recorded runs are kept in a store: open with store=DIR")
-        return recorded(name)
+        return recorded(name, self._submit.turns, self.prefill)
 
     def stream(self, **args: Unpack[DecodeArgs]) -> TextStream:
         """`async for delta in engine.stream(...)`: text deltas; then `.handle`."""
