@@ -34,6 +34,7 @@ EXPORTS = {
         "AuditKey",
         "AuditReport",
         "AuditRow",
+        "AwaitingInput",
         "BadConfig",
         "CallCancelled",
         "ChatFormat",
