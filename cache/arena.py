@@ -29,10 +29,13 @@ class ViewArena:
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
     ) -> None:
-        # one token more than the capacity, never handed out: `scratch`
+        # one token more than the capacity, never handed out: `scratch`. Zeros, not
+        # empty: FlexAttention reads a window of the arena and masks what a row may not
+        # see, but a masked key's weight 0 times a never-written value that happens to
+        # be NaN or inf is NaN, and its row with it (tokens 0 in CI, now and then)
         shape = (num_layers, num_kv_heads, capacity + 1, head_dim)
-        self.k = torch.empty(shape, dtype=dtype, device=device)  # (L, Hkv, A, D), rotated keys
-        self.v = torch.empty(shape, dtype=dtype, device=device)  # (L, Hkv, A, D)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)  # (L, Hkv, A, D), rotated keys
+        self.v = torch.zeros(shape, dtype=dtype, device=device)  # (L, Hkv, A, D)
         self.k_layers = self.k.unbind(0)
         self.v_layers = self.v.unbind(0)
         self.capacity = capacity

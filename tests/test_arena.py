@@ -181,3 +181,15 @@ def test_budget_holds_under_random_admissions_steps_cancels_and_frees(tiny_dirs,
         if not core.table.get(h.id).freed:
             core.free(h)
     engine.check()
+
+
+def test_a_new_arena_holds_zeros_so_a_masked_key_cannot_make_a_row_nan():
+    """FlexAttention reads a window of the arena and masks what a row may not see;
+    weight 0 times a never-written value that is NaN is NaN. torch.empty's memory
+    can hold anything (in CI it did, now and then: tokens 0 out of a flex batch)."""
+    import torch
+
+    arena = ViewArena(num_layers=2, num_kv_heads=2, head_dim=4, capacity=64, dtype=torch.float32)
+    assert torch.count_nonzero(arena.k) == 0 and torch.count_nonzero(arena.v) == 0
+    weights = torch.tensor([[1.0, 0.0]])  # the second key masked
+    assert torch.isnan(weights @ torch.tensor([[1.0], [float("nan")]])).all()
