@@ -339,7 +339,7 @@ def fake_job(
         objective=objective, request=SimpleNamespace(size=size, tenant=tenant),
         want_logits=False, keep=0, cancelled=False, plan=None, admitted=None, error=None,
         name=name, pins=[], critical=objective == "latency" if critical is None else critical,
-        first_token=None, skipped=0, generated=[], done=False,
+        first_token=None, skipped=0, generated=[], done=False, rows=1, keys=0,
     )  # fmt: skip
 
 

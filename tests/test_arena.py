@@ -6,6 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from corps.cache.arena import ViewArena
+from corps.engine.exec.call import Call
 from corps.engine.request.requests import DecodeRequest, PrefillRequest
 from corps.engine.request.sampling_params import SamplingParams
 
@@ -146,7 +147,7 @@ def test_budget_holds_under_random_admissions_steps_cancels_and_frees(tiny_dirs,
                 core.stats().view_tokens,
             )
             try:
-                running.append(core.admit(req))
+                running.append(core.admit(Call(request=req)))
             except CacheFullError:
                 assert (
                     core.memory.store.used_slots,

@@ -4,6 +4,8 @@ no store); and its caller's side in the loop (its callbacks fail that call alone
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import pytest
 import torch
 
@@ -77,8 +79,12 @@ def test_unplan_puts_every_field_the_executor_writes_back_and_keeps_the_caller_s
     c.mark_done()
     c.unplan()
     fresh = Call()
-    planned = ("plan", "ctx_slots", "ctx_pos", "feed", "feed_start", "slots", "spare",
-               "generated", "encoded", "text", "fed", "pending", "done", "logits")  # fmt: skip
+    kept = {"request", "id", "want_logits", "keep", "pins", "workflow", "objective",
+            "critical", "group", "leaks", "replayed", "ended", "on_token", "on_done",
+            "handle", "error", "cancelled", "submitted", "admitted", "first_token",
+            "emitted", "skipped", "charged"}  # fmt: skip
+    planned = [f.name for f in fields(Call) if f.name not in kept]
+    assert {"plan", "feed", "slots", "spare", "generated", "text", "fed", "logits"} <= set(planned)
     for name in planned:
         assert getattr(c, name) == getattr(fresh, name), name
     assert c.logits is not fresh.logits  # a fresh list, not a shared default

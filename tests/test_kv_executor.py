@@ -318,10 +318,12 @@ def test_engine_runs_on_a_device_without_touching_cpu_tensors(
 def test_prefills_keep_a_share_of_every_step_under_a_full_batch_of_decodes(tiny_dirs):
     core = open_tiny(tiny_dirs, "llama").executor
     q, _ = prefill(core, "count with me")
-    decodes = [core.admit(DecodeRequest(parents=[q], sampling=greedy(20))) for _ in range(8)]
+    decodes = [
+        core.admit(Call(request=DecodeRequest(parents=[q], sampling=greedy(20)))) for _ in range(8)
+    ]
     while any(c.pending is None for c in decodes):  # encode their headers first
         core.step(order(decodes, None))
-    long = core.admit(PrefillRequest(list(range(5, 205)), frame=False))
+    long = core.admit(Call(request=PrefillRequest(list(range(5, 205)), frame=False)))
     # a budget of 8 is all taken by the 8 decodes, unless prefills keep their share
     for _ in range(3):
         fed = long.fed
@@ -339,10 +341,13 @@ def test_a_step_reports_the_keys_its_decodes_read(tiny_dirs):
     core = open_tiny(tiny_dirs, "llama").executor
     short, _ = prefill(core, "count")
     long_, _ = prefill(core, "count with me from one to ten and then back down to one")
-    decodes = [core.admit(DecodeRequest(parents=[p], sampling=greedy(4))) for p in (short, long_)]
+    decodes = [
+        core.admit(Call(request=DecodeRequest(parents=[p], sampling=greedy(4))))
+        for p in (short, long_)
+    ]
     while any(c.pending is None for c in decodes):  # encode their headers first
         core.step(order(decodes, None))
-    chunk = core.admit(PrefillRequest(list(range(5, 45)), frame=False))
+    chunk = core.admit(Call(request=PrefillRequest(list(range(5, 45)), frame=False)))
     want = sum(c.view.length + 1 for c in decodes)
     out = core.step(order([*decodes, chunk], None))
     assert out.chunks == 1 and out.keys == want
@@ -365,12 +370,15 @@ def test_mixed_steps_batch_decodes_and_prefill_chunks_and_agree_with_alone(tiny_
     ]
     alone_dec = [run_calls(core, [x])[0][0].tokens for x in [*reqs, late[0]]]
     (_,), (alone_pre,) = run_calls(core, [late[1]], want_logits=True)
-    calls = [core.admit(x) for x in reqs]
+    calls = [core.admit(Call(request=x)) for x in reqs]
     made = {}  # call -> the handle the step that finished it returned
     while any(c.pending is None for c in calls):
         made.update(core.step(order(calls, None)).finished)
     made.update(core.step(order(calls, None)).finished)  # the decodes are running
-    calls += [core.admit(late[0]), core.admit(Call(request=late[1], want_logits=True))]
+    calls += [
+        core.admit(Call(request=late[0])),
+        core.admit(Call(request=late[1], want_logits=True)),
+    ]
     mixed = 0
     while not all(c.done for c in calls):
         live = [c for c in calls if not c.done]

@@ -80,7 +80,7 @@ def test_baseline_shares_prefixes_among_concurrent_calls(tiny_dirs, tiny_hf, wor
             parent = [parents[spec["stem"]]]
             if spec["decode"]:
                 req = DecodeRequest(parent, header=spec["tail"], frame=False, sampling=greedy(3))
-                call = core.admit(req, hold=bool(running))
+                call = core.admit(Call(request=req), hold=bool(running))
             else:
                 req = PrefillRequest(spec["tail"], parents=parent, frame=False)
                 call = core.admit(Call(request=req, want_logits=True), hold=bool(running))
@@ -119,7 +119,7 @@ def test_baseline_call_that_fails_takes_back_the_prefix_it_shared(tiny_dirs):
 
     def decode(tail):
         req = DecodeRequest([stem], header=tail, frame=False, sampling=greedy(4))
-        return core.admit(req, hold=True)
+        return core.admit(Call(request=req), hold=True)
 
     a = decode([5])
     core.step(order([a], None))  # a's prompt is encoded and cached; a samples its first token

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from corps.agents import Agent, Runtime
 from corps.cache.visibility import Private
 from corps.engine.errors import InvalidRequest
+from corps.engine.exec.call import Call
 from corps.engine.model.runner import layer_qkv
 from corps.engine.repair import QUERY_ROWS
 from corps.engine.request.requests import DecodeRequest, PrefillRequest
@@ -131,7 +132,7 @@ def test_empty_policies_are_none_and_first_k_past_every_parent_is_full(tiny_dirs
 
 def repaired_view(core, request):
     """Admit `request`, run its repair rows only, and return the call (view intact)."""
-    call = core.admit(request)
+    call = core.admit(Call(request=request))
     while call.repair is not None and call.repair.left:
         out = core.step(order([call]))
         assert not out.failed
@@ -186,7 +187,9 @@ def test_a_recomputed_tokens_encoding_is_transformers_in_the_calls_context(
         offsets.append(at)
         at += p.length
     request = DecodeRequest(parents=parents, offsets=offsets, sampling=greedy(2), repair=policy)
-    plain = core.admit(DecodeRequest(parents=parents, offsets=offsets, sampling=greedy(2)))
+    plain = core.admit(
+        Call(request=DecodeRequest(parents=parents, offsets=offsets, sampling=greedy(2)))
+    )
     call = repaired_view(core, request)
     try:
         rows = call.repair
@@ -312,7 +315,7 @@ def test_a_batched_probe_measures_each_call_as_alone(tiny_dirs):
                       repair="recompute:0.3"),
         DecodeRequest(parents=[q2, sys], sampling=greedy(2), repair="recompute:0.7"),
     ]  # fmt: skip
-    calls = [core.admit(r) for r in requests]
+    calls = [core.admit(Call(request=r)) for r in requests]
     try:
         items = [(c.view, c.repair.probe.ids, c.repair.probe.positions, c.repair.probe.every)
                  for c in calls]  # fmt: skip
@@ -358,7 +361,7 @@ def test_a_query_probe_scores_the_attention_the_query_pays_each_rewired_token(ti
         DecodeRequest(parents=[sys, q2, q1], offsets=[0, 30, 60], sampling=greedy(2),
                       repair="first:1+query:0.3"),
     ]  # fmt: skip
-    calls = [core.admit(r) for r in requests]
+    calls = [core.admit(Call(request=r)) for r in requests]
     try:
         items = [(c.view, p.query.ids, p.query.positions, p.query.at, p.every)
                  for c in calls for p in [c.repair.probe]]  # fmt: skip
@@ -406,8 +409,10 @@ def test_a_temperature_scales_the_rewired_keys_the_call_reads(tiny_dirs):
     core = open_tiny(tiny_dirs, "llama").executor
     sys, q1, q2 = parallel(core)
     parents = [sys, q1, q2]
-    plain = core.admit(DecodeRequest(parents=parents, sampling=greedy(2)))
-    warm = core.admit(DecodeRequest(parents=parents, sampling=greedy(2), repair="temp:0.5"))
+    plain = core.admit(Call(request=DecodeRequest(parents=parents, sampling=greedy(2))))
+    warm = core.admit(
+        Call(request=DecodeRequest(parents=parents, sampling=greedy(2), repair="temp:0.5"))
+    )
     mixed = repaired_view(
         core, DecodeRequest(parents=parents, sampling=greedy(2), repair="first:2+temp:0.5")
     )
@@ -481,18 +486,18 @@ def test_a_call_waits_for_the_repair_it_would_share_and_builds_its_own_if_that_f
     core = open_tiny(tiny_dirs, "llama").executor
     sys, q1, q2 = parallel(core)
     request = DecodeRequest(parents=[sys, q1, q2], sampling=greedy(2), repair="full")
-    builder = core.admit(request, hold=True)
+    builder = core.admit(Call(request=request), hold=True)
     assert builder.view.built and builder.repair.left > 0
-    assert core.admit(request, hold=True) is None  # its rows have not run
-    own = core.admit(request)  # no hold: a copy of its own
+    assert core.admit(Call(request=request), hold=True) is None  # its rows have not run
+    own = core.admit(Call(request=request))  # no hold: a copy of its own
     assert own.view.built and own.repair is not None and own.view.ctx is not builder.view.ctx
     core.abort(own)
     core.abort(builder)  # given back with its rows unrun
-    second = core.admit(request, hold=True)
+    second = core.admit(Call(request=request), hold=True)
     assert second.view.built and second.repair.left > 0
     core.step(order([second]))  # its repair rows (and prompt) run
     assert second.repair.left == 0
-    reader = core.admit(request, hold=True)
+    reader = core.admit(Call(request=request), hold=True)
     assert not reader.view.built and reader.repair is None and reader.repair_read == "full"
     assert reader.view.ctx is second.view.ctx
     for c in (reader, second):

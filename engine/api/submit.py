@@ -90,12 +90,20 @@ class Submitter:
         """Check access and the leak policy, re-encode if needed, pin parents: a queued
         Call (in task group `group` of `size` calls, else a group of its own). Inside a
         recorded run (`replay`), a call recorded before comes with its message."""
-        call = Call.queued(request, id=cid or next(self.ids))
-        place = self.turns.begin(request) if self.turns is not None and replay else None
-        if self.guard.screen(call):  # parents that need a clean copy first
+        call, place, dirty = self._screened(request, cid, replay)
+        if dirty:  # parents that need a clean copy first
             call.request = await self.guard.reencode(call.request, self._prefill_internal)
             place = None  # it read fresh copies: not the calls a run recorded
         return self._settle(call, place, group, size)
+
+    def _screened(
+        self, request: Request, cid: int | None = None, replay: bool = True
+    ) -> tuple[Call, tuple | None, bool]:
+        """The request's record, its place in a recorded run (if `replay`), and whether
+        the guard found parents that need a clean copy first (`Guard.screen`)."""
+        call = Call.queued(request, id=cid or next(self.ids))
+        place = self.turns.begin(request) if self.turns is not None and replay else None
+        return call, place, bool(self.guard.screen(call))
 
     def _settle(
         self, call: Call, place: tuple | None = None, group: int | None = None, size: int = 1
@@ -210,9 +218,8 @@ class Submitter:
                 call.handle = None
 
     def submit_nowait(self, request: Request) -> Pending:
-        call = Call.queued(request, id=next(self.ids))
-        place = self.turns.begin(request) if self.turns is not None else None
-        if self.guard.screen(call):  # re-encodings must run first: queue it when awaited
+        call, place, dirty = self._screened(request)
+        if dirty:  # re-encodings must run first: queue it when awaited
             return Pending(self.call(call.request, call.id, replay=False), self.run, self.wait)
         call = self._settle(call, place)
         try:

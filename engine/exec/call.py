@@ -353,11 +353,15 @@ class Call:
         return self.handle
 
 
-#: the fields the executor writes when it plans and runs a call (`Call.unplan`)
-_NAMES = [f.name for f in fields(Call)]
-_PLANNED = frozenset(
-    ["plan", "ctx_slots", "ctx_pos", "feed", "feed_start", *_NAMES[_NAMES.index("text") :]]
+#: what `Call.unplan` keeps: what the caller asked and the caller's side; every other
+#: field is the executor's (planned and stepped) and goes back to its default, so a
+#: field added for the executor is reset without being listed here
+_KEPT = frozenset(
+    "request id want_logits keep pins workflow objective critical group leaks replayed "
+    "ended on_token on_done handle error cancelled submitted admitted first_token emitted "
+    "skipped charged".split()
 )
+_PLANNED = frozenset(f.name for f in fields(Call)) - _KEPT
 
 
 def top_of(scores: Tensor, k: int) -> list[tuple[tuple[int, float], ...]]:

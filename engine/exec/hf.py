@@ -34,7 +34,7 @@ from corps.engine.exec.sampler import Sampler
 from corps.engine.exec.step_plan import StepOutput, StepPlan
 from corps.engine.model.spec import ModelSpec
 from corps.engine.request.chat_format import ChatFormat
-from corps.engine.request.requests import DecodeRequest, PrefillRequest
+from corps.engine.request.requests import DecodeRequest
 from corps.engine.stats import EngineStats
 
 
@@ -81,15 +81,14 @@ class HFExecutor:
 
     def admit(
         self,
-        call: Call | PrefillRequest | DecodeRequest,
+        call: Call,
         *,
         hold: bool = False,
         evict: object = None,
     ) -> Call:
-        """Plan a call (a request alone: a bare record of it); a prefill that wants no
+        """Plan a queued call; a prefill that wants no
         logits stores its text and runs nothing (no store here: nothing to evict).
         Nothing is audited in mode "hf" (it is the baseline), so `keep` must be 0."""
-        call = call if isinstance(call, Call) else Call(request=call)
         if call.keep:
             raise InvalidRequest('mode "hf" keeps no distributions: audits are choreographed')
         request = call.request

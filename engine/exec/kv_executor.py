@@ -54,7 +54,7 @@ from corps.engine.model.tuning import KernelChoice
 from corps.engine.model.weights import Weights
 from corps.engine.repair import NONE, Repair
 from corps.engine.request.chat_format import ChatFormat
-from corps.engine.request.requests import DecodeRequest, PrefillRequest
+from corps.engine.request.requests import DecodeRequest
 from corps.engine.stats import EngineStats
 
 
@@ -156,12 +156,12 @@ class KVExecutor:
 
     def admit(
         self,
-        call: Call | PrefillRequest | DecodeRequest,
+        call: Call,
         *,
         hold: bool = False,
         evict: Victims | None = None,
     ) -> Call | None:
-        """Check and plan a call (a request alone: a bare record of it), reserve its
+        """Check and plan a queued call, reserve its
         slots and gather its view. Atomic: a call that fails or must wait is back as it
         was queued (`Call.unplan`, its pins still its own).
 
@@ -177,7 +177,6 @@ class KVExecutor:
         readable as it was. A decode with `keep` keeps the model's distribution at its
         first `keep` sampled positions (`Call.kept`).
         """
-        call = call if isinstance(call, Call) else Call(request=call)
         with phase("admit"):
             try:
                 admitted = self._admit(call, hold, evict)

@@ -293,8 +293,8 @@ class ObjectiveFirst(WorkflowFirst):
                     continue
                 calls = [*chosen, j]
                 over = probe or self._predict(calls, own + len(calls) - len(latency)) > bound
-                if over and getattr(j, "skipped", 0) < self.starve_steps:
-                    j.skipped = getattr(j, "skipped", 0) + 1
+                if over and j.skipped < self.starve_steps:
+                    j.skipped += 1
                     continue  # a later call may still fit (a shorter view costs less)
                 j.skipped = 0
                 chosen.append(j)
@@ -360,8 +360,8 @@ class ObjectiveFirst(WorkflowFirst):
 
 
 def rows_of(call: Any) -> int:
-    """Rows a running call brings to the next step (1 where it cannot say)."""
-    return getattr(call, "rows", 1)
+    """Rows a running call brings to the next step (`Call.rows`)."""
+    return call.rows
 
 
 def chunks_of(calls: Sequence[Any]) -> int:
@@ -371,4 +371,4 @@ def chunks_of(calls: Sequence[Any]) -> int:
 
 def keys_of(calls: Sequence[Any]) -> int:
     """Keys the one-row calls of `calls` attend over in the next step (`decode_keys`)."""
-    return decode_keys([getattr(j, "keys", 0) for j in calls if rows_of(j) == 1])
+    return decode_keys([j.keys for j in calls if j.rows == 1])
