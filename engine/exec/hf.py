@@ -86,9 +86,9 @@ class HFExecutor:
         hold: bool = False,
         evict: object = None,
     ) -> Call:
-        """Plan a queued call; a prefill that wants no
-        logits stores its text and runs nothing (no store here: nothing to evict).
-        Nothing is audited in mode "hf" (it is the baseline), so `keep` must be 0."""
+        """Plan a queued call; a prefill that wants no logits stores its text and runs
+        nothing (no store here: nothing to evict). Nothing is audited in mode "hf" (it is
+        the baseline), so `keep` must be 0."""
         if call.keep:
             raise InvalidRequest('mode "hf" keeps no distributions: audits are choreographed')
         request = call.request

@@ -161,9 +161,9 @@ class KVExecutor:
         hold: bool = False,
         evict: Victims | None = None,
     ) -> Call | None:
-        """Check and plan a queued call, reserve its
-        slots and gather its view. Atomic: a call that fails or must wait is back as it
-        was queued (`Call.unplan`, its pins still its own).
+        """Check and plan a queued call, reserve its slots and gather its view. Atomic:
+        a call that fails or must wait is back as it was queued (`Call.unplan`, its
+        pins still its own).
 
         With `hold` (baseline), returns None instead when the call's prompt shares
         HOLD_MIN_SHARED or more uncached tokens with a running call's prompt: admit
