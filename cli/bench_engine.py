@@ -270,6 +270,33 @@ def bench_kernels(
     Console().print(bk.table(bk.measure(device, small=small, repeats=repeats), device))
 
 
+def bench_evict(
+    workflows: Annotated[int, typer.Option(min=2, help="Workflows at once.")] = 6,
+    rounds: Annotated[int, typer.Option(min=1, help="Turns of each person's workflow.")] = 3,
+    pace: Annotated[int, typer.Option(min=1, help="Agents' turns per person's turn.")] = 2,
+    doc: Annotated[int, typer.Option(min=1, help="Words of each workflow's document.")] = 128,
+    tool: Annotated[int, typer.Option(min=1, help="Words of each turn's tool output.")] = 64,
+    max_tokens: Annotated[int, typer.Option(min=1, help="Tokens of each reply.")] = 8,
+    room: Annotated[
+        float,
+        typer.Option(
+            min=0.1, help="Store: this x every document and reply kept, plus two tool outputs."
+        ),
+    ] = 1.0,
+    model: ModelOpt = "smollm2-135m",
+    dtype: Annotated[str, typer.Option(callback=dtype_option)] = "auto",
+) -> None:
+    """Eviction by workflows' next reads (`Engine.expect`) against LRU: many workflows
+    over one small store, without and with a store directory (restores recompute or
+    copy back): tokens restored and wall time side by side."""
+    from corps.bench import evict as be
+
+    arms = run_bench(lambda: be.compare(model, dtype, workflows, rounds, pace, doc, tool,
+                                        max_tokens, room))  # fmt: skip
+    note = f"{workflows} workflows, {rounds} x {pace} turns, room {room}"
+    Console(width=max(150, Console().width)).print(be.table(arms, note))
+
+
 def _cpu_kernels(model: str, remeasure: bool) -> None:
     from corps.bench import kernels as bk
     from corps.engine.model.names import resolve_model

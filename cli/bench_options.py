@@ -83,7 +83,8 @@ def print_report(report: Any, tables: list[Any], json_out: str | None, width: in
 
 def run_bench(work: Callable[[], Awaitable[T]]) -> T:
     """Run a benchmark's coroutine: the patterns' own leak warnings silenced (they are
-    counted), a corps error printed as one line (exit 1)."""
+    counted), a corps error printed as one line (exit 1), raised alone or from inside a
+    task group of concurrent workflows."""
     import warnings
 
     import anyio
@@ -94,8 +95,13 @@ def run_bench(work: Callable[[], Awaitable[T]]) -> T:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", LeakWarning)
             return anyio.run(work)
-    except CorpsError as exc:
-        fail(exc)
+    except (CorpsError, BaseExceptionGroup) as exc:
+        err: BaseException = exc
+        while isinstance(err, BaseExceptionGroup) and len(err.exceptions) == 1:
+            err = err.exceptions[0]
+        if not isinstance(err, CorpsError):
+            raise
+        fail(err)
 
 
 def measure_pattern(

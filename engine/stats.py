@@ -73,6 +73,11 @@ class EngineStats:
     tokens_evicted: int = 0
     tokens_recomputed: int = 0
     tokens_copied_back: int = 0
+    # of those copied back, ahead of the step that reads them (`Engine.expect`'s prefetch)
+    tokens_prefetched: int = 0
+    # tokens of live messages whose encodings are out of the KV store now: on disk with a
+    # store (copied back when read), else recomputed when read
+    tokens_spilled: int = 0
     # repairs (corps.engine.exec.repairs): the engine's default policy, rewired context
     # tokens recomputed in their readers' contexts (counted in tokens_encoded, not in
     # tokens_reused), and rewired tokens the deviation probe ran (its layers only)

@@ -79,6 +79,10 @@ class Metrics:
              "read", stats.tokens_recomputed),
             ("corps_tokens_copied_back_total", "counter", "evicted tokens copied back from "
              "the store (--store) instead", stats.tokens_copied_back),
+            ("corps_tokens_prefetched_total", "counter", "of those, copied back before the "
+             "step that read them", stats.tokens_prefetched),
+            ("corps_tokens_spilled", "gauge", "tokens of live messages out of the KV store "
+             "(on disk with --store)", stats.tokens_spilled),
             ("corps_steps_total", "counter", "fused forward steps", stats.steps),
             ("corps_step_seconds_total", "counter", "seconds spent in steps", stats.step_s),
             ("corps_leaks_total", "counter", "calls' reads of context hidden from their reader "

@@ -41,7 +41,7 @@ from corps.engine.request.requests import (
     prefill_request,
     prefill_request_of,
 )
-from corps.engine.request.workflow import Objective, workflow
+from corps.engine.request.workflow import CURRENT, Objective, workflow
 from corps.engine.sched.gate import WorkflowGate
 from corps.engine.sched.policies import Policy
 from corps.engine.stats import EngineStats
@@ -270,16 +270,11 @@ class Engine:
         return [m.record() for m in self._executor.table.all()]
 
     def check(self) -> None:
-        """Verify the engine's bookkeeping while no call is queued or running.
-
-        Every used KV slot has exactly one owner (a message, or the baseline's prefix
-        tree) and the free list holds the rest once; no pins, view-arena ranges or
-        prefix locks are left. Raises BrokenInvariant (a bug in corps: report it);
-        InvalidRequest if calls are still in flight, or fidelity audits' shadows
-        (`audit=N`: an audited call's parents stay pinned until its shadow has read
-        them, after the call returned; `await engine.fidelity_report()` waits for them). Tests
-        and soak runs call it after every operation; it costs O(store slots).
-        """
+        """Verify the engine's bookkeeping while no call is queued or running: every used
+        KV slot has one owner (a message, or the baseline's prefix tree), the free list
+        holds the rest once, no pins, view ranges or prefix locks are left. Raises
+        BrokenInvariant (a bug in corps: report it); InvalidRequest while calls or audit
+        shadows are in flight (`await engine.fidelity_report()` waits for those). O(slots)."""
         self._parts.check(self._executor)
 
     def reset_peak_stats(self) -> None:
@@ -288,12 +283,10 @@ class Engine:
         self._executor.reset_peaks()
 
     async def reset_prefix_cache(self) -> int:
-        """Forget what earlier calls left cached for later ones, as if the engine had just
-        opened: baseline mode's cached prompt prefixes that no running call reads (their
-        store slots are freed), and choreographed mode's record of what the baseline
-        would have cached, which bounds its repairs. Messages and their encodings stay.
-        For benchmarks that run the same inputs again (each run as cold as the first),
-        and to give a baseline engine's memory back. Returns the tokens freed."""
+        """Forget what earlier calls left cached for later ones, as if just opened: the
+        baseline's cached prompt prefixes no running call reads (slots freed), and the
+        record of them that bounds choreographed repairs; messages stay. For benchmarks
+        that run inputs again (each as cold as the first); returns the tokens freed."""
         return await TORCH.run(self._executor.reset_prefix_cache)
 
     def leaks(self) -> list[Leak]:
@@ -346,6 +339,14 @@ class Engine:
         reading it, or queued to read it, keeps it until that call ends. Its text
         stays readable through its handles; its record goes once none is left."""
         self._lifetimes.free(handle)
+
+    def expect(self, *handles: Handle) -> None:
+        """The current workflow's next step reads these messages (replacing what it
+        expected; none: nothing now). Under memory pressure they are evicted last and,
+        with a store, copied back from disk before it (`corps.engine.sched.next_reads`).
+        InvalidRequest for what is not a handle, ForeignHandle / UnknownHandle as a call's."""
+        ids = self._lifetimes.live_ids(handles)
+        self._sched.admission.next_reads.expect(CURRENT.get(), ids)
 
     # ---- calls ----
 

@@ -5,9 +5,11 @@ refers to. Event loop only (the engine sweeps after each step: `Scheduler.steppe
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from corps.cache.handle import Handle
 from corps.engine.api.access import Guard
+from corps.engine.errors import InvalidRequest
 from corps.engine.exec.executor import Executor
 from corps.engine.trace.events import Freed, Recorder
 
@@ -38,6 +40,17 @@ class Lifetimes:
         """The live message records these agents own."""
         names = set(owners)
         return [m for m in self.executor.table.all() if not m.freed and m.owner in names]
+
+    def live_ids(self, handles: Iterable[Any]) -> list[int]:
+        """The ids of these handles, each a live message of this engine: InvalidRequest
+        for what is not a handle, ForeignHandle / UnknownHandle as a call's parents."""
+        table = self.executor.table
+        for h in handles:
+            if not isinstance(h, Handle):
+                raise InvalidRequest(f"expected handles, got {type(h).__name__}")
+            table.own(h)
+            table.live(h.id)
+        return [h.id for h in handles]
 
     def free(self, handle: Handle) -> None:
         """Free a message and its re-encoded copies (`Engine.free`)."""

@@ -58,6 +58,8 @@ def engine_stats(
         tokens_evicted=memory.tokens_evicted,
         tokens_recomputed=counts.tokens_recomputed,
         tokens_copied_back=memory.tokens_copied_back,
+        tokens_prefetched=memory.tokens_prefetched,
+        tokens_spilled=memory.spilled(),
         tokens_repaired=counts.tokens_repaired,
         tokens_probed=counts.tokens_probed,
         repair=str(repair),

@@ -4,7 +4,7 @@ baseline modes, over our KV store) and `HFExecutor` (transformers `generate`).""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Set
 from pathlib import Path
 from typing import Protocol
 
@@ -75,6 +75,10 @@ class Executor(Protocol):
 
     def reset_prefix_cache(self) -> int:
         """Drop cached prefixes no call reads and the work bound's memory; tokens freed."""
+
+    def prefetch(self, ids: Set[int]) -> int:
+        """Copy these messages' evicted encodings back from the disk tier while the store
+        has room for them without evicting anything; tokens copied (0 without a tier)."""
 
     def gauges(self) -> tuple[int, int, int, int]:
         """(store slots used, store capacity, tokens evicted, tokens recomputed)."""

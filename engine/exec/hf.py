@@ -14,7 +14,7 @@ call it replays did.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from pathlib import Path
 
 import torch
@@ -177,6 +177,9 @@ class HFExecutor:
     def reset_prefix_cache(self) -> int:
         """Nothing cached across calls here: transformers re-encodes every prompt."""
         return 0
+
+    def prefetch(self, ids: Set[int]) -> int:
+        return 0  # no store, no tier
 
     def gauges(self) -> tuple[int, int, int, int]:
         return 0, 0, 0, 0  # no store; transformers' own cache: nothing evicted

@@ -19,7 +19,7 @@ it was.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from pathlib import Path
 
 from corps.cache.arena import ViewArena
@@ -309,6 +309,10 @@ class KVExecutor:
     def reset_peaks(self) -> None:
         """Peaks start over from what is held now (`Engine.reset_peak_stats`)."""
         self.memory.reset_peaks()
+
+    def prefetch(self, ids: Set[int]) -> int:
+        """Expected messages copied back ahead of their readers (`Memory.prefetch`)."""
+        return self.memory.prefetch(ids)
 
     def reset_prefix_cache(self) -> int:
         """Drop the cached prefixes no running call reads, and the work bound's record of

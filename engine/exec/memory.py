@@ -21,7 +21,7 @@ those steps had the same rows (on a GPU, to float32 rounding).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol, TypeAlias
 
 import torch
@@ -81,6 +81,7 @@ class Memory:
         # and come back from by copy (`copy_back`); None: they are recomputed when read
         self.tier: Tier | None = None
         self.tokens_copied_back = 0
+        self.tokens_prefetched = 0  # of those, copied back ahead of their readers (`prefetch`)
 
     # ---- reserving and giving back ----
 
@@ -205,6 +206,26 @@ class Memory:
             m.slots, m.evicted = slots, False
             self.tokens_copied_back += len(slots)
         return True
+
+    def prefetch(self, ids: Iterable[int]) -> int:
+        """Copy back from the tier the evicted encodings of these messages that fit in
+        the store's free slots now, evicting nothing (`corps.engine.sched.next_reads`);
+        tokens copied. Without a tier, nothing (they are recomputed when read)."""
+        if self.tier is None:
+            return 0
+        got = 0
+        for mid in sorted(ids):
+            m = self.table.find(mid)
+            if m is None or m.freed or not m.evicted or len(m.tokens) > self.store.free_slots:
+                continue
+            if self.copy_back(m):
+                got += len(m.tokens)
+        self.tokens_prefetched += got
+        return got
+
+    def spilled(self) -> int:
+        """Tokens of live messages whose encodings are evicted now (`EngineStats`)."""
+        return sum(len(m.tokens) for m in self.table.all() if m.evicted and not m.freed)
 
     def next_slots(self, c: Call, n: int) -> None:
         """n more store slots for the call's next tokens: its reservation first."""

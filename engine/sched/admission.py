@@ -7,7 +7,9 @@ order, and fails with CacheFullError only if that cannot make room either. A
 group is admitted whole or not at all (the calls it got are given back). A call
 that fails here (bad input, a store too small for it) ends in `finished` with
 its error; one whose prompt shares an uncached prefix with a running call's
-(baseline) is held until that prefix is encoded.
+(baseline) is held until that prefix is encoded. Eviction takes what no
+workflow's next step reads first, and once nothing waits, what they read comes
+back from the disk tier ahead of them (`corps.engine.sched.next_reads`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 from corps.cache.errors import CacheFullError, StoreTooSmall
 from corps.engine.exec.call import Call
 from corps.engine.exec.executor import Executor
+from corps.engine.sched.next_reads import NextReads
 from corps.engine.sched.policies import Policy
 
 
@@ -34,6 +37,7 @@ class Admission:
         self.running: list[Call] = []
         self.held: list[Call] = []
         self.finished: list[Call] = []
+        self.next_reads = NextReads()  # what workflows' next steps read (`Engine.expect`)
 
     def leave(self, call: Call) -> None:
         """`call` no longer runs (it ended or was aborted)."""
@@ -52,7 +56,8 @@ class Admission:
         except CacheFullError as exc:
             if not alone or not self.evict or isinstance(exc, StoreTooSmall):
                 raise
-        return self.executor.admit(call, hold=True, evict=self.policy.victims) is not None
+        order = self.next_reads.order(self.policy.victims)
+        return self.executor.admit(call, hold=True, evict=order) is not None
 
     def admit(self, arrived: list[Call], t0: float) -> None:
         """Admit waiting calls as the policy orders them, a task group at a time.
@@ -77,6 +82,8 @@ class Admission:
                 self.held += group
                 continue
             blocked = not self._group(group, t0)
+        if not self.held:  # nothing waits for room: bring back what next steps read
+            self.next_reads.prefetch(self.executor)
 
     def _fitting(self, groups: list[list[Call]]) -> list[list[Call]]:
         """Groups as the policy gave them, a group larger than max_running one by one."""
