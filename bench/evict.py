@@ -17,7 +17,9 @@ messages).
 Four runs side by side, each on a fresh engine with the same calls (greedy),
 after an untimed warm-up: LRU and expected, without a store (restores
 recompute) and with one (restores copy back from disk). "restored" is tokens
-recomputed plus tokens copied back.
+recomputed plus tokens copied back. The replies are greedy, but outside float32 a
+step's rows decide its kernels' rounding, so runs that batch differently may
+reply differently ("replies as LRU's").
 """
 
 from __future__ import annotations
@@ -168,7 +170,7 @@ async def compare(model: str, dtype: str, workflows: int, rounds: int, pace: int
 def table(arms: list[Arm], capacity_note: str) -> Table:
     t = Table(title=f"eviction by next reads vs LRU ({capacity_note})")
     for col in ("run", "wall s", "evicted", "recomputed", "copied back", "prefetched",
-                "restored", "vs LRU restored", "vs LRU wall", "same replies"):  # fmt: skip
+                "restored", "vs LRU restored", "vs LRU wall", "replies as LRU's"):  # fmt: skip
         t.add_column(col, justify="left" if col == "run" else "right")
     for i, a in enumerate(arms):
         lru = arms[i - i % 2]  # the LRU run of the same memory

@@ -76,7 +76,8 @@ class EngineStats:
     # of those copied back, ahead of the step that reads them (`Engine.expect`'s prefetch)
     tokens_prefetched: int = 0
     # tokens of live messages whose encodings are out of the KV store now: on disk with a
-    # store (copied back when read), else recomputed when read
+    # store (copied back when read), else recomputed when read (counted when asked: a
+    # pass over the message table)
     tokens_spilled: int = 0
     # repairs (corps.engine.exec.repairs): the engine's default policy, rewired context
     # tokens recomputed in their readers' contexts (counted in tokens_encoded, not in

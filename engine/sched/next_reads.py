@@ -55,13 +55,19 @@ class NextReads:
         self._by[key] = (ref, wanted)
 
     def wanted(self) -> frozenset[int]:
-        """The ids some live workflow expects (ended workflows' expectations dropped)."""
+        """The ids some live workflow expects (ended workflows' expectations dropped).
+        Read on the torch thread while the loop may `expect`: one snapshot of the map
+        (copied in one C call), and only an ended workflow's entry is removed."""
         if not self._by:
             return frozenset()
-        dead = [k for k, (ref, _) in self._by.items() if ref is not None and ref() is None]
-        for k in dead:
-            del self._by[k]
-        return frozenset().union(*(ids for _, ids in self._by.values()))
+        entries = list(self._by.items())
+        wanted: set[int] = set()
+        for key, (ref, ids) in entries:
+            if ref is not None and ref() is None:
+                self._by.pop(key, None)  # its workflow is gone: nothing can expect under it
+            else:
+                wanted |= ids
+        return frozenset(wanted)
 
     def order(self, victims: Order) -> Order:
         """`victims` (the policy's order) with every expected message moved behind the
