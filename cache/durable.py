@@ -303,6 +303,10 @@ class DurableStore:
         if not self.has_kv(msg.id):
             self.save(msg, k, v)
 
+    def discard(self, msg: Message) -> None:
+        """The tier's side: a freed message's file goes as its row says (the journal's
+        `freed`), nothing to do here."""
+
     def take(self, msg: Message) -> tuple[Tensor, Tensor] | None:
         """An evicted encoding saved here, to copy back in; None if none was saved."""
         name = self._kv_name(msg.id)

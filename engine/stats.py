@@ -79,6 +79,7 @@ class EngineStats:
     # store (copied back when read), else recomputed when read (counted when asked: a
     # pass over the message table)
     tokens_spilled: int = 0
+    tokens_in_host: int = 0  # of those, in host memory (a GPU store's host tier)
     # repairs (corps.engine.exec.repairs): the engine's default policy, rewired context
     # tokens recomputed in their readers' contexts (counted in tokens_encoded, not in
     # tokens_reused), and rewired tokens the deviation probe ran (its layers only)

@@ -60,6 +60,7 @@ def engine_stats(
         tokens_copied_back=memory.tokens_copied_back,
         tokens_prefetched=memory.tokens_prefetched,
         tokens_spilled=memory.spilled(),
+        tokens_in_host=memory.in_host(),
         tokens_repaired=counts.tokens_repaired,
         tokens_probed=counts.tokens_probed,
         repair=str(repair),

@@ -20,6 +20,7 @@ those steps had the same rows (on a GPU, to float32 rounding).
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol, TypeAlias
@@ -31,6 +32,7 @@ from corps.cache.arena import ViewArena
 from corps.cache.context import ContextPool
 from corps.cache.errors import CacheFullError, StoreTooSmall, require
 from corps.cache.handle import Handle
+from corps.cache.host_tier import HostTier
 from corps.cache.kv import KVStore
 from corps.cache.messages import Message, MessageTable
 from corps.cache.rope import RopeTables
@@ -48,6 +50,7 @@ class Tier(Protocol):
 
     def put(self, m: Message, k: Tensor, v: Tensor) -> None: ...
     def take(self, m: Message) -> tuple[Tensor, Tensor] | None: ...
+    def discard(self, m: Message) -> None: ...
 
 
 class Memory:
@@ -198,6 +201,7 @@ class Memory:
         try:
             slots = self.alloc(len(m.tokens), "an evicted message", evict)
         except CacheFullError:
+            self.tier.put(m, *got)  # kept where it was (a store's file: already there)
             return False
         idx = torch.tensor(slots, device=kv.device)
         with self.lock:
@@ -206,6 +210,14 @@ class Memory:
             m.slots, m.evicted = slots, False
             self.tokens_copied_back += len(slots)
         return True
+
+    def keep_below(self, tier: Tier) -> None:
+        """`tier` (a store's files) under the tier in place (a GPU store's host tier,
+        `corps.cache.host_tier`), or as the only one."""
+        if isinstance(self.tier, HostTier):
+            self.tier.below = tier
+        else:
+            self.tier = tier
 
     def prefetch(self, ids: Iterable[int]) -> int:
         """Copy back from the tier the evicted encodings of these messages that fit in
@@ -222,6 +234,18 @@ class Memory:
                 got += len(m.tokens)
         self.tokens_prefetched += got
         return got
+
+    def host_tier(self) -> None:
+        """Under a GPU's store (choreographed), evicted encodings go to page-locked host
+        memory first (`corps.cache.host_tier`): as many bytes as the store holds, at
+        most a quarter of the host memory free now."""
+        free = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+        held = self.store.capacity * self.store.bytes_per_slot
+        self.tier = HostTier(min(held, free // 4), pin=True)
+
+    def in_host(self) -> int:
+        """Tokens whose evicted encodings the host tier holds now (0 without one)."""
+        return self.tier.tokens if isinstance(self.tier, HostTier) else 0
 
     def spilled(self) -> int:
         """Tokens of live messages whose encodings are evicted now (`EngineStats`)."""
@@ -301,6 +325,8 @@ class Memory:
             msg.freed = True
             if msg.pins == 0:
                 self.release(msg)
+            if msg.evicted and self.tier is not None:
+                self.tier.discard(msg)  # its kept copy goes with it
         self.table.freed(msg)
 
     def set_aside(self, msg: Message) -> None:
@@ -364,6 +390,11 @@ class Memory:
         if self.prefixes is not None:
             owned += self.prefixes.check_idle()
         self.store.check(owned)
+        if isinstance(self.tier, HostTier):  # it holds only encodings out of the store
+            for mid in self.tier.ids():
+                m = self.table.find(mid)
+                require(m is not None and m.evicted and not m.freed,
+                        f"the host tier holds message {mid}, which is not evicted")  # fmt: skip
         self.arena.check_idle()
         require(self.view_tokens == 0, f"{self.view_tokens} view tokens still held while idle")
 

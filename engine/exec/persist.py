@@ -32,7 +32,7 @@ def restore(memory: Memory, store: DurableStore, *, encodings: bool) -> tuple[in
     table.origin = store.origin(table.origin)
     copied = 0
     if encodings:
-        memory.tier = store
+        memory.keep_below(store)
         for s in stored:
             m = s.message
             if m.evicted and not m.freed and s.kv is not None and memory.copy_back(m):
