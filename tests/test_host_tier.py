@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from corps.cache.host_tier import HostTier
 from corps.cache.messages import Message
 
+import conftest
 from conftest import open_tiny
 
 
@@ -144,3 +145,22 @@ async def test_a_freed_message_leaves_the_host_tier(tiny_dirs):
         engine.free(a)
         assert memory.tier.ids() == [] and engine.stats().tokens_in_host == 0
         engine.check()
+
+
+def test_under_a_gpu_store_the_engine_puts_a_host_tier_itself(tiny_dirs):
+    """On a GPU (`pytest --device cuda`, `.ci/gpu-check`), an engine puts the host tier
+    under its store with no setting, and a crowded one copies back from it."""
+    if conftest.DEVICE != "cuda":
+        pytest.skip("the engine puts a host tier only under a GPU's store (--device cuda)")
+
+    async def main():
+        async with open_tiny(tiny_dirs) as roomy:
+            want = await crowd(roomy)
+        async with open_tiny(tiny_dirs, capacity=180) as tight:
+            assert isinstance(tight.executor.memory.tier, HostTier)
+            got = await crowd(tight)
+            s = tight.stats()
+            tight.check()
+        assert got == want and s.tokens_recomputed == 0 and s.tokens_copied_back > 0
+
+    anyio.run(main)
