@@ -13,6 +13,7 @@ page-locked, so the copy back runs at the bus's speed).
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from typing import Protocol
 
@@ -41,6 +42,8 @@ class HostTier:
         self.nbytes = 0
         self.tokens = 0  # tokens whose encodings it holds now
         self.moved_down = 0  # encodings it passed to the tier below (or dropped) for room
+        # the torch thread puts and takes; a `free` on the event loop discards
+        self._lock = threading.Lock()
 
     def _host(self, t: Tensor) -> Tensor:
         out = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=self.pin)
@@ -54,31 +57,39 @@ class HostTier:
         if size > self.budget:
             self._down(m, k, v)
             return
-        again = self._kept.pop(m.id, None)  # evicted again since: the newer copy wins
-        if again is not None:
-            self._forget(*again)
-        while self._kept and self.nbytes + size > self.budget:
-            _, (old, ok, ov) = self._kept.popitem(last=False)
-            self._forget(old, ok, ov)
-            self._down(old, ok, ov)
-        self._kept[m.id] = (m, self._host(k), self._host(v))
-        self.nbytes += size
-        self.tokens += k.shape[1]
+        host = (m, self._host(k), self._host(v))
+        with self._lock:
+            again = self._kept.pop(m.id, None)  # evicted again since: the newer copy wins
+            if again is not None:
+                self._forget(*again)
+            out = []
+            while self._kept and self.nbytes + size > self.budget:
+                _, old = self._kept.popitem(last=False)
+                self._forget(*old)
+                out.append(old)
+            self._kept[m.id] = host
+            self.nbytes += size
+            self.tokens += k.shape[1]
+        for old in out:
+            self._down(*old)
 
     def take(self, m: Message) -> tuple[Tensor, Tensor] | None:
         """m's encoding, from here (and no longer kept here) or from the tier below;
         None if neither has it."""
-        got = self._kept.pop(m.id, None)
+        with self._lock:
+            got = self._kept.pop(m.id, None)
+            if got is not None:
+                self._forget(*got)
         if got is not None:
-            self._forget(*got)
             return got[1], got[2]
         return None if self.below is None else self.below.take(m)
 
     def discard(self, m: Message) -> None:
         """m was freed: its copy here goes (the tier below keeps its own rules)."""
-        got = self._kept.pop(m.id, None)
-        if got is not None:
-            self._forget(*got)
+        with self._lock:
+            got = self._kept.pop(m.id, None)
+            if got is not None:
+                self._forget(*got)
         if self.below is not None:
             self.below.discard(m)
 
@@ -93,4 +104,5 @@ class HostTier:
 
     def ids(self) -> list[int]:
         """The messages whose encodings it holds, least recently put first."""
-        return list(self._kept)
+        with self._lock:
+            return list(self._kept)
