@@ -280,7 +280,7 @@ def bench_evict(
     room: Annotated[
         float,
         typer.Option(
-            min=0.1, help="Store: this x every document and reply kept, plus two tool outputs."
+            min=1.0, help="Store: this x every document and reply kept, plus a turn of each."
         ),
     ] = 1.0,
     model: ModelOpt = "smollm2-135m",
