@@ -128,7 +128,7 @@ class KVExecutor:
             shared_prefixes=not choreo,
         )
         if choreo and store.k.device.type == "cuda":
-            memory.host_tier()  # evicted encodings to host memory, not recomputed
+            memory.use_host_tier()  # evicted encodings to host memory, not recomputed
         self.counts = counts = Counts()
         self.grammars = Grammars(self.fmt.tokenizer, self.fmt.stop_ids)
         self.grammars.warm()  # the first constrained call does not pay for its tokenizer

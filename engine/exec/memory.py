@@ -235,7 +235,7 @@ class Memory:
         self.tokens_prefetched += got
         return got
 
-    def host_tier(self) -> None:
+    def use_host_tier(self) -> None:
         """Under a GPU's store (choreographed), evicted encodings go to page-locked host
         memory first (`corps.cache.host_tier`): as many bytes as the store holds, at
         most a quarter of the host memory free now."""
